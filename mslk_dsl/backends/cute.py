@@ -1,0 +1,107 @@
+"""CuTe DSL backend: cross-compile with ``--gpu-arch``, TVM-FFI calling convention, export to an
+object file, link a shared library, and load it with ``tvm_ffi`` alone.
+
+Compiling imports ``cutlass`` (seconds); loading imports only ``tvm_ffi`` and preloads the CuTe
+runtime library, so a process that serves prebuilt kernels never pays for the compiler.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from mslk_dsl import env
+from mslk_dsl.errors import CompileError
+
+LIBRARY = "kernel.so"
+
+
+def symbol_name(op: str) -> str:
+    return f"mslk_{op}"
+
+
+@functools.cache
+def _compiler_runtime_libs() -> tuple[str, ...]:
+    import cutlass.cute as cute
+
+    libs = tuple(cute.runtime.find_runtime_libraries(enable_tvm_ffi=True))
+    # Exporting a cross-compiled (engine-less) function resolves the host launch wrappers in this
+    # process, so the runtime libraries must be loaded globally first.
+    for path in libs:
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    return libs
+
+
+def compile(template, config, target, signature, out_dir) -> dict:
+    import cutlass.cute as cute
+
+    libs = _compiler_runtime_libs()
+    launcher, args = template.build(dict(config), target.name, dict(signature))
+    dump = tempfile.mkdtemp(prefix="mslk-cute-dump-")
+    try:
+        options = f"--gpu-arch {target.dsl_arch} --enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir {dump}"
+        try:
+            compiled = cute.compile(launcher, *args, options=options)
+        except Exception as e:  # the DSL raises many types; keep the message, name the config
+            raise CompileError(f"CuTe DSL failed to compile {template.name} {config} for {target.name} "
+                               f"{signature}: {type(e).__name__}: {e}") from e
+        symbol = symbol_name(template.op)
+        obj = os.path.join(dump, "kernel.o")
+        compiled.export_to_c(obj, function_name=symbol)
+        # Link by soname only (no rpath): the loader preloads the runtime libraries of whatever
+        # installation serves the kernel, which need not be where it was built.
+        lib_dirs = sorted({os.path.dirname(p) for p in libs})
+        cmd = ["gcc", "-shared", "-o", os.path.join(out_dir, LIBRARY), obj,
+               *[f"-L{d}" for d in lib_dirs], *[f"-l:{os.path.basename(p)}" for p in libs]]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise CompileError(f"linking {template.name} failed: {' '.join(cmd)}\n{done.stderr}")
+        for pattern, name in (("*.ptx", "kernel.ptx"), ("*.cubin", "kernel.cubin")):
+            found = sorted(glob.glob(os.path.join(dump, "**", pattern), recursive=True))
+            if found:
+                shutil.copyfile(found[-1], os.path.join(out_dir, name))
+    finally:
+        shutil.rmtree(dump, ignore_errors=True)
+    return {"load": {"library": LIBRARY, "symbol": symbol}}
+
+
+@functools.cache
+def _preload_runtime() -> None:
+    """Load libcute_dsl_runtime.so globally so kernel libraries linked against it resolve."""
+    path = env.cute_runtime_lib() or _find_runtime_lib()
+    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+
+
+def _find_runtime_lib() -> str:
+    # Found without importing cutlass: the library wheels install into the nvidia_cutlass_dsl
+    # folder. Prefer the newest CUDA flavour installed, as the DSL itself does.
+    spec = importlib.util.find_spec("nvidia_cutlass_dsl")
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    for flavour in ("cu13", "cu12"):
+        for root in roots:
+            candidate = os.path.join(root, flavour, "lib", "libcute_dsl_runtime.so")
+            if os.path.exists(candidate):
+                return candidate
+    raise RuntimeError("libcute_dsl_runtime.so not found: install nvidia-cutlass-dsl-libs-cu12 or -cu13 "
+                       "(pip install 'mslk-dsl[cute]'), or set MSLK_DSL_CUTE_RUNTIME_LIB")
+
+
+def load(entry):
+    import tvm_ffi
+
+    _preload_runtime()
+    info = entry.meta["load"]
+    module = tvm_ffi.load_module(entry.file(info["library"]))
+    function = module[info["symbol"]]
+    _MODULES.append(module)
+    return function
+
+
+# Loaded libraries stay mapped for the life of the process (functions reference their code).
+_MODULES: list = []

@@ -1,0 +1,15 @@
+"""Exceptions raised by mslk-dsl."""
+
+
+class KernelNotPrebuiltError(RuntimeError):
+    """A kernel is in no bundle or cache, and compiling is not allowed here (JIT off, or CUDA
+    graph capture in progress). The message names the key and the command that builds it."""
+
+
+class CompileError(RuntimeError):
+    """The DSL compiler failed on a template config; the message carries the compiler's error."""
+
+
+class UnsupportedDeviceError(NotImplementedError, ValueError):
+    """An op got tensors on a device it has no kernel for (CPU, or a GPU target with no template).
+    Both a NotImplementedError (no implementation there) and a ValueError (bad input)."""

@@ -1,0 +1,213 @@
+"""From a KernelKey to a callable kernel: memo -> read-only bundles -> disk cache -> compile.
+
+The whole lifecycle is ``get_kernel``: look in memory, then in each read-only layer, then in the
+writable cache; if the kernel is nowhere, refuse when compiling is not allowed, else take the
+key's file lock, look once more (another process may have built it while we waited), compile into
+a staging directory, publish, and load. A damaged or unloadable entry is removed and rebuilt.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from importlib import metadata
+
+from mslk_dsl import env
+from mslk_dsl.backends import get_backend
+from mslk_dsl.cache import Entry, KernelCache
+from mslk_dsl.errors import KernelNotPrebuiltError
+from mslk_dsl.keys import KernelKey, diff_parts
+from mslk_dsl.targets import Target, get_target
+from mslk_dsl.template import Template
+
+log = logging.getLogger("mslk_dsl")
+if not log.handlers:  # warnings about damaged entries must reach users without logging setup
+    log.addHandler(logging.StreamHandler())
+    log.setLevel(env.log_level())
+
+# What happened in this process: compiles, loads from bundles / cache, memo hits. Tests and
+# `mslk-dsl` report it; it is the only global state besides the memo.
+stats: Counter = Counter()
+
+_memo: dict[KernelKey, object] = {}
+_build_lock = threading.Lock()
+_jit_off = threading.local()
+
+
+# -- where kernels live -------------------------------------------------------------------------
+def cache() -> KernelCache:
+    return KernelCache(env.cache_dir(), writable=True)
+
+
+def bundle_layers() -> list[KernelCache]:
+    """Read-only layers, searched in order: MSLK_DSL_AOT_PATH, then bundles shipped in the
+    package and in installed bundle wheels (entry point group ``mslk_dsl.bundles``)."""
+    return [KernelCache(p, writable=False) for p in _bundle_roots(os.environ.get("MSLK_DSL_AOT_PATH", ""),
+                                                                 env.use_bundled())]
+
+
+@functools.cache
+def _bundle_roots(aot_path: str, use_bundled: bool) -> tuple[str, ...]:
+    roots = list(env.aot_paths())
+    if use_bundled:
+        shipped = os.path.join(os.path.dirname(__file__), "bundle")
+        if os.path.isdir(shipped):
+            roots.append(shipped)
+        for ep in metadata.entry_points(group="mslk_dsl.bundles"):
+            try:
+                module = ep.load()
+                roots.append(os.path.dirname(module.__file__))
+            except Exception as e:  # a broken bundle wheel must not break serving the others
+                log.warning("mslk-dsl: cannot load bundle %s: %s", ep.name, e)
+    return tuple(dict.fromkeys(roots))
+
+
+# -- JIT on / off ---------------------------------------------------------------------------------
+def jit_allowed() -> bool:
+    return not (env.jit_disabled() or getattr(_jit_off, "depth", 0))
+
+
+@contextlib.contextmanager
+def jit_disabled():
+    """Within this block a kernel that is not prebuilt or cached raises KernelNotPrebuiltError
+    instead of compiling (wrap CUDA-graph capture in it, after a warm-up run)."""
+    _jit_off.depth = getattr(_jit_off, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _jit_off.depth -= 1
+
+
+def _capturing() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    except Exception:
+        return False
+
+
+# -- the lifecycle ----------------------------------------------------------------------------------
+def get_kernel(template: Template, config: dict, target: Target | str, signature: dict):
+    target = get_target(target) if isinstance(target, str) else target
+    key = KernelKey.make(template, config, target.name, signature)
+    kernel = _memo.get(key)
+    if kernel is not None:
+        stats["memo"] += 1
+        return kernel
+    kernel = _load_existing(key) or _build_and_load(key, template, target)
+    _memo[key] = kernel
+    return kernel
+
+
+def find_entry(key: KernelKey) -> tuple[KernelCache, Entry] | None:
+    """The first layer holding a verified entry for ``key`` (bundles first, then the cache)."""
+    for layer in [*bundle_layers(), cache()]:
+        entry = layer.lookup(key)
+        if entry is not None:
+            return layer, entry
+    return None
+
+
+def _load_existing(key: KernelKey):
+    for layer in [*bundle_layers(), cache()]:
+        entry = layer.lookup(key)
+        if entry is None:
+            continue
+        kernel = _try_load(layer, entry, key)
+        if kernel is not None:
+            stats["bundle" if not layer.writable else "disk"] += 1
+            layer.touch(entry)
+            return kernel
+    return None
+
+
+def _try_load(layer: KernelCache, entry: Entry, key: KernelKey):
+    try:
+        return get_backend(key.backend).load(entry)
+    except Exception as e:
+        layer.discard(entry.path, f"cannot be loaded: {type(e).__name__}: {e}")
+        return None
+
+
+def _build_and_load(key: KernelKey, template: Template, target: Target):
+    if not jit_allowed() or _capturing():
+        raise KernelNotPrebuiltError(not_prebuilt_message(key, capturing=_capturing()))
+    store = cache()
+    with _build_lock, store.lock(key):
+        entry = store.lookup(key)  # built by another process while we waited for the lock?
+        if entry is None:
+            entry = build_entry(store, key, template, target)
+        else:
+            stats["disk"] += 1
+        kernel = get_backend(key.backend).load(entry)
+    limit = env.cache_max_size()
+    if limit is not None:
+        store.prune(limit)
+    return kernel
+
+
+def build_entry(store: KernelCache, key: KernelKey, template: Template, target: Target) -> Entry:
+    """Compile ``key`` into a staging directory and publish it (caller holds the key's lock)."""
+    staging = store.staging_dir(key)
+    start = time.perf_counter()
+    try:
+        info = get_backend(key.backend).compile(template, key.config, target, key.signature, staging)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    seconds = time.perf_counter() - start
+    stats["compile"] += 1
+    log.info("mslk-dsl: compiled %s in %.2fs", key.describe(), seconds)
+    return store.publish(key, staging, {**info, "compile_seconds": round(seconds, 3)})
+
+
+# -- explaining misses ---------------------------------------------------------------------------------
+def nearest_entry(key: KernelKey) -> tuple[KernelCache, Entry, dict] | None:
+    """The existing entry of the same op and target whose key differs from ``key`` in the fewest
+    parts, with those differences ({part: (wanted, found)})."""
+    best = None
+    for layer in [*bundle_layers(), cache()]:
+        op_dir = os.path.join(layer.root, key.target, key.op)
+        if not os.path.isdir(op_dir):
+            continue
+        for digest in os.listdir(op_dir):
+            try:
+                with open(os.path.join(op_dir, digest, "meta.json")) as f:
+                    parts = json.load(f)["key"]
+            except (OSError, ValueError, KeyError):
+                continue
+            diff = diff_parts(key.parts(), parts)
+            if best is None or len(diff) < len(best[2]):
+                best = (layer, Entry(os.path.join(op_dir, digest), {"key": parts}), diff)
+    return best
+
+
+def build_command(key: KernelKey) -> str:
+    sig = " ".join(f"--sig {k}={v}" for k, v in key.signature.items())
+    return (f"mslk-dsl aot build --op {key.op} --target {key.target} --config {key.config_name} "
+            f"{sig} --out DIR")
+
+
+def not_prebuilt_message(key: KernelKey, capturing: bool = False) -> str:
+    why = ("a CUDA graph is being captured (run the op once before capture so it is loaded)"
+           if capturing else "JIT compilation is disabled (MSLK_DSL_DISABLE_JIT=1 or mslk_dsl.jit_disabled())")
+    lines = [f"kernel not prebuilt: {key.describe()} (backend {key.backend}, key {key.digest}); {why}.",
+             f"Build it with: {build_command(key)}  and add DIR to MSLK_DSL_AOT_PATH."]
+    near = nearest_entry(key)
+    if near is not None:
+        layer, entry, diff = near
+        shown = {k: v for k, v in diff.items()}
+        lines.append(f"Closest entry: {entry.path} differs in {', '.join(shown)}: "
+                     + "; ".join(f"{k}: wanted {w!r}, found {f!r}" for k, (w, f) in shown.items()))
+        if "dsl_versions" in diff or "framework_version" in diff:
+            lines.append("The bundle was built with another DSL/framework version; kernels are only "
+                         "served to the toolchain that built them. Rebuild the bundle with this one.")
+    return "\n".join(lines)

@@ -1,0 +1,13 @@
+"""The op layer: typed Python functions (the fast eager path) and ``torch.ops.mslk_dsl.*``.
+
+Importing this module registers the torch ops. Each function validates its inputs (clear errors,
+nothing launched), picks the kernel for the device's target, and launches it on the current
+stream. ``config=`` forces a config of the op's template (for kernel authors).
+"""
+from mslk_dsl.ops.elementwise import dequantize_fp8_row, quantize_fp8_row, silu_mul, silu_mul_quant
+from mslk_dsl.ops.gemm import bf16_gemm, f8f8bf16_rowwise
+from mslk_dsl.ops.norm import rmsnorm, rmsnorm_add
+from mslk_dsl.ops import library  # noqa: F401  (registers torch.ops.mslk_dsl.*)
+
+__all__ = ["bf16_gemm", "dequantize_fp8_row", "f8f8bf16_rowwise", "quantize_fp8_row", "rmsnorm",
+           "rmsnorm_add", "silu_mul", "silu_mul_quant"]

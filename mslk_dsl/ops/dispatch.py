@@ -1,0 +1,83 @@
+"""Choosing and caching the kernel for one call: device -> target -> template -> config -> kernel.
+
+The first call for a (device, signature, problem, config) pays for the lookup (and maybe a
+compile); later calls are one dict lookup, so the per-call host cost stays near a native op.
+"""
+from __future__ import annotations
+
+import torch
+
+from mslk_dsl import jit, registry
+from mslk_dsl.device import target_of
+from mslk_dsl.errors import UnsupportedDeviceError
+from mslk_dsl.template import Template
+
+_DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in (
+    torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e4m3fnuz,
+    torch.int32, torch.int64)}
+
+
+_placeholders: dict = {}
+
+
+def placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A one-element tensor passed for an absent optional input (scale_ub=None, bias=None): the
+    kernel, compiled for the absent case, never reads it. Cached so calls allocate nothing."""
+    t = _placeholders.get((device, dtype))
+    if t is None:
+        t = _placeholders[(device, dtype)] = torch.zeros(1, dtype=dtype, device=device)
+    return t
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return _DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.")
+
+
+class KernelOp:
+    """Kernel selection for one op. ``signature`` is a tuple of values in ``sig_fields`` order;
+    ``problem`` a tuple of the sizes in ``problem_fields`` order (fed to the heuristic)."""
+
+    MAX_MEMO = 4096
+
+    def __init__(self, op: str, sig_fields: tuple[str, ...], problem_fields: tuple[str, ...]):
+        self.op = op
+        self.sig_fields = sig_fields
+        self.problem_fields = problem_fields
+        self._memo: dict = {}
+
+    def kernel(self, device: torch.device, signature: tuple, problem: tuple, config: dict | None = None):
+        memo_key = (device, signature, problem, None if config is None else tuple(sorted(config.items())))
+        kernel = self._memo.get(memo_key)
+        if kernel is None:
+            kernel = self._select(device, signature, problem, config)
+            if len(self._memo) >= self.MAX_MEMO:
+                self._memo.clear()
+            self._memo[memo_key] = kernel
+        return kernel
+
+    def template_for(self, target: str) -> Template:
+        templates = registry.templates_for(self.op, target)
+        if not templates:
+            supported = sorted({t for tpl in registry.get_templates(op=self.op) for t in tpl.targets})
+            raise UnsupportedDeviceError(f"{self.op}: no template for target {target}; supported targets: "
+                                         f"{', '.join(supported) or 'none'}")
+        return templates[0]
+
+    def choose(self, target: str, signature: tuple, problem: tuple, config: dict | None):
+        """(template, config, signature dict) for a call: explicit config, stored tuning, or heuristic."""
+        template = self.template_for(target)
+        sig = dict(zip(self.sig_fields, signature))
+        if config is not None:
+            return template, template.check_config(config, target, sig), sig
+        from mslk_dsl import tuning
+
+        tuned = tuning.lookup(self.op, target, sig, dict(zip(self.problem_fields, problem)))
+        if tuned is not None and tuned in template.valid_configs(target, sig):
+            return template, tuned, sig
+        chosen = template.heuristic(target, sig, dict(zip(self.problem_fields, problem)))
+        return template, template.check_config(chosen, target, sig), sig
+
+    def _select(self, device, signature, problem, config):
+        target = target_of(device)
+        template, config, sig = self.choose(target.name, signature, problem, config)
+        return jit.get_kernel(template, config, target, sig)

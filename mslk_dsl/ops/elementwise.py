@@ -1,0 +1,105 @@
+"""SwiGLU and row-wise FP8 quantization: silu_mul, quantize_fp8_row, dequantize_fp8_row,
+silu_mul_quant. MSLK's names, argument order and semantics."""
+from __future__ import annotations
+
+import torch
+
+from mslk_dsl.device import target_of
+from mslk_dsl.ops import validate as check
+from mslk_dsl.ops.dispatch import KernelOp, dtype_name, placeholder
+
+_SILU_MUL = KernelOp("silu_mul", ("aligned", "dtype"), ("M", "K"))
+_QUANT = KernelOp("quantize_fp8_row", ("aligned", "dtype", "has_scale_ub"), ("M", "K"))
+_SILU_MUL_QUANT = KernelOp("silu_mul_quant", ("aligned", "dtype", "has_scale_ub"), ("M", "K"))
+
+_FP8 = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
+
+
+def fp8_dtype_for(device: torch.device) -> torch.dtype:
+    """The FP8 flavour of the device's target (e4m3fnuz on gfx942, e4m3fn elsewhere)."""
+    try:
+        return _FP8[target_of(device).fp8 or "e4m3fn"]
+    except (NotImplementedError, RuntimeError, AssertionError):
+        # No GPU to ask (tracing with fake/meta tensors on a CPU machine): the OCP flavour.
+        return torch.float8_e4m3fn
+
+
+def _pair(op: str, x0, x1) -> None:
+    check.tensor(op, "x0", x0, check.FLOAT_DTYPES)
+    check.tensor(op, "x1", x1, check.FLOAT_DTYPES)
+    check.same_dtype(op, "x1", x1, x0.dtype, "x0")
+    check.shape(op, "x1", x1, x0.shape, "x0 and x1 must have the same shape")
+    check.same_device(op, "x0", x0, x1=x1)
+    check.gpu(op, "x0", x0)
+
+
+def _scale_ub(op: str, scale_ub, device) -> torch.Tensor | None:
+    if scale_ub is None:
+        return None
+    check.tensor(op, "scale_ub", scale_ub, (torch.float32,))
+    if scale_ub.numel() != 1:
+        raise ValueError(f"{op}: scale_ub must hold one element, got shape {tuple(scale_ub.shape)}")
+    check.same_device(op, "x", torch.empty(0, device=device), scale_ub=scale_ub)
+    return scale_ub.reshape(1)
+
+
+def silu_mul(x0: torch.Tensor, x1: torch.Tensor, *, config: dict | None = None) -> torch.Tensor:
+    """silu(x0) * x1 elementwise (fp32 math, result in the input dtype); any leading dims."""
+    _pair("silu_mul", x0, x1)
+    out = torch.empty(x0.shape, dtype=x0.dtype, device=x0.device)
+    if out.numel() == 0:
+        return out
+    a, b = check.rows(x0), check.rows(x1)
+    o = out.view(a.shape)
+    sig = (check.aligned16(a, b, o), dtype_name(a.dtype))
+    _SILU_MUL.kernel(a.device, sig, a.shape, config)(a, b, o)
+    return out
+
+
+def quantize_fp8_row(x: torch.Tensor, scale_ub: torch.Tensor | None = None, *,
+                     config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row absmax FP8 quantization. Returns (xq [..., K] fp8, scale [...] fp32) where
+    ``x ~= xq.float() * scale[..., None]``; rows of zeros give xq = 0 and a finite scale."""
+    op = "quantize_fp8_row"
+    check.tensor(op, "x", x, check.FLOAT_DTYPES)
+    check.gpu(op, "x", x)
+    ub = _scale_ub(op, scale_ub, x.device)
+    xq = torch.empty(x.shape, dtype=fp8_dtype_for(x.device), device=x.device)
+    scale = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        return xq, scale
+    a = check.rows(x)
+    q = xq.view(a.shape)
+    sig = (check.aligned16(a, q), dtype_name(a.dtype), ub is not None)
+    _QUANT.kernel(a.device, sig, a.shape, config)(a, ub if ub is not None else placeholder(a.device, torch.float32), q,
+                                                  scale.view(-1))
+    return xq, scale
+
+
+def silu_mul_quant(x0: torch.Tensor, x1: torch.Tensor, scale_ub: torch.Tensor | None = None, *,
+                   config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_fp8_row(silu_mul(x0, x1), scale_ub), fused: one read of x0/x1, one write of xq."""
+    op = "silu_mul_quant"
+    _pair(op, x0, x1)
+    ub = _scale_ub(op, scale_ub, x0.device)
+    xq = torch.empty(x0.shape, dtype=fp8_dtype_for(x0.device), device=x0.device)
+    scale = torch.empty(x0.shape[:-1], dtype=torch.float32, device=x0.device)
+    if x0.numel() == 0:
+        return xq, scale
+    a, b = check.rows(x0), check.rows(x1)
+    q = xq.view(a.shape)
+    sig = (check.aligned16(a, b, q), dtype_name(a.dtype), ub is not None)
+    _SILU_MUL_QUANT.kernel(a.device, sig, a.shape, config)(a, b, ub if ub is not None else placeholder(a.device, torch.float32), q,
+                                                            scale.view(-1))
+    return xq, scale
+
+
+def dequantize_fp8_row(xq: torch.Tensor, scale: torch.Tensor,
+                       out_dtype: torch.dtype | None = torch.bfloat16) -> torch.Tensor:
+    """Inverse of quantize_fp8_row: xq.float() * scale[..., None], in ``out_dtype``."""
+    op = "dequantize_fp8_row"
+    check.tensor(op, "xq", xq, check.FP8_DTYPES)
+    check.tensor(op, "scale", scale, (torch.float32,), min_ndim=0)
+    check.shape(op, "scale", scale, xq.shape[:-1], "one scale per row of xq")
+    check.same_device(op, "xq", xq, scale=scale)
+    return (xq.float() * scale.unsqueeze(-1)).to(out_dtype or torch.bfloat16)

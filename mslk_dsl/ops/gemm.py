@@ -1,0 +1,80 @@
+"""GEMMs in MSLK's convention: x [M, K] activations, w [N, K] weights, out = x @ w.T."""
+from __future__ import annotations
+
+import torch
+
+from mslk_dsl.ops import validate as check
+from mslk_dsl.ops.dispatch import KernelOp, dtype_name, placeholder
+from mslk_dsl.ops.elementwise import fp8_dtype_for
+
+_BF16_GEMM = KernelOp("bf16_gemm", ("dtype",), ("M", "N", "K"))
+_F8F8BF16_ROWWISE = KernelOp("f8f8bf16_rowwise", ("has_bias",), ("M", "N", "K"))
+
+# TMA (and the MFMA loaders) need 16-byte aligned rows: K and N elements must be multiples of this.
+_ALIGN_BYTES = 16
+
+
+def _operands(op: str, x, w, dtypes) -> None:
+    check.tensor(op, "x", x, dtypes, ndim=2)
+    check.tensor(op, "w", w, dtypes, ndim=2)
+    check.same_dtype(op, "w", w, x.dtype, "x")
+    check.same_device(op, "x", x, w=w)
+    check.gpu(op, "x", x)
+    if w.shape[1] != x.shape[1]:
+        raise ValueError(f"{op}: w has shape {tuple(w.shape)} but x has K={x.shape[1]}; w must be [N, K]")
+    per = _ALIGN_BYTES // x.element_size()
+    for name, size in (("K", x.shape[1]), ("N", w.shape[0])):
+        if size % per:
+            raise ValueError(f"{op}: {name}={size} must be a multiple of {per} for {x.dtype} "
+                             f"(16-byte aligned rows for TMA); pad the weight")
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() and t.data_ptr() % _ALIGN_BYTES == 0 else t.contiguous()
+
+
+def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, config: dict | None = None) -> torch.Tensor:
+    """out = x @ w.T for bf16 or fp16 inputs (fp32 accumulation, output in the input dtype)."""
+    _operands("bf16_gemm", x, w, check.HALF_DTYPES)
+    M, K = x.shape
+    N = w.shape[0]
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    if K == 0:
+        return out.zero_()
+    x, w = _compact(x), _compact(w)
+    _BF16_GEMM.kernel(x.device, (dtype_name(x.dtype),), (M, N, K), config)(x, w, out)
+    return out
+
+
+def f8f8bf16_rowwise(xq: torch.Tensor, wq: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                     bias: torch.Tensor | None = None, *, config: dict | None = None) -> torch.Tensor:
+    """out = (xq @ wq.T) * x_scale[:, None] * w_scale[None, :] (+ bias), bf16 out; the scales are
+    the ones quantize_fp8_row returns."""
+    op = "f8f8bf16_rowwise"
+    _operands(op, xq, wq, check.FP8_DTYPES)
+    fp8 = fp8_dtype_for(xq.device)
+    if xq.dtype != fp8:
+        raise TypeError(f"{op}: xq has dtype {xq.dtype} but this device's FP8 flavour is {fp8}")
+    M, K = xq.shape
+    N = wq.shape[0]
+    check.tensor(op, "x_scale", x_scale, (torch.float32,), ndim=1)
+    check.tensor(op, "w_scale", w_scale, (torch.float32,), ndim=1)
+    check.shape(op, "x_scale", x_scale, (M,), "one scale per row of xq")
+    check.shape(op, "w_scale", w_scale, (N,), "one scale per row of wq")
+    check.same_device(op, "xq", xq, x_scale=x_scale, w_scale=w_scale)
+    if bias is not None:
+        check.tensor(op, "bias", bias, (torch.bfloat16,), ndim=1)
+        check.shape(op, "bias", bias, (N,), "one bias per output column")
+        check.same_device(op, "xq", xq, bias=bias)
+    out = torch.empty((M, N), dtype=torch.bfloat16, device=xq.device)
+    if out.numel() == 0:
+        return out
+    if K == 0:
+        return out.copy_(bias.expand(M, N)) if bias is not None else out.zero_()
+    xq, wq = _compact(xq), _compact(wq)
+    x_scale, w_scale = x_scale.contiguous(), w_scale.contiguous()
+    kernel = _F8F8BF16_ROWWISE.kernel(xq.device, (bias is not None,), (M, N, K), config)
+    kernel(xq, wq, x_scale, w_scale, bias.contiguous() if bias is not None else placeholder(xq.device, torch.bfloat16), out)
+    return out

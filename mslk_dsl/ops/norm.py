@@ -1,0 +1,59 @@
+"""RMSNorm and the fused residual-add RMSNorm (bf16/fp16 in, fp32 math)."""
+from __future__ import annotations
+
+import torch
+
+from mslk_dsl.ops import validate as check
+from mslk_dsl.ops.dispatch import KernelOp, dtype_name
+
+_RMSNORM = KernelOp("rmsnorm", ("aligned", "dtype"), ("M", "N"))
+_RMSNORM_ADD = KernelOp("rmsnorm_add", ("aligned", "dtype"), ("M", "N"))
+
+MAX_HIDDEN = 16384
+
+
+def _check(op: str, x, weight, eps) -> None:
+    check.tensor(op, "x", x, check.HALF_DTYPES)
+    check.tensor(op, "weight", weight, check.HALF_DTYPES, ndim=1)
+    check.same_dtype(op, "weight", weight, x.dtype, "x")
+    check.shape(op, "weight", weight, x.shape[-1:], "one weight per hidden element of x")
+    check.same_device(op, "x", x, weight=weight)
+    check.gpu(op, "x", x)
+    if x.shape[-1] > MAX_HIDDEN:
+        raise ValueError(f"{op}: hidden size {x.shape[-1]} of x exceeds the supported {MAX_HIDDEN}")
+    if not isinstance(eps, (float, int)) or eps < 0:
+        raise ValueError(f"{op}: eps must be a non-negative float, got {eps!r}")
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+            config: dict | None = None) -> torch.Tensor:
+    """y = x / sqrt(mean(x^2) + eps) * weight over the last dim."""
+    _check("rmsnorm", x, weight, eps)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if y.numel() == 0:
+        return y
+    a = check.rows(x)
+    out = y.view(a.shape)
+    sig = (check.aligned16(a, weight, out), dtype_name(a.dtype))
+    _RMSNORM.kernel(a.device, sig, a.shape, config)(a, weight, out, float(eps))
+    return y
+
+
+def rmsnorm_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """new_residual = x + residual; y = rmsnorm(new_residual, weight, eps). Returns (y, new_residual)."""
+    op = "rmsnorm_add"
+    _check(op, x, weight, eps)
+    check.tensor(op, "residual", residual, check.HALF_DTYPES)
+    check.same_dtype(op, "residual", residual, x.dtype, "x")
+    check.shape(op, "residual", residual, x.shape, "residual must have the shape of x")
+    check.same_device(op, "x", x, residual=residual)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    new_residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if y.numel() == 0:
+        return y, new_residual
+    a, r = check.rows(x), check.rows(residual)
+    out, res = y.view(a.shape), new_residual.view(a.shape)
+    sig = (check.aligned16(a, r, weight, out, res), dtype_name(a.dtype))
+    _RMSNORM_ADD.kernel(a.device, sig, a.shape, config)(a, r, weight, out, res, float(eps))
+    return y, new_residual

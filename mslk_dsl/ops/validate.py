@@ -1,0 +1,69 @@
+"""Input checks shared by every op: each raises ValueError / TypeError naming the argument,
+before anything is launched. Kept cheap: they run on every call."""
+from __future__ import annotations
+
+import torch
+
+from mslk_dsl.errors import UnsupportedDeviceError
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+
+def tensor(op: str, name: str, t, dtypes=None, ndim: int | None = None, min_ndim: int = 1) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{op}: {name} has dtype {t.dtype}; supported: {', '.join(str(d) for d in dtypes)}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{op}: {name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if t.dim() < min_ndim:
+        raise ValueError(f"{op}: {name} must have at least {min_ndim} dimension(s), got shape {tuple(t.shape)}")
+    if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{op}: {name} must be contiguous in its last dimension (stride(-1) == 1), "
+                         f"got strides {t.stride()}")
+
+
+def same_device(op: str, first: str, t0: torch.Tensor, **others: torch.Tensor) -> None:
+    for name, t in others.items():
+        if t.device != t0.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but {first} is on {t0.device}")
+
+
+def gpu(op: str, name: str, t: torch.Tensor) -> None:
+    if t.device.type != "cuda":
+        raise UnsupportedDeviceError(f"{op}: {name} is on {t.device}; mslk-dsl kernels run on CUDA or ROCm "
+                                     f"GPU tensors (targets with a template: {supported_targets(op)})")
+
+
+def supported_targets(op: str) -> str:
+    from mslk_dsl import registry
+
+    return ", ".join(sorted({t for tpl in registry.get_templates(op=op) for t in tpl.targets})) or "none"
+
+
+def shape(op: str, name: str, t: torch.Tensor, expected: tuple, why: str) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}, expected {tuple(expected)} ({why})")
+
+
+def same_dtype(op: str, name: str, t: torch.Tensor, dtype: torch.dtype, like: str) -> None:
+    if t.dtype != dtype:
+        raise TypeError(f"{op}: {name} has dtype {t.dtype} but {like} has {dtype}; they must match")
+
+
+def rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a compact [rows, cols] matrix: a view when it can be, else a copy (the kernels
+    take compact row-major tensors; padded or permuted leading dims are copied, never misread)."""
+    t2 = t.reshape(-1, t.shape[-1]) if t.dim() != 2 else t
+    return t2 if t2.is_contiguous() else t2.contiguous()
+
+
+def aligned16(*tensors: torch.Tensor) -> bool:
+    """True when every tensor starts on a 16-byte boundary and its rows are a multiple of 16
+    bytes long: then 128-bit vector loads are legal for every row."""
+    for t in tensors:
+        if t.data_ptr() % 16 or (t.shape[-1] * t.element_size()) % 16:
+            return False
+    return True

@@ -1,0 +1,100 @@
+"""The template API: what a kernel template declares about itself.
+
+A template file in ``templates/`` (or a directory on ``MSLK_DSL_TEMPLATE_PATH``) defines a
+module-level ``TEMPLATE = Template(...)`` (or ``TEMPLATES = [...]``). Importing a template file
+must stay cheap and must not import a DSL: ``cutlass`` / ``flydsl`` are imported inside
+``build`` only, which runs in a compile process. That keeps discovery, keys, the cache and
+the run path free of compilers, and keeps the two DSLs out of one process.
+
+``build(config, target, sig)`` returns ``(launcher, compile_args)``:
+  * CuTe DSL: ``launcher`` is a ``@cute.jit`` function, ``compile_args`` its fake arguments
+    (``cute.runtime.make_fake_compact_tensor`` with ``cute.sym_int`` sizes, and
+    ``make_fake_stream(use_tvm_ffi_env_stream=True)`` last). The backend compiles it with
+    TVM-FFI, so at run time the kernel takes torch tensors (and Python scalars) directly.
+  * FlyDSL: ``launcher`` is a ``@flyc.jit`` function, ``compile_args`` CPU torch tensors (and
+    scalars) used as placeholders; sizes stay dynamic.
+At run time the op layer calls the loaded kernel with the op's calling convention (the same
+for every template of an op), e.g. ``silu_mul``: ``kernel(x0, x1, out)``.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+Config = Mapping[str, Any]
+Signature = Mapping[str, Any]
+
+
+def config_name(config: Config) -> str:
+    """A stable, human-readable name for a config: ``threads128_vec8``."""
+    return "_".join(f"{k}{_short(v)}" for k, v in sorted(config.items()))
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, (tuple, list)):
+        return "x".join(_short(x) for x in v)
+    return str(v)
+
+
+@dataclass(frozen=True)
+class Template:
+    """One kernel template: an op, a backend, and a space of configs over targets.
+
+    op:          op name, e.g. "silu_mul" (several templates may implement one op).
+    backend:     "cute" or "flydsl".
+    targets:     target names this template supports (see arch/*.toml).
+    space:       config parameter -> allowed values; configs are the Cartesian product,
+                 filtered by ``valid``. Use ``configs`` instead for an explicit list.
+    signatures:  static signature part -> allowed values (e.g. dtype, alignment class).
+                 Every value here becomes part of the KernelKey; dynamic sizes never do.
+    valid:       (config, target, sig) -> bool, rejects configs a target or signature
+                 cannot run (shared memory, vector width vs. alignment, ...).
+    heuristic:   (target, sig, problem) -> config, the default choice for a problem
+                 (a dict of the call's sizes). Must return a valid config.
+    build:       (config, target, sig) -> (launcher, compile_args); see module docstring.
+    name:        template name, unique per (op, backend); defaults to the module name.
+    entry:       symbol name of the exported function (CuTe), defaults to the op name.
+    """
+
+    op: str
+    backend: str
+    targets: Sequence[str]
+    signatures: Mapping[str, Sequence[Any]]
+    heuristic: Callable[[str, Signature, Mapping[str, int]], Config]
+    build: Callable[[Config, str, Signature], tuple]
+    space: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    configs: Sequence[Config] = ()
+    valid: Callable[[Config, str, Signature], bool] = lambda config, target, sig: True
+    name: str = ""
+    # Filled in by the registry: the file the template came from (for the key's digest).
+    source: str = ""
+
+    def all_configs(self) -> list[dict]:
+        if self.configs:
+            return [dict(c) for c in self.configs]
+        keys = sorted(self.space)
+        return [dict(zip(keys, vals)) for vals in itertools.product(*(self.space[k] for k in keys))]
+
+    def all_signatures(self) -> list[dict]:
+        keys = sorted(self.signatures)
+        return [dict(zip(keys, vals)) for vals in itertools.product(*(self.signatures[k] for k in keys))]
+
+    def valid_configs(self, target: str, sig: Signature) -> list[dict]:
+        return [c for c in self.all_configs() if self.valid(c, target, sig)]
+
+    def check_config(self, config: Config, target: str, sig: Signature) -> dict:
+        """Validate an explicit config; raise ValueError naming what is wrong."""
+        config = dict(config)
+        known = self.all_configs()
+        if config not in known:
+            raise ValueError(
+                f"{self.op}: config {config} is not in the space of template {self.name!r}; "
+                f"known configs: {[config_name(c) for c in known]}")
+        if target not in self.targets:
+            raise ValueError(f"{self.op}: template {self.name!r} does not support target {target!r} "
+                             f"(supports {list(self.targets)})")
+        if not self.valid(config, target, sig):
+            raise ValueError(f"{self.op}: config {config_name(config)} is not valid for target "
+                             f"{target} and signature {dict(sig)}")
+        return config
