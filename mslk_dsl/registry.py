@@ -29,7 +29,11 @@ def _discover() -> tuple[Template, ...]:
         for filename in sorted(os.listdir(directory)):
             if not filename.endswith(".py") or filename.startswith("_"):
                 continue
-            module = _import_template_module(directory, filename[:-3], builtin=directory in builtin.__path__)
+            try:
+                module = _import_template_module(directory, filename[:-3], builtin=directory in builtin.__path__)
+            except Exception as e:
+                raise ImportError(f"template file {os.path.join(directory, filename)} failed to import: "
+                                  f"{type(e).__name__}: {e}") from e
             found.extend(_templates_of(module))
     names = [(t.op, t.backend, t.name) for t in found]
     duplicates = {n for n in names if names.count(n) > 1}

@@ -1,0 +1,155 @@
+"""The AOT job runner: compile jobs in parallel spawned worker processes into an output store.
+
+Workers are spawned (never forked) with ``max_tasks_per_child=1``, so no compiler state, DSL
+import or FlyDSL target survives from one task to the next. CuTe jobs are grouped a few per task
+to amortize the seconds of ``import cutlass``; FlyDSL jobs compile in their own child process
+anyway. A failing job is reported with its key and the compiler's error; the rest still build.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from mslk_dsl.aot.manifest import Job
+from mslk_dsl.cache import KernelCache
+
+CUTE_JOBS_PER_TASK = 6
+
+
+@dataclass
+class BuildReport:
+    built: list[str] = field(default_factory=list)      # digests compiled now
+    skipped: list[str] = field(default_factory=list)    # already in the output
+    failed: dict[str, str] = field(default_factory=dict)  # digest -> "key: error"
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def _build_task(jobs: list[tuple[dict, str]], out_root: str) -> list[tuple[str, str | None, float]]:
+    """Worker: compile each (key parts, template name); returns (digest, error or None, seconds)."""
+    from mslk_dsl import jit, registry
+    from mslk_dsl.keys import KernelKey
+    from mslk_dsl.targets import get_target
+
+    store = KernelCache(out_root, writable=True)
+    results = []
+    for parts, template_name in jobs:
+        start = time.perf_counter()
+        key = KernelKey.from_parts(parts)
+        try:
+            template = registry.get_template(template_name)
+            fresh = KernelKey.make(template, key.config, key.target, key.signature)
+            if fresh.digest != key.digest:
+                raise RuntimeError("the key changed between planning and building (template edited?)")
+            with store.lock(key):
+                if store.lookup(key) is None:
+                    jit.build_entry(store, key, template, get_target(key.target))
+            results.append((key.digest, None, time.perf_counter() - start))
+        except Exception as e:
+            detail = "".join(traceback.format_exception_only(type(e), e)).strip()
+            results.append((key.digest, f"{key.describe()}: {detail}", time.perf_counter() - start))
+    return results
+
+
+def _tasks(jobs: list[Job]) -> list[list[Job]]:
+    cute = [j for j in jobs if j.key.backend == "cute"]
+    other = [j for j in jobs if j.key.backend != "cute"]
+    tasks = [cute[i:i + CUTE_JOBS_PER_TASK] for i in range(0, len(cute), CUTE_JOBS_PER_TASK)]
+    return tasks + [[j] for j in other]
+
+
+def build(jobs: list[Job], out_root: str, workers: int = 1, progress: bool | None = None) -> BuildReport:
+    """Compile every job missing from ``out_root``; ``progress`` None means "bar on a terminal"."""
+    start = time.perf_counter()
+    store = KernelCache(out_root, writable=True)
+    report = BuildReport()
+    todo = []
+    for job in jobs:
+        if store.lookup(job.key) is not None:
+            report.skipped.append(job.key.digest)
+        else:
+            todo.append(job)
+    bar = _progress(len(todo), progress)
+    labels = {j.key.digest: j.label for j in todo}
+    pending = _tasks(todo)
+    while pending:
+        finished_before = len(report.built) + len(report.failed)
+        broken = _run_round(pending, out_root, workers, report, bar, labels)
+        # A worker that crashes (a compiler segfault) breaks the whole pool: retry what did not
+        # finish, one job per task, as long as each round makes progress.
+        if broken and len(report.built) + len(report.failed) > finished_before:
+            pending = [[j] for task in broken for j in task]
+        else:
+            for job in (j for task in broken for j in task):
+                report.failed[job.key.digest] = f"{job.label}: the worker process died while compiling"
+                bar.advance()
+            pending = []
+    bar.close()
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _run_round(tasks, out_root, workers, report, bar, labels) -> list[list[Job]]:
+    """Run ``tasks`` in one pool; record results; return the tasks lost to a broken pool."""
+    broken = []
+    ctx = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx, max_tasks_per_child=1) as pool:
+        futures = {pool.submit(_build_task, [(j.key.parts(), j.template) for j in task], out_root): task
+                   for task in tasks}
+        for future in cf.as_completed(futures):
+            try:
+                results = future.result()
+            except cf.process.BrokenProcessPool:
+                broken.append(futures[future])
+                continue
+            for digest, error, seconds in results:
+                if error is None:
+                    report.built.append(digest)
+                    bar.line(f"built  {labels[digest]} ({seconds:.1f}s)")
+                else:
+                    report.failed[digest] = error
+                    bar.line(f"FAILED {error}")
+                bar.advance()
+    return broken
+
+
+class _progress:
+    """A tqdm bar with counts and ETA on a terminal; plain lines (with counts) in CI logs."""
+
+    def __init__(self, total: int, enabled: bool | None):
+        self.total, self.done = total, 0
+        self.tty = sys.stderr.isatty() if enabled is None else enabled
+        self.bar = None
+        if self.tty and total:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="kernel", dynamic_ncols=True)
+
+    def line(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(f"[{self.done + 1}/{self.total}] {text}", flush=True)
+
+    def advance(self) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def default_workers() -> int:
+    from mslk_dsl import env
+
+    return env.aot_workers()
+

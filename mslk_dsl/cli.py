@@ -1,0 +1,281 @@
+"""The ``mslk-dsl`` command line: targets, templates, AOT builds and bundles, the cache, explain."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args) or 0
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        print(f"mslk-dsl: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mslk-dsl", description=__doc__)
+    sub = p.add_subparsers()
+
+    s = sub.add_parser("targets", help="list compile targets (arch/*.toml)")
+    s.set_defaults(func=cmd_targets)
+
+    s = sub.add_parser("templates", help="list registered templates")
+    s.add_argument("--op")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_templates)
+
+    aot = sub.add_parser("aot", help="ahead-of-time builds and bundles").add_subparsers()
+    s = aot.add_parser("build", help="compile a manifest's kernels (default: aot/default.toml)")
+    s.add_argument("--manifest", help="manifest path or packaged name (default: default)")
+    s.add_argument("--target", action="append", help="only these targets (repeatable)")
+    s.add_argument("--op", action="append", help="only these ops (repeatable)")
+    s.add_argument("--config", action="append", help="only these config names (repeatable)")
+    s.add_argument("--sig", action="append", default=[], metavar="PART=VALUE",
+                   help="only signatures with this value (repeatable), e.g. --sig dtype=bfloat16")
+    s.add_argument("--workers", type=int, help="worker processes (default: MSLK_DSL_AOT_WORKERS or CPU count)")
+    s.add_argument("--out", help="output bundle directory (default: the kernel cache)")
+    s.add_argument("--shard", help="build only shard i of n (i/n, 1-based)")
+    s.add_argument("--dry-run", action="store_true", help="list the jobs, compile nothing")
+    s.add_argument("--progress", choices=["auto", "bar", "lines"], default="auto")
+    s.set_defaults(func=cmd_aot_build)
+    s = aot.add_parser("merge", help="merge bundles (e.g. shards) into one")
+    s.add_argument("out")
+    s.add_argument("sources", nargs="+")
+    s.set_defaults(func=cmd_aot_merge)
+    s = aot.add_parser("verify", help="check a bundle against its manifest.json")
+    s.add_argument("dir")
+    s.set_defaults(func=cmd_aot_verify)
+    s = aot.add_parser("package", help="turn a bundle into an installable wheel")
+    s.add_argument("dir")
+    s.add_argument("--name", required=True)
+    s.add_argument("--version", default="1.0.0")
+    s.add_argument("--out", default="dist")
+    s.set_defaults(func=cmd_aot_package)
+
+    cache = sub.add_parser("cache", help="inspect and manage the kernel cache").add_subparsers()
+    s = cache.add_parser("ls")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_cache_ls)
+    cache.add_parser("stats").set_defaults(func=cmd_cache_stats)
+    s = cache.add_parser("verify")
+    s.add_argument("--repair", action="store_true", help="remove damaged entries")
+    s.set_defaults(func=cmd_cache_verify)
+    cache.add_parser("clear").set_defaults(func=cmd_cache_clear)
+    s = cache.add_parser("prune", help="remove least recently used entries beyond a size")
+    s.add_argument("--max-size", required=True, help="e.g. 500M, 2G")
+    s.set_defaults(func=cmd_cache_prune)
+
+    s = sub.add_parser("explain", help="show a kernel's key and, on a miss, the closest entry")
+    s.add_argument("op")
+    s.add_argument("--target", required=True)
+    s.add_argument("--dtype")
+    s.add_argument("--sig", action="append", default=[], metavar="PART=VALUE")
+    s.add_argument("--config", help="config name (default: the heuristic's choice)")
+    s.add_argument("--problem", default="", help="sizes for the heuristic, e.g. M=4096,K=8192")
+    s.set_defaults(func=cmd_explain)
+
+    s = sub.add_parser("tune", help="benchmark configs on this GPU and store the winners")
+    s.add_argument("--op", required=True)
+    s.add_argument("--shapes", required=True, help="problems, e.g. 'M=128,N=8192,K=8192;M=4096,N=8192,K=8192'")
+    s.add_argument("--sig", action="append", default=[], metavar="PART=VALUE")
+    s.set_defaults(func=cmd_tune)
+    return p
+
+
+def _parse_value(text: str):
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _parse_pairs(items: list[str]) -> dict:
+    out: dict = {}
+    for item in items:
+        for pair in filter(None, item.split(",")):
+            if "=" not in pair:
+                raise ValueError(f"expected PART=VALUE, got {pair!r}")
+            k, v = pair.split("=", 1)
+            out.setdefault(k.strip(), []).append(_parse_value(v.strip()))
+    return out
+
+
+# -- commands ------------------------------------------------------------------------------------
+def cmd_targets(args) -> int:
+    from mslk_dsl.targets import all_targets
+
+    for t in all_targets().values():
+        print(f"{t.name:8s} {t.vendor:7s} backend={t.backend:7s} arch={t.dsl_arch:8s} warp={t.warp_size} "
+              f"smem={t.smem_per_block} fp8={t.fp8 or '-'}")
+    return 0
+
+
+def cmd_templates(args) -> int:
+    from mslk_dsl import registry
+    from mslk_dsl.template import config_name
+
+    rows = []
+    for t in registry.get_templates(op=args.op):
+        rows.append({"name": t.name, "op": t.op, "backend": t.backend, "targets": list(t.targets),
+                     "signatures": {k: list(v) for k, v in t.signatures.items()},
+                     "configs": [config_name(c) for c in t.all_configs()], "source": t.source})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        for r in rows:
+            print(f"{r['op']:24s} {r['backend']:7s} {r['name']:32s} targets={','.join(r['targets'])} "
+                  f"configs={len(r['configs'])} signatures={r['signatures']}")
+    return 0
+
+
+def cmd_aot_build(args) -> int:
+    from mslk_dsl import env
+    from mslk_dsl.aot import bundle, manifest, runner
+
+    overrides = {}
+    if args.config:
+        overrides["configs"] = args.config
+    if args.sig:
+        overrides["signatures"] = _parse_pairs(args.sig)
+    jobs = manifest.expand(manifest.load_manifest(args.manifest), targets=args.target, ops=args.op,
+                           overrides=overrides)
+    if args.shard:
+        index, count = (int(x) for x in args.shard.split("/"))
+        jobs = manifest.shard(jobs, index, count)
+    out = os.path.abspath(args.out or env.cache_dir())
+    if args.dry_run:
+        for j in jobs:
+            print(j.label)
+        print(f"{len(jobs)} jobs")
+        return 0
+    workers = args.workers or env.aot_workers()
+    print(f"mslk-dsl aot build: {len(jobs)} kernels -> {out} ({workers} workers)", flush=True)
+    progress = {"auto": None, "bar": True, "lines": False}[args.progress]
+    report = runner.build(jobs, out, workers=workers, progress=progress)
+    if os.path.isdir(out):
+        bundle.write_bundle_manifest(out)
+    by_op = Counter((j.key.op, j.key.target) for j in jobs if j.key.digest in set(report.built))
+    for (op, target), n in sorted(by_op.items()):
+        print(f"  built {n:4d}  {op} for {target}")
+    print(f"built {len(report.built)}, already present {len(report.skipped)}, failed {len(report.failed)} "
+          f"in {report.seconds:.1f}s")
+    for error in report.failed.values():
+        print(f"FAILED: {error}", file=sys.stderr)
+    return 0 if report.ok else 1
+
+
+def cmd_aot_merge(args) -> int:
+    from mslk_dsl.aot import merge_bundles
+
+    manifest = merge_bundles(args.out, args.sources)
+    print(f"merged {len(args.sources)} bundles into {args.out}: {len(manifest['kernels'])} kernels")
+    return 0
+
+
+def cmd_aot_verify(args) -> int:
+    from mslk_dsl.aot import verify_bundle
+    from mslk_dsl.aot.bundle import read_bundle_manifest
+
+    problems = verify_bundle(args.dir)
+    for p in problems:
+        print(f"BAD {p}")
+    if problems:
+        return 1
+    print(f"ok: {len(read_bundle_manifest(args.dir)['kernels'])} kernels verify")
+    return 0
+
+
+def cmd_aot_package(args) -> int:
+    from mslk_dsl.aot.wheel import package_bundle
+
+    print(package_bundle(args.dir, args.name, args.out, version=args.version))
+    return 0
+
+
+def _cache():
+    from mslk_dsl import jit
+
+    return jit.cache()
+
+
+def cmd_cache_ls(args) -> int:
+    store = _cache()
+    rows = [{"path": e.path, "op": e.key_parts["op"], "target": e.key_parts["target"],
+             "template": e.key_parts["template"], "config": e.key_parts["config"],
+             "signature": e.key_parts["signature"], "size": e.size, "built_at": e.meta.get("built_at")}
+            for e in store.entries()]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        for r in rows:
+            print(f"{r['target']:7s} {r['op']:22s} {r['template']:30s} {r['size']:9d}  "
+                  f"{json.dumps(r['config'])} {json.dumps(r['signature'])}")
+    return 0
+
+
+def cmd_cache_stats(args) -> int:
+    store = _cache()
+    entries = store.entries()
+    by = Counter((e.key_parts["target"], e.key_parts["op"]) for e in entries)
+    print(f"cache {store.root}: {len(entries)} entries, {sum(e.size for e in entries) / 2**20:.1f} MiB")
+    for (target, op), n in sorted(by.items()):
+        print(f"  {target:7s} {op:24s} {n}")
+    return 0
+
+
+def cmd_cache_verify(args) -> int:
+    problems = _cache().verify_all(repair=args.repair)
+    for path, why in problems:
+        print(f"BAD {path}: {why}{' (removed)' if args.repair else ''}")
+    print(f"{len(problems)} damaged entries")
+    return 1 if problems and not args.repair else 0
+
+
+def cmd_cache_clear(args) -> int:
+    print(f"removed {_cache().clear()} entries")
+    return 0
+
+
+def cmd_cache_prune(args) -> int:
+    from mslk_dsl.env import parse_size
+
+    removed = _cache().prune(parse_size(args.max_size))
+    print(f"removed {len(removed)} entries ({sum(e.size for e in removed) / 2**20:.1f} MiB)")
+    return 0
+
+
+def cmd_explain(args) -> int:
+    from mslk_dsl.explain import explain
+
+    sig = {k: v[0] for k, v in _parse_pairs(args.sig).items()}
+    if args.dtype:
+        sig["dtype"] = args.dtype
+    problem = {k: v[0] for k, v in _parse_pairs([args.problem]).items()} if args.problem else {}
+    print(explain(args.op, args.target, sig, args.config, problem))
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from mslk_dsl import autotune
+
+    sig = {k: v[0] for k, v in _parse_pairs(args.sig).items()}
+    problems = [{k: v[0] for k, v in _parse_pairs([s]).items()} for s in args.shapes.split(";") if s]
+    for problem, (config, ms) in zip(problems, autotune.tune(args.op, problems, sig)):
+        print(f"{args.op} {problem}: best {config} ({ms * 1e3:.1f} us)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""``mslk-dsl explain``: the parts of a kernel's key, where it is served from, and for a miss,
+which parts differ from the closest entry that exists."""
+from __future__ import annotations
+
+import json
+
+from mslk_dsl import jit, registry
+from mslk_dsl.keys import KernelKey
+from mslk_dsl.template import config_name
+
+DEFAULT_PROBLEM = {"M": 4096, "N": 4096, "K": 4096, "T": 4096}
+
+
+def resolve(op: str, target: str, sig: dict, config: str | None, problem: dict):
+    """(template, config dict, full signature, notes) for an explain/build request."""
+    templates = registry.templates_for(op, target)
+    if not templates:
+        raise ValueError(f"no template for op {op!r} on target {target!r}")
+    template = templates[0]
+    notes = []
+    full_sig = {}
+    for part, allowed in template.signatures.items():
+        if part in sig:
+            if sig[part] not in allowed:
+                raise ValueError(f"signature {part}={sig[part]!r} not in {list(allowed)}")
+            full_sig[part] = sig[part]
+        else:
+            full_sig[part] = allowed[0]
+            notes.append(f"signature {part} not given: using {allowed[0]!r}")
+    if config:
+        matches = [c for c in template.all_configs() if config_name(c) == config]
+        if not matches:
+            raise ValueError(f"no config {config!r}; known: {[config_name(c) for c in template.all_configs()]}")
+        chosen = matches[0]
+    else:
+        chosen = template.heuristic(target, full_sig, {**DEFAULT_PROBLEM, **problem})
+        notes.append(f"config from the heuristic for {dict(DEFAULT_PROBLEM, **problem)}")
+    return template, template.check_config(chosen, target, full_sig), full_sig, notes
+
+
+def explain(op: str, target: str, sig: dict, config: str | None = None, problem: dict | None = None) -> str:
+    template, chosen, full_sig, notes = resolve(op, target, sig, config, problem or {})
+    key = KernelKey.make(template, chosen, target, full_sig)
+    lines = [f"{op} on {target}: template {template.name} ({template.source})", *[f"  note: {n}" for n in notes],
+             f"key {key.digest}:"]
+    for part, value in key.parts().items():
+        lines.append(f"  {part:18s} {json.dumps(value, sort_keys=True)}")
+    found = jit.find_entry(key)
+    if found is not None:
+        layer, entry = found
+        kind = "read-only bundle" if not layer.writable else "cache"
+        lines.append(f"HIT in {kind} {layer.root}: {entry.path}")
+        return "\n".join(lines)
+    lines.append("MISS: no bundle or cache entry has this key")
+    near = jit.nearest_entry(key)
+    if near is None:
+        lines.append(f"  no entry for {op} on {target} exists at all")
+    else:
+        _, entry, diff = near
+        lines.append(f"  closest entry {entry.path} differs in {len(diff)} part(s):")
+        for part, (wanted, found_value) in diff.items():
+            lines.append(f"    {part}: wanted {json.dumps(wanted, sort_keys=True)}, "
+                         f"found {json.dumps(found_value, sort_keys=True)}")
+    lines.append(f"  build it with: {jit.build_command(key)}")
+    return "\n".join(lines)

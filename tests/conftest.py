@@ -1,0 +1,34 @@
+"""Shared test set-up.
+
+Every test process sees the framework-test templates in tests/fixtures/user_templates (they are
+also the proof that MSLK_DSL_TEMPLATE_PATH works) and a private cache directory, so tests never
+touch a user's cache. A test process compiles CuTe in-process and FlyDSL only in child processes,
+so it never imports both DSLs.
+"""
+import os
+import tempfile
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+USER_TEMPLATES = os.path.join(HERE, "fixtures", "user_templates")
+os.environ["MSLK_DSL_TEMPLATE_PATH"] = USER_TEMPLATES
+os.environ.setdefault("MSLK_DSL_CACHE_DIR", tempfile.mkdtemp(prefix="mslk-dsl-test-cache-"))
+os.environ.pop("MSLK_DSL_DISABLE_JIT", None)
+os.environ.pop("MSLK_DSL_AOT_PATH", None)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A fresh, empty writable cache for one test (and a clean in-process memo)."""
+    from mslk_dsl import jit
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv("MSLK_DSL_CACHE_DIR", str(root))
+    monkeypatch.delenv("MSLK_DSL_AOT_PATH", raising=False)
+    jit._memo.clear()
+    jit.stats.clear()
+    jit._bundle_roots.cache_clear()
+    yield root
+    jit._memo.clear()
+    jit._bundle_roots.cache_clear()

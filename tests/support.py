@@ -1,0 +1,41 @@
+"""Helpers shared by the tests (imported as ``support``)."""
+import os
+import shutil
+import subprocess
+import sys
+
+
+def run_python(code: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (fresh memo, fresh imports) and return the result."""
+    full_env = {**os.environ, **(env or {})}
+    done = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+    if done.returncode != 0:
+        raise AssertionError(f"child failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def have_lld() -> bool:
+    from mslk_dsl.backends import flydsl
+
+    try:
+        flydsl.rocm_path_with_lld()
+        return True
+    except Exception:
+        return False
+
+
+def tree_snapshot(root) -> dict:
+    """{relative path: (size, mtime_ns)} of everything under root, directories included."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def copy_tree(src, dst):
+    shutil.copytree(src, dst)
+    return dst

@@ -1,0 +1,238 @@
+"""Keys, the disk cache and the JIT lifecycle, on the tiny scale_copy test template (CuTe)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from support import run_python, tree_snapshot
+
+from mslk_dsl import jit, keys, registry
+from mslk_dsl.cache import KernelCache
+from mslk_dsl.errors import KernelNotPrebuiltError
+from mslk_dsl.keys import KernelKey
+
+CONFIG, TARGET, SIG = {"threads": 128}, "sm90a", {"factor": 2}
+
+
+def template():
+    return registry.get_template("scale_copy_cute")
+
+
+def key(**changes):
+    parts = dict(config=CONFIG, target=TARGET, signature=SIG)
+    parts.update(changes)
+    return KernelKey.make(template(), parts["config"], parts["target"], parts["signature"])
+
+
+def build():
+    jit._memo.clear()
+    return jit.get_kernel(template(), CONFIG, TARGET, SIG)
+
+
+def build_in_child():
+    """Populate the cache from another process, so this one has not mapped the library (damaging
+    a mapped library in place would crash this process, not test the cache)."""
+    run_python("from mslk_dsl import jit, registry\n"
+               "jit.get_kernel(registry.get_template('scale_copy_cute'), {'threads': 128}, 'sm90a', {'factor': 2})")
+
+
+# -- keys ---------------------------------------------------------------------------------------
+def test_key_changes_with_config_target_signature():
+    base = key().digest
+    assert key(config={"threads": 256}).digest != base
+    assert key(target="sm80").digest != base
+    assert key(signature={"factor": 3}).digest != base
+    assert key().digest == base  # and is stable
+
+
+def test_key_changes_with_dsl_version(monkeypatch):
+    base = key().digest
+    versions = dict(keys.dsl_versions("cute"), **{"nvidia-cutlass-dsl": "9.9.9"})
+    monkeypatch.setattr(keys, "dsl_versions", lambda backend: versions)
+    assert key().digest != base
+
+
+def test_key_changes_with_codegen_env(monkeypatch):
+    base = key().digest
+    monkeypatch.setenv("CUTE_DSL_OPT_LEVEL", "1")
+    assert key().digest != base
+
+
+def test_key_changes_with_template_source_and_local_imports(tmp_path):
+    folder = tmp_path / "tpl"
+    folder.mkdir()
+    (folder / "_helpers.py").write_text("SCALE = 1\n")
+    main = folder / "thing.py"
+    main.write_text("from mslk_dsl.templates import _helpers\nX = 1\n")
+    first = registry.template_digest(str(main))
+    registry.template_digest.cache_clear()
+    (folder / "_helpers.py").write_text("SCALE = 2\n")
+    assert registry.template_digest(str(main)) != first, "editing an imported helper must change the key"
+    registry.template_digest.cache_clear()
+    second = registry.template_digest(str(main))
+    main.write_text("from mslk_dsl.templates import _helpers\nX = 2\n")
+    registry.template_digest.cache_clear()
+    assert registry.template_digest(str(main)) != second
+    registry.template_digest.cache_clear()
+
+
+def test_key_never_contains_sizes():
+    parts = key().parts()
+    assert set(parts) == {"op", "backend", "template", "template_digest", "config", "target", "signature",
+                          "framework_version", "dsl_versions", "codegen_env"}
+
+
+# -- cache + JIT ----------------------------------------------------------------------------------
+def test_compile_then_fresh_process_compiles_nothing(cache_dir):
+    build()
+    assert jit.stats["compile"] == 1
+    entry = KernelCache(str(cache_dir)).lookup(key())
+    assert entry is not None and {"kernel.so", "meta.json"} <= set(os.listdir(entry.path))
+    meta = json.loads(open(entry.file("meta.json")).read())
+    assert meta["key"]["config"] == CONFIG and meta["files"]["kernel.so"]["size"] > 0
+    out = run_python(textwrap.dedent("""
+        import json, sys
+        from mslk_dsl import jit, registry
+        jit.get_kernel(registry.get_template("scale_copy_cute"), {"threads": 128}, "sm90a", {"factor": 2})
+        print(json.dumps(dict(jit.stats)))
+        assert "cutlass" not in sys.modules, "loading a cached kernel must not import the compiler"
+    """))
+    stats = json.loads(out.stdout.strip().splitlines()[-1])
+    assert stats.get("compile", 0) == 0 and stats["disk"] == 1
+
+
+def test_memo_serves_repeat_calls(cache_dir):
+    first = build()
+    assert jit.get_kernel(template(), CONFIG, TARGET, SIG) is first
+    assert jit.stats["memo"] == 1
+
+
+def test_four_processes_compile_a_missing_key_once(cache_dir):
+    code = textwrap.dedent("""
+        import json
+        from mslk_dsl import jit, registry
+        jit.get_kernel(registry.get_template("scale_copy_cute"), {"threads": 256}, "sm90a", {"factor": 3})
+        print(json.dumps(dict(jit.stats)))
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=dict(os.environ)) for _ in range(4)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert sum(r.get("compile", 0) for r in results) == 1, results
+    assert all(r.get("compile", 0) + r.get("disk", 0) == 1 for r in results), results
+    assert len(KernelCache(str(cache_dir)).entries()) == 1
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "zero", "no_meta", "bad_meta"])
+def test_damaged_entry_is_removed_and_rebuilt(cache_dir, damage, caplog):
+    build_in_child()
+    entry = KernelCache(str(cache_dir)).lookup(key())
+    lib = entry.file("kernel.so")
+    if damage == "truncate":
+        data = open(lib, "rb").read()
+        open(lib, "wb").write(data[: len(data) // 2])
+    elif damage == "garbage":
+        size = os.path.getsize(lib)
+        open(lib, "wb").write(os.urandom(size))
+    elif damage == "zero":
+        open(lib, "wb").close()
+    elif damage == "no_meta":
+        os.remove(entry.file("meta.json"))
+    else:
+        open(entry.file("meta.json"), "w").write("{not json")
+    jit.stats.clear()
+    with caplog.at_level("WARNING", logger="mslk_dsl"):
+        build()
+    assert jit.stats["compile"] == 1, "the damaged entry must be rebuilt"
+    assert any("damaged" in r.getMessage() for r in caplog.records)
+    assert KernelCache(str(cache_dir)).lookup(key()) is not None
+
+
+def test_unloadable_entry_is_removed_and_rebuilt(cache_dir, caplog):
+    """An artifact whose hash matches meta.json but which cannot be loaded is rebuilt too."""
+    build_in_child()
+    entry = KernelCache(str(cache_dir)).lookup(key())
+    meta = json.load(open(entry.file("meta.json")))
+    meta["load"]["symbol"] = "no_such_symbol"
+    json.dump(meta, open(entry.file("meta.json"), "w"))
+    jit.stats.clear()
+    with caplog.at_level("WARNING", logger="mslk_dsl"):
+        build()
+    assert jit.stats["compile"] == 1
+    assert any("cannot be loaded" in r.getMessage() for r in caplog.records)
+
+
+def test_read_only_bundle_is_used_without_writes(cache_dir, tmp_path, monkeypatch):
+    build()
+    bundle = tmp_path / "bundle"
+    shutil.copytree(cache_dir, bundle, ignore=shutil.ignore_patterns(".locks", ".staging", ".trash"))
+    for dirpath, _, files in os.walk(bundle):
+        for f in files:
+            os.chmod(os.path.join(dirpath, f), 0o444)
+        os.chmod(dirpath, 0o555)
+    before = tree_snapshot(bundle)
+    empty_cache = tmp_path / "other-cache"
+    out = run_python(textwrap.dedent("""
+        import json
+        from mslk_dsl import jit, registry
+        jit.get_kernel(registry.get_template("scale_copy_cute"), {"threads": 128}, "sm90a", {"factor": 2})
+        print(json.dumps(dict(jit.stats)))
+    """), env={"MSLK_DSL_AOT_PATH": str(bundle), "MSLK_DSL_CACHE_DIR": str(empty_cache),
+               "MSLK_DSL_DISABLE_JIT": "1"})
+    stats = json.loads(out.stdout.strip().splitlines()[-1])
+    assert stats == {"bundle": 1}
+    assert tree_snapshot(bundle) == before, "a read-only layer must not be written"
+    assert not os.path.exists(empty_cache / "sm90a"), "nothing is copied into the writable cache"
+
+
+def test_jit_off_miss_names_key_and_build_line(cache_dir, monkeypatch):
+    monkeypatch.setenv("MSLK_DSL_DISABLE_JIT", "1")
+    with pytest.raises(KernelNotPrebuiltError) as err:
+        build()
+    text = str(err.value)
+    assert "scale_copy" in text and "sm90a" in text and "threads128" in text
+    assert "mslk-dsl aot build --op scale_copy --target sm90a --config threads128 --sig factor=2" in text
+
+
+def test_jit_disabled_context_manager(cache_dir):
+    with jit.jit_disabled():
+        with pytest.raises(KernelNotPrebuiltError):
+            build()
+    build()  # allowed again outside the block
+    assert jit.stats["compile"] == 1
+
+
+def test_jit_off_error_explains_version_mismatch(cache_dir, monkeypatch):
+    build()
+    versions = dict(keys.dsl_versions("cute"), **{"nvidia-cutlass-dsl": "9.9.9"})
+    monkeypatch.setattr(keys, "dsl_versions", lambda backend: versions)
+    monkeypatch.setenv("MSLK_DSL_DISABLE_JIT", "1")
+    jit._memo.clear()
+    with pytest.raises(KernelNotPrebuiltError) as err:
+        jit.get_kernel(template(), CONFIG, TARGET, SIG)
+    assert "dsl_versions" in str(err.value) and "another DSL/framework version" in str(err.value)
+
+
+def test_prune_keeps_newest_within_size(cache_dir):
+    store = KernelCache(str(cache_dir))
+    for threads in (128, 256):
+        for factor in (2, 3):
+            jit._memo.clear()
+            jit.get_kernel(template(), {"threads": threads}, TARGET, {"factor": factor})
+    entries = store.entries()
+    assert len(entries) == 4
+    now = 1_700_000_000
+    for age, e in enumerate(sorted(entries, key=lambda e: e.path)):
+        os.utime(e.file("meta.json"), (now + age, now + age))
+    newest = sorted(entries, key=store.last_used, reverse=True)
+    budget = newest[0].size + newest[1].size
+    removed = store.prune(budget)
+    kept = {e.path for e in store.entries()}
+    assert kept == {newest[0].path, newest[1].path}
+    assert len(removed) == 2
