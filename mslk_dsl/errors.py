@@ -13,3 +13,8 @@ class CompileError(RuntimeError):
 class UnsupportedDeviceError(NotImplementedError, ValueError):
     """An op got tensors on a device it has no kernel for (CPU, or a GPU target with no template).
     Both a NotImplementedError (no implementation there) and a ValueError (bad input)."""
+
+
+class BackendUnavailableError(RuntimeError):
+    """This process cannot load kernels of a backend (no ROCm for FlyDSL, no tvm_ffi or CuTe
+    runtime library for CuTe). Not a damaged entry: the cache keeps it."""

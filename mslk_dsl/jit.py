@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ from importlib import metadata
 from mslk_dsl import env
 from mslk_dsl.backends import get_backend
 from mslk_dsl.cache import Entry, KernelCache
-from mslk_dsl.errors import KernelNotPrebuiltError
+from mslk_dsl.errors import BackendUnavailableError, KernelNotPrebuiltError
 from mslk_dsl.keys import KernelKey, diff_parts
 from mslk_dsl.targets import Target, get_target
 from mslk_dsl.template import Template
@@ -105,6 +106,15 @@ def get_kernel(template: Template, config: dict, target: Target | str, signature
     return kernel
 
 
+def load_prebuilt(key: KernelKey):
+    """Load a kernel by key from the bundles or the cache; never compiles (no template needed)."""
+    kernel = _memo.get(key) or _load_existing(key)
+    if kernel is None:
+        raise KernelNotPrebuiltError(not_prebuilt_message(key))
+    _memo[key] = kernel
+    return kernel
+
+
 def find_entry(key: KernelKey) -> tuple[KernelCache, Entry] | None:
     """The first layer holding a verified entry for ``key`` (bundles first, then the cache)."""
     for layer in [*bundle_layers(), cache()]:
@@ -130,6 +140,8 @@ def _load_existing(key: KernelKey):
 def _try_load(layer: KernelCache, entry: Entry, key: KernelKey):
     try:
         return get_backend(key.backend).load(entry)
+    except BackendUnavailableError:
+        raise
     except Exception as e:
         layer.discard(entry.path, f"cannot be loaded: {type(e).__name__}: {e}")
         return None
@@ -170,23 +182,20 @@ def build_entry(store: KernelCache, key: KernelKey, template: Template, target: 
 
 
 # -- explaining misses ---------------------------------------------------------------------------------
-def nearest_entry(key: KernelKey) -> tuple[KernelCache, Entry, dict] | None:
-    """The existing entry of the same op and target whose key differs from ``key`` in the fewest
-    parts, with those differences ({part: (wanted, found)})."""
+def nearest_entry(key: KernelKey) -> tuple[str, Entry, dict] | None:
+    """The existing entry of the same op (any target, any layer) whose key differs from ``key``
+    in the fewest parts: (layer root, entry, {part: (wanted, found)})."""
     best = None
     for layer in [*bundle_layers(), cache()]:
-        op_dir = os.path.join(layer.root, key.target, key.op)
-        if not os.path.isdir(op_dir):
-            continue
-        for digest in os.listdir(op_dir):
+        for meta_path in glob.glob(os.path.join(glob.escape(layer.root), "*", key.op, "*", "meta.json")):
             try:
-                with open(os.path.join(op_dir, digest, "meta.json")) as f:
+                with open(meta_path) as f:
                     parts = json.load(f)["key"]
             except (OSError, ValueError, KeyError):
                 continue
             diff = diff_parts(key.parts(), parts)
             if best is None or len(diff) < len(best[2]):
-                best = (layer, Entry(os.path.join(op_dir, digest), {"key": parts}), diff)
+                best = (layer.root, Entry(os.path.dirname(meta_path), {"key": parts}), diff)
     return best
 
 
@@ -203,7 +212,7 @@ def not_prebuilt_message(key: KernelKey, capturing: bool = False) -> str:
              f"Build it with: {build_command(key)}  and add DIR to MSLK_DSL_AOT_PATH."]
     near = nearest_entry(key)
     if near is not None:
-        layer, entry, diff = near
+        _, entry, diff = near
         shown = {k: v for k, v in diff.items()}
         lines.append(f"Closest entry: {entry.path} differs in {', '.join(shown)}: "
                      + "; ".join(f"{k}: wanted {w!r}, found {f!r}" for k, (w, f) in shown.items()))

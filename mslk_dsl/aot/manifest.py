@@ -55,9 +55,8 @@ def expand(manifest: dict, targets: list[str] | None = None, ops: list[str] | No
     jobs: dict[str, Job] = {}
     for spec in manifest.get("kernels", [{"op": "*"}]):
         spec = {**spec, **(overrides or {})}
-        wanted_targets = spec.get("targets", manifest.get("targets", []))
-        if targets:
-            wanted_targets = [t for t in wanted_targets if t in targets] if wanted_targets else targets
+        # Targets named on the command line replace the manifest's (a one-off build for sm80, say).
+        wanted_targets = targets or spec.get("targets", manifest.get("targets", []))
         for template in registry.get_templates():
             if not fnmatch.fnmatchcase(template.op, spec.get("op", "*")):
                 continue

@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 from mslk_dsl import env
-from mslk_dsl.errors import CompileError
+from mslk_dsl.errors import BackendUnavailableError, CompileError
 
 LIBRARY = "kernel.so"
 
@@ -88,14 +88,17 @@ def _find_runtime_lib() -> str:
             candidate = os.path.join(root, flavour, "lib", "libcute_dsl_runtime.so")
             if os.path.exists(candidate):
                 return candidate
-    raise RuntimeError("libcute_dsl_runtime.so not found: install nvidia-cutlass-dsl-libs-cu12 or -cu13 "
+    raise BackendUnavailableError("libcute_dsl_runtime.so not found: install nvidia-cutlass-dsl-libs-cu12 or -cu13 "
                        "(pip install 'mslk-dsl[cute]'), or set MSLK_DSL_CUTE_RUNTIME_LIB")
 
 
 def load(entry):
-    import tvm_ffi
+    try:
+        import tvm_ffi
 
-    _preload_runtime()
+        _preload_runtime()
+    except (ImportError, OSError, RuntimeError) as e:
+        raise BackendUnavailableError(f"cannot load CuTe kernels here: {e} (pip install 'mslk-dsl[serve-cute]')") from e
     info = entry.meta["load"]
     module = tvm_ffi.load_module(entry.file(info["library"]))
     function = module[info["symbol"]]

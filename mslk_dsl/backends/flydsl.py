@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 from mslk_dsl import env
-from mslk_dsl.errors import CompileError
+from mslk_dsl.errors import BackendUnavailableError, CompileError
 
 ARTIFACT = "artifact.pkl"
 ISA = "kernel.s"
@@ -91,7 +91,7 @@ def load(entry):
     from mslk_dsl.device import is_rocm
 
     if not is_rocm():
-        raise RuntimeError("FlyDSL kernels run only on ROCm GPUs (never launched where ROCm is absent)")
+        raise BackendUnavailableError("FlyDSL kernels run only on ROCm GPUs (never loaded where ROCm is absent)")
     from mslk_dsl.registry import get_template
 
     info = entry.meta["load"]
