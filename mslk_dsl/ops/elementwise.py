@@ -30,22 +30,22 @@ def _pair(op: str, x0, x1) -> None:
     check.same_dtype(op, "x1", x1, x0.dtype, "x0")
     check.shape(op, "x1", x1, x0.shape, "x0 and x1 must have the same shape")
     check.same_device(op, "x0", x0, x1=x1)
-    check.gpu(op, "x0", x0)
 
 
-def _scale_ub(op: str, scale_ub, device) -> torch.Tensor | None:
+def _scale_ub(op: str, scale_ub, x: torch.Tensor, x_name: str) -> torch.Tensor | None:
     if scale_ub is None:
         return None
-    check.tensor(op, "scale_ub", scale_ub, (torch.float32,))
+    check.tensor(op, "scale_ub", scale_ub, (torch.float32,), min_ndim=0)
     if scale_ub.numel() != 1:
         raise ValueError(f"{op}: scale_ub must hold one element, got shape {tuple(scale_ub.shape)}")
-    check.same_device(op, "x", torch.empty(0, device=device), scale_ub=scale_ub)
+    check.same_device(op, x_name, x, scale_ub=scale_ub)
     return scale_ub.reshape(1)
 
 
 def silu_mul(x0: torch.Tensor, x1: torch.Tensor, *, config: dict | None = None) -> torch.Tensor:
     """silu(x0) * x1 elementwise (fp32 math, result in the input dtype); any leading dims."""
     _pair("silu_mul", x0, x1)
+    check.gpu("silu_mul", "x0", x0)
     out = torch.empty(x0.shape, dtype=x0.dtype, device=x0.device)
     if out.numel() == 0:
         return out
@@ -62,8 +62,9 @@ def quantize_fp8_row(x: torch.Tensor, scale_ub: torch.Tensor | None = None, *,
     ``x ~= xq.float() * scale[..., None]``; rows of zeros give xq = 0 and a finite scale."""
     op = "quantize_fp8_row"
     check.tensor(op, "x", x, check.FLOAT_DTYPES)
+    check.nonempty_rows(op, "x", x)
+    ub = _scale_ub(op, scale_ub, x, "x")
     check.gpu(op, "x", x)
-    ub = _scale_ub(op, scale_ub, x.device)
     xq = torch.empty(x.shape, dtype=fp8_dtype_for(x.device), device=x.device)
     scale = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     if x.numel() == 0:
@@ -71,8 +72,8 @@ def quantize_fp8_row(x: torch.Tensor, scale_ub: torch.Tensor | None = None, *,
     a = check.rows(x)
     q = xq.view(a.shape)
     sig = (check.aligned16(a, q), dtype_name(a.dtype), ub is not None)
-    _QUANT.kernel(a.device, sig, a.shape, config)(a, ub if ub is not None else placeholder(a.device, torch.float32), q,
-                                                  scale.view(-1))
+    ub = ub if ub is not None else placeholder(a.device, torch.float32)
+    _QUANT.kernel(a.device, sig, a.shape, config)(a, ub, q, scale.view(-1))
     return xq, scale
 
 
@@ -81,7 +82,9 @@ def silu_mul_quant(x0: torch.Tensor, x1: torch.Tensor, scale_ub: torch.Tensor | 
     """quantize_fp8_row(silu_mul(x0, x1), scale_ub), fused: one read of x0/x1, one write of xq."""
     op = "silu_mul_quant"
     _pair(op, x0, x1)
-    ub = _scale_ub(op, scale_ub, x0.device)
+    check.nonempty_rows(op, "x0", x0)
+    ub = _scale_ub(op, scale_ub, x0, "x0")
+    check.gpu(op, "x0", x0)
     xq = torch.empty(x0.shape, dtype=fp8_dtype_for(x0.device), device=x0.device)
     scale = torch.empty(x0.shape[:-1], dtype=torch.float32, device=x0.device)
     if x0.numel() == 0:
@@ -89,8 +92,8 @@ def silu_mul_quant(x0: torch.Tensor, x1: torch.Tensor, scale_ub: torch.Tensor | 
     a, b = check.rows(x0), check.rows(x1)
     q = xq.view(a.shape)
     sig = (check.aligned16(a, b, q), dtype_name(a.dtype), ub is not None)
-    _SILU_MUL_QUANT.kernel(a.device, sig, a.shape, config)(a, b, ub if ub is not None else placeholder(a.device, torch.float32), q,
-                                                            scale.view(-1))
+    ub = ub if ub is not None else placeholder(a.device, torch.float32)
+    _SILU_MUL_QUANT.kernel(a.device, sig, a.shape, config)(a, b, ub, q, scale.view(-1))
     return xq, scale
 
 

@@ -14,14 +14,15 @@ _F8F8BF16_ROWWISE = KernelOp("f8f8bf16_rowwise", ("has_bias",), ("M", "N", "K"))
 _ALIGN_BYTES = 16
 
 
-def _operands(op: str, x, w, dtypes) -> None:
-    check.tensor(op, "x", x, dtypes, ndim=2)
-    check.tensor(op, "w", w, dtypes, ndim=2)
-    check.same_dtype(op, "w", w, x.dtype, "x")
-    check.same_device(op, "x", x, w=w)
-    check.gpu(op, "x", x)
+def _operands(op: str, x, w, dtypes, names=("x", "w")) -> None:
+    xn, wn = names
+    check.tensor(op, xn, x, dtypes, ndim=2)
+    check.tensor(op, wn, w, dtypes, ndim=2)
+    check.same_dtype(op, wn, w, x.dtype, xn)
+    check.same_device(op, xn, x, **{wn: w})
     if w.shape[1] != x.shape[1]:
-        raise ValueError(f"{op}: w has shape {tuple(w.shape)} but x has K={x.shape[1]}; w must be [N, K]")
+        raise ValueError(f"{op}: {wn} has shape {tuple(w.shape)} but {xn} has K={x.shape[1]}; "
+                         f"{wn} must be [N, K]")
     per = _ALIGN_BYTES // x.element_size()
     for name, size in (("K", x.shape[1]), ("N", w.shape[0])):
         if size % per:
@@ -36,6 +37,7 @@ def _compact(t: torch.Tensor) -> torch.Tensor:
 def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, config: dict | None = None) -> torch.Tensor:
     """out = x @ w.T for bf16 or fp16 inputs (fp32 accumulation, output in the input dtype)."""
     _operands("bf16_gemm", x, w, check.HALF_DTYPES)
+    check.gpu("bf16_gemm", "x", x)
     M, K = x.shape
     N = w.shape[0]
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
@@ -53,7 +55,7 @@ def f8f8bf16_rowwise(xq: torch.Tensor, wq: torch.Tensor, x_scale: torch.Tensor, 
     """out = (xq @ wq.T) * x_scale[:, None] * w_scale[None, :] (+ bias), bf16 out; the scales are
     the ones quantize_fp8_row returns."""
     op = "f8f8bf16_rowwise"
-    _operands(op, xq, wq, check.FP8_DTYPES)
+    _operands(op, xq, wq, check.FP8_DTYPES, names=("xq", "wq"))
     fp8 = fp8_dtype_for(xq.device)
     if xq.dtype != fp8:
         raise TypeError(f"{op}: xq has dtype {xq.dtype} but this device's FP8 flavour is {fp8}")
@@ -68,6 +70,7 @@ def f8f8bf16_rowwise(xq: torch.Tensor, wq: torch.Tensor, x_scale: torch.Tensor, 
         check.tensor(op, "bias", bias, (torch.bfloat16,), ndim=1)
         check.shape(op, "bias", bias, (N,), "one bias per output column")
         check.same_device(op, "xq", xq, bias=bias)
+    check.gpu(op, "xq", xq)
     out = torch.empty((M, N), dtype=torch.bfloat16, device=xq.device)
     if out.numel() == 0:
         return out
@@ -76,5 +79,6 @@ def f8f8bf16_rowwise(xq: torch.Tensor, wq: torch.Tensor, x_scale: torch.Tensor, 
     xq, wq = _compact(xq), _compact(wq)
     x_scale, w_scale = x_scale.contiguous(), w_scale.contiguous()
     kernel = _F8F8BF16_ROWWISE.kernel(xq.device, (bias is not None,), (M, N, K), config)
-    kernel(xq, wq, x_scale, w_scale, bias.contiguous() if bias is not None else placeholder(xq.device, torch.bfloat16), out)
+    bias = bias.contiguous() if bias is not None else placeholder(xq.device, torch.bfloat16)
+    kernel(xq, wq, x_scale, w_scale, bias, out)
     return out

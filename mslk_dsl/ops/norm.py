@@ -18,7 +18,7 @@ def _check(op: str, x, weight, eps) -> None:
     check.same_dtype(op, "weight", weight, x.dtype, "x")
     check.shape(op, "weight", weight, x.shape[-1:], "one weight per hidden element of x")
     check.same_device(op, "x", x, weight=weight)
-    check.gpu(op, "x", x)
+    check.nonempty_rows(op, "x", x)
     if x.shape[-1] > MAX_HIDDEN:
         raise ValueError(f"{op}: hidden size {x.shape[-1]} of x exceeds the supported {MAX_HIDDEN}")
     if not isinstance(eps, (float, int)) or eps < 0:
@@ -29,6 +29,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
             config: dict | None = None) -> torch.Tensor:
     """y = x / sqrt(mean(x^2) + eps) * weight over the last dim."""
     _check("rmsnorm", x, weight, eps)
+    check.gpu("rmsnorm", "x", x)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if y.numel() == 0:
         return y
@@ -48,6 +49,7 @@ def rmsnorm_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
     check.same_dtype(op, "residual", residual, x.dtype, "x")
     check.shape(op, "residual", residual, x.shape, "residual must have the shape of x")
     check.same_device(op, "x", x, residual=residual)
+    check.gpu(op, "x", x)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     new_residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if y.numel() == 0:

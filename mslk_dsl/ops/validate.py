@@ -25,6 +25,13 @@ def tensor(op: str, name: str, t, dtypes=None, ndim: int | None = None, min_ndim
                          f"got strides {t.stride()}")
 
 
+def nonempty_rows(op: str, name: str, t: torch.Tensor) -> None:
+    """Row-wise reductions (absmax, mean square) are undefined over an empty row."""
+    if t.dim() and t.shape[-1] == 0 and t.numel() == 0 and t.shape[:-1].numel() > 0:
+        raise ValueError(f"{op}: {name} has an empty last dimension (shape {tuple(t.shape)}); "
+                         f"a row-wise reduction needs at least one element per row")
+
+
 def same_device(op: str, first: str, t0: torch.Tensor, **others: torch.Tensor) -> None:
     for name, t in others.items():
         if t.device != t0.device:

@@ -1,0 +1,87 @@
+"""Bad inputs raise a clear ValueError / TypeError naming the argument, before any launch.
+
+These run on the CPU: every check that does not need a GPU happens before the device check,
+and CPU tensors themselves are refused with an error naming the supported targets.
+"""
+import pytest
+import torch
+
+from mslk_dsl import ops
+from mslk_dsl.errors import UnsupportedDeviceError
+
+bf16, f32 = torch.bfloat16, torch.float32
+
+
+def t(*shape, dtype=bf16):
+    return torch.randn(*shape).to(dtype)
+
+
+def strided_last(*shape, dtype=bf16):
+    return torch.randn(*shape[:-1], shape[-1] * 2).to(dtype)[..., ::2]
+
+
+fp8 = torch.float8_e4m3fn
+CASES = [
+    # (id, call, exception, words the message must contain)
+    ("silu_mul dtype", lambda: ops.silu_mul(t(4, 8, dtype=torch.int32), t(4, 8)), TypeError, ["x0", "dtype"]),
+    ("silu_mul dtype mismatch", lambda: ops.silu_mul(t(4, 8), t(4, 8, dtype=f32)), TypeError, ["x1", "dtype"]),
+    ("silu_mul shapes", lambda: ops.silu_mul(t(4, 8), t(4, 9)), ValueError, ["x1", "shape"]),
+    ("silu_mul last-dim stride", lambda: ops.silu_mul(strided_last(4, 8), t(4, 8)), ValueError, ["x0", "stride"]),
+    ("silu_mul rank 0", lambda: ops.silu_mul(torch.tensor(1.0), torch.tensor(1.0)), ValueError, ["x0", "dimension"]),
+    ("silu_mul not a tensor", lambda: ops.silu_mul([1.0], t(1)), TypeError, ["x0", "torch.Tensor"]),
+    ("silu_mul cpu", lambda: ops.silu_mul(t(4, 8), t(4, 8)), ValueError, ["x0", "cpu", "sm90a"]),
+    ("quantize dtype", lambda: ops.quantize_fp8_row(t(4, 8, dtype=torch.int8)), TypeError, ["x", "dtype"]),
+    ("quantize stride", lambda: ops.quantize_fp8_row(strided_last(4, 8)), ValueError, ["x", "stride"]),
+    ("quantize empty rows", lambda: ops.quantize_fp8_row(t(4, 0)), ValueError, ["x", "empty"]),
+    ("quantize scale_ub dtype", lambda: ops.quantize_fp8_row(t(4, 8), scale_ub=t(1)), TypeError, ["scale_ub"]),
+    ("quantize scale_ub shape", lambda: ops.quantize_fp8_row(t(4, 8), scale_ub=t(2, dtype=f32)), ValueError,
+     ["scale_ub", "one element"]),
+    ("quantize cpu", lambda: ops.quantize_fp8_row(t(4, 8)), ValueError, ["x", "cpu"]),
+    ("silu_mul_quant shapes", lambda: ops.silu_mul_quant(t(4, 8), t(3, 8)), ValueError, ["x1"]),
+    ("dequantize dtype", lambda: ops.dequantize_fp8_row(t(4, 8), t(4, dtype=f32)), TypeError, ["xq"]),
+    ("dequantize scale shape", lambda: ops.dequantize_fp8_row(t(4, 8).to(fp8), t(3, dtype=f32)), ValueError,
+     ["scale", "shape"]),
+    ("rmsnorm weight rank", lambda: ops.rmsnorm(t(4, 8), t(1, 8)), ValueError, ["weight", "1-D"]),
+    ("rmsnorm weight size", lambda: ops.rmsnorm(t(4, 8), t(7)), ValueError, ["weight", "shape"]),
+    ("rmsnorm fp32", lambda: ops.rmsnorm(t(4, 8, dtype=f32), t(8, dtype=f32)), TypeError, ["x", "dtype"]),
+    ("rmsnorm hidden too big", lambda: ops.rmsnorm(t(1, 16392), t(16392)), ValueError, ["hidden", "16384"]),
+    ("rmsnorm eps", lambda: ops.rmsnorm(t(4, 8), t(8), eps=-1.0), ValueError, ["eps"]),
+    ("rmsnorm_add residual shape", lambda: ops.rmsnorm_add(t(4, 8), t(5, 8), t(8)), ValueError, ["residual"]),
+    ("rmsnorm_add residual dtype", lambda: ops.rmsnorm_add(t(4, 8), t(4, 8, dtype=torch.float16), t(8)),
+     TypeError, ["residual", "dtype"]),
+    ("bf16_gemm rank", lambda: ops.bf16_gemm(t(2, 4, 8), t(16, 8)), ValueError, ["x", "2-D"]),
+    ("bf16_gemm K mismatch", lambda: ops.bf16_gemm(t(4, 16), t(16, 8)), ValueError, ["w", "[N, K]"]),
+    ("bf16_gemm K alignment", lambda: ops.bf16_gemm(t(4, 12), t(16, 12)), ValueError, ["K=12", "multiple of 8"]),
+    ("bf16_gemm N alignment", lambda: ops.bf16_gemm(t(4, 16), t(12, 16)), ValueError, ["N=12"]),
+    ("bf16_gemm fp32", lambda: ops.bf16_gemm(t(4, 16, dtype=f32), t(16, 16, dtype=f32)), TypeError, ["x"]),
+    ("fp8 gemm dtype", lambda: ops.f8f8bf16_rowwise(t(4, 16), t(16, 16), t(4, dtype=f32), t(16, dtype=f32)),
+     TypeError, ["xq", "dtype"]),
+    ("fp8 gemm cpu", lambda: ops.f8f8bf16_rowwise(t(4, 16).to(fp8), t(16, 16).to(fp8), t(4, dtype=f32),
+                                                  t(16, dtype=f32)), ValueError, ["cpu"]),
+]
+
+
+@pytest.mark.parametrize("call,exc,words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_rejected_with_the_argument_named(call, exc, words):
+    with pytest.raises(exc) as err:
+        call()
+    for word in words:
+        assert word in str(err.value), f"{word!r} not in: {err.value}"
+
+
+def test_cpu_tensors_raise_not_implemented_naming_targets():
+    with pytest.raises(NotImplementedError) as err:
+        ops.silu_mul(t(2, 8), t(2, 8))
+    assert isinstance(err.value, UnsupportedDeviceError) and "silu_mul" in str(err.value)
+    with pytest.raises(NotImplementedError) as err:
+        torch.ops.mslk_dsl.silu_mul(t(2, 8), t(2, 8))
+    assert "silu_mul" in str(err.value)
+
+
+def test_dequantize_inverts_on_any_device():
+    x = torch.tensor([[1.0, -2.0], [0.5, 4.0]])
+    scale = torch.tensor([2.0 / 448, 4.0 / 448])
+    xq = (x / scale[:, None]).to(fp8)
+    back = ops.dequantize_fp8_row(xq, scale, out_dtype=torch.float32)
+    torch.testing.assert_close(back, x, rtol=0.07, atol=0)
+    assert torch.ops.mslk_dsl.dequantize_fp8_row(xq, scale).dtype == torch.bfloat16
