@@ -202,5 +202,6 @@ def test_cli_cache_and_explain(cache_dir, bundle, capsys):
     assert cli.main(["cache", "verify"]) == 0
     assert cli.main(["cache", "prune", "--max-size", "0"]) == 0
     assert KernelCache(str(cache_dir)).entries() == []
+    capsys.readouterr()
     assert cli.main(["templates", "--json"]) == 0
     assert any(t["op"] == "scale_copy" for t in json.loads(capsys.readouterr().out))
