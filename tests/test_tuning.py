@@ -1,0 +1,44 @@
+"""The tuning DB: winners are keyed by GPU + toolchain, op, signature and shape bucket; stale
+entries are ignored; the op layer prefers a stored winner over the heuristic."""
+import json
+import os
+
+from mslk_dsl import tuning
+from mslk_dsl.ops.dispatch import KernelOp
+
+
+def _write(cache_dir, context, config, problem):
+    os.makedirs(cache_dir, exist_ok=True)
+    key = tuning.entry_key("scale_copy", "sm90a", {"factor": 2}, problem)
+    db = {"entries": {key: {"config": config, "ms": 0.1, "problem": problem, "context": context}}}
+    with open(tuning.db_path(), "w") as f:
+        json.dump(db, f)
+
+
+def test_buckets_round_up_to_powers_of_two():
+    assert tuning.bucket({"M": 1000, "N": 4096}) == "M1024,N4096"
+    assert tuning.bucket({"M": 1}) == tuning.bucket({"M": 1}) == "M1"
+    assert tuning.bucket({"M": 1025}) == "M2048"
+
+
+def test_stored_winner_is_used_and_stale_ones_ignored(cache_dir):
+    op = KernelOp("scale_copy", ("factor",), ("M",))
+    heuristic = op.choose("sm90a", (2,), (1000,), None)[1]
+    assert heuristic == {"threads": 256}
+    assert tuning.lookup("scale_copy", "sm90a", {"factor": 2}, {"M": 1000}) is None
+
+    _write(cache_dir, tuning.context(), {"threads": 128}, {"M": 1000})
+    assert tuning.lookup("scale_copy", "sm90a", {"factor": 2}, {"M": 1000}) == {"threads": 128}
+    assert tuning.lookup("scale_copy", "sm90a", {"factor": 2}, {"M": 900}) == {"threads": 128}  # same bucket
+    assert tuning.lookup("scale_copy", "sm90a", {"factor": 2}, {"M": 5000}) is None
+    assert op.choose("sm90a", (2,), (1000,), None)[1] == {"threads": 128}
+
+    other_gpu = dict(tuning.context(), gpu="Some Other GPU")
+    _write(cache_dir, other_gpu, {"threads": 128}, {"M": 1000})
+    assert tuning.lookup("scale_copy", "sm90a", {"factor": 2}, {"M": 1000}) is None
+    assert op.choose("sm90a", (2,), (1000,), None)[1] == heuristic
+
+
+def test_explicit_config_wins(cache_dir):
+    op = KernelOp("scale_copy", ("factor",), ("M",))
+    assert op.choose("sm90a", (3,), (10,), {"threads": 128})[1] == {"threads": 128}
