@@ -1,50 +1,53 @@
 """Skip decorators with MSLK's semantics, for unittest and pytest alike.
 
-A CUDA-specific decorator (capability, CUDA version) is transparent on ROCm: the test's own
-``skipUnlessCuda`` / ``skipUnlessRocm`` decide there. Every skip carries a reason.
+Each decorator works on a test function or class (unittest skip), and as a module-level
+``pytestmark`` (it carries a pytest mark). A CUDA-specific decorator (capability, CUDA version)
+is transparent on ROCm, and a gfx one on CUDA: the test's own ``skipUnlessCuda`` /
+``skipUnlessRocm`` decide there. Every skip carries a reason.
 """
 from __future__ import annotations
 
 import unittest
+from typing import Callable
 
 from mslk_dsl import device
 
 
-def skipUnlessCuda(obj):
-    return unittest.skipUnless(device.is_cuda(), "needs an NVIDIA GPU (CUDA)")(obj)
+class SkipUnless:
+    """Skips what it decorates unless ``condition()`` holds (evaluated when applied)."""
+
+    def __init__(self, condition: Callable[[], bool], reason: str):
+        self.condition = condition
+        self.reason = reason
+
+    def __call__(self, obj):
+        return unittest.skipUnless(self.condition(), self.reason)(obj)
+
+    @property
+    def mark(self):
+        """The pytest mark, so ``pytestmark = skipUnlessCuda`` works too."""
+        import pytest
+
+        return pytest.mark.skipif(not self.condition(), reason=self.reason).mark
 
 
-def skipUnlessRocm(obj):
-    return unittest.skipUnless(device.is_rocm(), "needs an AMD GPU (ROCm)")(obj)
+skipUnlessCuda = SkipUnless(device.is_cuda, "needs an NVIDIA GPU (CUDA)")
+skipUnlessRocm = SkipUnless(device.is_rocm, "needs an AMD GPU (ROCm)")
+skipUnlessGpu = SkipUnless(lambda: device.is_cuda() or device.is_rocm(), "needs a CUDA or ROCm GPU")
 
 
-def skipUnlessGpu(obj):
-    return unittest.skipUnless(device.is_cuda() or device.is_rocm(), "needs a CUDA or ROCm GPU")(obj)
+def skipUnlessCudaCapability(capability: tuple[int, int]) -> SkipUnless:
+    """Skip on CUDA devices below ``capability`` and where there is no GPU; ROCm passes through."""
+    return SkipUnless(lambda: device.is_rocm() or device.compute_capability_at_least(capability),
+                      f"needs CUDA compute capability >= {capability[0]}.{capability[1]}")
 
 
-def skipUnlessCudaCapability(capability: tuple[int, int]):
-    """Skip on CUDA devices below ``capability``; no GPU skips; ROCm passes through."""
-    def decorate(obj):
-        if device.is_rocm():
-            return obj
-        ok = device.compute_capability_at_least(capability)
-        return unittest.skipUnless(ok, f"needs CUDA compute capability >= {capability[0]}.{capability[1]}")(obj)
-    return decorate
-
-
-def skipUnlessCudaVersion(version: str):
+def skipUnlessCudaVersion(version: str) -> SkipUnless:
     """Skip where torch's CUDA is older than ``version``; ROCm passes through."""
-    def decorate(obj):
-        if device.is_rocm():
-            return obj
-        return unittest.skipUnless(device.cuda_version_at_least(version), f"needs CUDA >= {version}")(obj)
-    return decorate
+    return SkipUnless(lambda: device.is_rocm() or device.cuda_version_at_least(version),
+                      f"needs CUDA >= {version}")
 
 
-def skipUnlessGfxArch(*archs: str):
+def skipUnlessGfxArch(*archs: str) -> SkipUnless:
     """Skip unless the ROCm GPU is one of ``archs``; CUDA passes through (as MSLK does)."""
-    def decorate(obj):
-        if device.is_cuda():
-            return obj
-        return unittest.skipUnless(device.gfx_arch_in(*archs), f"needs an AMD GPU in {archs}")(obj)
-    return decorate
+    return SkipUnless(lambda: device.is_cuda() or device.gfx_arch_in(*archs), f"needs an AMD GPU in {archs}")

@@ -73,7 +73,11 @@ def test_skip_decorators_follow_mslk_semantics(monkeypatch):
                         compute_capability_at_least=True)
     assert not _skipped(testing.skipUnlessCudaVersion("12.0"), monkeypatch, is_rocm=False,
                         cuda_version_at_least=True)
-    assert cap90 is not None
+    # As a pytest mark (pytestmark = ...), with the same decision and reason.
+    monkeypatch.setattr(device, "is_rocm", lambda: False)
+    monkeypatch.setattr(device, "compute_capability_at_least", lambda c: False)
+    mark = cap90.mark
+    assert mark.name == "skipif" and mark.args == (True,) and "9.0" in mark.kwargs["reason"]
 
 
 def test_template_api_configs_and_validation():
