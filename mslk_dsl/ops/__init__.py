@@ -6,8 +6,10 @@ stream. ``config=`` forces a config of the op's template (for kernel authors).
 """
 from mslk_dsl.ops.elementwise import dequantize_fp8_row, quantize_fp8_row, silu_mul, silu_mul_quant
 from mslk_dsl.ops.gemm import bf16_gemm, f8f8bf16_rowwise
+from mslk_dsl.ops.moe import gather_scale_dense_tokens, index_shuffling, scatter_add_dense_tokens
 from mslk_dsl.ops.norm import rmsnorm, rmsnorm_add
 from mslk_dsl.ops import library  # noqa: F401  (registers torch.ops.mslk_dsl.*)
 
-__all__ = ["bf16_gemm", "dequantize_fp8_row", "f8f8bf16_rowwise", "quantize_fp8_row", "rmsnorm",
-           "rmsnorm_add", "silu_mul", "silu_mul_quant"]
+__all__ = ["bf16_gemm", "dequantize_fp8_row", "f8f8bf16_rowwise", "gather_scale_dense_tokens",
+           "index_shuffling", "quantize_fp8_row", "rmsnorm", "rmsnorm_add", "scatter_add_dense_tokens",
+           "silu_mul", "silu_mul_quant"]

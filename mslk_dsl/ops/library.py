@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from mslk_dsl.errors import UnsupportedDeviceError
-from mslk_dsl.ops import elementwise, gemm, norm
+from mslk_dsl.ops import elementwise, gemm, moe, norm
 from mslk_dsl.ops.validate import supported_targets
 
 NAMESPACE = "mslk_dsl"
@@ -64,3 +64,18 @@ register(gemm.f8f8bf16_rowwise,
          "(Tensor xq, Tensor wq, Tensor x_scale, Tensor w_scale, Tensor? bias=None) -> Tensor",
          lambda xq, wq, x_scale, w_scale, bias=None: torch.empty((xq.shape[0], wq.shape[0]),
                                                                  dtype=torch.bfloat16, device=xq.device))
+register(moe.index_shuffling,
+         "(Tensor scores, int? expert_index_start=None, int? expert_index_end=None, "
+         "Tensor? valid_token_count=None, int top_k=1) -> (Tensor, Tensor, Tensor)",
+         lambda scores, expert_index_start=None, expert_index_end=None, valid_token_count=None, top_k=1: (
+             scores.new_empty((scores.shape[1] + 2,), dtype=torch.int32),
+             scores.new_empty((scores.shape[0] * top_k,), dtype=torch.int32),
+             scores.new_empty((scores.shape[0] * top_k,), dtype=torch.int32)))
+register(moe.gather_scale_dense_tokens,
+         "(Tensor x, Tensor token_indices, Tensor expert_indices, Tensor scores, "
+         "Tensor? valid_token_count=None) -> Tensor",
+         lambda x, token_indices, expert_indices, scores, valid_token_count=None:
+             x.new_empty((token_indices.shape[0], x.shape[1])))
+register(moe.scatter_add_dense_tokens,
+         "(Tensor(a!) out_tokens, Tensor in_tokens, Tensor token_indices, Tensor? valid_token_count=None) -> ()",
+         lambda out_tokens, in_tokens, token_indices, valid_token_count=None: None)

@@ -11,7 +11,8 @@ HALF_DTYPES = (torch.bfloat16, torch.float16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 
-def tensor(op: str, name: str, t, dtypes=None, ndim: int | None = None, min_ndim: int = 1) -> None:
+def tensor(op: str, name: str, t, dtypes=None, ndim: int | None = None, min_ndim: int = 1,
+           unit_last_stride: bool = True) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if dtypes is not None and t.dtype not in dtypes:
@@ -20,7 +21,7 @@ def tensor(op: str, name: str, t, dtypes=None, ndim: int | None = None, min_ndim
         raise ValueError(f"{op}: {name} must be {ndim}-D, got shape {tuple(t.shape)}")
     if t.dim() < min_ndim:
         raise ValueError(f"{op}: {name} must have at least {min_ndim} dimension(s), got shape {tuple(t.shape)}")
-    if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+    if unit_last_stride and t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{op}: {name} must be contiguous in its last dimension (stride(-1) == 1), "
                          f"got strides {t.stride()}")
 
