@@ -19,7 +19,7 @@ VARIABLES = {
     "MSLK_DSL_CACHE_MAX_SIZE": "if set (e.g. 2G), prune the cache to this size after each compile",
     "MSLK_DSL_CUTE_RUNTIME_LIB": "path of libcute_dsl_runtime.so for loading CuTe artifacts (default: found in site-packages)",
     "MSLK_DSL_LLD": "ld.lld used to link FlyDSL code objects (default: /opt/rocm/llvm/bin/ld.lld, ld.lld on PATH, /usr/lib/llvm-*/bin/ld.lld)",
-    "MSLK_DSL_KEEP_ISA": "1: keep the final ISA (kernel.s) beside FlyDSL artifacts (costs a second compile)",
+    "MSLK_DSL_KEEP_ISA": "1 (or a comma list of targets): keep the final ISA (kernel.s) beside FlyDSL artifacts (costs a second compile)",
     "MSLK_DSL_NO_BUNDLED": "1: ignore bundles shipped inside the package and installed bundle wheels",
 }
 
@@ -87,8 +87,9 @@ def lld() -> str:
     return _get("MSLK_DSL_LLD")
 
 
-def keep_isa() -> bool:
-    return _flag("MSLK_DSL_KEEP_ISA")
+def keep_isa(target: str) -> bool:
+    value = _get("MSLK_DSL_KEEP_ISA").strip().lower()
+    return _flag("MSLK_DSL_KEEP_ISA") or target in value.split(",")
 
 
 def use_bundled() -> bool:

@@ -13,6 +13,7 @@ import glob
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from collections import Counter
@@ -166,19 +167,37 @@ def _build_and_load(key: KernelKey, template: Template, target: Target):
 
 def build_entry(store: KernelCache, key: KernelKey, template: Template, target: Target) -> Entry:
     """Compile ``key`` into a staging directory and publish it (caller holds the key's lock)."""
-    staging = store.staging_dir(key)
+    result = build_entries(store, [(key, template, target)])[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def build_entries(store: KernelCache, jobs: list[tuple[KernelKey, Template, Target]]) -> list:
+    """Compile several keys of one backend at once (the backend may share a compiler process
+    among them) and publish each; returns an Entry or the exception, per job. The caller holds
+    the keys' locks."""
+    backend = get_backend(jobs[0][0].backend)
+    stagings = [store.staging_dir(key) for key, _, _ in jobs]
     start = time.perf_counter()
     try:
-        info = get_backend(key.backend).compile(template, key.config, target, key.signature, staging)
+        infos = backend.compile_many([(template, key.config, target, key.signature, staging)
+                                      for (key, template, target), staging in zip(jobs, stagings)])
     except BaseException:
-        import shutil
-
-        shutil.rmtree(staging, ignore_errors=True)
+        for staging in stagings:
+            shutil.rmtree(staging, ignore_errors=True)
         raise
-    seconds = time.perf_counter() - start
-    stats["compile"] += 1
-    log.info("mslk-dsl: compiled %s in %.2fs", key.describe(), seconds)
-    return store.publish(key, staging, {**info, "compile_seconds": round(seconds, 3)})
+    seconds = (time.perf_counter() - start) / len(jobs)
+    results = []
+    for (key, _, _), staging, info in zip(jobs, stagings, infos):
+        if isinstance(info, BaseException):
+            shutil.rmtree(staging, ignore_errors=True)
+            results.append(info)
+            continue
+        stats["compile"] += 1
+        log.info("mslk-dsl: compiled %s (%.2fs)", key.describe(), seconds)
+        results.append(store.publish(key, staging, {**info, "compile_seconds": round(seconds, 3)}))
+    return results
 
 
 # -- explaining misses ---------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import mslk_dsl.ops  # noqa: F401  (registers torch.ops.mslk_dsl.*)
 from mslk_dsl import registry
 
 bf16, f32, fp8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
-M, K, N = 5, 64, 32
+M, K, N, E = 5, 64, 32, 16
 
 
 def fake_calls():
@@ -18,6 +18,8 @@ def fake_calls():
     xq, wq = x.to(fp8), w.to(fp8)
     xs, ws = torch.empty(M, dtype=f32, device="cuda"), torch.empty(N, dtype=f32, device="cuda")
     hidden = torch.empty(K, dtype=bf16, device="cuda")
+    scores = torch.empty(M, E, dtype=f32, device="cuda")
+    tok = torch.empty(M * 2, dtype=torch.int32, device="cuda")
     ops = torch.ops.mslk_dsl
     return [
         ("silu_mul", lambda: ops.silu_mul(x, x), [((M, K), bf16)]),
@@ -28,6 +30,10 @@ def fake_calls():
         ("rmsnorm_add", lambda: ops.rmsnorm_add(x, x, hidden, 1e-6), [((M, K), bf16), ((M, K), bf16)]),
         ("bf16_gemm", lambda: ops.bf16_gemm(x, w), [((M, N), bf16)]),
         ("f8f8bf16_rowwise", lambda: ops.f8f8bf16_rowwise(xq, wq, xs, ws), [((M, N), bf16)]),
+        ("index_shuffling", lambda: ops.index_shuffling(scores, top_k=2),
+         [((E + 2,), torch.int32), ((M * 2,), torch.int32), ((M * 2,), torch.int32)]),
+        ("gather_scale_dense_tokens", lambda: ops.gather_scale_dense_tokens(x, tok, tok, scores),
+         [((M * 2, K), bf16)]),
     ]
 
 
@@ -39,7 +45,7 @@ def test_every_template_op_is_a_torch_op():
         assert getattr(torch.ops.mslk_dsl, op).__doc__, f"{op} has no docstring"
 
 
-@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("index", range(10))
 def test_fake_shapes_and_dtypes(index):
     with FakeTensorMode():
         name, call, expected = fake_calls()[index]
@@ -47,6 +53,16 @@ def test_fake_shapes_and_dtypes(index):
         outs = out if isinstance(out, tuple) else (out,)
         assert [(tuple(o.shape), o.dtype) for o in outs] == expected, name
         assert all(o.device.type == "cuda" for o in outs)
+
+
+def test_scatter_add_is_declared_as_mutating_its_output():
+    schema = torch.ops.mslk_dsl.scatter_add_dense_tokens.default._schema
+    assert schema.arguments[0].alias_info is not None and schema.arguments[0].alias_info.is_write
+    assert len(schema.returns) == 0
+    with FakeTensorMode():
+        out = torch.empty(4, 8, dtype=bf16, device="cuda")
+        assert torch.ops.mslk_dsl.scatter_add_dense_tokens(out, out, torch.empty(4, dtype=torch.int32,
+                                                                                     device="cuda")) is None
 
 
 def test_meta_tensors_use_the_fakes():

@@ -15,5 +15,5 @@ python3 -m mslk_dsl.cli aot build --target sm90a --workers "${WORKERS:-16}" --pr
 tail -3 "$OUT/aot.log"
 timeout "${TEST_TIMEOUT:-480}" python3 -m pytest "${@:-tests/gpu}" -q -rs --durations=10 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 for b in ${BENCH:-}; do
-  python3 tools/bench.py "$b" --json "$OUT/bench_$b.json" 2>&1 | tee "$OUT/bench_$b.log"
+  timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench.py "$b" --json "$OUT/bench_$b.json" 2>&1 | tee "$OUT/bench_$b.log" | tail -40
 done

@@ -2,12 +2,13 @@
 
 Workers are spawned (never forked) with ``max_tasks_per_child=1``, so no compiler state, DSL
 import or FlyDSL target survives from one task to the next. CuTe jobs are grouped a few per task
-to amortize the seconds of ``import cutlass``; FlyDSL jobs compile in their own child process
-anyway. A failing job is reported with its key and the compiler's error; the rest still build.
+to amortize the seconds of ``import cutlass``; FlyDSL jobs of one target share one compiler child
+process per task. A failing job is reported with its key and the compiler's error; the rest still build.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import multiprocessing
 import sys
 import time
@@ -18,6 +19,7 @@ from mslk_dsl.aot.manifest import Job
 from mslk_dsl.cache import KernelCache
 
 CUTE_JOBS_PER_TASK = 6
+FLYDSL_JOBS_PER_TASK = 24
 
 
 @dataclass
@@ -33,36 +35,55 @@ class BuildReport:
 
 
 def _build_task(jobs: list[tuple[dict, str]], out_root: str) -> list[tuple[str, str | None, float]]:
-    """Worker: compile each (key parts, template name); returns (digest, error or None, seconds)."""
+    """Worker: compile the jobs (key parts, template name) of one backend together; returns
+    (digest, error or None, seconds) per job."""
     from mslk_dsl import jit, registry
     from mslk_dsl.keys import KernelKey
     from mslk_dsl.targets import get_target
 
     store = KernelCache(out_root, writable=True)
-    results = []
+    results, todo = [], []
+    start = time.perf_counter()
     for parts, template_name in jobs:
-        start = time.perf_counter()
         key = KernelKey.from_parts(parts)
         try:
             template = registry.get_template(template_name)
             fresh = KernelKey.make(template, key.config, key.target, key.signature)
             if fresh.digest != key.digest:
                 raise RuntimeError("the key changed between planning and building (template edited?)")
-            with store.lock(key):
-                if store.lookup(key) is None:
-                    jit.build_entry(store, key, template, get_target(key.target))
-            results.append((key.digest, None, time.perf_counter() - start))
+            todo.append((key, template, get_target(key.target)))
         except Exception as e:
-            detail = "".join(traceback.format_exception_only(type(e), e)).strip()
-            results.append((key.digest, f"{key.describe()}: {detail}", time.perf_counter() - start))
+            results.append((key.digest, f"{key.describe()}: {_one_line(e)}", 0.0))
+    with contextlib.ExitStack() as held:
+        for key, _, _ in sorted(todo, key=lambda job: job[0].digest):  # one order: no deadlock
+            held.enter_context(store.lock(key))
+        missing = [job for job in todo if store.lookup(job[0]) is None]
+        built = jit.build_entries(store, missing) if missing else []
+    seconds = (time.perf_counter() - start) / max(1, len(todo))
+    done = {job[0].digest: outcome for job, outcome in zip(missing, built)}
+    for key, _, _ in todo:
+        outcome = done.get(key.digest)
+        error = f"{key.describe()}: {_one_line(outcome)}" if isinstance(outcome, BaseException) else None
+        results.append((key.digest, error, seconds))
     return results
 
 
-def _tasks(jobs: list[Job]) -> list[list[Job]]:
-    cute = [j for j in jobs if j.key.backend == "cute"]
-    other = [j for j in jobs if j.key.backend != "cute"]
-    tasks = [cute[i:i + CUTE_JOBS_PER_TASK] for i in range(0, len(cute), CUTE_JOBS_PER_TASK)]
-    return tasks + [[j] for j in other]
+def _one_line(e: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(e), e)).strip()
+
+
+def _tasks(jobs: list[Job], workers: int) -> list[list[Job]]:
+    """Group jobs of one backend and target into tasks: few enough to amortize a worker's start
+    (and, for FlyDSL, its compiler child), small enough to keep every worker busy."""
+    groups: dict[tuple[str, str], list[Job]] = {}
+    for j in jobs:
+        groups.setdefault((j.key.backend, j.key.target), []).append(j)
+    tasks = []
+    for (backend, _), group in sorted(groups.items()):
+        limit = CUTE_JOBS_PER_TASK if backend == "cute" else FLYDSL_JOBS_PER_TASK
+        size = max(1, min(limit, -(-len(jobs) // (4 * max(1, workers)))))
+        tasks += [group[i:i + size] for i in range(0, len(group), size)]
+    return tasks
 
 
 def build(jobs: list[Job], out_root: str, workers: int = 1, progress: bool | None = None) -> BuildReport:
@@ -78,7 +99,7 @@ def build(jobs: list[Job], out_root: str, workers: int = 1, progress: bool | Non
             todo.append(job)
     bar = _progress(len(todo), progress)
     labels = {j.key.digest: j.label for j in todo}
-    pending = _tasks(todo)
+    pending = _tasks(todo, workers)
     while pending:
         finished_before = len(report.built) + len(report.failed)
         broken = _run_round(pending, out_root, workers, report, bar, labels)

@@ -71,6 +71,17 @@ def compile(template, config, target, signature, out_dir) -> dict:
     return {"load": {"library": LIBRARY, "symbol": symbol}}
 
 
+def compile_many(items) -> list:
+    """CuTe compiles in this process: one after the other, each failure kept apart."""
+    results = []
+    for item in items:
+        try:
+            results.append(compile(*item))
+        except Exception as e:
+            results.append(e)
+    return results
+
+
 @functools.cache
 def _preload_runtime() -> None:
     """Load libcute_dsl_runtime.so globally so kernel libraries linked against it resolve."""

@@ -1,8 +1,8 @@
 """FlyDSL backend: compile-only in a child process per job, artifacts copied into our cache.
 
-FlyDSL fixes its target per process and shares MLIR bindings with nothing else, so every compile
-runs ``python -m mslk_dsl.backends.flydsl_child`` with COMPILE_ONLY=1, ARCH=<target> and a private
-FlyDSL cache directory. The child calls the template's launcher on CPU placeholder tensors, which
+FlyDSL fixes its target per process and shares MLIR bindings with nothing else, so compiles run in
+``python -m mslk_dsl.backends.flydsl_child`` (one child per target and batch of jobs) with
+COMPILE_ONLY=1, ARCH=<target> and a private FlyDSL cache directory per job. The child calls the template's launcher on CPU placeholder tensors, which
 compiles and persists without touching a GPU. We keep the pickled artifact (host code with the
 code object embedded) and, with MSLK_DSL_KEEP_ISA=1, the final ISA text.
 """
@@ -46,40 +46,77 @@ def rocm_path_with_lld() -> str:
 
 
 def compile(template, config, target, signature, out_dir) -> dict:
+    result = compile_many([(template, config, target, signature, out_dir)])[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def compile_many(items) -> list:
+    """Compile items in one child process per target (FlyDSL fixes its target per process, and
+    the children amortize the seconds of importing torch and flydsl over many kernels)."""
+    results: list = [None] * len(items)
+    by_target: dict[str, list[int]] = {}
+    for i, (_, _, target, _, _) in enumerate(items):
+        by_target.setdefault(target.name, []).append(i)
+    for indices in by_target.values():
+        for i, result in zip(indices, _compile_same_target([items[i] for i in indices])):
+            results[i] = result
+    return results
+
+
+def _compile_same_target(items) -> list:
+    target = items[0][2]
     work = tempfile.mkdtemp(prefix="mslk-flydsl-")
     try:
-        job = {"template": template.name, "config": dict(config), "target": target.name,
-               "signature": dict(signature)}
-        base_env = {k: v for k, v in os.environ.items() if k not in ("ARCH", "FLYDSL_RUNTIME_RUN_ONLY")}
-        base_env.update(COMPILE_ONLY="1", ARCH=target.dsl_arch, ROCM_PATH=rocm_path_with_lld(),
-                        FLYDSL_RUNTIME_CACHE_DIR=os.path.join(work, "cache"), FLYDSL_RUNTIME_ENABLE_CACHE="1")
-        _run_child(job, base_env, template, config, target, signature)
-        pickles = sorted(glob.glob(os.path.join(work, "cache", "*", "*.pkl")))
-        if len(pickles) != 1:
-            raise CompileError(f"FlyDSL compile of {template.name} left {len(pickles)} artifacts, expected 1")
-        shutil.copyfile(pickles[0], os.path.join(out_dir, ARTIFACT))
-        if env.keep_isa():
-            # FlyDSL skips its disk cache while dumping, so the ISA takes a second compile.
-            isa_dir = os.path.join(work, "isa")
-            _run_child(job, {**base_env, "FLYDSL_DEBUG_DUMP_ASM": "1", "FLYDSL_DUMP_DIR": isa_dir},
-                       template, config, target, signature)
-            with open(os.path.join(out_dir, ISA), "w") as out:
-                for path in sorted(glob.glob(os.path.join(isa_dir, "**", "*.s"), recursive=True)):
-                    with open(path) as f:
-                        out.write(f.read())
-        launcher_dir = os.path.basename(os.path.dirname(pickles[0]))
-        return {"load": {"artifact": ARTIFACT, "flydsl_cache_subdir": launcher_dir,
-                         "flydsl_cache_file": os.path.basename(pickles[0])}}
+        jobs = [{"template": t.name, "config": dict(c), "target": target.name, "signature": dict(s),
+                 "cache_dir": os.path.join(work, f"cache{i}"),
+                 "isa_dir": os.path.join(work, f"isa{i}") if env.keep_isa(target.name) else None}
+                for i, (t, c, _, s, _) in enumerate(items)]
+        jobs_file = os.path.join(work, "jobs.json")
+        with open(jobs_file, "w") as f:
+            json.dump(jobs, f)
+        child_env = {k: v for k, v in os.environ.items() if k not in ("ARCH", "FLYDSL_RUNTIME_RUN_ONLY")}
+        child_env.update(COMPILE_ONLY="1", ARCH=target.dsl_arch, ROCM_PATH=rocm_path_with_lld(),
+                         FLYDSL_RUNTIME_ENABLE_CACHE="1")
+        done = subprocess.run([sys.executable, "-m", "mslk_dsl.backends.flydsl_child", jobs_file],
+                              env=child_env, capture_output=True, text=True)
+        reported = {}
+        for line in done.stdout.splitlines():
+            if line.startswith("{"):
+                record = json.loads(line)
+                reported[record["index"]] = record.get("error")
+        results = []
+        for i, ((template, config, _, signature, out_dir), job) in enumerate(zip(items, jobs)):
+            what = f"{template.name} {config} for {target.name} {signature}"
+            if i not in reported:
+                results.append(CompileError(f"FlyDSL compile of {what} did not finish (child exit "
+                                            f"{done.returncode}):\n{done.stderr[-3000:]}"))
+            elif reported[i] is not None:
+                results.append(CompileError(f"FlyDSL failed to compile {what}:\n{reported[i]}"))
+            else:
+                try:
+                    results.append(_collect(job, out_dir))
+                except CompileError as e:
+                    results.append(CompileError(f"{what}: {e}"))
+        return results
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _run_child(job, child_env, template, config, target, signature) -> None:
-    done = subprocess.run([sys.executable, "-m", "mslk_dsl.backends.flydsl_child", json.dumps(job)],
-                          env=child_env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise CompileError(f"FlyDSL failed to compile {template.name} {config} for {target.name} "
-                           f"{signature} (exit {done.returncode}):\n{done.stderr[-4000:]}")
+def _collect(job: dict, out_dir: str) -> dict:
+    """Copy one job's artifact (and ISA) from the child's FlyDSL cache into our entry."""
+    pickles = sorted(glob.glob(os.path.join(job["cache_dir"], "*", "*.pkl")))
+    if len(pickles) != 1:
+        raise CompileError(f"the compile left {len(pickles)} artifacts, expected 1")
+    shutil.copyfile(pickles[0], os.path.join(out_dir, ARTIFACT))
+    if job["isa_dir"]:
+        with open(os.path.join(out_dir, ISA), "w") as out:
+            for path in sorted(glob.glob(os.path.join(job["isa_dir"], "**", "*.s"), recursive=True)):
+                with open(path) as f:
+                    out.write(f.read())
+    return {"load": {"artifact": ARTIFACT, "flydsl_cache_subdir": os.path.basename(os.path.dirname(pickles[0])),
+                     "flydsl_cache_file": os.path.basename(pickles[0])}}
 
 
 def load(entry):

@@ -1,19 +1,39 @@
-"""Child process for one FlyDSL compile job (see backends/flydsl.py).
+"""Child process for FlyDSL compile jobs of one target (see backends/flydsl.py).
 
-argv[1] is a JSON job {template, config, target, signature}; the parent sets COMPILE_ONLY=1,
-ARCH, ROCM_PATH and a private FLYDSL_RUNTIME_CACHE_DIR. Exit status 0 means the artifact exists.
+argv[1] is a JSON file: a list of jobs {template, config, signature, cache_dir, isa_dir}. The
+parent sets COMPILE_ONLY=1, ARCH and ROCM_PATH. For each job this sets the job's private FlyDSL
+cache directory and calls the launcher on the template's CPU placeholders, which compiles and
+persists without launching; with an isa_dir it compiles once more with the ISA dump on (FlyDSL
+skips its disk cache while dumping). One JSON line per job reports success or the error.
 """
 import json
+import os
 import sys
+import traceback
 
 
 def main() -> int:
-    job = json.loads(sys.argv[1])
+    with open(sys.argv[1]) as f:
+        jobs = json.load(f)
     from mslk_dsl.registry import get_template
 
-    template = get_template(job["template"])
-    launcher, args = template.build(job["config"], job["target"], job["signature"])
-    launcher(*args)  # COMPILE_ONLY=1: compiles and persists into the cache, launches nothing
+    for index, job in enumerate(jobs):
+        try:
+            template = get_template(job["template"])
+            os.environ["FLYDSL_RUNTIME_CACHE_DIR"] = job["cache_dir"]
+            launcher, args = template.build(job["config"], job["target"], job["signature"])
+            launcher(*args)
+            if job.get("isa_dir"):
+                os.environ.update(FLYDSL_DEBUG_DUMP_ASM="1", FLYDSL_DUMP_DIR=job["isa_dir"])
+                try:
+                    launcher, args = template.build(job["config"], job["target"], job["signature"])
+                    launcher(*args)
+                finally:
+                    os.environ.pop("FLYDSL_DEBUG_DUMP_ASM", None)
+            print(json.dumps({"index": index}), flush=True)
+        except Exception as e:
+            detail = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-3000:]
+            print(json.dumps({"index": index, "error": f"{type(e).__name__}: {e}\n{detail}"}), flush=True)
     return 0
 
 

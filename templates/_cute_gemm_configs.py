@@ -1,0 +1,88 @@
+"""Config space and default choice of the Hopper CuTe GEMM templates (plain Python: no DSL).
+
+A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
+  tile_m, tile_n  CTA tile; tile_m // 64 consumer warpgroups (64 suits decode-sized M)
+  cluster_m       CTAs per cluster along M (2: the weight tile is TMA-multicast to both)
+  raster, group   tile order: "m" or "n" moves first, inside bands of ``group`` clusters
+                  (0: the whole dimension); only L2 reuse depends on it
+  promote         (FP8 only) 0: wgmma accumulates across all of K ("fast accumulation");
+                  p > 0: every p k-tiles (128 deep each) the wgmma partial sums are added
+                  into separate fp32 registers (CUTLASS's 2x accumulation is p = 1)
+Pipeline stages are derived from shared memory (as many A/B stages as fit beside the
+epilogue buffers). Every config is correct for every M >= 1; N and K must keep rows 16-byte
+aligned (the op layer checks).
+"""
+
+NUM_SMS = 132  # H100 / H200 SXM: the persistent grid size and the heuristic's waves
+
+
+def _config(tile_m, tile_n, cluster_m=1, raster="m", group=8):
+    return {"tile_m": tile_m, "tile_n": tile_n, "cluster_m": cluster_m, "raster": raster, "group": group}
+
+
+CONFIGS = (
+    _config(128, 256, 2), _config(128, 256, 2, "m", 0), _config(128, 256, 2, "n"), _config(128, 256, 1),
+    _config(128, 128, 2), _config(128, 128, 1),
+    _config(128, 64, 2), _config(128, 64, 1),
+    _config(64, 256), _config(64, 128), _config(64, 64),
+)
+# Promotion keeps a second set of accumulators: tiles of <= 64 fp32 registers per thread.
+_PROMOTED = [_config(128, 128, 2), _config(128, 128, 1), _config(128, 64, 2), _config(128, 64, 1),
+             _config(64, 128), _config(64, 64)]
+FP8_CONFIGS = (tuple({**c, "promote": 0} for c in CONFIGS)
+               + tuple({**c, "promote": 4} for c in _PROMOTED) + ({**_config(128, 128, 2), "promote": 1},))
+FP8_PROMOTE = 4  # the default: 512-deep partial sums, error below bf16 rounding
+
+# Relative throughput of a full tile of width tile_n when compute-bound (narrower wgmma and
+# more epilogue per FLOP); a first guess to be replaced by measured tuning tables.
+_EFFICIENCY = {256: 1.0, 128: 0.9, 64: 0.75}
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def heuristic(problem, fp8):
+    """Default config for a call of size problem = {"M", "N", "K"}.
+
+    M <= 64 (decode) is bound by streaming the weight: 64-row tiles, and the tile width that
+    minimises the weight bytes on the busiest SM. Larger M: 128-row tiles, the width that
+    minimises (tiles per SM) x (work per tile) / efficiency, and a 2x1 cluster once there are
+    two M tiles to share each weight tile. FP8 promotes every 4 k-tiles (accurate to well
+    below bf16 rounding), which needs a tile of at most 128 columns.
+    """
+    m, n = problem["M"], problem["N"]
+    tile_m = 64 if m <= 64 else 128
+    tiles_m = _ceil_div(m, tile_m)
+
+    def cost(tile_n):
+        waves = _ceil_div(tiles_m * _ceil_div(n, tile_n), NUM_SMS)
+        return waves * tile_n / (1.0 if tile_m == 64 else _EFFICIENCY[tile_n])
+
+    widths = (128, 64) if fp8 else (256, 128, 64)
+    tile_n = min(widths, key=lambda t: (cost(t), -t if tile_m == 128 else t))
+    config = _config(tile_m, tile_n, 2 if tile_m == 128 and tiles_m >= 2 else 1)
+    return {**config, "promote": FP8_PROMOTE} if fp8 else config
+
+
+def tile_of_work(work, clusters_m, clusters_n, raster_m, group, minimum=min):
+    """Persistent tile order: work index -> (cluster row, cluster column) of the output.
+
+    Work moves along the fast dimension (M if raster_m) inside bands of ``group`` clusters
+    (0: one band), Triton's GROUP_M order, so the CTAs running together share A and B panels
+    in L2. Plain arithmetic: the kernel calls it with DSL integers (minimum=cutlass.min).
+    """
+    fast, slow = (clusters_m, clusters_n) if raster_m else (clusters_n, clusters_m)
+    band = fast if group == 0 else group
+    first = work // (band * slow) * band  # first fast index of this band
+    width = minimum(fast - first, band)  # the last band may be narrower
+    rest = work - first * slow
+    f, s = first + rest % width, rest // width
+    return (f, s) if raster_m else (s, f)
+
+
+def kernel_args(config):
+    """HopperGemm keyword arguments for a config."""
+    return {"tile_mn": (config["tile_m"], config["tile_n"]), "cluster_m": config["cluster_m"],
+            "raster_m": config["raster"] == "m", "group": config["group"],
+            "promote_every": config.get("promote", 0)}

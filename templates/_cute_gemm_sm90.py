@@ -1,0 +1,333 @@
+"""Hopper (sm_90a) GEMM machinery shared by the CuTe DSL GEMM templates.
+
+    D[M, N] = epilogue(A[M, K] @ B[N, K]^T)      A, B K-major; D N-major; fp32 accumulators
+
+The kernel is NVIDIA's persistent warp-specialized design (CuTe DSL example
+hopper/kernel/dense_gemm/dense_gemm_persistent.py, BSD-3-Clause), reduced to what the
+templates need, with its own tile order and an epilogue hook:
+  * warpgroup 0 is the producer: one warp issues TMA loads of A/B k-tiles into a ring of
+    shared-memory stages (mbarrier pipeline; with a 2x1 cluster the B tile is multicast
+    to both CTAs, which work on the same N tile);
+  * tile_m // 64 consumer warpgroups each own 64 rows of the tile and issue wgmma from
+    shared memory, keeping one k-tile of wgmma in flight while the next stage lands;
+  * the epilogue walks the tile in (tile_m x 32) sub-tiles: optional hook on the fp32
+    values, conversion, stmatrix into shared memory, TMA store (which clips rows and
+    columns past M / N);
+  * the grid is persistent, one CTA per SM (``NUM_SMS``), each CTA walking output tiles in
+    a grouped raster order so the CTAs running together share A and B panels in L2.
+TMA zero-fills loads past M / N / K, so the mainloop needs no predication: any M works, and
+any K and N that keep rows 16-byte aligned (what TMA requires of the row strides).
+"""
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.memory import SmemAllocator, get_smem_capacity_in_bytes
+from cutlass.tensor_utils import LayoutEnum
+
+from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
+
+# SMs of an H100 / H200 SXM. The persistent grid is sized from this because the kernel's
+# calling convention carries no device query; on a part with fewer SMs the extra CTAs
+# simply start when the first ones finish (correct, slower).
+NUM_SMS = gemm_configs.NUM_SMS
+_SMEM_BYTES = get_smem_capacity_in_bytes("sm_90")
+_EPI_TILE_N = 32  # epilogue sub-tile width (CUTLASS's choice for 16-bit outputs)
+_PRODUCER_REGS, _CONSUMER_REGS = 40, 232  # setmaxnreg split; 40*128 + 232*256 <= 64K
+
+
+class HopperGemm:
+    """One GEMM kernel configuration (all arguments are compile-time).
+
+    tile_mn:      CTA tile, (64 | 128, 64 | 128 | 256); tile_m // 64 consumer warpgroups.
+    cluster_m:    1 or 2 CTAs along M per cluster (2: the B tile is TMA-multicast).
+    raster_m:     walk output tiles with M fastest (True) or N fastest (False) ...
+    group:        ... inside bands of ``group`` clusters (0: the whole dimension).
+    promote_every: FP8: 0, or sum every ``promote_every`` k-tiles (128 deep each) in a
+                  temporary that is then added into fp32 registers (CUTLASS's 2x accumulation,
+                  for Hopper's FP8 wgmma adds into its accumulator with ~13-bit precision).
+    epilogue:     None, or an object built for this tile shape that sees every output tile:
+        smem_words, num_regs                    fp32 words of shared memory / registers it needs
+        prefetch(regs, epi_args, m0, n0, tidx)  at tile start: global loads whose latency the
+                                                 mainloop hides (m0, n0: the tile's origin)
+        stage(regs, smem, tidx)                 after the mainloop, e.g. registers -> smem
+        apply(acc, coords, smem)                per sub-tile: ``acc`` fp32 registers,
+                                                 ``coords[i]`` the (m, n) of acc[i] in the tile
+      (@cute.jit methods; tidx numbers the 2 * tile_m consumer threads; a barrier separates
+      stage and apply).
+    """
+
+    def __init__(self, tile_mn, cluster_m=1, raster_m=True, group=8, promote_every=0,
+                 epilogue=None):
+        self.tile_m, self.tile_n = tile_mn
+        assert self.tile_m in (64, 128) and self.tile_n in (64, 128, 256)
+        assert cluster_m in (1, 2) and group >= 0
+        self.cluster_m, self.raster_m, self.group = cluster_m, raster_m, group
+        self.promote_every, self.epilogue = promote_every, epilogue
+        self.num_mma_wg = self.tile_m // 64
+        self.num_mma_threads = 128 * self.num_mma_wg
+        self.threads = 128 + self.num_mma_threads
+        self.epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
+        self.epi_words = epilogue.smem_words if epilogue is not None else 1
+
+    # ---------------------------------------------------------------- host side
+    def _setup(self, a_dtype, b_dtype, d_dtype):
+        self.a_dtype, self.b_dtype, self.d_dtype = a_dtype, b_dtype, d_dtype
+        # Two copies of the MMA: one accumulates, the other overwrites its accumulators (it
+        # starts each promotion chunk, so no other instruction ever writes them; ptxas
+        # serializes every wgmma of a kernel that does, warning C7515).
+        self.tiled_mma, self.tiled_mma_zero = (sm90_utils.make_trivial_tiled_mma(
+            a_dtype, b_dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
+            (self.num_mma_wg, 1, 1), tiler_mn=(64, self.tile_n)) for _ in range(2))
+        # 4 wgmma k-blocks per stage = 128 bytes of K per row, one 128B-swizzle atom.
+        self.tile_k = cute.size(self.tiled_mma.shape_mnk, mode=[2]) * 4
+        self.tile_mnk = (self.tile_m, self.tile_n, self.tile_k)
+        self.epi_tile = (self.tile_m, _EPI_TILE_N)
+        # As many A/B stages as fit beside 2 store buffers; leftover bytes buy up to 4 of those.
+        # The head (mbarriers of <= 32 stages, epilogue words) is padded to sA's 1 KB alignment.
+        ab_bytes = (self.tile_m * a_dtype.width + self.tile_n * b_dtype.width) * self.tile_k // 8
+        d_bytes = self.tile_m * _EPI_TILE_N * d_dtype.width // 8
+        head = -(-(16 * 32 + 4 * self.epi_words) // 1024) * 1024
+        free = _SMEM_BYTES - head - 2 * d_bytes
+        self.stages = min(free // ab_bytes, 32)
+        self.epi_stages = 2 + min(2, (free - self.stages * ab_bytes) // d_bytes)
+        row_major = LayoutEnum.ROW_MAJOR  # A, B K-major; D N-major
+        self.a_smem = sm90_utils.make_smem_layout_a(row_major, self.tile_mnk, a_dtype, self.stages)
+        self.b_smem = sm90_utils.make_smem_layout_b(row_major, self.tile_mnk, b_dtype, self.stages)
+        self.d_smem = sm90_utils.make_smem_layout_epi(d_dtype, row_major, self.epi_tile, self.epi_stages)
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, epi_args, stream):
+        self._setup(a.element_type, b.element_type, d.element_type)
+        tma_a, gA = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), a,
+            cute.slice_(self.a_smem, (None, None, 0)), (self.tile_m, self.tile_k))
+        b_op = (cpasync.CopyBulkTensorTileG2SMulticastOp() if const_expr(self.cluster_m > 1)
+                else cpasync.CopyBulkTensorTileG2SOp())
+        tma_b, gB = cpasync.make_tiled_tma_atom(
+            b_op, b, cute.slice_(self.b_smem, (None, None, 0)), (self.tile_n, self.tile_k),
+            num_multicast=self.cluster_m)
+        tma_d, gD = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), d,
+            cute.slice_(self.d_smem, (None, None, 0)), self.epi_tile)
+
+        # Persistent grid (cluster_m, 1, clusters): at most one CTA per SM.
+        clusters_m = cute.ceil_div(cute.ceil_div(d.shape[0], self.tile_m), self.cluster_m)
+        clusters_n = cute.ceil_div(d.shape[1], self.tile_n)
+        num_clusters = cutlass.min(clusters_m * clusters_n, NUM_SMS // self.cluster_m)
+
+        @cute.struct
+        class SharedStorage:
+            ab_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            sEpi: cute.struct.MemRange[Float32, self.epi_words]
+            sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem)], 1024]
+            sD: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(self.d_smem)], 1024]
+
+        assert SharedStorage.size_in_bytes() <= _SMEM_BYTES, "shared memory plan overflows"
+        self.shared_storage = SharedStorage
+        self.kernel(tma_a, gA, tma_b, gB, tma_d, gD, self.tiled_mma, self.tiled_mma_zero, self.a_smem,
+                    self.b_smem, self.d_smem, clusters_m, clusters_n, epi_args).launch(
+            grid=(self.cluster_m, 1, num_clusters), block=(self.threads, 1, 1),
+            cluster=(self.cluster_m, 1, 1), min_blocks_per_mp=1, stream=stream)
+
+    # -------------------------------------------------------------- device side
+    @cute.jit
+    def _tile_coord(self, work: Int32, clusters_m: Int32, clusters_n: Int32, cta_m: Int32):
+        """Work index -> (tile_m, tile_n) of this CTA (see gemm_configs.tile_of_work)."""
+        cm, cn = gemm_configs.tile_of_work(work, clusters_m, clusters_n, self.raster_m,
+                                           self.group, cutlass.min)
+        return cm * self.cluster_m + cta_m, cn
+
+    @cute.kernel
+    def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom,
+               mB: cute.Tensor, tma_d: cute.CopyAtom, mD: cute.Tensor,
+               tiled_mma: cute.TiledMma, tiled_mma_zero: cute.TiledMma, a_smem: cute.ComposedLayout,
+               b_smem: cute.ComposedLayout, d_smem: cute.ComposedLayout,
+               clusters_m: Int32, clusters_n: Int32, epi_args):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_a)
+            cpasync.prefetch_descriptor(tma_b)
+            cpasync.prefetch_descriptor(tma_d)
+
+        # CTA rank in the (cluster_m, 1) cluster == its M offset inside the cluster.
+        cta_m = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        b_mcast_mask = cute.make_layout_image_mask(
+            cute.make_layout((self.cluster_m, 1, 1)), (cta_m, 0, 0), mode=0)
+
+        storage = SmemAllocator().allocate(self.shared_storage)
+        # A consumer releases a stage to every CTA that multicasts into it: one arrive per
+        # consumer warp per CTA of the cluster.
+        ab_pipeline = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.ab_mbar.data_ptr(), num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, self.cluster_m * self.num_mma_wg * 4),
+            tx_count=cute.size_in_bytes(self.a_dtype, cute.slice_(a_smem, (None, None, 0)))
+            + cute.size_in_bytes(self.b_dtype, cute.slice_(b_smem, (None, None, 0))),
+            cta_layout_vmnk=cute.make_layout((1, self.cluster_m, 1, 1)), defer_sync=True)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(self.cluster_m, 1), is_relaxed=True)
+
+        sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
+        sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
+        sD = storage.sD.get_tensor(d_smem.outer, swizzle=d_smem.inner)
+        sEpi = storage.sEpi.get_tensor(cute.make_layout(self.epi_words))
+        # (bM, bK, RestM, RestK) / (bN, bK, RestN, RestK)
+        gA = cute.local_tile(mA, (self.tile_m, self.tile_k), (None, None))
+        gB = cute.local_tile(mB, (self.tile_n, self.tile_k), (None, None))
+        tAsA, tAgA = cpasync.tma_partition(tma_a, 0, cute.make_layout(1),
+                                           cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+        tBsB, tBgB = cpasync.tma_partition(tma_b, cta_m, cute.make_layout(self.cluster_m),
+                                           cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+        k_tiles = cute.size(gA, mode=[3])
+        pipeline.pipeline_init_wait(cluster_shape_mn=(self.cluster_m, 1))
+
+        if cute.arch.make_warp_uniform(tidx // 128) == 0:
+            cute.arch.setmaxregister_decrease(_PRODUCER_REGS)
+            if warp_idx == 0:
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                work = cute.arch.block_idx()[2]
+                while work < clusters_m * clusters_n:
+                    tile_m, tile_n = self._tile_coord(work, clusters_m, clusters_n, cta_m)
+                    tAgA_t = tAgA[(None, tile_m, None)]
+                    tBgB_t = tBgB[(None, tile_n, None)]
+                    for k in cutlass.range(k_tiles, unroll=1):
+                        ab_pipeline.producer_acquire(state)
+                        bar = ab_pipeline.producer_get_barrier(state)
+                        cute.copy(tma_a, tAgA_t[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                        cute.copy(tma_b, tBgB_t[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar,
+                                  mcast_mask=b_mcast_mask if const_expr(self.cluster_m > 1) else 0)
+                        ab_pipeline.producer_commit(state)
+                        state.advance()
+                    work += cute.arch.grid_dim()[2]
+                ab_pipeline.producer_tail(state)
+        else:
+            cute.arch.setmaxregister_increase(_CONSUMER_REGS)
+            self._consume(ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, tma_d, mD, k_tiles,
+                          tidx - 128, warp_idx, cta_m, clusters_m, clusters_n, epi_args)
+
+    @cute.jit
+    def _mma_k_tile(self, ab_pipeline, read_state, first_mma, tiled_mma, tCrA, tCrB, acc):
+        """Wait for one k-tile in shared memory and issue its wgmma (4 k-blocks, one group);
+        the first k-block uses ``first_mma`` (accumulating or overwriting). The fence orders
+        earlier register accesses to the accumulators (zeroing, promotion adds) before them."""
+        ab_pipeline.consumer_wait(read_state)
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            cute.gemm(first_mma if const_expr(kb == 0) else tiled_mma, acc,
+                      tCrA[(None, None, kb, read_state.index)], tCrB[(None, None, kb, read_state.index)], acc)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _consume(self, ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, tma_d, mD, k_tiles, mma_tidx,
+                 warp_idx, cta_m, clusters_m, clusters_n, epi_args):
+        """Consumer warpgroups: for each tile, the wgmma mainloop and then the epilogue."""
+        thr_mma = tiled_mma.get_slice(mma_tidx)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        acc_shape = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n))).shape
+        acc = cute.make_rmem_tensor(acc_shape, Float32)
+        acc_tmp = cute.make_rmem_tensor(acc_shape, Float32) if const_expr(self.promote_every) else None
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        tiled_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
+
+        # Register -> shared copy of the epilogue (stmatrix), partitioned like the MMA's C.
+        stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.d_dtype)
+        tiled_r2s = cute.make_tiled_copy_S(
+            sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.d_dtype, Float32),
+            cute.make_tiled_copy_C_atom(stmatrix, tiled_mma))
+        thr_r2s = tiled_r2s.get_slice(mma_tidx)
+        tRS_sD = thr_r2s.partition_D(sD)  # (R2S, R2S_M, R2S_N, EPI_STAGE)
+        tRS_acc = tiled_r2s.retile(acc)  # sub-tile j is elements [j * sub_size, (j+1) * sub_size)
+        sub_layout = cute.make_layout(cute.shape(thr_r2s.partition_S(sD))[:3])
+        sub_size = cute.size(sub_layout)
+        tRS_sub = cute.make_rmem_tensor(sub_layout.shape, Float32)
+        tRS_out = cute.make_rmem_tensor(sub_layout.shape, self.d_dtype)
+        cTile = cute.make_identity_tensor((self.tile_m, self.tile_n))  # tile-local (m, n)
+        num_sub = self.tile_n // _EPI_TILE_N
+        store_pipeline = pipeline.PipelineTmaStore.create(
+            num_stages=self.epi_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads))
+        epi_regs = None
+        if const_expr(self.epilogue is not None):
+            epi_regs = cute.make_rmem_tensor(self.epilogue.num_regs, Float32)
+
+        read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        tiles_done = Int32(0)
+        work = cute.arch.block_idx()[2]
+        while work < clusters_m * clusters_n:
+            tile_m, tile_n = self._tile_coord(work, clusters_m, clusters_n, cta_m)
+            if const_expr(self.epilogue is not None):
+                self.epilogue.prefetch(epi_regs, epi_args, tile_m * self.tile_m,
+                                       tile_n * self.tile_n, mma_tidx)
+            # ---- mainloop: one k-tile of wgmma stays in flight; a stage is released once
+            # the wgmma that read it has retired (wait_group(1) after the next commit).
+            if const_expr(self.promote_every == 0):
+                acc.fill(0.0)
+                prologue = cutlass.min(k_tiles, 1)
+                for k in cutlass.range(prologue, unroll=1):
+                    self._mma_k_tile(ab_pipeline, read_state, tiled_mma, tiled_mma, tCrA, tCrB, acc)
+                    read_state.advance()
+                for k in cutlass.range(prologue, k_tiles, unroll=1):
+                    self._mma_k_tile(ab_pipeline, read_state, tiled_mma, tiled_mma, tCrA, tCrB, acc)
+                    read_state.advance()
+                    warpgroup.wait_group(1)
+                    ab_pipeline.consumer_release(release_state)
+                    release_state.advance()
+                warpgroup.wait_group(0)
+                for k in cutlass.range(prologue, unroll=1):
+                    ab_pipeline.consumer_release(release_state)
+                    release_state.advance()
+            else:
+                # Chunks of promote_every k-tiles: the wgmma sum of a chunk starts from zero
+                # (scale-d = 0) in acc_tmp and is added into the fp32 acc once it has retired.
+                acc.fill(0.0)
+                for k0 in cutlass.range(0, k_tiles, self.promote_every, unroll=1):
+                    self._mma_k_tile(ab_pipeline, read_state, tiled_mma_zero, tiled_mma, tCrA, tCrB, acc_tmp)
+                    read_state.advance()
+                    for k in cutlass.range(k0 + 1, cutlass.min(k0 + self.promote_every, k_tiles), unroll=1):
+                        self._mma_k_tile(ab_pipeline, read_state, tiled_mma, tiled_mma, tCrA, tCrB, acc_tmp)
+                        read_state.advance()
+                        warpgroup.wait_group(1)
+                        ab_pipeline.consumer_release(release_state)
+                        release_state.advance()
+                    warpgroup.wait_group(0)
+                    ab_pipeline.consumer_release(release_state)
+                    release_state.advance()
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        acc[i] = acc[i] + acc_tmp[i]
+
+            # ---- epilogue: (tile_m x 32) sub-tiles through shared memory and TMA stores
+            if const_expr(self.epilogue is not None):
+                self.epilogue.stage(epi_regs, sEpi, mma_tidx)
+                self.epi_barrier.arrive_and_wait()
+            gD_sub = cute.zipped_divide(
+                cute.local_tile(mD, (self.tile_m, self.tile_n), (tile_m, tile_n)), self.epi_tile)
+            bSG_sD, bSG_gD = cpasync.tma_partition(tma_d, 0, cute.make_layout(1),
+                                                   cute.group_modes(sD, 0, 2), gD_sub)
+            for j in cutlass.range_constexpr(num_sub):
+                for v in cutlass.range_constexpr(sub_size):
+                    tRS_sub[v] = tRS_acc[j * sub_size + v]
+                if const_expr(self.epilogue is not None):
+                    # partition_S: the coordinates of the values this thread holds.
+                    coords = thr_r2s.partition_S(cute.local_tile(cTile, self.epi_tile, (0, j)))
+                    self.epilogue.apply(tRS_sub, coords, sEpi)
+                tRS_out.store(tRS_sub.load().to(self.d_dtype))
+                buf = (tiles_done * num_sub + j) % self.epi_stages
+                cute.copy(tiled_r2s, tRS_out, tRS_sD[(None, None, None, buf)])
+                # Generic-proxy smem writes must be visible to the TMA (async proxy).
+                cute.arch.fence_proxy("async.shared", space="cta")
+                self.epi_barrier.arrive_and_wait()
+                if warp_idx == 4:  # first consumer warp issues the store
+                    cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, (0, j))])
+                    store_pipeline.producer_commit()
+                    store_pipeline.producer_acquire()  # the next buffer's old store has read it
+                self.epi_barrier.arrive_and_wait()
+            tiles_done += 1
+            work += cute.arch.grid_dim()[2]
+        store_pipeline.producer_tail()

@@ -1,0 +1,303 @@
+"""CuTe DSL device helpers for row-wise memory-bound kernels (elementwise maps, row reductions,
+row-wise FP8 quantization) over compact row-major [M, K] tensors with dynamic M and K.
+
+Imported only from a template's ``build()`` (it imports ``cutlass`` at module level). The tile
+geometry (threads per row, vectors, chunks) is described in ``_rowwise_plan``; in short, row
+``row`` of a CTA is handled by ``tpr`` consecutive threads, and lane ``l`` of the row touches the
+row's vectors ``l, l + tpr, l + 2 tpr, ...`` so every warp instruction is one contiguous access.
+
+Predication is per vector: with aligned rows K is a multiple of ``vec`` so a vector is either
+wholly inside the row or wholly outside; unaligned rows use ``vec == 1``. Rows past the end of
+the tensor get a vector count of 0, so they load and store nothing but still take part in
+block-wide barriers.
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+WARP_SIZE = 32
+
+DSL_DTYPES = {
+    "bfloat16": cutlass.BFloat16,
+    "float16": cutlass.Float16,
+    "float32": cutlass.Float32,
+    "float8_e4m3fn": cutlass.Float8E4M3FN,
+}
+
+# Data read exactly once: do not let it displace lines that are read again.
+STREAM = cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE
+KEEP = cute.nvgpu.CacheEvictionPriority.EVICT_NORMAL
+
+
+def dsl_dtype(name: str):
+    return DSL_DTYPES[name]
+
+
+# ----------------------------------------------------------------------------------------------
+# Compile-time stand-ins (fake tensors) with dynamic sizes.
+
+
+def dynamic_rows_cols(k_divisibility: int = 1):
+    """Symbolic (M, K): any M, K a multiple of ``k_divisibility`` (promised by the signature)."""
+    return cute.sym_int(), cute.sym_int(divisibility=k_divisibility)
+
+
+def fake_rows(dtype, m, k, align_bytes: int):
+    """A compact row-major [m, k] tensor. The row stride is a 64-bit symbol (offsets of large
+    tensors do not overflow) that inherits k's divisibility, so a row of an aligned tensor keeps
+    its 16-byte alignment and its vector accesses stay 128-bit."""
+    return make_fake_compact_tensor(dtype, (m, k), stride_order=(1, 0), assumed_align=align_bytes)
+
+
+def fake_vector(dtype, n, align_bytes: int = 4):
+    """A 1-D tensor of ``n`` (int or symbol) elements, e.g. per-row scales or a [1] scalar."""
+    return make_fake_compact_tensor(dtype, (n,), assumed_align=align_bytes)
+
+
+def env_stream():
+    """The launch stream: the caller's current torch stream (TVM-FFI environment stream)."""
+    return make_fake_stream(use_tvm_ffi_env_stream=True)
+
+
+def launch_hints(tile, regs_per_thread: int = 64) -> dict:
+    """Launch keywords that cap registers at ``regs_per_thread`` (``.minnctapersm``): left alone,
+    ptxas spends registers on hoisting every conversion of a tile, which halves the CTAs per SM
+    that keep loads in flight. (The carveout hint is the driver default; giving one keeps the
+    compile from querying a device for the SM's shared memory size.)"""
+    return {"min_blocks_per_mp": max(1, 65536 // (tile.threads * regs_per_thread)),
+            "preferred_smem_carveout": -1}
+
+
+# ----------------------------------------------------------------------------------------------
+# Thread geometry, row views, predicated vector copies.
+
+
+def thread_row(tile):
+    """(row of this thread's group inside the CTA, lane inside the group)."""
+    tidx, _, _ = cute.arch.thread_idx()
+    return tidx // tile.tpr, tidx % tile.tpr
+
+
+def row_vectors(t: cute.Tensor, row, vec: int) -> cute.Tensor:
+    """Row ``row`` of a row-major [M, K] tensor as ``vec``-element vectors: ``v[None, j]`` is
+    elements ``[j*vec, (j+1)*vec)``. The row offset is computed with the 64-bit stride."""
+    return cute.zipped_divide(t[row, None], (vec,))
+
+
+def _atom(load: bool, dtype, vec: int, evict):
+    """A ``vec``-element global access; the compile fails (rather than silently splitting the
+    access) if the alignment the layout proves is smaller than the access."""
+    op = cute.nvgpu.CopyG2ROp() if load else cute.nvgpu.CopyR2GOp()
+    return cute.make_copy_atom(op, dtype, num_bits_per_copy=vec * dtype.width, l1c_evict_priority=evict)
+
+
+@cute.jit
+def load_vectors(src: cute.Tensor, dst: cute.Tensor, first: Int32, step: cutlass.Constexpr[int],
+                 count: Int32, evict: cutlass.Constexpr = STREAM):
+    """dst[:, i] <- vector ``first + i*step`` of ``src`` (a ``row_vectors`` view) for every i
+    whose vector index is below ``count``; other columns of dst are left as they are."""
+    vec = cute.size(dst, mode=[0])
+    atom = _atom(True, src.element_type, vec, evict)
+    for i in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+        j = first + i * step
+        if j < count:
+            cute.copy(atom, src[None, j], dst[None, i])
+
+
+@cute.jit
+def store_vectors(src: cute.Tensor, dst: cute.Tensor, first: Int32, step: cutlass.Constexpr[int],
+                  count: Int32):
+    """Vector ``first + i*step`` of ``dst`` (a ``row_vectors`` view) <- src[:, i], predicated
+    like ``load_vectors``."""
+    vec = cute.size(src, mode=[0])
+    atom = _atom(False, dst.element_type, vec, KEEP)
+    for i in cutlass.range_constexpr(cute.size(src, mode=[1])):
+        j = first + i * step
+        if j < count:
+            cute.copy(atom, src[None, i], dst[None, j])
+
+
+def tile_fragments(tile, dtypes):
+    """Zero-filled register tiles (vec, chunks), one per dtype. The zeros make the lanes of a
+    partial tile neutral for max/sum reductions, and in a loop they keep the predicated loads
+    from carrying the previous iteration's values (which would force the tile into local
+    memory)."""
+    frags = []
+    for dt in dtypes:
+        f = cute.make_rmem_tensor((tile.vec, tile.chunks), dt)
+        f.fill(0)
+        frags.append(f)
+    return frags
+
+
+@cute.jit
+def store_tile(values, dst: cute.Tensor, first: Int32, step: cutlass.Constexpr[int], count: Int32):
+    """``store_vectors`` of a tile's values (a TensorSSA of shape (vec, chunks))."""
+    frag = cute.make_rmem_tensor(values.shape, dst.element_type)
+    frag.store(values)
+    store_vectors(frag, dst, first, step, count)
+
+
+@cute.jit
+def load_tile(srcs, frags, first: Int32, step: cutlass.Constexpr[int], count: Int32,
+              evict: cutlass.Constexpr = STREAM):
+    """``load_vectors`` for several same-shaped inputs; every load is issued before any use."""
+    for s, f in zip(srcs, frags):
+        load_vectors(s, f, first, step, count, evict)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reductions.
+
+
+def absmax(values, init):
+    """max(init, max |values|) of a tile's values (a TensorSSA), as fp32. NaN propagates (as
+    torch's amax). The max is taken in the values' own dtype (exact; packed bf16x2/f16x2
+    instructions for 16-bit types), so no fp32 copy of the tile stays alive."""
+    m = cute.math.abs(values).reduce(cute.ReductionOp.MAX, values.dtype(0.0), reduction_profile=0)
+    return cute.arch.fmax(init, values.dtype(m).to(Float32), nan=True)
+
+
+def nan_max(a, b):
+    """fp32 max that propagates NaN (a NaN in a row makes its absmax NaN everywhere)."""
+    return cute.arch.fmax(a, b, nan=True)
+
+
+def reduction_buffer(smem, tile):
+    """Shared-memory slots (warps_per_row, rows_per_block) for the per-warp partials of every row
+    of the CTA; None when a row's group fits in one warp (the shuffles are then enough)."""
+    if tile.tpr <= WARP_SIZE:
+        return None
+    return smem.allocate_tensor(Float32, cute.make_layout((tile.warps_per_row, tile.rows_per_block)),
+                                byte_alignment=16)
+
+
+@cute.jit
+def row_allreduce(val: Float32, op: cutlass.Constexpr, tpr: cutlass.Constexpr[int], buf,
+                  row_in_cta: Int32, lane: Int32) -> Float32:
+    """Reduce ``val`` over the ``tpr`` threads of a row; all of them get the same bits (a fixed
+    combination order). Groups wider than a warp meet in ``buf`` behind one CTA-wide barrier,
+    so every thread of the CTA must call this exactly as often."""
+    val = cute.arch.warp_reduction(val, op, threads_in_group=min(tpr, WARP_SIZE))
+    if const_expr(tpr > WARP_SIZE):
+        if lane % WARP_SIZE == 0:
+            buf[lane // WARP_SIZE, row_in_cta] = val
+        cute.arch.barrier()
+        val = buf[0, row_in_cta]
+        for w in cutlass.range_constexpr(1, tpr // WARP_SIZE):
+            val = op(val, buf[w, row_in_cta])
+    return val
+
+
+# ----------------------------------------------------------------------------------------------
+# Elementwise math.
+
+LOG2E = 1.4426950408889634
+
+
+def silu_mul_tile(a: cute.Tensor, b: cute.Tensor, out_dtype):
+    """silu(a) * b for two register tiles: fp32 math with the fast exp2 and reciprocal units (a
+    few fp32 ulps; ample for results rounded to bf16/fp16), rounded to ``out_dtype``. Returns a
+    TensorSSA. Both silu_mul and silu_mul_quant call this, so their values are the same bits."""
+    x = a.load().to(Float32)
+    d = cute.make_rmem_tensor(a.layout, Float32)
+    d.store(cute.math.exp2(x * Float32(-LOG2E), fastmath=True) + Float32(1.0))
+    for i in range(cute.size(d)):  # rcp.approx.ftz: 1 + exp2(.) is never a denormal
+        d[i] = cute.arch.rcp_approx(d[i])
+    return (x * d.load() * b.load().to(Float32)).to(out_dtype)
+
+
+# Row-wise FP8 scaling with the arithmetic of MSLK's Triton ``quantize_fp8_row``:
+#
+#     amax  = clamp(max|x|, eps, scale_ub)                 (no upper clamp without scale_ub)
+#     scale = amax / fp8_max                               (IEEE division; the stored dequant scale)
+#     xq    = fp8(clamp(x / scale, -fp8_max, fp8_max))     (fp8 rounding: nearest even)
+#
+# ``x / scale`` is evaluated without a division per element: with ``rcp`` the reciprocal of
+# ``scale`` refined by one Newton step, ``q = x * rcp`` followed by one exact-residual correction
+# ``q - (q * scale - x) * rcp`` is the correctly rounded quotient. It is the fast path of the
+# hardware's IEEE fp32 division (MUFU.RCP, two FFMA, then the same three steps), with the
+# reciprocal hoisted out of the row; its slow path only matters for denormal quotients, which
+# round to an fp8 zero anyway. The residual is taken as ``q * scale - x`` so that x = -0 gives
+# -0. Without scale_ub |x| <= amax, so |q| <= fp8_max (1 + 2^-23); with scale_ub the quotient can
+# be huge, so ``q`` is clamped to +-2 fp8_max before the correction (keeps it finite: no inf - inf)
+# and the result still saturates. The final clamp to +-fp8_max is the conversion's own
+# saturation (cvt.rn.satfinite: out-of-range values become +-fp8_max, as clamp-then-convert).
+
+
+def fp8_row_scale(amax, eps: float, fp8_max: float, scale_ub=None):
+    """(scale, rcp) of a row from its absmax: the dequant scale and its refined reciprocal."""
+    amax = cute.arch.fmax(amax, Float32(eps), nan=True)
+    if scale_ub is not None:
+        amax = cute.arch.fmin(amax, scale_ub, nan=True)
+    scale = amax / Float32(fp8_max)
+    y0 = cute.arch.rcp_approx(scale)
+    return scale, cute.math.fma(y0, cute.math.fma(-scale, y0, Float32(1.0)), y0)
+
+
+def fp8_quantize_tile(values, scale, rcp, fp8_max: float, fp8_dtype, bounded: bool):
+    """fp8(clamp(values / scale, -fp8_max, fp8_max)) of a tile's values (a TensorSSA), the
+    quotient correctly rounded (see above); a TensorSSA (packed conversions). ``bounded``: every
+    |value| <= the row's amax (no scale_ub), so the quotient needs no pre-clamp."""
+    x = values.to(Float32)
+    s, r = cute.full_like(x, scale), cute.full_like(x, rcp)
+    q = x * r
+    if not bounded:
+        c = cute.full_like(x, 2.0 * fp8_max)
+        q = cute.math.max(cute.math.min(q, c, propagate_nan=True), -c, propagate_nan=True)
+    q = cute.math.fma(-cute.math.fma(q, s, -x), r, q)
+    return q.to(fp8_dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Row drivers: the loop structure shared by the templates; ``combine`` maps the register tiles
+# of the inputs to the values of the row (plain elementwise code, no control flow).
+
+
+@cute.jit
+def map_row(srcs, combine: cutlass.Constexpr, dst: cute.Tensor, tile: cutlass.Constexpr, lane: Int32,
+            nvec: Int32, first_tile: Int32, tile_step: Int32):
+    """dst = combine(*srcs) over tiles first_tile, first_tile + tile_step, ... of one row."""
+    for t in cutlass.range(first_tile, cute.ceil_div(nvec, tile.tile_vecs), tile_step):
+        first = t * tile.tile_vecs + lane
+        ins = tile_fragments(tile, [s.element_type for s in srcs])
+        load_tile(srcs, ins, first, tile.tpr, nvec)
+        store_tile(combine(*ins), dst, first, tile.tpr, nvec)
+
+
+@cute.jit
+def quantize_row(srcs, combine: cutlass.Constexpr, dst: cute.Tensor, tile: cutlass.Constexpr, lane: Int32,
+                 nvec: Int32, row_in_cta: Int32, buf, scale_ub, eps: cutlass.Constexpr[float],
+                 fp8_max: cutlass.Constexpr[float]) -> Float32:
+    """Row-wise FP8 quantization of the row values combine(*srcs) into ``dst``; returns the row's
+    dequant scale (the same in every thread of the row).
+
+    The first tile of the row stays in registers from the absmax pass to the quantize pass, so
+    a row of up to ``tile.tile_k`` elements is read from DRAM once. Longer rows stream the other
+    tiles twice (absmax, then quantize); the second read mostly hits L2. Every thread of the CTA
+    must call this (one barrier when a row spans several warps)."""
+    tpr, tv = tile.tpr, tile.tile_vecs
+    bounded = scale_ub is None
+    dtypes = [s.element_type for s in srcs]
+    ins = tile_fragments(tile, dtypes)
+    load_tile(srcs, ins, lane, tpr, nvec)
+    held = combine(*ins)  # an SSA value: lives in registers until the quantize pass
+    amax = absmax(held, Float32(0.0))
+
+    ntiles = cute.ceil_div(nvec, tv)
+    for t in cutlass.range(1, ntiles):
+        part = tile_fragments(tile, dtypes)
+        load_tile(srcs, part, t * tv + lane, tpr, nvec, KEEP)
+        amax = absmax(combine(*part), amax)
+
+    amax = row_allreduce(amax, nan_max, tpr, buf, row_in_cta, lane)
+    scale, rcp = fp8_row_scale(amax, eps, fp8_max, scale_ub)
+    store_tile(fp8_quantize_tile(held, scale, rcp, fp8_max, dst.element_type, bounded), dst, lane, tpr, nvec)
+    for t in cutlass.range(1, ntiles):
+        part = tile_fragments(tile, dtypes)
+        load_tile(srcs, part, t * tv + lane, tpr, nvec)
+        q = fp8_quantize_tile(combine(*part), scale, rcp, fp8_max, dst.element_type, bounded)
+        store_tile(q, dst, t * tv + lane, tpr, nvec)
+    return scale

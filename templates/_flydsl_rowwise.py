@@ -1,0 +1,316 @@
+"""FlyDSL device helpers for row-wise memory-bound kernels on CDNA (gfx942, gfx950; wave64).
+
+A block is split into ``rows_per_block`` groups of whole waves; each group owns one row of a
+[M, K] tensor (M and K are dynamic). A row is reached through its own AMD buffer descriptor whose
+size is exactly the row's bytes (zero for a row past M): loads past the end return zeros and
+stores past it are dropped by the hardware, so K and M tails need no branches. The descriptor is
+built from the row's 64-bit address, so tensors may exceed 4 GiB; only a row must fit in 2 GiB.
+
+Row statistics (absmax here, sums for norms) reduce inside each wave with DPP and across the
+waves of a group through one LDS slot per wave, so every lane of a group gets the same value.
+
+FP8 follows the target: e4m3fnuz (max 240) on gfx942, e4m3fn (max 448) on gfx950, converted
+with v_cvt_pk_fp8_f32 after an explicit clamp, matching torch's round-to-nearest-even casts.
+"""
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import arith, gpu, range_constexpr
+from flydsl.expr import math as fmath
+from flydsl.expr.typing import ReductionOp, T
+from flydsl.expr.utils.arith import fastmath
+
+from mslk_dsl.targets import get_target
+
+WAVE = 64
+LOG2E = 1.4426950408889634
+# A byte offset past the end of the row-scale descriptor (M * 4 bytes, for M < 2^28) that
+# stays a positive i32 and cannot wrap around 2^32 when the access size is added.
+OOB_BYTES = 1 << 30
+# Floor of the row absmax before the FP8 scale is taken (MSLK's default eps for rowwise FP8).
+FP8_EPS = 1.0 / 512.0
+
+_ELEM = {
+    "bfloat16": fx.BFloat16,
+    "float16": fx.Float16,
+    "float32": fx.Float32,
+    "float8_e4m3fn": fx.Float8E4M3FN,
+    "float8_e4m3fnuz": fx.Float8E4M3FNUZ,
+}
+
+
+def elem_type(dtype: str):
+    """The FlyDSL numeric type of a torch dtype name ("bfloat16", "float8_e4m3fnuz", ...)."""
+    return _ELEM[dtype]
+
+
+class Fp8Format:
+    """The target's FP8 flavour: torch dtype name, FlyDSL type, largest finite value, and
+    whether it is the fnuz flavour (no negative zero: 0x80 is its only NaN)."""
+
+    def __init__(self, target: str):
+        t = get_target(target)
+        self.dtype = t.fp8_dtype_name
+        self.type = elem_type(self.dtype)
+        self.max = t.fp8_max
+        self.fnuz = t.fp8 == "e4m3fnuz"
+
+
+class RowGroups:
+    """Thread coordinates of a block of ``threads`` threads holding ``rows`` rows.
+
+    Call inside a kernel. ``group`` (the block's row slot) is made wave-uniform with
+    readfirstlane, so rows and their descriptors stay in scalar registers."""
+
+    def __init__(self, threads: int, rows: int):
+        assert threads % (rows * WAVE) == 0, "each row needs whole waves"
+        self.threads = threads
+        self.width = threads // rows  # threads per row
+        self.waves = self.width // WAVE  # waves per row
+        tid = fx.thread_idx.x
+        self.wave = fx.Int32(fx.rocdl.readfirstlane(T.i32, tid // WAVE))
+        self.group = self.wave // self.waves
+        self.lane = tid % self.width
+
+
+def row_view(tensor, row, vec: int):
+    """Row ``row`` of a 2-D tensor (unit column stride) as a bounds-checked buffer view of
+    ``vec``-element vectors: ``load(view, j, vec)`` reads columns [j*vec, j*vec + vec)."""
+    rows, cols = tensor.shape.unpack()
+    row_stride, _ = tensor.stride.unpack()
+    elem_bytes = tensor.element_type.width // 8
+    base = fx.get_iter(tensor) + fx.Int64(row) * fx.Int64(row_stride)
+    nbytes = (row < rows).select(fx.Int64(cols) * elem_bytes, fx.Int64(0))
+    buf = fx.rocdl.make_buffer_ptr(base, num_records_bytes=nbytes)
+    return fx.logical_divide(fx.make_view(buf, fx.make_layout(cols, 1)), fx.make_layout(vec, 1))
+
+
+def _atom(vec: int, dtype):
+    return fx.make_copy_atom(fx.rocdl.BufferCopy(vec * dtype.width), dtype.width)
+
+
+def load(view, j, vec: int):
+    """Vector ``j`` of a row view (zeros past the row end)."""
+    dtype = view.element_type
+    r = fx.make_rmem_tensor(vec, dtype)
+    fx.copy(_atom(vec, dtype), fx.slice(view, (None, j)), r)
+    return fx.memref_load_vec(r)
+
+
+def store(view, j, value, vec: int):
+    """Write vector ``j`` of a row view (dropped past the row end)."""
+    dtype = view.element_type
+    r = fx.make_rmem_tensor(vec, dtype)
+    fx.memref_store_vec(value, r)
+    fx.copy(_atom(vec, dtype), r, fx.slice(view, (None, j)))
+
+
+def silu_mul(a, b):
+    """silu(a) * b on fp32 vectors, as a * (1 / (1 + 2^(-a*log2(e)))) * b.
+
+    Uses the hardware exp2 and reciprocal (v_exp_f32, v_rcp_f32, ~1 ulp each). Saturates the
+    way torch does: silu(-inf) is NaN, large negative a gives -0, large positive a gives a."""
+    with fastmath(arith.FastMathFlags.afn):
+        e = fmath.exp2(a * (-LOG2E))
+        r = 1.0 / (e + 1.0)
+    return a * r * b
+
+
+def _abs_bits(value):
+    """|value| of a bf16/fp16/fp32 vector as same-width integers. For non-negative floats the
+    integer order is the float order (NaN above inf), so an integer max is an exact,
+    NaN-propagating absmax (v_pk_max_u16 on pairs of 16-bit values)."""
+    width = value.dtype.width
+    itype = fx.Int16 if width == 16 else fx.Int32
+    return value.bitcast(itype) & itype((1 << (width - 1)) - 1)
+
+
+def _packed(bits):
+    # Carry pairs of 16-bit lanes as 32-bit words: a vector<Nxi16> loop variable would be
+    # split into N registers, the packed form keeps v_pk_max_u16 inside loops.
+    return bits.bitcast(fx.Int32) if bits.dtype is fx.Int16 and len(bits) % 2 == 0 else bits
+
+
+def _unpacked(acc, width):
+    return acc.bitcast(fx.Int16) if width == 16 and acc.dtype is fx.Int32 else acc
+
+
+def absmax_start(value):
+    """Running absmax of a thread's values (lane-wise integer bits, packed for loops)."""
+    return _packed(_abs_bits(value))
+
+
+def absmax_update(acc, value):
+    width = value.dtype.width
+    return _packed(fx.max(_unpacked(acc, width), _abs_bits(value)))
+
+
+def absmax_finish(acc, width: int):
+    """The thread's absmax as the Int32 bits of its ``width``-bit float."""
+    return fx.Int32(_unpacked(acc, width).reduce(ReductionOp.MAX))
+
+
+def bits_to_float(bits, dtype):
+    """The fp32 value of a non-negative ``dtype`` number held as integer bits (an Int32)."""
+    if dtype is fx.Float32:
+        return bits.bitcast(fx.Float32)
+    if dtype is fx.BFloat16:
+        return (bits << 16).bitcast(fx.Float32)
+    return fx.Int16(bits).bitcast(fx.Float16).to(fx.Float32)
+
+
+# DPP controls (gfx9 encoding): row_shr:n reads lane i-n of the same 16-lane row;
+# row_bcast:15 / row_bcast:31 hand lane 15 / 31 of a row to the rows above it.
+_ROW_SHR = (0x111, 0x112, 0x114, 0x118)
+_ROW_BCAST15, _ROW_BCAST31 = 0x142, 0x143
+
+
+def _combine(op, a, b):
+    return a + b if op is ReductionOp.ADD else fx.max(a, b)
+
+
+def _dpp(value, neutral, ctrl, row_mask):
+    # bound_ctrl off: lanes a move does not reach read ``neutral``, the identity of the fold.
+    moved = fx.rocdl.update_dpp(value.dtype.ir_type, neutral.ir_value(), value.ir_value(), ctrl, row_mask,
+                                0xF, False)
+    return value.dtype(moved)
+
+
+def wave_reduce(value, op):
+    """Reduce a 32-bit scalar (Int32 or Float32) over a wave of 64 lanes; every lane gets it.
+
+    Four row_shr steps fold each 16-lane row into its last lane, two row_bcast steps fold the
+    rows into lane 63, and v_readlane_b32 broadcasts it; the moves fuse into the combining
+    instruction (v_max_i32_dpp, v_add_f32_dpp). The fold order is fixed, so sums are
+    deterministic."""
+    dtype = value.dtype
+    if op is ReductionOp.ADD:
+        neutral = dtype(0)
+    else:
+        neutral = dtype(float("-inf")) if dtype is fx.Float32 else dtype(-(1 << 31))
+    acc = value
+    for ctrl in _ROW_SHR:
+        acc = _combine(op, acc, _dpp(acc, neutral, ctrl, 0xF))
+    acc = _combine(op, acc, _dpp(acc, neutral, _ROW_BCAST15, 0xA))
+    acc = _combine(op, acc, _dpp(acc, neutral, _ROW_BCAST31, 0xC))
+    return dtype(fx.rocdl.readlane(dtype.ir_type, acc, 63))
+
+
+def reduce_storage(threads: int, dtype=fx.Float32):
+    """LDS for :func:`group_reduce`: one slot per wave of the block."""
+    nwaves = threads // WAVE
+
+    @fx.struct
+    class Partials:
+        slots: fx.Array[dtype, nwaves, 16]
+
+    return Partials
+
+
+def group_reduce(value, op, groups: RowGroups, storage=None):
+    """Reduce a 32-bit scalar over each row group (ReductionOp.MAX or ADD); every lane of the
+    group gets the result. Waves reduce with DPP (row_shr, row_bcast, readlane); wider groups
+    add one LDS round: each wave writes its slot, then each lane folds its group's slots in
+    order (no branch, one barrier; call once per kernel unless the caller adds a barrier)."""
+    value = wave_reduce(value, op)
+    if groups.waves == 1:
+        return value
+    smem = fx.SharedAllocator().allocate(storage).peek()
+    slots = smem.slots.view(fx.make_layout(groups.threads // WAVE, 1))
+    # After the wave reduce every lane holds the same value; all of them store it.
+    fx.memref_store(value, slots, groups.wave)
+    gpu.barrier()
+    first = groups.group * groups.waves
+    total = fx.memref_load(slots, first)
+    for w in range_constexpr(1, groups.waves):
+        other = fx.memref_load(slots, first + w)
+        total = _combine(op, total, other)
+    return total
+
+
+def fp8_row_scale(amax, scale_ub, fp8: Fp8Format):
+    """(scale, dequant_scale) of a row from its fp32 absmax, as MSLK's quantize_fp8_row:
+    amax is clamped to [FP8_EPS, scale_ub] (upper bound only if given), scale = max / amax,
+    dequant_scale = 1 / scale. Correctly rounded divisions; NaN propagates."""
+    amax = fx.max(amax, fx.Float32(FP8_EPS))
+    if scale_ub is not None:
+        amax = fx.min(amax, scale_ub)
+    scale = fx.Float32(fp8.max) / amax
+    return scale, fx.Float32(1.0) / scale
+
+
+def to_fp8(value, scale, fp8: Fp8Format):
+    """FP8 vector of clamp(value * scale, -max, max) for an fp32 vector of 1, 2 or 4k elements.
+
+    v_cvt_pk_fp8_f32 rounds to nearest even like torch. On the fnuz flavour it would encode a
+    result that rounds to -0 as 0x80 (NaN there); torch gives +0, so values with
+    |v| <= 2^-11 (half the smallest subnormal, which round to zero) are replaced by +0 first."""
+    n = len(value)
+
+    def splat(c):
+        return fx.Vector.filled(n, c, fx.Float32)
+
+    v = value * scale
+    # minnum/maxnum fold into v_med3_f32; a NaN input gives an unspecified finite byte, but
+    # then the row's scale is NaN too (the absmax propagates NaN), as with MSLK's kernel.
+    v = fx.arith.minnumf(fx.arith.maxnumf(v, splat(-fp8.max)), splat(fp8.max))
+    if fp8.fnuz:
+        v = (fmath.absf(v) <= splat(2.0**-11)).select(splat(0.0), v)
+    words = []
+    for i in range_constexpr(0, n, 4):
+        lo_b = v[i + 1] if i + 1 < n else v[i]
+        w = fx.rocdl.cvt_pk_fp8_f32(T.i32, v[i], lo_b, v[i].bitcast(fx.Int32), False)
+        if i + 2 < n:
+            w = fx.rocdl.cvt_pk_fp8_f32(T.i32, v[i + 2], v[i + 3], w, True)
+        words.append(fx.Int32(w))
+    if n >= 4:
+        return fx.Vector.from_elements(words, fx.Int32).bitcast(fp8.type)
+    narrow = fx.Int8 if n == 1 else fx.Int16
+    return fx.Vector.from_elements([words[0].to(narrow)], narrow).bitcast(fp8.type)
+
+
+def store_row_scalar(tensor, row, value, groups: RowGroups):
+    """Write one fp32 per row into a 1-D tensor (e.g. the row scales), from lane 0 of the row's
+    group; rows past the tensor's end and the other lanes land out of the descriptor's bounds."""
+    n = tensor.shape.unpack()  # rank 1: a single size
+    buf = fx.rocdl.make_buffer_ptr(fx.get_iter(tensor), num_records_bytes=fx.Int64(n) * 4)
+    view = fx.logical_divide(fx.make_view(buf, fx.make_layout(n, 1)), fx.make_layout(1, 1))
+    index = (groups.lane == 0).select(row, fx.Int32(OOB_BYTES // 4))
+    store(view, index, fx.Vector.from_elements([value], fx.Float32), 1)
+
+
+@flyc.jit
+def quantize_row(values, groups, row, cols, vec, per_thread, dtype, xq, scale_out, scale_ub, fp8, storage):
+    """Quantize one row per group to FP8 with a per-row scale (MSLK quantize_fp8_row semantics).
+
+    ``values(j)`` returns column-vector ``j`` of the row in ``dtype`` (zeros past the row end).
+    The first ``groups.width * per_thread`` vectors stay in registers between the absmax pass and
+    the quantize pass, so rows up to that length are read once; longer rows read the rest twice
+    (the second time mostly from L2 / Infinity Cache)."""
+    chunk = groups.width * per_thread  # vectors per chunk
+    width = dtype.width
+
+    def chunk_values(c):
+        # All loads of a chunk are issued before any use: stores in between would make the
+        # compiler wait for each load in turn (vmcnt also counts stores).
+        return [values(c * chunk + groups.lane + u * groups.width) for u in range_constexpr(per_thread)]
+
+    cached = chunk_values(0)
+    acc = absmax_start(cached[0])
+    for u in range_constexpr(1, per_thread):
+        acc = absmax_update(acc, cached[u])
+    nchunks = (cols + (chunk * vec - 1)) // (chunk * vec)
+    for c in range(fx.Int32(1), nchunks, fx.Int32(1)):
+        vals = chunk_values(c)
+        for u in range_constexpr(per_thread):
+            acc = absmax_update(acc, vals[u])
+    amax = group_reduce(absmax_finish(acc, width), ReductionOp.MAX, groups, storage)
+    scale, dequant = fp8_row_scale(bits_to_float(amax, dtype), scale_ub, fp8)
+    store_row_scalar(scale_out, row, dequant, groups)
+    out = row_view(xq, row, vec)
+    for u in range_constexpr(per_thread):
+        store(out, groups.lane + u * groups.width, to_fp8(cached[u].to(fx.Float32), scale, fp8), vec)
+    for c in range(fx.Int32(1), nchunks, fx.Int32(1)):
+        vals = chunk_values(c)
+        for u in range_constexpr(per_thread):
+            j = c * chunk + groups.lane + u * groups.width
+            store(out, j, to_fp8(vals[u].to(fx.Float32), scale, fp8), vec)

@@ -1,0 +1,99 @@
+"""Tile geometry, validity and size heuristics of the row-wise memory-bound templates.
+
+Plain Python (no DSL import): the template files read it when the registry loads them, the
+device helpers (``_cute_rowwise``) read it inside ``build()``.
+
+A config is ``{"threads", "rows_per_block", "vec", "chunks"}``:
+  * a CTA of ``threads`` threads owns ``rows_per_block`` consecutive rows; each row is handled by
+    ``tpr = threads // rows_per_block`` consecutive threads (a power of two: a group of at most
+    32 threads lives inside one warp, a larger one spans whole warps);
+  * a row is cut into vectors of ``vec`` elements, one global access each (128 bits when
+    ``vec * element size == 16``); lane ``l`` of a row touches vectors ``l, l + tpr, ...`` so a
+    warp's accesses are contiguous;
+  * a tile is ``tpr * chunks`` vectors (``tile_k`` elements) of one row: what a thread group
+    keeps in registers at once. Every load of a tile is issued before the first use, which is
+    what keeps enough bytes in flight per SM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+FLOAT_DTYPES = tuple(ELEM_BYTES)
+
+# Floor of a row's absmax in the FP8 row quantization, as MSLK's quantize_fp8_row
+# (eps_opt = 1/512, which matches its CUDA kernels' minimum scaling factor).
+FP8_ROW_EPS = 1.0 / 512.0
+
+# Register budget for the data one thread holds per tile, in bytes (inputs in flight or the
+# resident row): 64 registers leaves room for addresses and the fp32 math at 512 threads.
+MAX_TILE_BYTES_PER_THREAD = 256
+
+
+@dataclass(frozen=True)
+class RowTile:
+    threads: int
+    rows_per_block: int
+    vec: int
+    chunks: int
+
+    @classmethod
+    def of(cls, config) -> "RowTile":
+        return cls(config["threads"], config["rows_per_block"], config["vec"], config["chunks"])
+
+    @property
+    def tpr(self) -> int:
+        """Threads per row."""
+        return self.threads // self.rows_per_block
+
+    @property
+    def tile_vecs(self) -> int:
+        return self.tpr * self.chunks
+
+    @property
+    def tile_k(self) -> int:
+        return self.tile_vecs * self.vec
+
+    @property
+    def warps_per_row(self) -> int:
+        return max(self.tpr // 32, 1)
+
+
+def config(threads: int, rows_per_block: int, vec: int, chunks: int) -> dict:
+    return {"threads": threads, "rows_per_block": rows_per_block, "vec": vec, "chunks": chunks}
+
+
+def expand(vector_shapes, scalar_shapes) -> list[dict]:
+    """Configs from (threads, rows_per_block, chunks) shapes: the vector shapes with every vector
+    width (8 for 16-bit dtypes, 4 for fp32: one 128-bit access), the scalar ones with vec=1."""
+    return ([config(t, r, v, c) for (t, r, c) in vector_shapes for v in (8, 4)]
+            + [config(t, r, 1, c) for (t, r, c) in scalar_shapes])
+
+
+def valid(config: dict, sig: dict, arrays: int = 1) -> bool:
+    """Vector accesses need 16-byte aligned rows; aligned rows always use full 128-bit vectors
+    (vec * element size == 16); ``arrays`` inputs of one tile must fit the register budget."""
+    tile = RowTile.of(config)
+    elem = ELEM_BYTES[sig["dtype"]]
+    if sig["aligned"]:
+        if tile.vec * elem != 16:
+            return False
+    elif tile.vec != 1:
+        return False
+    tpr = tile.tpr
+    if tile.threads % tile.rows_per_block or tpr & (tpr - 1) or not 8 <= tpr <= 1024:
+        return False
+    return arrays * tile.chunks * tile.vec * elem <= MAX_TILE_BYTES_PER_THREAD
+
+
+def pick(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict:
+    """The valid config with the smallest tile that still covers a row of ``k`` elements (fewest
+    idle threads, whole row in registers), else the one with the largest tile (the rest of the row
+    is streamed). Ties keep list order, so list the preferred shape first."""
+    ok = [c for c in configs if valid(c, sig, arrays)]
+    if not ok:
+        raise ValueError(f"no valid config for signature {sig}")
+    covering = [c for c in ok if RowTile.of(c).tile_k >= k]
+    if covering:
+        return min(covering, key=lambda c: RowTile.of(c).tile_k)
+    return max(ok, key=lambda c: RowTile.of(c).tile_k)

@@ -1,0 +1,42 @@
+"""Config space shared by the FlyDSL row-wise templates (silu_mul, quantize_fp8_row, ...).
+
+DSL-free on purpose: the registry evaluates validity and heuristics in processes that must not
+import a DSL. A config is ``threads`` per block, ``rows_per_block`` (each row gets
+threads / rows_per_block threads, whole waves of 64) and ``vec``, the elements one load moves.
+"""
+
+SPACE = {"threads": (256, 512), "rows_per_block": (1, 4), "vec": (8, 4, 1)}
+ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+WAVE = 64
+# Bytes of a row each thread keeps in registers between the two passes of the FP8 row
+# quantizers (quantize_fp8_row, silu_mul_quant): rows up to threads_per_row * this are read once.
+QUANT_REGISTER_BYTES = 64
+
+
+def valid(config, target, sig) -> bool:
+    vec_bytes = config["vec"] * ELEM_BYTES[sig["dtype"]]
+    return (vec_bytes <= 16
+            # Unaligned rows (any K, any row start) only allow element-wise accesses.
+            and (sig["aligned"] or config["vec"] == 1)
+            and config["threads"] % (config["rows_per_block"] * WAVE) == 0)
+
+
+def widest_vec(sig) -> int:
+    return 16 // ELEM_BYTES[sig["dtype"]] if sig["aligned"] else 1
+
+
+def vectors_per_thread(config, sig, nbytes: int) -> int:
+    """How many vectors a thread handles per pass when it should move ``nbytes`` bytes."""
+    return max(1, nbytes // (config["vec"] * ELEM_BYTES[sig["dtype"]]))
+
+
+def smallest_covering(sig, cols: int, bytes_per_thread: int) -> dict:
+    """The config with the fewest threads per row whose threads cover ``cols`` columns with
+    ``bytes_per_thread`` bytes each (else the widest one): short rows pack 4 rows per block,
+    long rows get a whole block."""
+    vec = widest_vec(sig)
+    cols_per_thread = bytes_per_thread // ELEM_BYTES[sig["dtype"]]
+    for threads, rows in ((256, 4), (256, 1), (512, 1)):
+        if (threads // rows) * cols_per_thread >= cols:
+            break
+    return {"threads": threads, "rows_per_block": rows, "vec": vec}

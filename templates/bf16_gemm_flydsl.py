@@ -1,0 +1,71 @@
+"""bf16_gemm on ROCm (FlyDSL): out = x @ w.T with fp32 accumulation.
+
+Calling convention: kernel(x, w, out); x [M, K], w [N, K], out [M, N], all row-major and of one
+dtype (bfloat16 or float16). M, N and K are dynamic (one binary per config and dtype). Needs
+K % 8 == 0 and 16-byte aligned data pointers (the op layer rejects other inputs); M, N >= 1 any.
+The weight is used as stored ([N, K] row-major, no pre-shuffle). Kernel: templates/_flydsl_gemm.py.
+"""
+from mslk_dsl.template import Template
+
+from mslk_dsl.templates import _flydsl_gemm as gemm
+
+DTYPES = ("bfloat16", "float16")
+
+
+def _cfg(tile_m, tile_n, tile_k, waves, mfma, stages):
+    return {"tile_m": tile_m, "tile_n": tile_n, "tile_k": tile_k, "waves_m": waves[0],
+            "waves_n": waves[1], "mfma": mfma, "stages": stages}
+
+
+# Small-M tiles for decode-like shapes, square tiles, and 256-wide tiles for large GEMMs; both
+# MFMA sizes, 4 or 8 waves, one LDS stage (two barriers per K tile) or two (one barrier).
+CONFIGS = (
+    _cfg(16, 64, 128, (1, 4), 16, 2),
+    _cfg(16, 128, 128, (1, 4), 16, 1),
+    _cfg(32, 64, 128, (1, 4), 16, 2),
+    _cfg(64, 64, 64, (2, 2), 16, 2),
+    _cfg(64, 128, 64, (2, 2), 16, 2),
+    _cfg(128, 128, 64, (2, 2), 16, 2),
+    _cfg(128, 128, 64, (2, 2), 32, 1),
+    _cfg(256, 128, 64, (2, 2), 32, 1),
+    _cfg(128, 256, 64, (2, 4), 32, 1),
+    _cfg(256, 256, 64, (2, 4), 32, 2),  # 128 KiB of LDS: gfx950 only
+)
+
+
+def _valid(config, target, sig):
+    return gemm.check_config(config, target, 2) is None
+
+
+def _heuristic(target, sig, problem):
+    return gemm.pick_config(CONFIGS, target, 2, problem)
+
+
+def build(config, target, sig):
+    import torch
+    import flydsl.compiler as flyc
+    import flydsl.expr as fx
+
+    dtype = sig["dtype"]
+    kernel = gemm.make_gemm_kernel(
+        target=target, ab_dtype=dtype, out_dtype=dtype, epilogue="none",
+        tile_m=config["tile_m"], tile_n=config["tile_n"], tile_k=config["tile_k"],
+        waves_m=config["waves_m"], waves_n=config["waves_n"], mfma=config["mfma"],
+        stages=config["stages"])
+    tile_m, tile_n, threads = config["tile_m"], config["tile_n"], gemm.threads_of(config)
+
+    @flyc.jit
+    def bf16_gemm(x: fx.Tensor, w: fx.Tensor, out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        M, _ = x.shape.unpack()
+        N, _ = w.shape.unpack()
+        kernel(x, w, out, ()).launch(grid=gemm.grid_for(M, N, tile_m, tile_n),
+                                     block=(threads, 1, 1), stream=stream)
+
+    t = getattr(torch, dtype)
+    return bf16_gemm, (torch.empty(32, 64, dtype=t), torch.empty(48, 64, dtype=t),
+                       torch.empty(32, 48, dtype=t))
+
+
+TEMPLATE = Template(op="bf16_gemm", backend="flydsl", targets=("gfx942", "gfx950"),
+                    signatures={"dtype": DTYPES}, configs=CONFIGS,
+                    valid=_valid, heuristic=_heuristic, build=build)

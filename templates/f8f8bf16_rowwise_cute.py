@@ -1,0 +1,112 @@
+"""f8f8bf16_rowwise on Hopper: out = (xq @ wq^T) * x_scale[:, None] * w_scale[None, :] (+ bias).
+
+Runtime args: kernel(xq, wq, x_scale, w_scale, bias, out): xq [M, K] and wq [N, K] float8_e4m3fn,
+x_scale [M] and w_scale [N] fp32, bias [N] bf16 (a 1-element placeholder, never read, when
+sig["has_bias"] is False), out [M, N] bf16. M, N, K dynamic; K a multiple of 16 and N of 8
+(16-byte rows for TMA; the op layer rejects other sizes).
+
+The GEMM is ``_cute_gemm_sm90`` with FP8 wgmma (128-deep k-tiles) and this file's epilogue
+hook, which scales the fp32 accumulators in registers before the single rounding to bf16:
+acc * x_scale[m] * w_scale[n] + bias[n], all in fp32 (MSLK's CUTLASS epilogue rounds to bf16
+before adding a bf16 bias). The tile's scales and bias are loaded when the tile starts (their
+latency hides under the mainloop) and staged in shared memory.
+
+Accumulation. Hopper's FP8 wgmma adds into its fp32 accumulator with a ~13-bit mantissa
+(truncating), so an accumulator carried over all of K drifts by up to ~1e-2 relative at
+K = 8192 and more beyond. Config key ``promote``:
+  0  fast accumulation across all of K (MSLK's default, use_fast_accum=True): fastest, any tile;
+  4  the default: each chunk of 4 k-tiles (512 products deep) starts from zero in a second set
+     of accumulators (scale-d = 0 on its first wgmma) and is added into fp32 registers once
+     it retires; error stays below bf16 rounding; needs tiles of <= 128 columns (two sets
+     of accumulators) and costs one wgmma drain and one FADD per accumulator per chunk;
+  1  CUTLASS's 2x accumulation (mma_promotion_interval = 4 wgmma k-blocks), for comparison.
+"""
+from mslk_dsl.template import Template
+from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
+
+
+def _heuristic(target, sig, problem):
+    return gemm_configs.heuristic(problem, fp8=True)
+
+
+def build(config, target, sig):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32, const_expr
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+    from mslk_dsl.templates import _cute_gemm_sm90 as sm90
+
+    class RowwiseScale:
+        """The tile's x_scale rows and w_scale (+ bias) columns: loaded into registers when the
+        tile starts, staged in shared memory after the mainloop, read per output value."""
+
+        def __init__(self, tile_m, tile_n, has_bias):
+            self.tile_m, self.tile_n, self.has_bias = tile_m, tile_n, has_bias
+            self.threads = 2 * tile_m  # consumer threads: 128 per 64 rows
+            # (smem offset, length) of x_scale, w_scale and bias inside the staging buffer
+            self.segments = [(0, tile_m), (tile_m, tile_n)] + [(tile_m + tile_n, tile_n)] * has_bias
+            self.smem_words = sum(length for _, length in self.segments)
+            self.num_regs = sum(self._per_thread(length) for _, length in self.segments)
+
+        def _per_thread(self, length):
+            return -(-length // self.threads)
+
+        @cute.jit
+        def prefetch(self, regs, epi_args, m0, n0, tidx):
+            # Clamp rows / columns past M / N to the last one: their outputs are never stored.
+            r = 0
+            for seg in cutlass.range_constexpr(len(self.segments)):
+                src, length = epi_args[seg], self.segments[seg][1]
+                origin = m0 if const_expr(seg == 0) else n0
+                for i in cutlass.range_constexpr(self._per_thread(length)):
+                    j = tidx + i * self.threads
+                    if j < length:
+                        regs[r + i] = src[cutlass.min(origin + j, src.shape[0] - 1)].to(Float32)
+                r += self._per_thread(length)
+
+        @cute.jit
+        def stage(self, regs, smem, tidx):
+            r = 0
+            for seg in cutlass.range_constexpr(len(self.segments)):
+                offset, length = self.segments[seg]
+                for i in cutlass.range_constexpr(self._per_thread(length)):
+                    j = tidx + i * self.threads
+                    if j < length:
+                        smem[offset + j] = regs[r + i]
+                r += self._per_thread(length)
+
+        @cute.jit
+        def apply(self, acc, coords, smem):
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                m, n = coords[i]
+                value = acc[i] * smem[m] * smem[self.tile_m + n]
+                if const_expr(self.has_bias):
+                    value = value + smem[self.tile_m + self.tile_n + n]
+                acc[i] = value
+
+    epilogue = RowwiseScale(config["tile_m"], config["tile_n"], sig["has_bias"])
+    gemm = sm90.HopperGemm(**gemm_configs.kernel_args(config), epilogue=epilogue)
+
+    @cute.jit
+    def f8f8bf16_rowwise(xq: cute.Tensor, wq: cute.Tensor, x_scale: cute.Tensor, w_scale: cute.Tensor,
+                         bias: cute.Tensor, out: cute.Tensor, stream):
+        gemm(xq, wq, out, (x_scale, w_scale, bias), stream)
+
+    m, n, k = cute.sym_int(), cute.sym_int(divisibility=8), cute.sym_int(divisibility=16)
+    fp8, bf16 = cutlass.Float8E4M3FN, cutlass.BFloat16
+    args = [
+        make_fake_compact_tensor(fp8, (m, k), stride_order=(1, 0), assumed_align=16),
+        make_fake_compact_tensor(fp8, (n, k), stride_order=(1, 0), assumed_align=16),
+        make_fake_compact_tensor(Float32, (m,), assumed_align=4),
+        make_fake_compact_tensor(Float32, (n,), assumed_align=4),
+        make_fake_compact_tensor(bf16, (n if sig["has_bias"] else cute.sym_int(),), assumed_align=2),
+        make_fake_compact_tensor(bf16, (m, n), stride_order=(1, 0), assumed_align=16),
+        make_fake_stream(use_tvm_ffi_env_stream=True),
+    ]
+    return f8f8bf16_rowwise, args
+
+
+TEMPLATE = Template(op="f8f8bf16_rowwise", backend="cute", targets=("sm90a",),
+                    signatures={"has_bias": (True, False)}, configs=gemm_configs.FP8_CONFIGS,
+                    heuristic=_heuristic, build=build)

@@ -1,0 +1,79 @@
+"""f8f8bf16_rowwise on ROCm (FlyDSL): FP8 GEMM with per-row scales and optional bias, fused.
+
+Calling convention: kernel(xq, wq, x_scale, w_scale, bias, out); xq [M, K] and wq [N, K] in the
+target's FP8 flavour (float8_e4m3fnuz on gfx942, float8_e4m3fn on gfx950), x_scale [M] and
+w_scale [N] fp32, bias [N] bf16 (read only when sig["has_bias"]; else any 1-element bf16
+tensor), out [M, N] bf16:
+    out = bf16((xq.float() @ wq.float().T) * x_scale[:, None] * w_scale[None, :] (+ bias))
+with fp32 accumulation; the scale (and bias) epilogue runs on the fp32 accumulators. M, N, K are
+dynamic; needs K % 16 == 0 and 16-byte aligned data pointers. The weight is used as stored
+([N, K] row-major, no pre-shuffle). Kernel: templates/_flydsl_gemm.py.
+"""
+from mslk_dsl.template import Template
+
+from mslk_dsl.templates import _flydsl_gemm as gemm
+
+FP8 = {"gfx942": "float8_e4m3fnuz", "gfx950": "float8_e4m3fn"}
+
+
+def _cfg(tile_m, tile_n, tile_k, waves, mfma, stages):
+    return {"tile_m": tile_m, "tile_n": tile_n, "tile_k": tile_k, "waves_m": waves[0],
+            "waves_n": waves[1], "mfma": mfma, "stages": stages}
+
+
+# As bf16_gemm, with K tiles twice as long (same bytes per row). gfx950's fp8 MFMAs take
+# 128 (16x16) or 64 (32x32) K per step, which rules out the shorter tiles there.
+CONFIGS = (
+    _cfg(16, 64, 256, (1, 4), 16, 2),
+    _cfg(16, 128, 256, (1, 4), 16, 1),
+    _cfg(32, 64, 256, (1, 4), 16, 2),
+    _cfg(64, 64, 128, (2, 2), 16, 2),
+    _cfg(64, 128, 128, (2, 2), 16, 2),
+    _cfg(128, 128, 128, (2, 2), 16, 2),
+    _cfg(128, 128, 128, (2, 2), 32, 1),
+    _cfg(256, 128, 128, (2, 2), 32, 1),
+    _cfg(128, 256, 128, (2, 4), 32, 1),
+    _cfg(256, 256, 128, (2, 4), 32, 2),  # 128 KiB of LDS: gfx950 only
+)
+
+
+def _valid(config, target, sig):
+    return gemm.check_config(config, target, 1) is None
+
+
+def _heuristic(target, sig, problem):
+    return gemm.pick_config(CONFIGS, target, 1, problem)
+
+
+def build(config, target, sig):
+    import torch
+    import flydsl.compiler as flyc
+    import flydsl.expr as fx
+
+    kernel = gemm.make_gemm_kernel(
+        target=target, ab_dtype=FP8[target], out_dtype="bfloat16",
+        epilogue="rowwise_bias" if sig["has_bias"] else "rowwise",
+        tile_m=config["tile_m"], tile_n=config["tile_n"], tile_k=config["tile_k"],
+        waves_m=config["waves_m"], waves_n=config["waves_n"], mfma=config["mfma"],
+        stages=config["stages"])
+    tile_m, tile_n, threads = config["tile_m"], config["tile_n"], gemm.threads_of(config)
+
+    @flyc.jit
+    def f8f8bf16_rowwise(xq: fx.Tensor, wq: fx.Tensor, x_scale: fx.Tensor, w_scale: fx.Tensor,
+                         bias: fx.Tensor, out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        M, _ = xq.shape.unpack()
+        N, _ = wq.shape.unpack()
+        kernel(xq, wq, out, (x_scale, w_scale, bias)).launch(
+            grid=gemm.grid_for(M, N, tile_m, tile_n), block=(threads, 1, 1), stream=stream)
+
+    f8 = getattr(torch, FP8[target])
+    return f8f8bf16_rowwise, (
+        torch.empty(32, 128, dtype=f8), torch.empty(48, 128, dtype=f8),
+        torch.empty(32, dtype=torch.float32), torch.empty(48, dtype=torch.float32),
+        torch.empty(48 if sig["has_bias"] else 1, dtype=torch.bfloat16),
+        torch.empty(32, 48, dtype=torch.bfloat16))
+
+
+TEMPLATE = Template(op="f8f8bf16_rowwise", backend="flydsl", targets=("gfx942", "gfx950"),
+                    signatures={"has_bias": (True, False)}, configs=CONFIGS,
+                    valid=_valid, heuristic=_heuristic, build=build)

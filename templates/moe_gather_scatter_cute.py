@@ -1,0 +1,193 @@
+"""MoE token gather (scaled by the router score) and scatter-add for NVIDIA Hopper, in CuTe DSL.
+
+Semantics follow meta-pytorch/MSLK (mslk/moe/gather_scatter.py, its Triton kernels
+``_mslk_gather_scale_dense_tokens`` and ``_mslk_scatter_add_dense_tokens``).
+
+gather_scale_dense_tokens:
+    kernel(x, token_indices, expert_indices, scores, valid_count, out)
+    x [T, D] dtype; token_indices, expert_indices [A] int32; scores [T, E] bf16/fp32, any strides
+    (row- or column-major, as MSLK); valid_count [1] int32, read only if sig["has_valid_count"]
+    (else any 1-element int32 tensor); out [A, D] dtype, preallocated (torch.empty).
+    For every row i < n (n = A, or min(valid_count[0], A)):
+        t, e = token_indices[i], expert_indices[i]
+        out[i] = (x[t].float() * scores[t, e].float()).to(dtype)
+    Rows at and past n are not written (MSLK leaves them uninitialized too).
+scatter_add_dense_tokens:
+    kernel(out, y, token_indices, valid_count)
+    out [T, D] dtype, updated in place; y [A, D] dtype; token_indices [A] int32; valid_count as above.
+    For every row i < n: out[token_indices[i]] += y[i].
+    Atomic adds, like MSLK (no inverse permutation is given, so no fixed order is possible
+    without an extra pass): 128-bit vector reductions (REDG.ADD.BF16x8 / F16x8 / F32x4) on
+    aligned rows, scalar atomics otherwise (a compare-and-swap loop for a lone bf16/fp16). A token
+    that receives several rows (top_k > 1) gets them in an unspecified order and, for bf16/fp16,
+    each addition rounds to the output dtype (as MSLK's tl.atomic_add on bf16); fp32 atomic adds
+    flush subnormals (hardware semantics, as CUDA's atomicAdd); fp32 sums of exactly
+    representable values are exact.
+
+Both: indices must lie in [0, T) for rows below n (not checked on the device, as MSLK). Sizes T,
+A, D, E are dynamic. ``sig["aligned"]``: every row starts 16-byte aligned and D * itemsize is a
+multiple of 16; then one access moves 16 bytes, else one element.
+
+Work split: block (i, c) handles row i, vectors [c * chunk, (c + 1) * chunk) with
+chunk = threads * unroll vectors. The block size is chosen at launch from D
+(threads = ceil(vectors per row / unroll), rounded up to a warp, at most 1024), so 5120-, 7168-
+and 8192-wide bf16 rows are covered exactly by 160, 224 and 256 threads with unroll 4. Each
+thread issues all its loads before any store or atomic (memory-level parallelism); lanes past the
+row re-load a valid vector and store nothing, so there are no out-of-bounds accesses.
+Differences from MSLK: any D (MSLK needs D % 1024 == 0, or 512 for few rows); int32 indices
+only (the op layer converts int64 ones).
+"""
+import functools
+
+from mslk_dsl.template import Template
+
+DTYPES = ("bfloat16", "float16", "float32")
+SCORE_DTYPES = ("bfloat16", "float32")
+MAX_THREADS = 1024
+
+
+def _vec(sig):
+    itemsize = 4 if sig["dtype"] == "float32" else 2
+    return 16 // itemsize if sig["aligned"] else 1
+
+
+def _heuristic(target, sig, problem):
+    # Few rows: shorter chunks spread a row over more blocks (MSLK splits D likewise).
+    rows = int(problem.get("A", 65536))
+    return {"unroll": 1 if rows < 132 else 4}
+
+
+def _device_code(op, config, sig):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32, const_expr
+
+    dt = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16, "float32": cutlass.Float32}
+    dtype = dt[sig["dtype"]]
+    VEC, UNROLL = _vec(sig), config["unroll"]
+    HAS_N = bool(sig["has_valid_count"])
+    # Inputs read once: keep them out of L1.
+    STREAM = cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE
+
+    def rows_to_do(valid_count, a):
+        n = a
+        if const_expr(HAS_N):
+            n = cutlass.min(valid_count[0], a)
+        return n
+
+    def vector_ids(nvec):
+        """This thread's vector indices in its block's chunk, and whether each is in the row."""
+        tidx, _, _ = cute.arch.thread_idx()
+        _, c, _ = cute.arch.block_idx()
+        nthr, _, _ = cute.arch.block_dim()
+        ids, ok = [], []
+        for j in range(UNROLL):  # plain Python (helpers are not preprocessed): unrolled
+            v = (c * UNROLL + j) * nthr + tidx
+            ids.append(cutlass.min(v, nvec - 1))
+            ok.append(v < nvec)
+        return ids, ok
+
+    def load_row(src_vecs, ids):
+        frags = []
+        for j in range(UNROLL):
+            f = cute.make_rmem_tensor((VEC,), dtype)
+            cute.autovec_copy(src_vecs[None, ids[j]], f, l1c_evict_priority=STREAM)
+            frags.append(f)
+        return frags
+
+    @cute.kernel
+    def gather_kernel(mX: cute.Tensor, mTok: cute.Tensor, mExp: cute.Tensor, mScore: cute.Tensor,
+                      mN: cute.Tensor, mOut: cute.Tensor):
+        row, _, _ = cute.arch.block_idx()
+        if row < rows_to_do(mN, mOut.shape[0]):
+            t = mTok[row]
+            s = mScore[t, mExp[row]].to(Float32)
+            nvec = mX.shape[1] // VEC
+            ids, ok = vector_ids(nvec)
+            frags = load_row(cute.zipped_divide(mX[t, None], (VEC,)), ids)
+            out_vecs = cute.zipped_divide(mOut[row, None], (VEC,))
+            r = cute.make_rmem_tensor((VEC,), dtype)
+            for j in cutlass.range_constexpr(UNROLL):
+                if ok[j]:
+                    r.store((frags[j].load().to(Float32) * s).to(dtype))
+                    cute.autovec_copy(r, out_vecs[None, ids[j]])
+
+    @cute.kernel
+    def scatter_kernel(mOut: cute.Tensor, mY: cute.Tensor, mTok: cute.Tensor, mN: cute.Tensor):
+        row, _, _ = cute.arch.block_idx()
+        if row < rows_to_do(mN, mY.shape[0]):
+            t = mTok[row]
+            nvec = mY.shape[1] // VEC
+            ids, ok = vector_ids(nvec)
+            frags = load_row(cute.zipped_divide(mY[row, None], (VEC,)), ids)
+            out_vecs = cute.zipped_divide(mOut[t, None], (VEC,))
+            for j in cutlass.range_constexpr(UNROLL):
+                if ok[j]:
+                    dst = out_vecs[None, ids[j]].iterator
+                    if const_expr(VEC == 1):
+                        cute.arch.atomic_add(dst, frags[j][0], sem="relaxed", scope="gpu")
+                    else:
+                        cute.arch.atomic_add(dst, frags[j].load().ir_value(), sem="relaxed", scope="gpu")
+
+    def grid_and_block(a, d):
+        nvec = d // VEC
+        threads = cutlass.min((nvec + UNROLL * 32 - 1) // (UNROLL * 32) * 32, MAX_THREADS)
+        chunks = (nvec + threads * UNROLL - 1) // (threads * UNROLL)
+        return (a, chunks, 1), (threads, 1, 1)
+
+    if op == "gather_scale_dense_tokens":
+        @cute.jit
+        def gather_scale_dense_tokens(mX: cute.Tensor, mTok: cute.Tensor, mExp: cute.Tensor,
+                                      mScore: cute.Tensor, mN: cute.Tensor, mOut: cute.Tensor, stream):
+            grid, block = grid_and_block(mOut.shape[0], mX.shape[1])
+            gather_kernel(mX, mTok, mExp, mScore, mN, mOut).launch(grid=grid, block=block, stream=stream)
+        return gather_scale_dense_tokens, dtype
+
+    @cute.jit
+    def scatter_add_dense_tokens(mOut: cute.Tensor, mY: cute.Tensor, mTok: cute.Tensor, mN: cute.Tensor,
+                                 stream):
+        grid, block = grid_and_block(mY.shape[0], mY.shape[1])
+        scatter_kernel(mOut, mY, mTok, mN).launch(grid=grid, block=block, stream=stream)
+    return scatter_add_dense_tokens, dtype
+
+
+def _build(config, target, sig, op):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
+
+    launcher, dtype = _device_code(op, config, sig)
+    vec = _vec(sig)
+    align = 16 if sig["aligned"] else dtype.width // 8
+    t, a, d = cute.sym_int(), cute.sym_int(), cute.sym_int(divisibility=vec)
+
+    def rows(m):
+        return make_fake_compact_tensor(dtype, (m, d), stride_order=(1, 0), assumed_align=align)
+
+    def index():
+        return make_fake_compact_tensor(cutlass.Int32, (a,))
+
+    count = make_fake_compact_tensor(cutlass.Int32, (1,))
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+    if op == "gather_scale_dense_tokens":
+        score_dt = cutlass.BFloat16 if sig["score_dtype"] == "bfloat16" else cutlass.Float32
+        scores = make_fake_tensor(score_dt, (t, cute.sym_int()), stride=(cute.sym_int(), cute.sym_int()))
+        return launcher, [rows(t), index(), index(), scores, count, rows(a), stream]
+    return launcher, [rows(t), rows(a), index(), count, stream]
+
+
+def _valid(config, target, sig):
+    return True
+
+
+def _template(op, signatures):
+    return Template(op=op, backend="cute", targets=("sm90a",), signatures=signatures,
+                    space={"unroll": (1, 2, 4, 8)}, valid=_valid, heuristic=_heuristic,
+                    build=functools.partial(_build, op=op))
+
+
+_COMMON = {"dtype": DTYPES, "aligned": (True, False), "has_valid_count": (False, True)}
+TEMPLATES = [
+    _template("gather_scale_dense_tokens", {**_COMMON, "score_dtype": SCORE_DTYPES}),
+    _template("scatter_add_dense_tokens", _COMMON),
+]

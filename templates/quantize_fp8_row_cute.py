@@ -1,0 +1,87 @@
+"""quantize_fp8_row, CuTe DSL: per-row absmax FP8 quantization.
+
+kernel(x, scale_ub, xq, scale): x [M, K] bf16/fp16/fp32; scale_ub [1] fp32, read only when
+sig["has_scale_ub"]; xq [M, K] FP8 of the target's flavour (e4m3fn on sm90a/sm100a); scale [M]
+fp32, the dequant scale (x ~= xq * scale). The arithmetic of MSLK's Triton ``quantize_fp8_row``,
+bit for bit: amax = clamp(max|x|, 1/512, scale_ub), scale = amax / fp8_max (IEEE division),
+xq = fp8(clamp(x / scale, -fp8_max, fp8_max)) with a correctly rounded quotient (see
+``_cute_rowwise``). Rows of zeros give a finite scale and xq = 0; a NaN makes its row's scale and
+xq NaN (as torch's amax; MSLK's Triton max skips NaNs).
+
+One group of threads per row, several rows per CTA for short rows; the first ``tile_k`` elements
+of a row stay in registers between the absmax and the quantize pass (one DRAM read), the rest of
+a longer row is read twice (the second read mostly hits L2). The heuristic picks the smallest
+tile that holds the whole row.
+"""
+from mslk_dsl.template import Template
+from mslk_dsl.templates import _rowwise_plan as plan
+
+DTYPES = ("bfloat16", "float16", "float32")
+REGS = 64  # registers per thread: 4 CTAs of 256 threads per SM
+
+# (threads, rows_per_block, chunks): resident row length tile_k = threads/rows * vec * chunks,
+# i.e. 1K, 4K, 8K, 16K, 16K elements of a 16-bit dtype for the vector shapes (half for fp32);
+# the scalar shapes (unaligned rows) hold 256 and 4096 elements.
+CONFIGS = plan.expand(
+    vector_shapes=[(128, 4, 4), (256, 2, 4), (256, 1, 4), (512, 1, 4), (1024, 1, 2)],
+    scalar_shapes=[(128, 4, 8), (256, 1, 16)],
+)
+
+
+def _valid(config, target, sig):
+    return plan.valid(config, sig, arrays=1)
+
+
+def _heuristic(target, sig, problem):
+    return plan.pick(CONFIGS, sig, problem["K"], arrays=1)
+
+
+def build(config, target, sig):
+    import cutlass
+    import cutlass.cute as cute
+
+    from mslk_dsl.targets import get_target
+    from mslk_dsl.templates import _cute_rowwise as rw
+
+    tile = plan.RowTile.of(config)
+    fp8 = get_target(target)
+    dtype, fp8_dtype = rw.dsl_dtype(sig["dtype"]), rw.dsl_dtype(fp8.fp8_dtype_name)
+    has_ub = sig["has_scale_ub"]
+
+    def values(x):
+        return x.load()
+
+    @cute.kernel
+    def kernel(mX: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
+        row_in_cta, lane = rw.thread_row(tile)
+        bidx, _, _ = cute.arch.block_idx()
+        row = bidx * tile.rows_per_block + row_in_cta
+        nvec = mX.shape[1] // tile.vec
+        if row >= mX.shape[0]:
+            nvec = 0
+        ub = mUB[0] if cutlass.const_expr(has_ub) else None
+        buf = rw.reduction_buffer(cutlass.utils.SmemAllocator(), tile)
+        scale = rw.quantize_row((rw.row_vectors(mX, row, tile.vec),), values,
+                                rw.row_vectors(mQ, row, tile.vec), tile, lane, nvec, row_in_cta, buf,
+                                ub, plan.FP8_ROW_EPS, fp8.fp8_max)
+        if lane == 0 and nvec > 0:
+            mS[row] = scale
+
+    @cute.jit
+    def quantize_fp8_row(mX: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, stream):
+        grid = (cute.ceil_div(mX.shape[0], tile.rows_per_block), 1, 1)
+        kernel(mX, mUB, mQ, mS).launch(grid=grid, block=(tile.threads, 1, 1), stream=stream,
+                  **rw.launch_hints(tile, REGS))
+
+    # Aligned: rows of x and of xq are multiples of 16 bytes (K % 16 == 0) and start aligned.
+    align = 16 if sig["aligned"] else plan.ELEM_BYTES[sig["dtype"]]
+    m, k = rw.dynamic_rows_cols(16 if sig["aligned"] else 1)
+    args = [rw.fake_rows(dtype, m, k, align), rw.fake_vector(cutlass.Float32, 1),
+            rw.fake_rows(fp8_dtype, m, k, 16 if sig["aligned"] else 1), rw.fake_vector(cutlass.Float32, m),
+            rw.env_stream()]
+    return quantize_fp8_row, args
+
+
+TEMPLATE = Template(op="quantize_fp8_row", backend="cute", targets=("sm90a",),
+                    signatures={"dtype": DTYPES, "aligned": (True, False), "has_scale_ub": (True, False)},
+                    configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build)

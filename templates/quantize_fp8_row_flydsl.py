@@ -1,0 +1,65 @@
+"""quantize_fp8_row for AMD CDNA (FlyDSL): row-wise FP8 quantization with one scale per row.
+
+Calling convention: ``kernel(x, scale_ub, xq, scale)``; x [M, K] bf16/fp16/fp32 (unit column
+stride), scale_ub [1] fp32 (read only when the signature has ``has_scale_ub``), xq [M, K] in the
+target's FP8 flavour (e4m3fnuz on gfx942, e4m3fn on gfx950), scale [M] fp32.
+
+Semantics (MSLK's triton quantize_fp8_row): amax = max |x| over the row, clamped to
+[1/512, scale_ub]; s = fp8_max / amax; xq = fp8(clamp(x * s, -fp8_max, fp8_max)); scale = 1 / s.
+All fp32, correctly rounded divisions, round-to-nearest-even FP8 casts (bit-identical to torch).
+
+One row per group of ``threads / rows_per_block`` threads; 64 bytes of the row per thread stay in
+registers between the absmax pass and the quantize pass (see _flydsl_rowwise.quantize_row).
+"""
+from mslk_dsl.template import Template
+from mslk_dsl.templates import _rowwise_space as space
+
+
+def _heuristic(target, sig, problem):
+    return space.smallest_covering(sig, problem["K"], space.QUANT_REGISTER_BYTES)
+
+
+def build(config, target, sig):
+    import torch
+    import flydsl.compiler as flyc
+    import flydsl.expr as fx
+
+    from mslk_dsl.templates import _flydsl_rowwise as rw
+
+    threads, rows, vec = config["threads"], config["rows_per_block"], config["vec"]
+    dtype = rw.elem_type(sig["dtype"])
+    fp8 = rw.Fp8Format(target)
+    has_ub = sig["has_scale_ub"]
+    per_thread = space.vectors_per_thread(config, sig, space.QUANT_REGISTER_BYTES)
+    storage = rw.reduce_storage(threads, fx.Int32)
+
+    @flyc.kernel(known_block_size=[threads, 1, 1])
+    def quantize_fp8_row_kernel(x: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor, scale: fx.Tensor):
+        groups = rw.RowGroups(threads, rows)
+        row = fx.block_idx.x * rows + groups.group
+        src = rw.row_view(x, row, vec)
+        _, cols = x.shape.unpack()
+        ub = fx.get_iter(scale_ub).load() if has_ub else None
+
+        def values(j):
+            return rw.load(src, j, vec)
+
+        rw.quantize_row(values, groups, row, cols, vec, per_thread, dtype, xq, scale, ub, fp8, storage)
+
+    @flyc.jit
+    def quantize_fp8_row(x: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor, scale: fx.Tensor,
+                         stream: fx.Stream = fx.Stream(None)):
+        m, _ = x.shape.unpack()
+        quantize_fp8_row_kernel(x, scale_ub, xq, scale).launch(
+            grid=((m + rows - 1) // rows, 1, 1), block=(threads, 1, 1), stream=stream)
+
+    k = 64 if sig["aligned"] else 63  # placeholder sizes only; M and K stay dynamic
+    args = [torch.empty(2, k, dtype=getattr(torch, sig["dtype"])), torch.ones(1),
+            torch.empty(2, k, dtype=getattr(torch, fp8.dtype)), torch.empty(2)]
+    return quantize_fp8_row, args
+
+
+TEMPLATE = Template(
+    op="quantize_fp8_row", backend="flydsl", targets=("gfx942", "gfx950"),
+    signatures={"dtype": tuple(space.ELEM_BYTES), "aligned": (True, False), "has_scale_ub": (True, False)},
+    space=space.SPACE, valid=space.valid, heuristic=_heuristic, build=build)

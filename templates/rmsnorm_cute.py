@@ -1,0 +1,156 @@
+"""RMSNorm and fused residual-add + RMSNorm, CuTe DSL (Hopper).
+
+  rmsnorm:      kernel(x, weight, y, eps)
+                y = (x.float() * rsqrt(mean(x.float()^2) + eps) * weight.float()).to(dtype)
+  rmsnorm_add:  kernel(x, residual, weight, y, new_residual, eps)
+                new_residual = (x.float() + residual.float()).to(dtype)
+                y = rmsnorm(new_residual) as above (from the rounded new_residual)
+
+x, residual, y, new_residual: [M, N] compact row-major; weight: [N]; all bf16 or all fp16, fp32
+math; eps: a Python float. M and N are dynamic: one artifact serves every shape.
+
+A CTA owns ``rows_per_block`` rows, each handled by ``threads / rows_per_block`` threads (see
+``_rowwise_plan``). A thread issues all loads of its part of the row's first tile (``chunks``
+vectors, 128-bit on aligned rows) at once, and keeps that part in registers, packed, from the
+sum of squares to the normalize pass: a row of up to ``tile_k`` elements crosses DRAM once
+(read x [+ residual], write y [+ new_residual]). The rest of a longer row is streamed a vector
+at a time and read again (from L2, usually) for the normalize pass; the heuristic picks the
+smallest tile that covers the row, so that happens only for rows the configs do not cover.
+"""
+import functools
+import operator
+
+from mslk_dsl.template import Template
+from mslk_dsl.templates import _rowwise_plan as plan
+
+DTYPES = ("bfloat16", "float16")
+
+# (threads, rows_per_block, chunks) -> tile_k for 16-bit dtypes: 2048 (a warp per row, 4 rows
+# per CTA), 4096, 8192 and 16384 with 128-bit vectors; 4096 and 16384 with scalar accesses.
+CONFIGS = tuple(
+    [plan.config(t, r, 8, c) for (t, r, c) in ((128, 4, 8), (128, 2, 8), (128, 1, 8), (256, 1, 8))]
+    + [plan.config(t, r, 1, c) for (t, r, c) in ((256, 1, 16), (512, 1, 32))])
+
+# Register tiles a thread holds at once (rmsnorm_add: x and residual while they load), for the
+# register budget of _rowwise_plan.valid.
+ARRAYS = 2
+
+
+def _valid(config, target, sig):
+    return plan.valid(config, sig, arrays=ARRAYS)
+
+
+def _heuristic(target, sig, problem):
+    return plan.pick(list(CONFIGS), sig, problem["N"], arrays=ARRAYS)
+
+
+def _build(config, target, sig, residual):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32, const_expr
+
+    from mslk_dsl.templates import _cute_reduce as red
+    from mslk_dsl.templates import _cute_rowwise as rw
+
+    tile = plan.RowTile.of(config)
+    tpr, vec, chunks = tile.tpr, tile.vec, tile.chunks
+    dtype = rw.dsl_dtype(sig["dtype"])
+
+    def add_rounded(a, b):
+        return (a.load().to(Float32) + b.load().to(Float32)).to(dtype)
+
+    @cute.kernel
+    def kernel(mX: cute.Tensor, mR, mW: cute.Tensor, mY: cute.Tensor, mRO, eps: Float32):
+        row_in_cta, lane = rw.thread_row(tile)
+        bidx, _, _ = cute.arch.block_idx()
+        row = bidx * tile.rows_per_block + row_in_cta
+        n = mX.shape[1]
+        # Vectors of this row; none past the last row (those threads still join the barrier).
+        nvec = n // vec
+        if row >= mX.shape[0]:
+            nvec = 0
+        vX, vY = rw.row_vectors(mX, row, vec), rw.row_vectors(mY, row, vec)
+        vW = cute.zipped_divide(mW, (vec,))
+        srcs = (vX,)
+        if const_expr(residual):
+            vRO = rw.row_vectors(mRO, row, vec)
+            srcs = (vX, rw.row_vectors(mR, row, vec))
+        buf = rw.reduction_buffer(cutlass.memory.SmemAllocator(), tile)
+
+        # Pass 1, first tile: every load in flight before the first use. `held` becomes the row
+        # to normalize: x, or the new residual rounded to dtype (stored right away).
+        ins = rw.tile_fragments(tile, [dtype] * len(srcs))
+        rw.load_tile(srcs, ins, lane, tpr, nvec)
+        held = ins[0]
+        if const_expr(residual):
+            held.store(add_rounded(ins[0], ins[1]))
+            rw.store_vectors(held, vRO, lane, tpr, nvec)
+        ss = red.sum_squares(held)
+
+        # Rest of a row longer than the tile, one vector per thread per step (the compiler
+        # unrolls and batches the loads); nothing is kept.
+        a = cute.make_rmem_tensor((vec, 1), dtype)
+        b = cute.make_rmem_tensor((vec, 1), dtype)
+        for j in cutlass.range(lane + tile.tile_vecs, nvec, tpr):
+            rw.load_vectors(vX, a, j, tpr, nvec)
+            if const_expr(residual):
+                rw.load_vectors(srcs[1], b, j, tpr, nvec)
+                a.store(add_rounded(a, b))
+                rw.store_vectors(a, vRO, j, tpr, nvec)
+            ss = ss + red.sum_squares(a)
+
+        ss = rw.row_allreduce(ss, operator.add, tpr, buf, row_in_cta, lane)
+        rstd = cute.math.rsqrt(ss / Float32(n) + eps, fastmath=True)
+
+        # Pass 2: y = (h * rstd) * w, rounded once. The weight is read only now, a vector at a
+        # time under the vector's predicate: every row reads it, so it is an L1 hit (the
+        # streamed inputs bypass L1), and loading it up front would have the compiler keep all
+        # of it in fp32 (64 more registers per thread at 8 chunks: fewer rows in flight per SM).
+        for i in cutlass.range_constexpr(chunks):
+            j = lane + i * tpr
+            if j < nvec:
+                rw.load_vectors(vW, b, j, tpr, nvec, rw.KEEP)
+                h = red.after(held[None, i].load(), ss).to(Float32)
+                a.store((h * rstd * b.load().to(Float32)).to(dtype))
+                rw.store_vectors(a, vY, j, tpr, nvec)
+        # The streamed rest: read back what pass 1 read (x) or wrote (new_residual).
+        vH = vRO if const_expr(residual) else vX
+        for j in cutlass.range(lane + tile.tile_vecs, nvec, tpr):
+            rw.load_vectors(vH, a, j, tpr, nvec, rw.KEEP)
+            rw.load_vectors(vW, b, j, tpr, nvec, rw.KEEP)
+            a.store((a.load().to(Float32) * rstd * b.load().to(Float32)).to(dtype))
+            rw.store_vectors(a, vY, j, tpr, nvec)
+
+    def launch(mX, mR, mW, mY, mRO, eps, stream):
+        grid = (cute.ceil_div(mX.shape[0], tile.rows_per_block), 1, 1)
+        kernel(mX, mR, mW, mY, mRO, eps).launch(grid=grid, block=(tile.threads, 1, 1), stream=stream)
+
+    @cute.jit
+    def rmsnorm(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, eps: Float32, stream):
+        launch(mX, None, mW, mY, None, eps, stream)
+
+    @cute.jit
+    def rmsnorm_add(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor,
+                    mRO: cute.Tensor, eps: Float32, stream):
+        launch(mX, mR, mW, mY, mRO, eps, stream)
+
+    # Aligned rows: N is a multiple of 8 elements and every row starts 16-byte aligned.
+    elem = plan.ELEM_BYTES[sig["dtype"]]
+    align = 16 if sig["aligned"] else elem
+    m, n = rw.dynamic_rows_cols(16 // elem if sig["aligned"] else 1)
+    rows = [rw.fake_rows(dtype, m, n, align) for _ in range(4)]
+    weight = rw.fake_vector(dtype, n, align)
+    tail = [Float32(1e-6), rw.env_stream()]
+    if residual:
+        return rmsnorm_add, [rows[0], rows[1], weight, rows[2], rows[3], *tail]
+    return rmsnorm, [rows[0], weight, rows[2], *tail]
+
+
+def _template(op, residual):
+    return Template(op=op, backend="cute", targets=("sm90a",),
+                    signatures={"dtype": DTYPES, "aligned": (True, False)},
+                    configs=CONFIGS, valid=_valid, heuristic=_heuristic,
+                    build=functools.partial(_build, residual=residual))
+
+
+TEMPLATES = [_template("rmsnorm", residual=False), _template("rmsnorm_add", residual=True)]

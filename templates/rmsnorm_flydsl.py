@@ -1,0 +1,191 @@
+"""RMSNorm and fused residual-add RMSNorm for ROCm (FlyDSL), gfx942 / gfx950.
+
+rmsnorm:      kernel(x, weight, y, eps)
+              y = (x.float() * rsqrt(mean(x.float()^2) + eps) * weight.float()).to(dtype)
+rmsnorm_add:  kernel(x, residual, weight, y, new_residual, eps)
+              new_residual = (x.float() + residual.float()).to(dtype); y = rmsnorm(new_residual)
+x, residual, y, new_residual: contiguous [M, N]; weight [N]; bf16 or fp16; eps an fp32 scalar.
+M and N are dynamic: one artifact serves every shape. Each element is read, then written, by one
+thread only, so new_residual may alias x or residual and y may alias x (the op layer allocates
+fresh outputs, so this is not exercised).
+
+A block holds ``rows`` rows, each owned by ``threads // rows`` threads (whole waves; rows and
+their bounds-checked buffer descriptors come from _flydsl_rowwise). The group walks its row in
+chunks of ``group * vec * tiles`` elements, each thread holding ``tiles`` vectors of ``vec``
+elements. The last chunk stays in registers across the reduction; earlier chunks (rows longer
+than one chunk) are read again afterwards, so every config is correct for every N, while the
+heuristic picks one whose chunk covers N (x is read once). ``vec`` 8 is a 16-byte access and
+needs aligned rows; ``vec`` 1 serves any N. Every chunk issues all its loads before its first
+store: a store in between would make each load wait for the previous one (vmcnt counts both).
+"""
+from mslk_dsl.template import Template
+
+DTYPES = ("bfloat16", "float16")
+TARGETS = ("gfx942", "gfx950")
+
+# (threads, rows per block, elements per access, vectors per thread per chunk)
+_CONFIGS = [
+    (256, 4, 8, 1),     # a wave per row, chunk 512
+    (256, 4, 8, 2),     # a wave per row, chunk 1024
+    (256, 1, 8, 1),     # chunk 2048
+    (256, 1, 8, 2),     # chunk 4096
+    (256, 1, 8, 4),     # chunk 8192 (5120, 7168, 8192)
+    (512, 1, 8, 4),     # chunk 16384
+    (1024, 1, 8, 2),    # chunk 16384, more waves per row
+    (256, 4, 1, 16),    # any N: a wave per row, chunk 1024
+    (512, 1, 1, 16),    # any N: chunk 8192
+    (1024, 1, 1, 16),   # any N: chunk 16384
+]
+CONFIGS = [dict(threads=t, rows=r, vec=v, tiles=k) for t, r, v, k in _CONFIGS]
+
+
+def chunk(config) -> int:
+    """Elements of a row that one pass of a config holds in registers."""
+    return config["threads"] // config["rows"] * config["vec"] * config["tiles"]
+
+
+def _valid(config, target, sig):
+    return target in TARGETS and (sig["aligned"] or config["vec"] == 1)
+
+
+def _heuristic(target, sig, problem):
+    # The smallest chunk that holds the whole row (one read of x, fewest idle lanes), then the
+    # fewest threads; rows longer than every chunk take the largest.
+    n = int(problem.get("N", 4096))
+    fits = [c for c in CONFIGS if c["vec"] == (8 if sig["aligned"] else 1)]
+    covering = [c for c in fits if chunk(c) >= n]
+    if covering:
+        return dict(min(covering, key=lambda c: (chunk(c), c["threads"])))
+    return dict(max(fits, key=lambda c: (chunk(c), -c["threads"])))
+
+
+def _make_launcher(config, sig, fused_add: bool):
+    import flydsl.compiler as flyc
+    import flydsl.expr as fx
+    from flydsl.expr import arith, const_expr, range_constexpr
+    from flydsl.expr import math as fmath
+    from flydsl.expr.typing import ReductionOp
+
+    from mslk_dsl.templates import _flydsl_reduce as red
+    from mslk_dsl.templates import _flydsl_rowwise as rw
+
+    # Plain scalars: FlyDSL keys its cache on the closure's scalar values.
+    THREADS, ROWS, VEC, TILES = config["threads"], config["rows"], config["vec"], config["tiles"]
+    FUSED = bool(fused_add)
+    DTYPE = sig["dtype"]
+    GROUP = THREADS // ROWS           # threads per row
+    CHUNK_V = GROUP * TILES           # vectors per chunk of a row
+    NAME = f"mslk_{'rmsnorm_add' if FUSED else 'rmsnorm'}_{DTYPE}_t{THREADS}r{ROWS}v{VEC}x{TILES}"
+    storage = rw.reduce_storage(THREADS)
+
+    @flyc.kernel(name=NAME, known_block_size=[THREADS, 1, 1])
+    def rmsnorm_kernel(X: fx.Tensor, R: fx.Tensor, W: fx.Tensor, Y: fx.Tensor, H: fx.Tensor,
+                       eps: fx.Float32):
+        elem = rw.elem_type(DTYPE)
+        groups = rw.RowGroups(THREADS, ROWS)
+        row = fx.block_idx.x * ROWS + groups.group
+        N = X.shape.unpack()[1]
+        xv, yv, wv = rw.row_view(X, row, VEC), rw.row_view(Y, row, VEC), red.vector_view(W, VEC)
+        again = xv                    # where pass 2 reads a row again
+        if const_expr(FUSED):
+            rv, hv = rw.row_view(R, row, VEC), rw.row_view(H, row, VEC)
+            again = hv
+        last = ((N + VEC - 1) // VEC + CHUNK_V - 1) // CHUNK_V - 1   # chunks before the last
+
+        def columns(c):
+            # This thread's vectors of chunk c: contiguous across the group's lanes.
+            return [c * CHUNK_V + t * GROUP + groups.lane for t in range_constexpr(TILES)]
+
+        def load_chunk(c):
+            # Issue the loads of chunk c: x, and the residual when fused.
+            js = columns(c)
+            xs = [rw.load(xv, j, VEC) for j in js]
+            rs = [rw.load(rv, j, VEC) for j in js] if const_expr(FUSED) else None
+            return js, xs, rs
+
+        def row_values(js, xs, rs):
+            # The row's values: x, or h = x + residual rounded to dtype (stored to new_residual).
+            if const_expr(not FUSED):
+                return xs
+            hs = [(a.to(fx.Float32) + b.to(fx.Float32)).to(elem) for a, b in zip(xs, rs)]
+            for t in range_constexpr(TILES):
+                rw.store(hv, js[t], hs[t], VEC)
+            return hs
+
+        def sum_sq(vs):
+            total = fx.Float32(0.0)
+            for v in vs:
+                f = v.to(fx.Float32)
+                total = total + (f * f).reduce(ReductionOp.ADD)
+            return total
+
+        def write_y(c, vs, ws, rstd):
+            js = columns(c)
+            for t in range_constexpr(TILES):
+                y = (vs[t].to(fx.Float32) * rstd) * ws[t].to(fx.Float32)
+                rw.store(yv, js[t], y.to(elem), VEC)
+
+        # Pass 1: chunks before the last only feed the sum (rows longer than one chunk).
+        acc = fx.Float32(0.0)
+        for c in range(last):
+            acc = acc + sum_sq(row_values(*load_chunk(c)))
+        js, xs, rs = load_chunk(last)
+        weights = [rw.load(wv, j, VEC) for j in js]   # in flight across the reduction
+        cached = row_values(js, xs, rs)
+        acc = acc + sum_sq(cached)
+        total = rw.group_reduce(acc, ReductionOp.ADD, groups, storage)
+        rstd = fmath.rsqrt(total / fx.Float32(N) + eps, fastmath=arith.FastMathFlags.fast)
+        # Pass 2: the last chunk from registers, then earlier chunks read again (h from
+        # new_residual, which this same thread wrote in pass 1).
+        write_y(last, cached, weights, rstd)
+        for c in range(last):
+            js = columns(c)
+            vs = [rw.load(again, j, VEC) for j in js]
+            ws = [rw.load(wv, j, VEC) for j in js]
+            write_y(c, vs, ws, rstd)
+
+    def launch_kernel(X, R, W, Y, H, eps, stream):
+        M = X.shape.unpack()[0]
+        rmsnorm_kernel(X, R, W, Y, H, eps).launch(
+            grid=((M + ROWS - 1) // ROWS, 1, 1), block=(THREADS, 1, 1), stream=stream)
+
+    if FUSED:
+        @flyc.jit
+        def rmsnorm_add(X: fx.Tensor, R: fx.Tensor, W: fx.Tensor, Y: fx.Tensor, H: fx.Tensor,
+                        eps: fx.Float32, stream: fx.Stream = fx.Stream(None)):
+            launch_kernel(X, R, W, Y, H, eps, stream)
+        return rmsnorm_add
+
+    @flyc.jit
+    def rmsnorm(X: fx.Tensor, W: fx.Tensor, Y: fx.Tensor, eps: fx.Float32,
+                stream: fx.Stream = fx.Stream(None)):
+        # R and H are never touched without FUSED; x and y fill their slots.
+        launch_kernel(X, X, W, Y, Y, eps, stream)
+    return rmsnorm
+
+
+def _placeholders(sig, fused_add: bool):
+    import torch
+
+    dtype = getattr(torch, sig["dtype"])
+    m, n = 3, (4096 if sig["aligned"] else 4097)
+    x = torch.zeros(m, n, dtype=dtype)
+    w = torch.zeros(n, dtype=dtype)
+    if fused_add:
+        return [x, x.clone(), w, x.clone(), x.clone(), 1e-6]
+    return [x, w, x.clone(), 1e-6]
+
+
+def _builder(fused_add: bool):
+    def build(config, target, sig):
+        return _make_launcher(config, sig, fused_add), _placeholders(sig, fused_add)
+    return build
+
+
+def _template(op: str, fused_add: bool) -> Template:
+    return Template(op=op, backend="flydsl", targets=TARGETS,
+                    signatures={"dtype": DTYPES, "aligned": (True, False)},
+                    configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=_builder(fused_add))
+
+
+TEMPLATES = [_template("rmsnorm", False), _template("rmsnorm_add", True)]

@@ -1,0 +1,71 @@
+"""silu_mul, CuTe DSL: out = silu(x0) * x1 (SwiGLU gate), fp32 math rounded to the dtype.
+
+kernel(x0, x1, out): x0, x1, out [M, K] bf16/fp16/fp32, compact row-major.
+
+A CTA owns ``rows_per_block`` rows x one tile of ``tile_k`` columns; grid = (row groups, column
+tiles), the column tiles looping when a row has more than 65535 of them. Each thread issues all
+its 2 * ``chunks`` vector loads (128-bit on aligned rows) before computing, then stores.
+"""
+from mslk_dsl.template import Template
+from mslk_dsl.templates import _rowwise_plan as plan
+
+DTYPES = ("bfloat16", "float16", "float32")
+MAX_GRID_Y = 65535
+REGS = 64  # registers per thread: 4 CTAs of 256 threads per SM
+
+# (threads, rows_per_block, chunks): tile_k = 512, 4096, 8192 bf16 elements for the vector
+# shapes; the first suits rows of a few hundred elements (4 rows per CTA).
+CONFIGS = plan.expand(
+    vector_shapes=[(128, 4, 2), (128, 1, 4), (256, 1, 4)],
+    scalar_shapes=[(128, 4, 4), (256, 1, 8)],
+)
+
+
+def _valid(config, target, sig):
+    return plan.valid(config, sig, arrays=2)
+
+
+def _heuristic(target, sig, problem):
+    return plan.pick(CONFIGS, sig, problem["K"], arrays=2)
+
+
+def build(config, target, sig):
+    import cutlass.cute as cute
+
+    from mslk_dsl.templates import _cute_rowwise as rw
+
+    tile = plan.RowTile.of(config)
+    dtype = rw.dsl_dtype(sig["dtype"])
+
+    def values(a, b):
+        return rw.silu_mul_tile(a, b, dtype)
+
+    @cute.kernel
+    def kernel(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor):
+        row_in_cta, lane = rw.thread_row(tile)
+        bidx, bidy, _ = cute.arch.block_idx()
+        _, gdimy, _ = cute.arch.grid_dim()
+        row = bidx * tile.rows_per_block + row_in_cta
+        nvec = mX0.shape[1] // tile.vec
+        if row >= mX0.shape[0]:
+            nvec = 0
+        rw.map_row((rw.row_vectors(mX0, row, tile.vec), rw.row_vectors(mX1, row, tile.vec)), values,
+                   rw.row_vectors(mO, row, tile.vec), tile, lane, nvec, bidy, gdimy)
+
+    @cute.jit
+    def silu_mul(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, stream):
+        col_tiles = cute.ceil_div(mX0.shape[1], tile.tile_k)
+        grid = (cute.ceil_div(mX0.shape[0], tile.rows_per_block), min(col_tiles, MAX_GRID_Y), 1)
+        kernel(mX0, mX1, mO).launch(grid=grid, block=(tile.threads, 1, 1), stream=stream,
+                                    **rw.launch_hints(tile, REGS))
+
+    elem = plan.ELEM_BYTES[sig["dtype"]]
+    align = 16 if sig["aligned"] else elem
+    m, k = rw.dynamic_rows_cols(16 // elem if sig["aligned"] else 1)
+    args = [rw.fake_rows(dtype, m, k, align) for _ in range(3)] + [rw.env_stream()]
+    return silu_mul, args
+
+
+TEMPLATE = Template(op="silu_mul", backend="cute", targets=("sm90a",),
+                    signatures={"dtype": DTYPES, "aligned": (True, False)},
+                    configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build)

@@ -1,0 +1,64 @@
+"""silu_mul_quant for AMD CDNA (FlyDSL): quantize_fp8_row(silu_mul(x0, x1)) in one pass.
+
+Calling convention: ``kernel(x0, x1, scale_ub, xq, scale)``; x0, x1 [M, K] bf16/fp16/fp32 (unit
+column stride), scale_ub [1] fp32 (read only when the signature has ``has_scale_ub``), xq [M, K]
+in the target's FP8 flavour, scale [M] fp32 (dequant multiplier).
+
+Bit-identical to silu_mul followed by quantize_fp8_row: silu(x0) * x1 is computed by the same
+device code as silu_mul, rounded to the input dtype, then quantized exactly as
+quantize_fp8_row does (see its docstring for the FP8 semantics).
+"""
+from mslk_dsl.template import Template
+from mslk_dsl.templates import _rowwise_space as space
+
+
+def _heuristic(target, sig, problem):
+    return space.smallest_covering(sig, problem["K"], space.QUANT_REGISTER_BYTES)
+
+
+def build(config, target, sig):
+    import torch
+    import flydsl.compiler as flyc
+    import flydsl.expr as fx
+
+    from mslk_dsl.templates import _flydsl_rowwise as rw
+
+    threads, rows, vec = config["threads"], config["rows_per_block"], config["vec"]
+    dtype = rw.elem_type(sig["dtype"])
+    fp8 = rw.Fp8Format(target)
+    has_ub = sig["has_scale_ub"]
+    per_thread = space.vectors_per_thread(config, sig, space.QUANT_REGISTER_BYTES)
+    storage = rw.reduce_storage(threads, fx.Int32)
+
+    @flyc.kernel(known_block_size=[threads, 1, 1])
+    def silu_mul_quant_kernel(x0: fx.Tensor, x1: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor,
+                              scale: fx.Tensor):
+        groups = rw.RowGroups(threads, rows)
+        row = fx.block_idx.x * rows + groups.group
+        a_view, b_view = rw.row_view(x0, row, vec), rw.row_view(x1, row, vec)
+        _, cols = x0.shape.unpack()
+        ub = fx.get_iter(scale_ub).load() if has_ub else None
+
+        def values(j):
+            a, b = rw.load(a_view, j, vec), rw.load(b_view, j, vec)
+            return rw.silu_mul(a.to(fx.Float32), b.to(fx.Float32)).to(dtype)
+
+        rw.quantize_row(values, groups, row, cols, vec, per_thread, dtype, xq, scale, ub, fp8, storage)
+
+    @flyc.jit
+    def silu_mul_quant(x0: fx.Tensor, x1: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor, scale: fx.Tensor,
+                       stream: fx.Stream = fx.Stream(None)):
+        m, _ = x0.shape.unpack()
+        silu_mul_quant_kernel(x0, x1, scale_ub, xq, scale).launch(
+            grid=((m + rows - 1) // rows, 1, 1), block=(threads, 1, 1), stream=stream)
+
+    k = 64 if sig["aligned"] else 63  # placeholder sizes only; M and K stay dynamic
+    x = torch.empty(2, k, dtype=getattr(torch, sig["dtype"]))
+    args = [x, x.clone(), torch.ones(1), torch.empty(2, k, dtype=getattr(torch, fp8.dtype)), torch.empty(2)]
+    return silu_mul_quant, args
+
+
+TEMPLATE = Template(
+    op="silu_mul_quant", backend="flydsl", targets=("gfx942", "gfx950"),
+    signatures={"dtype": tuple(space.ELEM_BYTES), "aligned": (True, False), "has_scale_ub": (True, False)},
+    space=space.SPACE, valid=space.valid, heuristic=_heuristic, build=build)

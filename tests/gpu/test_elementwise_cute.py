@@ -1,0 +1,350 @@
+"""silu_mul, quantize_fp8_row and silu_mul_quant CuTe kernels against torch references (sm_90).
+
+References:
+  * silu_mul: silu(x0) * x1 in fp32 rounded to the dtype. The kernel uses the fast exp2 and
+    reciprocal units, so a value may land one ulp away (bf16/fp16); fp32 outputs within 64 ulps.
+  * quantize_fp8_row: MSLK's Triton ``quantize_fp8_row`` op for op in fp32 (amax floored at 1/512
+    and clamped by scale_ub, scale = amax / fp8_max by IEEE division, xq = fp8(clamp(x / scale)))
+    -- bit for bit, xq and scale.
+  * silu_mul_quant: bit-identical to quantize_fp8_row(silu_mul(x0, x1)).
+
+Every valid config of the three templates runs on rows shorter than its tile, exactly one tile,
+and longer than its tile (the streamed part of quantize), with a partial last CTA; the heuristic
+runs on 1x1, 1x8191, 3x5000, 4096x4096, 16384x8192 and odd K. Special values: zero rows, scale_ub
+below and above the row maxima, fp8 rounding ties, -0, a wide dynamic range, saturation, NaN.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mslk_dsl import jit, ops, registry
+from mslk_dsl.template import config_name
+from mslk_dsl.testing import skipUnlessCudaCapability
+
+SM90 = skipUnlessCudaCapability((9, 0))
+TARGET = "sm90a"
+OPS = ("silu_mul", "quantize_fp8_row", "silu_mul_quant")
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+FP8_EPS = 1.0 / 512.0  # MSLK's eps_opt default
+SILU_MAX_ULPS = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 64}
+
+# The heuristic's shapes: tiny, one odd-length row, short odd rows, model-sized rows.
+SHAPES = [(1, 1), (1, 8191), (3, 5000), (4096, 4096), (16384, 8192), (7, 4097), (5, 13), (1000, 1040),
+          (2, 16400), (3, 40000)]
+
+
+def _name(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+def _sig(op, k, dtype, ub=False):
+    """The signature the op layer computes for fresh (16-byte aligned) [M, K] tensors."""
+    row_bytes = k * torch.tensor([], dtype=dtype).element_size()
+    if op == "silu_mul":
+        return {"aligned": row_bytes % 16 == 0, "dtype": _name(dtype)}
+    # The fp8 output rows (K bytes) must be 16-byte multiples as well.
+    return {"aligned": row_bytes % 16 == 0 and k % 16 == 0, "dtype": _name(dtype), "has_scale_ub": ub}
+
+
+def _template(op):
+    (t,) = registry.get_templates(op=op, backend="cute")
+    return t
+
+
+def _randn(m, k, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed * 1000003 + m * 7919 + k)
+    return torch.randn(m, k, device="cuda", generator=g).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# References.
+
+
+def ref_silu_mul(x0, x1):
+    return (F.silu(x0.float()) * x1.float()).to(x0.dtype)
+
+
+def ref_quantize(x, scale_ub=None):
+    """MSLK's Triton quantize_fp8_row, op for op in fp32. Divisions are tensor / tensor: torch
+    evaluates ``tensor / python_scalar`` as a multiply by the reciprocal, Triton's div_rn does not."""
+    xf = x.float()
+    amax = torch.clamp(xf.abs().amax(dim=-1), min=FP8_EPS)   # tl.clamp(max|x|, EPS, ub)
+    if scale_ub is not None:
+        amax = torch.minimum(amax, scale_ub.reshape(()))
+    scale = amax / torch.full_like(amax, FP8_MAX)               # tl.div_rn(amax, MAX_FP8)
+    xq = (xf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)  # tl.div_rn, clamp, RNE cast
+    return xq, scale
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparisons.
+
+
+def ulp_distance(a, b):
+    """Elementwise distance in units in the last place (+0 and -0 coincide)."""
+    int_type, magnitude = {2: (torch.int16, 0x7FFF), 4: (torch.int32, 0x7FFFFFFF)}[a.element_size()]
+
+    def ordered(t):
+        i = t.contiguous().view(int_type).to(torch.int64)
+        return torch.where(i < 0, -(i & magnitude), i)
+
+    return (ordered(a) - ordered(b)).abs()
+
+
+def assert_silu_close(got, want, what):
+    assert got.shape == want.shape and got.dtype == want.dtype, what
+    d = ulp_distance(got, want)
+    limit = SILU_MAX_ULPS[want.dtype]
+    if (d > limit).any():
+        i = int(torch.nonzero(d.flatten() > limit)[0])
+        raise AssertionError(f"{what}: {int((d > limit).sum())} values more than {limit} ulp off; first: got "
+                             f"{got.flatten()[i].item()}, want {want.flatten()[i].item()}")
+
+
+def assert_same_bits(got, want, what):
+    assert got.shape == want.shape and got.dtype == want.dtype, f"{what}: {got.shape} {got.dtype}"
+    int_type = {1: torch.uint8, 4: torch.int32}[want.element_size()]
+    g, w = got.contiguous().view(int_type), want.contiguous().view(int_type)
+    bad = g != w
+    if bad.any():
+        i = tuple(int(v) for v in torch.nonzero(bad)[0])
+        raise AssertionError(f"{what}: {int(bad.sum())} of {w.numel()} differ; first at {i}: got "
+                             f"{got[i].float().item()} ({int(g[i])}), want {want[i].float().item()} ({int(w[i])})")
+
+
+def _scale_ub(value):
+    return None if value is None else torch.tensor([value], device="cuda", dtype=torch.float32)
+
+
+def check(op, x0, x1=None, ub=None, config=None):
+    """Run ``op`` through mslk_dsl.ops and compare with the reference (see the module docstring)."""
+    m, k = x0.shape
+    what = f"{op} {_name(x0.dtype)} {m}x{k} ub={ub} {config and config_name(config)}"
+    inputs = [t.clone() for t in (x0, x1) if t is not None]
+    ub_t = _scale_ub(ub)
+    if op == "silu_mul":
+        out = ops.silu_mul(x0, x1, config=config)
+        assert_silu_close(out, ref_silu_mul(x0, x1), what)
+    elif op == "quantize_fp8_row":
+        xq, scale = ops.quantize_fp8_row(x0, ub_t, config=config)
+        want_q, want_s = ref_quantize(x0, ub_t)
+        assert_same_bits(scale, want_s, what + " scale")
+        assert_same_bits(xq, want_q, what + " xq")
+    else:
+        xq, scale = ops.silu_mul_quant(x0, x1, ub_t, config=config)
+        y = ops.silu_mul(x0, x1)
+        assert_silu_close(y, ref_silu_mul(x0, x1), what + " silu_mul")
+        two_q, two_s = ops.quantize_fp8_row(y, ub_t)
+        assert_same_bits(scale, two_s, what + " scale vs quantize(silu_mul)")
+        assert_same_bits(xq, two_q, what + " xq vs quantize(silu_mul)")
+        want_q, want_s = ref_quantize(y, ub_t)
+        assert_same_bits(xq, want_q, what + " xq vs reference")
+    for before, after in zip(inputs, (x0, x1)):
+        assert torch.equal(before, after), f"{what}: an input was modified"
+
+
+def _run(op, m, k, dtype, ub=None, config=None, seed=0):
+    x0 = _randn(m, k, dtype, seed)
+    x1 = _randn(m, k, dtype, seed + 1) if op != "quantize_fp8_row" else None
+    check(op, x0, x1, ub, config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every config.
+
+
+def _config_cases():
+    cases = []
+    for op in OPS:
+        t = _template(op)
+        for dtype in DTYPES:
+            for c in t.all_configs():
+                if any(t.valid(c, TARGET, _sig(op, k, dtype)) for k in (16, 17)):
+                    cases.append((op, dtype, c))
+    return cases
+
+
+def _case_id(case):
+    op, dtype, config = case
+    return f"{op}-{_name(dtype)}-{config_name(config)}"
+
+
+def _shapes_for(config, tile_k):
+    """(M, K): a partial last CTA, rows shorter than the tile, one tile, longer than the tile."""
+    m = 2 * config["rows_per_block"] + 1
+    if config["vec"] > 1:  # aligned rows: K a multiple of 16
+        return [(m, 48), (m, tile_k), (m, 2 * tile_k + 32), (1, 16)]
+    return [(m, 13), (m, tile_k + 1), (m, 2 * tile_k + 3), (1, 1)]
+
+
+@SM90
+@pytest.mark.parametrize("case", _config_cases(), ids=_case_id)
+def test_every_config(case):
+    op, dtype, config = case
+    t = _template(op)
+    tile_k = config["threads"] // config["rows_per_block"] * config["vec"] * config["chunks"]
+    for m, k in _shapes_for(config, tile_k):
+        for ub in ((None,) if op == "silu_mul" else (None, 0.5)):
+            if t.valid(config, TARGET, _sig(op, k, dtype, ub is not None)):
+                _run(op, m, k, dtype, ub, config)
+
+
+@SM90
+@pytest.mark.parametrize("case", _config_cases(), ids=_case_id)
+def test_writes_stay_in_bounds(case):
+    """Outputs placed between guard rows: rows past M in the last CTA and vectors past K must
+    not be written (M = 5 leaves idle rows in 2-, 4- and 8-row CTAs)."""
+    op, dtype, config = case
+    t = _template(op)
+    m = 5
+    for k in (1040, 1037):
+        sig = _sig(op, k, dtype, False)
+        if not t.valid(config, TARGET, sig):
+            continue
+        kernel = jit.get_kernel(t, config, TARGET, sig)
+        x0, x1 = _randn(m, k, dtype, 1), _randn(m, k, dtype, 2)
+        if op == "silu_mul":
+            buf = torch.full((m + 2, k), float("nan"), device="cuda", dtype=dtype)
+            kernel(x0, x1, buf[1:-1])
+            torch.cuda.synchronize()
+            assert buf[0].isnan().all() and buf[-1].isnan().all(), f"{op} wrote out of bounds (K={k})"
+            assert_silu_close(buf[1:-1], ref_silu_mul(x0, x1), f"{op} bounds K={k}")
+            continue
+        guard = 0x7F  # an fp8 NaN
+        q_buf = torch.full((m + 2, k), guard, device="cuda", dtype=torch.uint8)
+        s_buf = torch.full((m + 2,), float("nan"), device="cuda")
+        ub = torch.zeros(1, device="cuda")
+        args = (x0, ub) if op == "quantize_fp8_row" else (x0, x1, ub)
+        kernel(*args, q_buf[1:-1].view(FP8), s_buf[1:-1])
+        torch.cuda.synchronize()
+        assert (q_buf[0] == guard).all() and (q_buf[-1] == guard).all(), f"{op} xq written out of bounds (K={k})"
+        assert s_buf[0].isnan() and s_buf[-1].isnan(), f"{op} scale written out of bounds"
+        y = x0 if op == "quantize_fp8_row" else ops.silu_mul(x0, x1)
+        want_q, want_s = ref_quantize(y)
+        assert_same_bits(s_buf[1:-1], want_s, f"{op} bounds K={k} scale")
+        assert_same_bits(q_buf[1:-1].view(FP8), want_q, f"{op} bounds K={k} xq")
+
+
+# ---------------------------------------------------------------------------------------------
+# The heuristic's choice on the listed shapes.
+
+
+@SM90
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+def test_heuristic_shapes(op, dtype):
+    for m, k in SHAPES:
+        for ub in ((None,) if op == "silu_mul" else (None, 1.0)):
+            _run(op, m, k, dtype, ub)
+
+
+# ---------------------------------------------------------------------------------------------
+# Special values (quantize_fp8_row; silu_mul_quant shares the quantize code).
+
+
+@SM90
+@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+@pytest.mark.parametrize("k", (4096, 4097))
+def test_quantize_zero_rows(dtype, k):
+    x = _randn(6, k, dtype, 3)
+    x[0] = 0
+    x[4] = 0
+    for ub in (None, 2.0):
+        xq, scale = ops.quantize_fp8_row(x, _scale_ub(ub))
+        assert torch.isfinite(scale).all() and (scale > 0).all()
+        assert (xq[0].float() == 0).all() and (xq[4].float() == 0).all()
+        check("quantize_fp8_row", x, ub=ub)
+
+
+@SM90
+@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+def test_quantize_scale_ub(dtype):
+    x = _randn(64, 4096, dtype, 4) * 4
+    for ub in (0.25, 1.0, 3.0):
+        xq, scale = ops.quantize_fp8_row(x, _scale_ub(ub))
+        assert (scale <= torch.tensor(ub, device="cuda") / FP8_MAX).all(), "scale_ub not respected"
+        assert xq.float().abs().max().item() == FP8_MAX  # rows past ub saturate
+        check("quantize_fp8_row", x, ub=ub)
+    # An upper bound above every row's max changes nothing.
+    a, sa = ops.quantize_fp8_row(x, _scale_ub(1e30))
+    b, sb = ops.quantize_fp8_row(x)
+    assert_same_bits(sa, sb, "ub above amax: scale")
+    assert_same_bits(a, b, "ub above amax: xq")
+
+
+@SM90
+@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+def test_quantize_rounding_ties_and_signed_zero(dtype):
+    # amax = 448 gives scale = 1 exactly, so x lands on e4m3 midpoints: round half to even.
+    ties = torch.tensor([1.0625, 1.1875, 3.125, 3.875, 13.5, 15.5, 0.0029296875, 0.0048828125, 400.0, 432.0],
+                        device="cuda")
+    k = 64
+    x = torch.zeros(4, k, device="cuda")
+    x[:, 0] = 448.0
+    x[0, 1:1 + ties.numel()] = ties
+    x[1, 1:1 + ties.numel()] = -ties
+    x[2, 1:] = -0.0
+    x[3] = torch.linspace(-448, 448, k, device="cuda")
+    check("quantize_fp8_row", x.to(dtype))
+    xq, _ = ops.quantize_fp8_row(x.to(dtype))
+    assert (xq[2, 1:].view(torch.uint8) == 0x80).all(), "-0 must quantize to fp8 -0"
+
+
+@SM90
+def test_quantize_wide_range_and_saturation():
+    g = torch.Generator(device="cuda").manual_seed(5)
+    m, k = 256, 2048
+    for dtype, octaves in ((torch.float32, 60), (torch.bfloat16, 60), (torch.float16, 10)):
+        mag = torch.randint(-octaves, octaves, (m, k), device="cuda", generator=g).float()
+        x = torch.randn(m, k, device="cuda", generator=g) * torch.exp2(mag)
+        x[::3] *= 1e-30 / x[::3].abs().amax(dim=1, keepdim=True)  # tiny rows: amax below the eps floor
+        for ub in (None, 1.0, 1e-3):
+            check("quantize_fp8_row", x.to(dtype), ub=ub)
+    big = torch.full((2, 1024), 3e38, device="cuda")
+    big[1] = -3e38
+    xq, _ = ops.quantize_fp8_row(big, _scale_ub(1.0))
+    assert (xq[0].float() == FP8_MAX).all() and (xq[1].float() == -FP8_MAX).all()
+    check("quantize_fp8_row", big, ub=1.0)
+    check("quantize_fp8_row", torch.full((3, 1024), 65504.0, device="cuda", dtype=torch.float16), ub=0.01)
+
+
+@SM90
+@pytest.mark.parametrize("op", ("quantize_fp8_row", "silu_mul_quant"))
+def test_quantize_nan_poisons_only_its_row(op):
+    x0, x1 = _randn(4, 4096, torch.bfloat16, 6), _randn(4, 4096, torch.bfloat16, 7)
+    x0[2, 100] = float("nan")
+    if op == "quantize_fp8_row":
+        xq, scale = ops.quantize_fp8_row(x0)
+        want_q, want_s = ref_quantize(x0)
+    else:
+        xq, scale = ops.silu_mul_quant(x0, x1)
+        want_q, want_s = ref_quantize(ops.silu_mul(x0, x1))
+    assert scale[2].isnan() and xq[2].float().isnan().all()
+    keep = [0, 1, 3]
+    assert_same_bits(scale[keep], want_s[keep], f"{op} NaN row: other scales")
+    assert_same_bits(xq[keep], want_q[keep], f"{op} NaN row: other rows")
+
+
+@SM90
+def test_silu_mul_extremes():
+    x0 = torch.linspace(-30, 30, 4096, device="cuda").reshape(2, 2048)
+    x1 = torch.linspace(-2, 3, 4096, device="cuda").reshape(2, 2048)
+    for dtype in DTYPES:
+        check("silu_mul", x0.to(dtype), x1.to(dtype))
+        check("silu_mul_quant", x0.to(dtype), x1.to(dtype), ub=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the config space and the heuristic.
+
+
+def test_configs_cover_every_signature():
+    for op in OPS:
+        t = _template(op)
+        for sig in t.all_signatures():
+            assert t.valid_configs(TARGET, sig), (op, sig)
+            for k in (1, 16, 1000, 4096, 5000, 8191, 8192, 16384, 65536):
+                c = t.heuristic(TARGET, sig, {"M": 4, "K": k})
+                assert t.valid(c, TARGET, sig) and c in t.all_configs(), (op, sig, k, c)

@@ -1,0 +1,239 @@
+"""MoE routing ops on Hopper (CuTe): index_shuffling, gather_scale_dense_tokens,
+scatter_add_dense_tokens, against torch references written here (sm_90 GPUs).
+
+Op signatures (MSLK's, plus ``config=``):
+  index_shuffling(scores, expert_index_start=None, expert_index_end=None, valid_token_count=None,
+                  top_k=1) -> (counts [E + 2] int32, expert_indices [T * top_k] int32,
+                               token_indices [T * top_k] int32)
+  gather_scale_dense_tokens(x, token_indices, expert_indices, scores, valid_token_count=None) -> out
+  scatter_add_dense_tokens(out_tokens, in_tokens, token_indices, valid_token_count=None) -> None
+
+Checks:
+  index_shuffling: counts against torch.topk; each expert's tokens as a set against torch.topk
+    (scores have no ties, so the top-k is unique); then the exact order (the kernel sorts each
+    expert's tokens ascending, deterministically).
+  gather: bit-exact (one fp32 multiply, rounded once, as the reference).
+  scatter: exact in fp32 on small-integer data (order-independent sums); otherwise within the
+    atomics' rounding: each of the k additions into a token rounds to the dtype, so
+    |out - ref| <= (k + 1) * u * (|out0| + sum |y|), u = 2^-8 (bf16), 2^-11 (fp16), 2^-24 (fp32).
+Every config of every template runs on a few shapes (one signature each, to keep compiles few);
+the other signatures (dtypes, unaligned rows, valid_token_count, strided scores) run with the
+default config; the default config also runs over
+T in {1, 3, 1000, 16384}, hidden in {5120, 7168, 8192}, E in {8, 16, 128}, top_k in {1, 2, 4, 8}.
+"""
+import itertools
+
+import pytest
+import torch
+
+from mslk_dsl import ops, registry
+from mslk_dsl.template import config_name
+from mslk_dsl.testing import skipUnlessCudaCapability
+
+hopper = skipUnlessCudaCapability((9, 0))
+
+TOKENS = (1, 3, 1000, 16384)
+HIDDEN = (5120, 7168, 8192)
+EXPERTS = (8, 16, 128)
+TOP_K = (1, 2, 4, 8)
+UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24}
+
+
+def _gen(seed):
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+def _cases(op, sigs):
+    (t,) = registry.get_templates(op=op, backend="cute")
+    return [(sig, c) for sig in sigs for c in t.valid_configs("sm90a", sig)]
+
+
+def _case_id(case):
+    sig, config = case
+    return "-".join(str(v) for v in sig.values()) + "-" + config_name(config)
+
+
+# ------------------------------------------------------------------ index_shuffling
+def _scores(t, e, dtype, seed, column_major=False):
+    """Every row a random permutation of distinct multiples of 1/8 (exact in bf16): no ties."""
+    g = _gen(seed)
+    perm = torch.argsort(torch.rand(t, e, device="cuda", generator=g), dim=1)
+    s = ((perm - e // 2).float() / 8).to(dtype)
+    return s.t().contiguous().t() if column_major else s
+
+
+def _check_index_shuffling(t, e, k, dtype=torch.bfloat16, start=None, end=None, n_valid=None,
+                           column_major=False, config=None):
+    scores = _scores(t, e, dtype, seed=t * 7 + e * 3 + k, column_major=column_major)
+    valid = None if n_valid is None else torch.tensor([n_valid], dtype=torch.int32, device="cuda")
+    counts, exp_idx, tok_idx = ops.index_shuffling(scores, start, end, valid, top_k=k, config=config)
+    lo, hi, n = start or 0, e if end is None else end, t if n_valid is None else n_valid
+    what = f"index_shuffling T={t} E={e} k={k} {dtype} [{lo},{hi}) n={n} {config}"
+    assert counts.shape == (e + 2,) and counts.dtype == torch.int32, what
+    assert exp_idx.shape == (t * k,) and tok_idx.shape == (t * k,), what
+
+    top = torch.topk(scores[:n].float(), k, dim=1).indices.flatten()
+    tok = torch.arange(n, device="cuda").repeat_interleave(k)
+    keep = (top >= lo) & (top < hi)
+    ref_counts = torch.bincount(top[keep], minlength=e)
+    ref_keys = torch.sort(top[keep] * t + tok[keep]).values
+    total = int(ref_keys.numel())
+    assert torch.equal(counts[:e].long(), ref_counts), what
+    assert counts[e].item() == t and counts[e + 1].item() == total, what
+    got_e = exp_idx[:total].long() + lo
+    got_keys = got_e * t + tok_idx[:total].long()
+    # Grouped by expert, segment sizes = counts; then the tokens of each expert as a set.
+    assert torch.equal(got_e, torch.repeat_interleave(torch.arange(e, device="cuda"), ref_counts)), what
+    assert torch.equal(torch.sort(got_keys).values, ref_keys), what
+    assert torch.equal(got_keys, ref_keys), what + ": tokens of an expert not in increasing order"
+
+
+@hopper
+@pytest.mark.parametrize("t,e,k", [c for c in itertools.product(TOKENS, EXPERTS, TOP_K) if c[2] <= c[1]])
+def test_index_shuffling_shapes(t, e, k):
+    _check_index_shuffling(t, e, k)
+
+
+@hopper
+@pytest.mark.parametrize("case", _cases("index_shuffling", [
+    {"score_dtype": "bfloat16", "has_valid_count": False}]), ids=_case_id)
+def test_index_shuffling_every_config(case):
+    sig, config = case
+    dtype = getattr(torch, sig["score_dtype"])
+    for t, e, k in ((3, 8, 8), (1000, min(128, config["max_experts"]), 4),
+                    (2049, config["max_experts"], 8), (20000, config["max_experts"] // 2 + 3, 2)):
+        _check_index_shuffling(t, e, k, dtype, config=config)
+
+
+@hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_index_shuffling_options(dtype):
+    _check_index_shuffling(1000, 16, 4, dtype, start=1, end=9)          # a rank's local experts
+    _check_index_shuffling(1000, 128, 2, dtype, n_valid=617)            # padded tokens
+    _check_index_shuffling(4096, 128, 8, dtype, start=32, end=64, n_valid=4000)
+    _check_index_shuffling(1000, 16, 1, dtype, n_valid=0)
+    _check_index_shuffling(3000, 256, 8, dtype, column_major=True)      # E = 256, strided scores
+
+
+# ------------------------------------------------------------------ gather_scale_dense_tokens
+def _routing(t, e, k, seed):
+    g = _gen(seed)
+    tok = torch.randperm(t * k, device="cuda", generator=g) % t
+    exp = torch.randint(0, e, (t * k,), device="cuda", generator=g)
+    return tok.to(torch.int32), exp.to(torch.int32)
+
+
+def _check_gather(t, d, k=2, e=16, dtype=torch.bfloat16, score_dtype=torch.bfloat16, n_valid=None,
+                  column_major=False, config=None):
+    g = _gen(t + d)
+    x = torch.randn(t, d, device="cuda", generator=g).to(dtype)
+    scores = torch.rand(e, t, device="cuda", generator=g).to(score_dtype).t()    # column-major
+    if not column_major:
+        scores = scores.contiguous()
+    tok, exp = _routing(t, e, k, seed=t * 3 + d)
+    valid = None if n_valid is None else torch.tensor([n_valid], dtype=torch.int32, device="cuda")
+    out = ops.gather_scale_dense_tokens(x, tok, exp, scores, valid, config=config)
+    n = t * k if n_valid is None else n_valid
+    ref = (x[tok[:n].long()].float() * scores[tok[:n].long(), exp[:n].long()].float()[:, None]).to(dtype)
+    assert out.shape == (t * k, d) and out.dtype == dtype
+    assert torch.equal(out[:n], ref), f"gather T={t} D={d} k={k} {dtype} {score_dtype} n={n} {config}"
+
+
+@hopper
+@pytest.mark.parametrize("t,d", list(itertools.product(TOKENS, HIDDEN)))
+def test_gather_shapes(t, d):
+    _check_gather(t, d)
+
+
+@hopper
+@pytest.mark.parametrize("case", _cases("gather_scale_dense_tokens", [
+    {"dtype": "bfloat16", "score_dtype": "bfloat16", "aligned": True, "has_valid_count": False}]), ids=_case_id)
+def test_gather_every_config(case):
+    sig, config = case
+    for t, d in ((1, 8), (3, 5120), (1000, 7168), (300, 1000), (37, 136)):
+        _check_gather(t, d, config=config)
+
+
+@hopper
+def test_gather_options():
+    for dtype, score_dtype in itertools.product((torch.bfloat16, torch.float16, torch.float32),
+                                                (torch.bfloat16, torch.float32)):
+        _check_gather(1000, 5120, k=4, dtype=dtype, score_dtype=score_dtype, column_major=True)
+    _check_gather(1000, 5121, k=8)                       # unaligned rows: scalar path
+    _check_gather(1000, 4100, k=1, dtype=torch.float32)  # 16-byte rows, D not a multiple of 8
+    _check_gather(1000, 5120, k=8, n_valid=3333)         # padded rows are left alone
+    _check_gather(1000, 5120, k=8, n_valid=0)
+
+
+# ------------------------------------------------------------------ scatter_add_dense_tokens
+def _check_scatter(t, d, k, dtype=torch.bfloat16, integers=False, n_valid=None, config=None):
+    g = _gen(t * 5 + d + k)
+    if integers:   # small integers: every summation order gives the same fp32 result
+        out0 = torch.randint(-8, 8, (t, d), device="cuda", generator=g).to(dtype)
+        y = torch.randint(-8, 8, (t * k, d), device="cuda", generator=g).to(dtype)
+    else:
+        out0 = torch.randn(t, d, device="cuda", generator=g).to(dtype)
+        y = torch.randn(t * k, d, device="cuda", generator=g).to(dtype)
+    tok, _ = _routing(t, 1, k, seed=t + k)
+    out = out0.clone()
+    valid = None if n_valid is None else torch.tensor([n_valid], dtype=torch.int32, device="cuda")
+    assert ops.scatter_add_dense_tokens(out, y, tok, valid, config=config) is None
+    n = t * k if n_valid is None else n_valid
+    idx = tok[:n].long()
+    ref = out0.double().index_add(0, idx, y[:n].double())
+    what = f"scatter T={t} D={d} k={k} {dtype} n={n} {config}"
+    if integers:
+        assert torch.equal(out, ref.to(dtype)), what
+    else:
+        mag = out0.double().abs().index_add(0, idx, y[:n].double().abs())
+        bound = (k + 1) * UNIT_ROUNDOFF[dtype] * mag + 1e-30
+        err = (out.double() - ref).abs()
+        assert bool((err <= bound).all()), f"{what}: max excess {(err - bound).max().item()}"
+
+
+@hopper
+@pytest.mark.parametrize("t,d", list(itertools.product(TOKENS, HIDDEN)))
+def test_scatter_shapes(t, d):
+    _check_scatter(t, d, k=2)
+
+
+@hopper
+@pytest.mark.parametrize("k", TOP_K)
+def test_scatter_top_k(k):
+    _check_scatter(1000, 5120, k, torch.float32, integers=True)
+    _check_scatter(1000, 5120, k, torch.bfloat16)
+    _check_scatter(1000, 5120, k, torch.float16)
+    _check_scatter(1000, 5120, k, torch.float32)
+
+
+@hopper
+@pytest.mark.parametrize("case", _cases("scatter_add_dense_tokens", [
+    {"dtype": "float32", "aligned": True, "has_valid_count": False}]), ids=_case_id)
+def test_scatter_every_config(case):
+    sig, config = case
+    for t, d in ((1, 8), (3, 5120), (1000, 7168), (300, 1000), (37, 132)):
+        _check_scatter(t, d, 4, torch.float32, integers=True, config=config)
+
+
+@hopper
+def test_scatter_options():
+    _check_scatter(1000, 5121, 4, torch.bfloat16)                      # unaligned rows
+    _check_scatter(1000, 5121, 4, torch.float32, integers=True)
+    _check_scatter(1000, 5120, 4, torch.float32, integers=True, n_valid=2222)
+    _check_scatter(1000, 5120, 4, torch.bfloat16, n_valid=0)
+
+
+# ------------------------------------------------------------------ the three together
+@hopper
+@pytest.mark.parametrize("k", (1, 4))
+def test_moe_round_trip(k):
+    """route -> gather (scaled) -> identity experts -> scatter-add = x * sum of its top-k scores."""
+    t, e, d = 1000, 16, 5120
+    x = torch.randn(t, d, device="cuda", generator=_gen(1))
+    scores = torch.sigmoid(_scores(t, e, torch.float32, seed=2))
+    counts, exp_idx, tok_idx = ops.index_shuffling(scores, top_k=k)
+    y = ops.gather_scale_dense_tokens(x, tok_idx, exp_idx, scores)
+    out = torch.zeros_like(x)
+    ops.scatter_add_dense_tokens(out, y, tok_idx)
+    ref = x * torch.topk(scores, k, dim=1).values.sum(dim=1, keepdim=True)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,194 @@
+"""RMSNorm / fused residual-add RMSNorm CuTe kernels against a torch fp32 reference (sm_90 GPUs).
+
+Every valid config of both templates, both dtypes, runs T in {1, 3, 1000, 16384} x hidden in
+{5120, 7168, 8192, 16384} (aligned rows: 128-bit configs) and hidden 4095 (unaligned rows: scalar
+configs), plus short rows (fewer vectors than threads), rows longer than a config's register tile
+(the streamed rest of the row) and odd hidden sizes. The heuristic's choice runs on all of them.
+
+Tolerance: y within one unit in the last place of the dtype (bf16 2^-7, fp16 2^-10 relative
+spacing) of the reference rounded from fp32 math. Both sides round the same fp32 formula once;
+they differ only by the fp32 summation order and the hardware rsqrt (~1e-6 relative), which can
+move a value across one rounding boundary, never two. new_residual is an fp32 add rounded once:
+bit-exact.
+"""
+import pytest
+import torch
+
+from mslk_dsl import jit, ops, registry
+from mslk_dsl.template import config_name
+from mslk_dsl.testing import skipUnlessCudaCapability
+
+SM90 = skipUnlessCudaCapability((9, 0))
+
+OPS = ("rmsnorm", "rmsnorm_add")
+DTYPES = (torch.bfloat16, torch.float16)
+MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10}
+MIN_EXPONENT = {torch.bfloat16: -126, torch.float16: -14}
+EPS = 1e-6
+
+TOKENS = (1, 3, 1000, 16384)
+# Aligned rows (N % 8 == 0): the model sizes, then short rows (fewer vectors than threads), and
+# rows past the 2048 / 4096 / 8192 tiles of the smaller configs (their streamed rest).
+ALIGNED = [(t, n) for t in TOKENS for n in (5120, 7168, 8192, 16384)] + [
+    (1, 8), (5, 256), (67, 1032), (130, 2056), (7, 4104), (9, 12296)]
+# Unaligned rows: the scalar configs (also past their 4096 tile).
+UNALIGNED = [(t, 4095) for t in TOKENS] + [(1, 1), (7, 13), (3, 4097), (4, 5121), (2, 16383)]
+
+
+def ref_rmsnorm(x, weight, eps):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def ref_rmsnorm_add(x, residual, weight, eps):
+    h = (x.float() + residual.float()).to(x.dtype)
+    return ref_rmsnorm(h, weight, eps), h
+
+
+def assert_within_one_ulp(got, want, what):
+    """|got - want| <= one ulp of the dtype at max(|got|, |want|), elementwise; and at most 1%
+    of the values inexact (a summation-order difference flips ~1e-4 of them; rounding twice,
+    e.g. through the dtype before the weight multiply, flips ~25%)."""
+    dtype = want.dtype
+    g, w = got.float(), want.float()
+    assert torch.equal(torch.isnan(g), torch.isnan(w)), f"{what}: NaNs differ"
+    ok = ~torch.isnan(w)
+    g, w = g[ok], w[ok]
+    exponent = torch.frexp(torch.maximum(g.abs(), w.abs())).exponent - 1
+    ulp = torch.ldexp(torch.ones_like(w), exponent.clamp(min=MIN_EXPONENT[dtype]) - MANTISSA_BITS[dtype])
+    err = (g - w).abs()
+    bad = err > ulp
+    if bad.any():
+        i = int(torch.nonzero(bad)[0])
+        raise AssertionError(f"{what}: {int(bad.sum())} of {w.numel()} values off by more than one ulp; "
+                             f"first: got {g[i].item()}, want {w[i].item()} (ulp {ulp[i].item()})")
+    inexact = int((err > 0).sum())
+    assert inexact <= 0.01 * w.numel() + 4, f"{what}: {inexact} of {w.numel()} values inexact"
+
+
+def _inputs(m, n, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed + 7919 * m + n)
+    x, residual, weight = (torch.randn(*s, device="cuda", generator=g).to(dtype) for s in ((m, n), (m, n), (n,)))
+    return x, residual, weight
+
+
+def _check(op, m, n, dtype, config=None, eps=EPS):
+    x, residual, weight = _inputs(m, n, dtype)
+    x0, r0 = x.clone(), residual.clone()
+    what = f"{op} {dtype} {m}x{n} {config and config_name(config)}"
+    if op == "rmsnorm":
+        y = ops.rmsnorm(x, weight, eps, config=config)
+        want = ref_rmsnorm(x, weight, eps)
+    else:
+        y, new_residual = ops.rmsnorm_add(x, residual, weight, eps, config=config)
+        want, want_residual = ref_rmsnorm_add(x, residual, weight, eps)
+        assert torch.equal(new_residual, want_residual), f"{what}: new_residual is not bit-exact"
+    assert torch.equal(x, x0) and torch.equal(residual, r0), f"{what}: an input was modified"
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert_within_one_ulp(y, want, what)
+
+
+def _template(op):
+    (t,) = registry.get_templates(op=op, backend="cute")
+    return t
+
+
+def _sig(n, dtype):
+    return {"aligned": n * 2 % 16 == 0, "dtype": str(dtype).removeprefix("torch.")}
+
+
+def _cases():
+    t = _template("rmsnorm")
+    return [(dtype, c) for dtype in DTYPES for c in t.all_configs()
+            if any(t.valid(c, "sm90a", _sig(n, dtype)) for n in (8, 9))]
+
+
+def _case_id(case):
+    dtype, config = case
+    return f"{str(dtype).removeprefix('torch.')}-{config_name(config)}"
+
+
+@SM90
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("case", _cases(), ids=_case_id)
+def test_every_config(op, case):
+    dtype, config = case
+    t = _template(op)
+    for m, n in ALIGNED + UNALIGNED:
+        if t.valid(config, "sm90a", _sig(n, dtype)):
+            _check(op, m, n, dtype, config)
+
+
+@SM90
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_heuristic(op, dtype):
+    for m, n in ALIGNED + UNALIGNED:
+        _check(op, m, n, dtype)
+
+
+@SM90
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("case", _cases(), ids=_case_id)
+def test_writes_stay_in_bounds(op, case):
+    """Outputs placed between guard rows: rows past M in the last CTA and vectors past N must
+    not be written (M = 5 leaves idle rows in 2- and 4-row CTAs)."""
+    dtype, config = case
+    t = _template(op)
+    for n in (4104, 4095, 13):
+        sig = _sig(n, dtype)
+        if not t.valid(config, "sm90a", sig):
+            continue
+        m = 5
+        kernel = jit.get_kernel(t, config, "sm90a", sig)
+        x, residual, weight = _inputs(m, n, dtype, seed=1)
+        guard = float("nan")
+        y_buf = torch.full((m + 2, n), guard, device="cuda", dtype=dtype)
+        r_buf = torch.full((m + 2, n), guard, device="cuda", dtype=dtype)
+        y, new_residual = y_buf[1:-1], r_buf[1:-1]
+        if op == "rmsnorm":
+            kernel(x, weight, y, EPS)
+            want = ref_rmsnorm(x, weight, EPS)
+        else:
+            kernel(x, residual, weight, y, new_residual, EPS)
+            want, want_residual = ref_rmsnorm_add(x, residual, weight, EPS)
+            assert torch.equal(new_residual, want_residual)
+            assert r_buf[0].isnan().all() and r_buf[-1].isnan().all(), "new_residual written out of bounds"
+        torch.cuda.synchronize()
+        assert y_buf[0].isnan().all() and y_buf[-1].isnan().all(), f"y written out of bounds (N={n})"
+        assert_within_one_ulp(y, want, f"{op} bounds {config_name(config)} N={n}")
+
+
+@SM90
+@pytest.mark.parametrize("op", OPS)
+def test_special_values(op):
+    # eps is added to the mean square (a large one moves every value by many ulps).
+    _check(op, 5, 4104, torch.bfloat16, eps=0.5)
+    _check(op, 3, 4095, torch.float16, eps=0.5)
+    # Constant rows normalize to the weight; all-zero rows give zeros (rsqrt(eps) is finite);
+    # large fp16 values must not overflow the fp32 sum of squares; a NaN poisons only its row.
+    n = 5120
+    x = torch.full((4, n), 200.0, device="cuda", dtype=torch.float16)
+    x[1] = 0.0
+    x[2] = 60000.0
+    x[3, 17] = float("nan")
+    w = torch.ones(n, device="cuda", dtype=torch.float16)
+    if op == "rmsnorm":
+        y = ops.rmsnorm(x, w, EPS)
+    else:
+        y, _ = ops.rmsnorm_add(x, torch.zeros_like(x), w, EPS)
+    torch.testing.assert_close(y[0], torch.ones_like(y[0]), atol=1e-3, rtol=0)
+    assert torch.equal(y[1], torch.zeros_like(y[1]))
+    torch.testing.assert_close(y[2], torch.ones_like(y[2]), atol=1e-3, rtol=0)
+    assert y[3].isnan().all()
+
+
+def test_configs_cover_every_signature():
+    # Runs on the CPU too: every signature has a config and the heuristic picks a valid one.
+    for op in OPS:
+        t = _template(op)
+        for sig in t.all_signatures():
+            assert t.valid_configs("sm90a", sig), (op, sig)
+            for n in (1, 8, 1000, 4095, 5120, 7168, 8192, 16384):
+                c = t.heuristic("sm90a", sig, {"M": 4, "N": n})
+                assert t.valid(c, "sm90a", sig) and c in t.all_configs(), (op, sig, n, c)

@@ -1,0 +1,62 @@
+"""CPU checks of the Hopper CuTe GEMM templates' plain-Python parts: the persistent tile order the
+kernel uses and the default-config heuristic (the kernels themselves are compiled by the
+generated compile tests and run by tests/gpu/test_gemm_cute.py)."""
+import itertools
+
+import pytest
+
+from mslk_dsl import registry
+from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
+
+OPS = {"bf16_gemm": [{"dtype": "bfloat16"}, {"dtype": "float16"}],
+       "f8f8bf16_rowwise": [{"has_bias": True}, {"has_bias": False}]}
+M_VALUES = (1, 7, 16, 64, 65, 128, 129, 512, 1000, 2048, 8192, 16384)
+NK_VALUES = ((128, 128), (4096, 4096), (8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672),
+             (14336, 4096))
+
+
+@pytest.mark.parametrize("raster_m", [True, False])
+@pytest.mark.parametrize("group", [0, 1, 3, 8])
+def test_tile_order_visits_every_tile_once(raster_m, group):
+    for clusters_m, clusters_n in itertools.product((1, 2, 5, 17), (1, 3, 8, 33)):
+        seen = [gemm_configs.tile_of_work(w, clusters_m, clusters_n, raster_m, group)
+                for w in range(clusters_m * clusters_n)]
+        assert sorted(seen) == list(itertools.product(range(clusters_m), range(clusters_n)))
+
+
+def test_tile_order_groups_bands():
+    # Bands of 2 clusters along M: M moves first inside a band, then N, then the next band.
+    order = [gemm_configs.tile_of_work(w, 4, 3, True, 2) for w in range(12)]
+    assert order[:6] == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
+    assert order[6:8] == [(2, 0), (3, 0)]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_heuristic_picks_a_valid_config(op):
+    (template,) = registry.get_templates(op=op, backend="cute")
+    for sig in OPS[op]:
+        valid = template.valid_configs("sm90a", sig)
+        for m, (n, k) in itertools.product(M_VALUES, NK_VALUES):
+            config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
+            assert config in valid, (op, sig, m, n, k, config)
+            assert config["tile_m"] == (64 if m <= 64 else 128), (m, config)
+            assert config["cluster_m"] == (2 if m > 128 else 1), (m, config)
+
+
+def test_heuristic_uses_the_big_tile_for_large_problems():
+    (template,) = registry.get_templates(op="bf16_gemm", backend="cute")
+    for m in (2048, 8192, 16384):
+        config = template.heuristic("sm90a", {"dtype": "bfloat16"}, {"M": m, "N": 8192, "K": 8192})
+        assert (config["tile_m"], config["tile_n"], config["cluster_m"]) == (128, 256, 2)
+
+
+def test_fp8_promotion_only_on_tiles_with_room_for_two_accumulators():
+    (template,) = registry.get_templates(op="f8f8bf16_rowwise", backend="cute")
+    configs = template.all_configs()
+    assert {c["promote"] for c in configs} == {0, 1, 4}
+    for config in configs:
+        if config["promote"]:
+            # 64 fp32 accumulators per thread per tile_m / 64 rows: tile_n <= 128 keeps 2 sets.
+            assert config["tile_n"] <= 128, config
+    default = template.heuristic("sm90a", {"has_bias": False}, {"M": 4096, "N": 8192, "K": 8192})
+    assert default["promote"] == gemm_configs.FP8_PROMOTE

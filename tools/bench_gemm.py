@@ -1,0 +1,146 @@
+"""Benchmark the GEMM ops against torch on the same N(0, 1) data, on the current GPU's target.
+
+  bf16_gemm         vs torch.mm(x, w.T)                               (bf16 in and out)
+  f8f8bf16_rowwise  vs torch._scaled_mm(xq, wq.T, scale_a [M, 1], scale_b [1, N], bf16 out)
+                    with use_fast_accum matching the config's accumulation (promote == 0)
+
+Both sides get the same inputs; the FP8 operands (the target's flavour) are rowwise quantized
+(scale = absmax / fp8 max).
+Times are medians of triton.testing.do_bench (CUDA events); the table gives TFLOP/s, the ratio
+torch time / our time per shape (> 1: ours is faster) and the geometric mean of the ratios.
+
+  python tools/bench_gemm.py [--op bf16_gemm|f8f8bf16_rowwise|all] [--quick]
+                             [--config NAME] [--json PATH]
+--config forces one config of the target's template (its name as in
+mslk_dsl.template.config_name, e.g. cluster_m2_group8_rasterm_tile_m128_tile_n256 for the CuTe
+bf16_gemm) instead of the default choice (tuned or heuristic) per shape.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+M_VALUES = (1, 16, 128, 512, 2048, 8192, 16384)
+NK_VALUES = ((8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (4096, 4096), (14336, 4096))
+QUICK_SHAPES = ((16, 8192, 8192), (2048, 8192, 8192), (8192, 8192, 8192))
+
+
+def _shapes(quick: bool):
+    if quick:
+        return list(QUICK_SHAPES)
+    return [(m, n, k) for n, k in NK_VALUES for m in M_VALUES]
+
+
+def _kernel_op(op: str):
+    from mslk_dsl.ops import gemm
+
+    return {"bf16_gemm": gemm._BF16_GEMM, "f8f8bf16_rowwise": gemm._F8F8BF16_ROWWISE}[op]
+
+
+def _config_by_name(op: str, target: str, name: str | None):
+    if name is None:
+        return None
+    from mslk_dsl.template import config_name
+
+    template = _kernel_op(op).template_for(target)
+    for config in template.all_configs():
+        if config_name(config) == name:
+            return config
+    raise KeyError(f"{op}: no config named {name}; known: {[config_name(c) for c in template.all_configs()]}")
+
+
+def _quantize_rowwise(t, fp8, torch):
+    fp8_max = torch.finfo(fp8).max
+    scale = t.abs().amax(dim=1).clamp(min=1e-12) / fp8_max
+    return (t / scale[:, None]).clamp(-fp8_max, fp8_max).to(fp8), scale.float()
+
+
+def _bench_shape(op, target, m, n, k, config, torch, ops, do_bench):
+    from mslk_dsl.ops.elementwise import fp8_dtype_for
+
+    x = torch.randn(m, k, device="cuda")
+    w = torch.randn(n, k, device="cuda")
+    sig = ("bfloat16",) if op == "bf16_gemm" else (False,)
+    chosen = _kernel_op(op).choose(target, sig, (m, n, k), config)[1]  # explicit, tuned or heuristic
+    if op == "bf16_gemm":
+        x, w = x.to(torch.bfloat16), w.to(torch.bfloat16)
+        ours = lambda: ops.bf16_gemm(x, w, config=config)  # noqa: E731
+        theirs = lambda: torch.mm(x, w.T)  # noqa: E731
+    else:
+        fp8 = fp8_dtype_for(x.device)
+        (xq, x_scale), (wq, w_scale) = _quantize_rowwise(x, fp8, torch), _quantize_rowwise(w, fp8, torch)
+        fast = chosen.get("promote", 0) == 0  # compare like with like: same accumulation mode
+        scale_a, scale_b = x_scale[:, None], w_scale[None, :]
+        ours = lambda: ops.f8f8bf16_rowwise(xq, wq, x_scale, w_scale, config=config)  # noqa: E731
+        theirs = lambda: torch._scaled_mm(xq, wq.T, scale_a=scale_a, scale_b=scale_b,  # noqa: E731
+                                          out_dtype=torch.bfloat16, use_fast_accum=fast)
+    ours()  # compile / load outside the timed region
+    torch.cuda.synchronize()
+    t_ours = do_bench(ours, return_mode="median")
+    try:
+        t_torch = do_bench(theirs, return_mode="median")
+    except RuntimeError as e:  # a baseline that rejects the shape: reported, left out of the mean
+        print(f"torch baseline failed for {m}x{n}x{k}: {e}", file=sys.stderr)
+        t_torch = float("nan")
+    flop = 2.0 * m * n * k
+    return {"op": op, "M": m, "N": n, "K": k, "config": chosen, "ms": t_ours, "torch_ms": t_torch,
+            "tflops": flop / t_ours * 1e-9, "torch_tflops": flop / t_torch * 1e-9, "ratio": t_torch / t_ours}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--op", choices=("bf16_gemm", "f8f8bf16_rowwise", "all"), default="all")
+    parser.add_argument("--config", help="force this config (by name) for every shape")
+    parser.add_argument("--quick", action="store_true", help=f"only {QUICK_SHAPES}")
+    parser.add_argument("--json", metavar="PATH", help="write the results here")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_gemm: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from triton.testing import do_bench
+
+    from mslk_dsl import device, ops
+    from mslk_dsl.template import config_name
+
+    target = device.current_target().name
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    op_names = ("bf16_gemm", "f8f8bf16_rowwise") if args.op == "all" else (args.op,)
+    results, summary = [], {}
+    for op in op_names:
+        try:
+            config = _config_by_name(op, target, args.config)
+        except KeyError as e:
+            if len(op_names) == 1:
+                raise SystemExit(str(e.args[0]))
+            print(f"\n{op}: skipped, it has no config named {args.config}")
+            continue
+        print(f"\n### {op} ({'config ' + args.config if config else 'default config'}) on "
+              f"{torch.cuda.get_device_name()} ({target})\n")
+        print("| M | N | K | config | ms | TFLOP/s | torch TFLOP/s | ratio |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        ratios = []
+        for m, n, k in _shapes(args.quick):
+            r = _bench_shape(op, target, m, n, k, config, torch, ops, do_bench)
+            results.append(r)
+            if not math.isnan(r["ratio"]):
+                ratios.append(r["ratio"])
+            print(f"| {m} | {n} | {k} | {config_name(r['config'])} | {r['ms']:.4f} | {r['tflops']:.1f} | "
+                  f"{r['torch_tflops']:.1f} | {r['ratio']:.3f} |", flush=True)
+            torch.cuda.empty_cache()
+        summary[op] = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
+        print(f"\n{op}: geometric mean ratio (torch time / ours) = {summary[op]:.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": results, "geomean_ratio": summary, "target": target,
+                       "device": torch.cuda.get_device_name()}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

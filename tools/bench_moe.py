@@ -1,0 +1,137 @@
+"""Benchmark the MoE routing ops against torch on the same N(0, 1) data.
+
+  gather_scale_dense_tokens  bandwidth (read A*D + write A*D elements) vs y.copy_(x) of an [A, D]
+                             tensor (the copy roofline), A = T * top_k rows
+  scatter_add_dense_tokens   bandwidth (read A*D of y, read + write T*D of out) vs the same copy
+  index_shuffling            time vs the composite torch.topk + argsort (+ bincount for counts)
+
+Rows are routed as in a model: token_indices / expert_indices come from index_shuffling on
+sigmoid(N(0, 1)) scores, so rows are read (gather) or accumulated (scatter) in expert order.
+Times are medians of triton.testing.do_bench (CUDA events).
+
+  python tools/bench_moe.py [--op gather|scatter|index_shuffling|all] [--quick]
+                            [--dtype bfloat16|float16|float32] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+# (T tokens, top_k, D hidden): A = T * top_k rows of D elements.
+ROW_SHAPES = ((65536, 1, 5120), (16384, 4, 5120), (8192, 8, 7168), (8192, 8, 8192), (1024, 8, 5120))
+QUICK_ROW_SHAPES = ((16384, 4, 5120),)
+# (T, E, top_k)
+ROUTE_SHAPES = ((16384, 128, 1), (16384, 128, 4), (16384, 128, 8), (16384, 16, 1), (16384, 256, 8),
+                (65536, 128, 8), (1024, 128, 8), (128, 16, 2))
+QUICK_ROUTE_SHAPES = ((16384, 128, 1), (16384, 128, 8))
+
+
+def _routing(torch, ops, t, e, k):
+    scores = torch.sigmoid(torch.randn(t, e, device="cuda"))
+    _, exp_idx, tok_idx = ops.index_shuffling(scores, top_k=k)
+    return scores, tok_idx, exp_idx
+
+
+def _copy_gbps(torch, do_bench, rows, d, dtype):
+    src = torch.randn(rows, d, device="cuda").to(dtype)
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), return_mode="median")
+    return 2 * src.numel() * src.element_size() / ms * 1e-6
+
+
+def bench_gather(torch, ops, do_bench, t, k, d, dtype):
+    scores, tok, exp = _routing(torch, ops, t, 16, k)
+    x = torch.randn(t, d, device="cuda").to(dtype)
+    ops.gather_scale_dense_tokens(x, tok, exp, scores)
+    torch.cuda.synchronize()
+    ms = do_bench(lambda: ops.gather_scale_dense_tokens(x, tok, exp, scores), return_mode="median")
+    rows = t * k
+    gbps = 2 * rows * d * x.element_size() / ms * 1e-6
+    copy = _copy_gbps(torch, do_bench, rows, d, dtype)
+    return {"op": "gather_scale_dense_tokens", "T": t, "top_k": k, "D": d, "dtype": str(dtype)[6:],
+            "ms": ms, "GB/s": gbps, "copy GB/s": copy, "fraction of copy": gbps / copy}
+
+
+def bench_scatter(torch, ops, do_bench, t, k, d, dtype):
+    _, tok, _ = _routing(torch, ops, t, 16, k)
+    y = torch.randn(t * k, d, device="cuda").to(dtype)
+    out = torch.randn(t, d, device="cuda").to(dtype)
+    ops.scatter_add_dense_tokens(out, y, tok)
+    torch.cuda.synchronize()
+    ms = do_bench(lambda: ops.scatter_add_dense_tokens(out, y, tok), return_mode="median")
+    gbps = (t * k + 2 * t) * d * y.element_size() / ms * 1e-6
+    copy = _copy_gbps(torch, do_bench, t * k, d, dtype)
+    return {"op": "scatter_add_dense_tokens", "T": t, "top_k": k, "D": d, "dtype": str(dtype)[6:],
+            "ms": ms, "GB/s": gbps, "copy GB/s": copy, "fraction of copy": gbps / copy}
+
+
+def bench_index_shuffling(torch, ops, do_bench, t, e, k):
+    scores = torch.randn(t, e, device="cuda").to(torch.bfloat16)
+
+    def composite():
+        top = torch.topk(scores, k, dim=1).indices.flatten()
+        order = torch.argsort(top, stable=True)
+        return torch.bincount(top, minlength=e), top[order], order // k
+
+    ops.index_shuffling(scores, top_k=k)
+    torch.cuda.synchronize()
+    ms = do_bench(lambda: ops.index_shuffling(scores, top_k=k), return_mode="median")
+    torch_ms = do_bench(composite, return_mode="median")
+    return {"op": "index_shuffling", "T": t, "E": e, "top_k": k, "ms": ms, "torch ms": torch_ms,
+            "speedup": torch_ms / ms}
+
+
+def _table(rows, cols):
+    print("| " + " | ".join(cols) + " |")
+    print("| " + " | ".join("---" for _ in cols) + " |")
+    for r in rows:
+        print("| " + " | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--op", choices=("gather", "scatter", "index_shuffling", "all"), default="all")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    parser.add_argument("--quick", action="store_true", help="one or two shapes per op")
+    parser.add_argument("--json", metavar="PATH", help="write the results here")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_moe: needs a GPU", file=sys.stderr)
+        return 2
+    from triton.testing import do_bench
+
+    from mslk_dsl import ops
+
+    torch.manual_seed(0)
+    dtype = getattr(torch, args.dtype)
+    row_shapes = QUICK_ROW_SHAPES if args.quick else ROW_SHAPES
+    route_shapes = QUICK_ROUTE_SHAPES if args.quick else ROUTE_SHAPES
+    results = []
+    print(f"\nMoE routing ops on {torch.cuda.get_device_name()}")
+    for name, fn in (("gather", bench_gather), ("scatter", bench_scatter)):
+        if args.op not in (name, "all"):
+            continue
+        rows = [fn(torch, ops, do_bench, t, k, d, dtype) for t, k, d in row_shapes]
+        print(f"\n### {rows[0]['op']} ({args.dtype})\n")
+        _table(rows, ["T", "top_k", "D", "ms", "GB/s", "copy GB/s", "fraction of copy"])
+        results += rows
+    if args.op in ("index_shuffling", "all"):
+        rows = [bench_index_shuffling(torch, ops, do_bench, t, e, k) for t, e, k in route_shapes]
+        print("\n### index_shuffling (bf16 scores) vs torch.topk + argsort + bincount\n")
+        _table(rows, ["T", "E", "top_k", "ms", "torch ms", "speedup"])
+        geo = math.exp(sum(math.log(r["speedup"]) for r in rows) / len(rows))
+        print(f"\ngeometric mean speedup: {geo:.2f}x")
+        results += rows
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Benchmark the RMSNorm ops against a device copy and torch eager on the same N(0, 1) data.
+
+  rmsnorm      moves x in, y out (+ the weight once)
+  rmsnorm_add  moves x, residual in, y, new_residual out (+ the weight once)
+
+For each shape (T tokens x hidden) the table gives our time and GB/s, the GB/s of
+``dst.copy_(src)`` moving the same number of bytes (the bandwidth roofline: "% copy"), and the
+speedup over torch eager: F.rms_norm and the written-out fp32 composite (for rmsnorm_add, after
+``x + residual``). quack's rmsnorm_fwd is timed too when the quack package is installed. Times
+are medians of triton.testing.do_bench (CUDA events), all in the same run.
+
+  python tools/bench_norm.py [--op rmsnorm|rmsnorm_add|all] [--dtype bfloat16|float16]
+                             [--shapes 1024x8192,16384x8192,65536x5120] [--config NAME | --sweep]
+                             [--json PATH]
+--config forces one config (its name as in mslk_dsl.template.config_name, e.g.
+chunks8_rows_per_block1_threads128_vec8); --sweep times every valid config of each shape (for
+tuning the heuristic) instead of the heuristic's choice.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+SHAPES = ((1024, 8192), (16384, 8192), (65536, 5120))
+EPS = 1e-6
+
+
+def _template(op):
+    from mslk_dsl import registry
+
+    (t,) = registry.get_templates(op=op, backend="cute")
+    return t
+
+
+def _config_by_name(op, name):
+    from mslk_dsl.template import config_name
+
+    for config in _template(op).all_configs():
+        if config_name(config) == name:
+            return config
+    raise SystemExit(f"{op}: no config named {name}; known: "
+                     f"{[config_name(c) for c in _template(op).all_configs()]}")
+
+
+def _configs_to_time(op, args, n, dtype_name):
+    """[None] (the heuristic's choice), [the forced config], or every valid config."""
+    if args.sweep:
+        sig = {"aligned": n * 2 % 16 == 0, "dtype": dtype_name}
+        return _template(op).valid_configs("sm90a", sig)
+    return [_config_by_name(op, args.config) if args.config else None]
+
+
+def _quack():
+    try:
+        from quack.rmsnorm import rmsnorm_fwd
+    except Exception:  # not installed, or an incompatible version
+        return None
+    return rmsnorm_fwd
+
+
+def _bench_shape(op, t, n, dtype, configs, torch, ops, do_bench):
+    import torch.nn.functional as F
+
+    x = torch.randn(t, n, device="cuda", dtype=dtype)
+    residual = torch.randn(t, n, device="cuda", dtype=dtype)
+    weight = torch.randn(n, device="cuda", dtype=dtype)
+    arrays = 2 if op == "rmsnorm" else 4
+    nbytes = arrays * t * n * x.element_size() + n * weight.element_size()
+    src = torch.empty(arrays // 2 * t * n + n // 2, device="cuda", dtype=dtype).normal_()
+    dst = torch.empty_like(src)
+
+    def manual(h):
+        hf = h.float()
+        return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + EPS) * weight.float()).to(dtype)
+
+    if op == "rmsnorm":
+        torch_fns = {"F.rms_norm": lambda: F.rms_norm(x, (n,), weight, EPS), "manual": lambda: manual(x)}
+    else:
+        def add_then(norm):
+            def run():
+                h = x + residual
+                return norm(h), h
+            return run
+        torch_fns = {"F.rms_norm": add_then(lambda h: F.rms_norm(h, (n,), weight, EPS)),
+                     "manual": add_then(manual)}
+    quack = _quack()
+    if quack is not None:
+        res = None if op == "rmsnorm" else residual
+        torch_fns["quack"] = lambda: quack(x, weight, residual=res, eps=EPS)
+
+    def timed(fn):
+        fn()  # compile / load / warm up outside the timed region
+        torch.cuda.synchronize()
+        return do_bench(fn, return_mode="median")
+
+    base = {"copy": timed(lambda: dst.copy_(src))}
+    for name, fn in torch_fns.items():
+        base[name] = timed(fn)
+    rows = []
+    for config in configs:
+        if op == "rmsnorm":
+            fn = lambda: ops.rmsnorm(x, weight, EPS, config=config)  # noqa: E731
+        else:
+            fn = lambda: ops.rmsnorm_add(x, residual, weight, EPS, config=config)  # noqa: E731
+        ms = timed(fn)
+        rows.append({"op": op, "T": t, "N": n, "dtype": str(dtype).removeprefix("torch."),
+                     "config": config or _chosen(op, t, n, x.dtype), "ms": ms, "bytes": nbytes,
+                     "gbps": nbytes / ms * 1e-6, "copy_gbps": nbytes / base["copy"] * 1e-6,
+                     "pct_copy": 100.0 * base["copy"] / ms,
+                     "baseline_ms": base, "speedup": {k: v / ms for k, v in base.items() if k != "copy"}})
+    return rows
+
+
+def _chosen(op, t, n, dtype):
+    from mslk_dsl.ops import norm
+    from mslk_dsl.ops.dispatch import dtype_name
+
+    kernel_op = norm._RMSNORM if op == "rmsnorm" else norm._RMSNORM_ADD
+    return kernel_op.choose("sm90a", (n * 2 % 16 == 0, dtype_name(dtype)), (t, n), None)[1]
+
+
+def _short(config):
+    return f"t{config['threads']}r{config['rows_per_block']}v{config['vec']}c{config['chunks']}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--op", choices=("rmsnorm", "rmsnorm_add", "all"), default="all")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    parser.add_argument("--shapes", help="comma-separated TxN list (default: %(default)s)",
+                        default=",".join(f"{t}x{n}" for t, n in SHAPES))
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--config", help="force this config (by name) for every shape")
+    group.add_argument("--sweep", action="store_true", help="time every valid config")
+    parser.add_argument("--json", metavar="PATH", help="write the results here")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_norm: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from triton.testing import do_bench
+
+    from mslk_dsl import ops
+
+    dtype = getattr(torch, args.dtype)
+    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
+    op_names = ("rmsnorm", "rmsnorm_add") if args.op == "all" else (args.op,)
+    results = []
+    for op in op_names:
+        print(f"\n### {op} {args.dtype} on {torch.cuda.get_device_name()}\n")
+        print("| T x N | config | ms | GB/s | copy GB/s | % copy | vs F.rms_norm | vs manual | vs quack |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for t, n in shapes:
+            configs = _configs_to_time(op, args, n, args.dtype)
+            for r in _bench_shape(op, t, n, dtype, configs, torch, ops, do_bench):
+                results.append(r)
+                s = r["speedup"]
+                quack = f"{s['quack']:.2f}x" if "quack" in s else "-"
+                print(f"| {t}x{n} | {_short(r['config'])} | {r['ms']:.4f} | {r['gbps']:.0f} | "
+                      f"{r['copy_gbps']:.0f} | {r['pct_copy']:.1f} | {s['F.rms_norm']:.2f}x | "
+                      f"{s['manual']:.2f}x | {quack} |", flush=True)
+            torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": results, "device": torch.cuda.get_device_name()}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
