@@ -1,0 +1,73 @@
+"""Plots for docs/benchmarks.md from the JSON files that tools/bench.py writes.
+
+  python tools/plot_benchmarks.py docs/results docs/img
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def _load(folder, name):
+    path = os.path.join(folder, f"bench_{name}.json")
+    return json.load(open(path)) if os.path.exists(path) else None
+
+
+def plot_gemm(data, out):
+    import matplotlib.pyplot as plt
+
+    ops = ["bf16_gemm", "f8f8bf16_rowwise"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    for ax, op in zip(axes, ops):
+        rows = [r for r in data["results"] if r["op"] == op]
+        for nk in sorted({(r["N"], r["K"]) for r in rows}):
+            pts = sorted((r["M"], r["ratio"]) for r in rows if (r["N"], r["K"]) == nk)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"N={nk[0]} K={nk[1]}")
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("M (tokens)")
+        ax.set_title(f"{op} vs {'torch.mm' if op == 'bf16_gemm' else 'torch._scaled_mm'}")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("speed ratio (torch time / ours)")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "gemm_ratio.png"), dpi=110)
+
+
+def plot_memory_bound(folder, out):
+    import matplotlib.pyplot as plt
+
+    bars = []
+    for name in ("elementwise", "norm"):
+        data = _load(folder, name)
+        for r in (data or {}).get("results", []):
+            rows = r.get("M", r.get("T"))
+            cols = r.get("K", r.get("N"))
+            bars.append((f"{r['op']}\n{rows}x{cols}", r["pct_copy"]))
+    moe = _load(folder, "moe") or []
+    for r in moe:
+        if "fraction of copy" in r:
+            bars.append((f"{r['op'].split('_')[0]} k{r['top_k']}\n{r['T']}x{r['D']}", 100 * r["fraction of copy"]))
+    fig, ax = plt.subplots(figsize=(max(8, len(bars) * 0.55), 4.2))
+    ax.bar(range(len(bars)), [b[1] for b in bars], color="tab:blue")
+    ax.axhline(90, color="red", lw=0.8, ls="--", label="90% of copy")
+    ax.set_xticks(range(len(bars)), [b[0] for b in bars], rotation=90, fontsize=7)
+    ax.set_ylabel("% of y.copy_(x) bandwidth, same bytes")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "memory_bound.png"), dpi=110)
+
+
+def main(argv):
+    folder, out = argv[0], argv[1]
+    os.makedirs(out, exist_ok=True)
+    gemm = _load(folder, "gemm")
+    if gemm:
+        plot_gemm(gemm, out)
+    plot_memory_bound(folder, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
