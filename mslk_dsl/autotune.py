@@ -65,7 +65,7 @@ def tune(op: str, problems: list[dict], sig: dict | None = None, store: bool = T
         args, kwargs = INPUTS[op](problem, full_sig)
         fn = getattr(ops, op)
         timings = []
-        for config in template.valid_configs(target, full_sig):
+        for config in _candidates(template, target, full_sig, problem):
             try:
                 ms = do_bench(lambda: fn(*args, config=config, **kwargs), warmup=10, rep=50)
             except Exception as e:  # a config that fails to build or run here is skipped, loudly
@@ -79,6 +79,15 @@ def tune(op: str, problems: list[dict], sig: dict | None = None, store: bool = T
         if store:
             _store(op, target, full_sig, problem, best, ms)
     return results
+
+
+def _candidates(template, target, sig, problem) -> list[dict]:
+    """Every valid config, except that a precision knob (FP8 "promote": how often the tensor
+    core's partial sums go to fp32) stays at the heuristic's value: tuning trades speed, never
+    accuracy."""
+    default = template.heuristic(target, sig, problem)
+    return [c for c in template.valid_configs(target, sig)
+            if "promote" not in c or c["promote"] == default.get("promote")]
 
 
 def _store(op, target, sig, problem, config, ms) -> None:

@@ -95,6 +95,9 @@ def main(argv=None) -> int:
     parser.add_argument("--config", help="force this config (by name) for every shape")
     parser.add_argument("--quick", action="store_true", help=f"only {QUICK_SHAPES}")
     parser.add_argument("--json", metavar="PATH", help="write the results here")
+    parser.add_argument("--tune", action="store_true",
+                        help="first tune every shape (mslk_dsl.autotune, stored in the tuning DB), then time the "
+                             "tuned choices")
     args = parser.parse_args(argv)
 
     import torch
@@ -120,7 +123,12 @@ def main(argv=None) -> int:
                 raise SystemExit(str(e.args[0]))
             print(f"\n{op}: skipped, it has no config named {args.config}")
             continue
-        print(f"\n### {op} ({'config ' + args.config if config else 'default config'}) on "
+        if args.tune and config is None:
+            from mslk_dsl import autotune
+
+            autotune.tune(op, [{"M": m, "N": n, "K": k} for m, n, k in _shapes(args.quick)])
+        label = "config " + args.config if config else ("tuned config" if args.tune else "default config")
+        print(f"\n### {op} ({label}) on "
               f"{torch.cuda.get_device_name()} ({target})\n")
         print("| M | N | K | config | ms | TFLOP/s | torch TFLOP/s | ratio |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")

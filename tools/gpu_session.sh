@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # One visit to a GPU machine with no package index: install the CuTe DSL wheels carried in .whl
 # (see ../shared/tools/device-wheels.sh), install this project, prebuild every sm90a kernel in
-# parallel, run the GPU tests, then the benchmarks named in $BENCH. Logs and JSON go to $OUT.
-#   OUT=/tmp/out BENCH="elementwise norm" tools/gpu_session.sh [pytest args...]
+# parallel, run the GPU tests, then the benchmarks named in $BENCH. Logs and JSON end up in
+# $OUT/results.tgz (few files come back from such machines), the test log also as $OUT/gpu_tests.log.
+#   OUT=/tmp/out BENCH="elementwise;norm" tools/gpu_session.sh [pytest args...]
+# (BENCH is ;-separated when a benchmark takes options: BENCH="overhead;gemm --tune")
 set -uo pipefail
-OUT=${OUT:-/tmp/mslk-out}; mkdir -p "$OUT"
+FINAL=${OUT:-/tmp/mslk-out}; OUT=$FINAL/work; mkdir -p "$OUT"
+trap 'tar czf "$FINAL/results.tgz" -C "$OUT" . ; cp "$OUT/gpu_tests.log" "$FINAL/" 2>/dev/null' EXIT
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   && tar xJf .whl/cutlass_dsl_cu13.tar.xz -C /tmp/site || exit 1
 export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD PYTHONUNBUFFERED=1
@@ -14,6 +17,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$OU
 python3 -m mslk_dsl.cli aot build --target sm90a --workers "${WORKERS:-16}" --progress lines > "$OUT/aot.log" 2>&1
 tail -3 "$OUT/aot.log"
 timeout "${TEST_TIMEOUT:-480}" python3 -m pytest "${@:-tests/gpu}" -q -rs --durations=10 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
-for b in ${BENCH:-}; do
-  timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench.py "$b" --json "$OUT/bench_$b.json" 2>&1 | tee "$OUT/bench_$b.log" | tail -40
+IFS=';' read -r -a benches <<< "${BENCH:-}"
+for b in "${benches[@]}"; do
+  name=${b//[^a-z_]/_}; read -r -a argv <<< "$b"
+  timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench.py "${argv[@]}" --json "$OUT/bench_$name.json" 2>&1 \
+    | tee "$OUT/bench_$name.log" | tail -12
 done
