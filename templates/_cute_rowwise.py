@@ -56,6 +56,16 @@ def fake_vector(dtype, n, align_bytes: int = 4):
     return make_fake_compact_tensor(dtype, (n,), assumed_align=align_bytes)
 
 
+def fake_quantize_args(dtype, fp8_dtype, n_inputs: int, aligned: bool, elem_bytes: int):
+    """Stand-ins for ``(*inputs, scale_ub, xq, scale, stream)`` of the row-wise FP8 quantizers:
+    inputs and xq [M, K] (aligned: every row of both a multiple of 16 bytes, so K % 16 == 0),
+    scale_ub [1] and scale [M] fp32."""
+    m, k = dynamic_rows_cols(16 if aligned else 1)
+    inputs = [fake_rows(dtype, m, k, 16 if aligned else elem_bytes) for _ in range(n_inputs)]
+    return inputs + [fake_vector(cutlass.Float32, 1), fake_rows(fp8_dtype, m, k, 16 if aligned else 1),
+                     fake_vector(cutlass.Float32, m), env_stream()]
+
+
 def env_stream():
     """The launch stream: the caller's current torch stream (TVM-FFI environment stream)."""
     return make_fake_stream(use_tvm_ffi_env_stream=True)
@@ -78,6 +88,19 @@ def thread_row(tile):
     """(row of this thread's group inside the CTA, lane inside the group)."""
     tidx, _, _ = cute.arch.thread_idx()
     return tidx // tile.tpr, tidx % tile.tpr
+
+
+@cute.jit
+def cta_row(tile: cutlass.Constexpr, m: Int32, k: Int32):
+    """(row, row_in_cta, lane, nvec) of this thread: its row of the tensor, its group in the CTA,
+    its lane in the group and the row's vector count (0 for a row past ``m``)."""
+    row_in_cta, lane = thread_row(tile)
+    bidx, _, _ = cute.arch.block_idx()
+    row = bidx * tile.rows_per_block + row_in_cta
+    nvec = k // tile.vec
+    if row >= m:
+        nvec = 0
+    return row, row_in_cta, lane, nvec
 
 
 def row_vectors(t: cute.Tensor, row, vec: int) -> cute.Tensor:
@@ -152,12 +175,26 @@ def load_tile(srcs, frags, first: Int32, step: cutlass.Constexpr[int], count: In
 # Reductions.
 
 
+def tree_reduce(vals, op):
+    """Pairwise reduction of a Python list of scalars (a log-depth dependency chain)."""
+    vals = list(vals)
+    while len(vals) > 1:
+        vals = [op(vals[i], vals[i + 1]) if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
+    return vals[0]
+
+
 def absmax(values, init):
     """max(init, max |values|) of a tile's values (a TensorSSA), as fp32. NaN propagates (as
-    torch's amax). The max is taken in the values' own dtype (exact; packed bf16x2/f16x2
-    instructions for 16-bit types), so no fp32 copy of the tile stays alive."""
-    m = cute.math.abs(values).reduce(cute.ReductionOp.MAX, values.dtype(0.0), reduction_profile=0)
-    return cute.arch.fmax(init, values.dtype(m).to(Float32), nan=True)
+    torch's amax). Computed on the bit patterns: with the sign bit cleared, the integer order of
+    IEEE floats is their magnitude order, and every NaN is above inf. Staying out of the float
+    domain also keeps the compiler from converting the whole resident tile to fp32 ahead of the
+    row reduction (twice the registers held across the barrier)."""
+    int_type = {16: cutlass.Int16, 32: cutlass.Int32}[values.dtype.width]
+    bits = values.bitcast(int_type)
+    mags = cute.make_rmem_tensor(bits.shape, int_type)
+    mags.store(bits & cute.full_like(bits, (1 << (values.dtype.width - 1)) - 1))
+    m = tree_reduce([mags[i] for i in range(cute.size(mags))], cutlass.max)
+    return cute.arch.fmax(init, int_type(m).bitcast(values.dtype).to(Float32), nan=True)
 
 
 def nan_max(a, b):
@@ -301,3 +338,20 @@ def quantize_row(srcs, combine: cutlass.Constexpr, dst: cute.Tensor, tile: cutla
         q = fp8_quantize_tile(combine(*part), scale, rcp, fp8_max, dst.element_type, bounded)
         store_tile(q, dst, t * tv + lane, tpr, nvec)
     return scale
+
+
+@cute.jit
+def quantize_rows(inputs, combine: cutlass.Constexpr, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor,
+                  tile: cutlass.Constexpr, has_ub: cutlass.Constexpr, eps: cutlass.Constexpr[float],
+                  fp8_max: cutlass.Constexpr[float]):
+    """Kernel body of the row-wise FP8 quantizers: the CTA's rows of combine(*inputs) (inputs
+    [M, K]) quantized into mQ, their dequant scales into mS; scale_ub read from mUB[0] when
+    ``has_ub``."""
+    row, row_in_cta, lane, nvec = cta_row(tile, mQ.shape[0], mQ.shape[1])
+    ub = mUB[0] if const_expr(has_ub) else None
+    buf = reduction_buffer(cutlass.utils.SmemAllocator(), tile)
+    srcs = tuple(row_vectors(t, row, tile.vec) for t in inputs)
+    scale = quantize_row(srcs, combine, row_vectors(mQ, row, tile.vec), tile, lane, nvec, row_in_cta, buf,
+                         ub, eps, fp8_max)
+    if lane == 0 and nvec > 0:
+        mS[row] = scale

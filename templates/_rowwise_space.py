@@ -8,8 +8,8 @@ threads / rows_per_block threads, whole waves of 64) and ``vec``, the elements o
 SPACE = {"threads": (256, 512), "rows_per_block": (1, 4), "vec": (8, 4, 1)}
 ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 WAVE = 64
-# Bytes of a row each thread keeps in registers between the two passes of the FP8 row
-# quantizers (quantize_fp8_row, silu_mul_quant): rows up to threads_per_row * this are read once.
+# Register bytes of a row each thread keeps between the two passes of the FP8 row quantizers
+# (quantize_fp8_row, silu_mul_quant): rows up to about threads_per_row * this are read once.
 QUANT_REGISTER_BYTES = 64
 
 
@@ -25,17 +25,19 @@ def widest_vec(sig) -> int:
     return 16 // ELEM_BYTES[sig["dtype"]] if sig["aligned"] else 1
 
 
-def vectors_per_thread(config, sig, nbytes: int) -> int:
-    """How many vectors a thread handles per pass when it should move ``nbytes`` bytes."""
-    return max(1, nbytes // (config["vec"] * ELEM_BYTES[sig["dtype"]]))
+def vectors_per_thread(config, sig, register_bytes: int) -> int:
+    """How many vectors a thread holds at once when it may spend ``register_bytes`` of
+    registers on them: a vector takes whole 4-byte registers (a lone bf16 takes 4 bytes)."""
+    vec_bytes = config["vec"] * ELEM_BYTES[sig["dtype"]]
+    return max(1, register_bytes // max(4, vec_bytes))
 
 
-def smallest_covering(sig, cols: int, bytes_per_thread: int) -> dict:
-    """The config with the fewest threads per row whose threads cover ``cols`` columns with
-    ``bytes_per_thread`` bytes each (else the widest one): short rows pack 4 rows per block,
-    long rows get a whole block."""
+def smallest_covering(sig, cols: int, register_bytes: int) -> dict:
+    """The config with the fewest threads per row that covers ``cols`` columns in one go, each
+    thread holding ``register_bytes`` of registers of the widest vectors (else the widest
+    config): short rows pack 4 rows per block, long rows get a whole block."""
     vec = widest_vec(sig)
-    cols_per_thread = bytes_per_thread // ELEM_BYTES[sig["dtype"]]
+    cols_per_thread = vectors_per_thread({"vec": vec}, sig, register_bytes) * vec
     for threads, rows in ((256, 4), (256, 1), (512, 1)):
         if (threads // rows) * cols_per_thread >= cols:
             break

@@ -28,12 +28,19 @@ Both: indices must lie in [0, T) for rows below n (not checked on the device, as
 A, D, E are dynamic. ``sig["aligned"]``: every row starts 16-byte aligned and D * itemsize is a
 multiple of 16; then one access moves 16 bytes, else one element.
 
-Work split: block (i, c) handles row i, vectors [c * chunk, (c + 1) * chunk) with
+Work split, gather: block (i, c) handles row i, vectors [c * chunk, (c + 1) * chunk) with
 chunk = threads * unroll vectors. The block size is chosen at launch from D
 (threads = ceil(vectors per row / unroll), rounded up to a warp, at most 1024), so 5120-, 7168-
-and 8192-wide bf16 rows are covered exactly by 160, 224 and 256 threads with unroll 4. Each
-thread issues all its loads before any store or atomic (memory-level parallelism); lanes past the
-row re-load a valid vector and store nothing, so there are no out-of-bounds accesses.
+and 8192-wide bf16 rows are covered exactly by 160, 224 and 256 threads with unroll 4.
+Scatter: in MoE order (rows grouped by expert) the top_k rows of a token arrive far apart, so
+whole-row updates re-read and re-write each out row from DRAM top_k times (measured: 35-43% of
+the copy roofline at top_k 4-8). Blocks therefore take column slices: block (b, c) adds slice c
+(a power-of-two number of vectors, >= 256 bytes) of 256 * unroll / slice consecutive input rows,
+and blockIdx.x runs over all rows of a slice before the next slice starts. The slice is chosen at
+launch so that 2 * T * slice bytes (the data touched between two updates of one out slice) stays
+under 16 MB: the out slice stays in L2 and every out element crosses DRAM once each way.
+Each thread issues all its loads before any store or atomic (memory-level parallelism); lanes past
+the data re-load a valid vector and store nothing, so there are no out-of-bounds accesses.
 Differences from MSLK: any D (MSLK needs D % 1024 == 0, or 512 for few rows); int32 indices
 only (the op layer converts int64 ones).
 """
@@ -44,6 +51,12 @@ from mslk_dsl.template import Template
 DTYPES = ("bfloat16", "float16", "float32")
 SCORE_DTYPES = ("bfloat16", "float32")
 MAX_THREADS = 1024
+SCATTER_THREADS = 256
+# Scatter works on column slices narrow enough that the rows of `out` a slice touches stay in L2
+# while the input rows stream by: reuse distance ~ 2 * T * slice bytes kept under REUSE_BYTES
+# (Hopper's L2 is 50 MB, in two partitions).
+REUSE_BYTES = 16 << 20
+MIN_SLICE_BYTES = 256
 
 
 def _vec(sig):
@@ -60,12 +73,16 @@ def _heuristic(target, sig, problem):
 def _device_code(op, config, sig):
     import cutlass
     import cutlass.cute as cute
-    from cutlass import Float32, const_expr
+    from cutlass import Float32, Int32, const_expr
 
     dt = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16, "float32": cutlass.Float32}
     dtype = dt[sig["dtype"]]
     VEC, UNROLL = _vec(sig), config["unroll"]
     HAS_N = bool(sig["has_valid_count"])
+    ELEM_BYTES = dtype.width // 8
+    SLOTS = SCATTER_THREADS * UNROLL                                 # vectors per scatter block
+    K_MIN = (MIN_SLICE_BYTES // (VEC * ELEM_BYTES)).bit_length() - 1
+    K_MAX = SLOTS.bit_length() - 1
     # Inputs read once: keep them out of L1.
     STREAM = cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE
 
@@ -113,21 +130,49 @@ def _device_code(op, config, sig):
                     cute.autovec_copy(r, out_vecs[None, ids[j]])
 
     @cute.kernel
-    def scatter_kernel(mOut: cute.Tensor, mY: cute.Tensor, mTok: cute.Tensor, mN: cute.Tensor):
-        row, _, _ = cute.arch.block_idx()
-        if row < rows_to_do(mN, mY.shape[0]):
-            t = mTok[row]
-            nvec = mY.shape[1] // VEC
-            ids, ok = vector_ids(nvec)
-            frags = load_row(cute.zipped_divide(mY[row, None], (VEC,)), ids)
-            out_vecs = cute.zipped_divide(mOut[t, None], (VEC,))
-            for j in cutlass.range_constexpr(UNROLL):
-                if ok[j]:
-                    dst = out_vecs[None, ids[j]].iterator
-                    if const_expr(VEC == 1):
-                        cute.arch.atomic_add(dst, frags[j][0], sem="relaxed", scope="gpu")
-                    else:
-                        cute.arch.atomic_add(dst, frags[j].load().ir_value(), sem="relaxed", scope="gpu")
+    def scatter_kernel(mOut: cute.Tensor, mY: cute.Tensor, mTok: cute.Tensor, mN: cute.Tensor,
+                       log2_slice: Int32):
+        # Block (b, c): slice c (vectors [c * slice, (c + 1) * slice)) of rows_per_block rows.
+        tidx, _, _ = cute.arch.thread_idx()
+        rb, c, _ = cute.arch.block_idx()
+        a, d = mY.shape
+        n = rows_to_do(mN, a)
+        nvec = d // VEC
+        slice_vecs = Int32(1) << log2_slice
+        rows_per_block = Int32(SLOTS) >> log2_slice
+        frags, toks, vs, ok = [], [], [], []
+        for j in cutlass.range_constexpr(UNROLL):   # every load first (clamped in bounds), then atomics
+            slot = j * SCATTER_THREADS + tidx
+            row = rb * rows_per_block + (slot >> log2_slice)
+            v = c * slice_vecs + (slot & (slice_vecs - 1))
+            ok.append((row < n) & (v < nvec))
+            row_c, v_c = cutlass.min(row, a - 1), cutlass.min(v, nvec - 1)
+            f = cute.make_rmem_tensor((VEC,), dtype)
+            cute.autovec_copy(cute.zipped_divide(mY[row_c, None], (VEC,))[None, v_c], f,
+                              l1c_evict_priority=STREAM)
+            frags.append(f)
+            toks.append(mTok[row_c])
+            vs.append(v_c)
+        for j in cutlass.range_constexpr(UNROLL):
+            if ok[j]:
+                dst = cute.zipped_divide(mOut[toks[j], None], (VEC,))[None, vs[j]].iterator
+                if const_expr(VEC == 1):
+                    cute.arch.atomic_add(dst, frags[j][0], sem="relaxed", scope="gpu")
+                else:
+                    cute.arch.atomic_add(dst, frags[j].load().ir_value(), sem="relaxed", scope="gpu")
+
+    def scatter_launch(t, a, d):
+        """(grid, log2 of the slice in vectors) for out rows t, input rows a, width d."""
+        nvec = d // VEC
+        # The largest power of two with 2 * t * slice * vec_bytes <= REUSE_BYTES, at least
+        # MIN_SLICE_BYTES, at most a block's slots, and no wider than the row rounded up.
+        fits = Int32(REUSE_BYTES // (2 * VEC * ELEM_BYTES)) // t
+        k = Int32(K_MIN)
+        for kk in range(K_MIN + 1, K_MAX + 1):   # plain Python: unrolled at trace time
+            k = Int32(cutlass.select_((fits >= (1 << kk)) & (nvec > (1 << (kk - 1))), Int32(kk), k))
+        rows_per_block = Int32(SLOTS) >> k
+        slices = (nvec + (Int32(1) << k) - 1) >> k
+        return ((a + rows_per_block - 1) // rows_per_block, slices, 1), k
 
     def grid_and_block(a, d):
         nvec = d // VEC
@@ -146,8 +191,9 @@ def _device_code(op, config, sig):
     @cute.jit
     def scatter_add_dense_tokens(mOut: cute.Tensor, mY: cute.Tensor, mTok: cute.Tensor, mN: cute.Tensor,
                                  stream):
-        grid, block = grid_and_block(mY.shape[0], mY.shape[1])
-        scatter_kernel(mOut, mY, mTok, mN).launch(grid=grid, block=block, stream=stream)
+        grid, log2_slice = scatter_launch(mOut.shape[0], mY.shape[0], mY.shape[1])
+        scatter_kernel(mOut, mY, mTok, mN, log2_slice).launch(
+            grid=grid, block=(SCATTER_THREADS, 1, 1), stream=stream)
     return scatter_add_dense_tokens, dtype
 
 

@@ -37,7 +37,6 @@ def _heuristic(target, sig, problem):
 
 
 def build(config, target, sig):
-    import cutlass
     import cutlass.cute as cute
 
     from mslk_dsl.targets import get_target
@@ -46,42 +45,25 @@ def build(config, target, sig):
     tile = plan.RowTile.of(config)
     fp8 = get_target(target)
     dtype, fp8_dtype = rw.dsl_dtype(sig["dtype"]), rw.dsl_dtype(fp8.fp8_dtype_name)
-    has_ub = sig["has_scale_ub"]
 
     def values(x):
         return x.load()
 
     @cute.kernel
     def kernel(mX: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
-        row_in_cta, lane = rw.thread_row(tile)
-        bidx, _, _ = cute.arch.block_idx()
-        row = bidx * tile.rows_per_block + row_in_cta
-        nvec = mX.shape[1] // tile.vec
-        if row >= mX.shape[0]:
-            nvec = 0
-        ub = mUB[0] if cutlass.const_expr(has_ub) else None
-        buf = rw.reduction_buffer(cutlass.utils.SmemAllocator(), tile)
-        scale = rw.quantize_row((rw.row_vectors(mX, row, tile.vec),), values,
-                                rw.row_vectors(mQ, row, tile.vec), tile, lane, nvec, row_in_cta, buf,
-                                ub, plan.FP8_ROW_EPS, fp8.fp8_max)
-        if lane == 0 and nvec > 0:
-            mS[row] = scale
+        rw.quantize_rows((mX,), values, mUB, mQ, mS, tile, sig["has_scale_ub"], plan.FP8_ROW_EPS,
+                         fp8.fp8_max)
 
     @cute.jit
     def quantize_fp8_row(mX: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, stream):
         grid = (cute.ceil_div(mX.shape[0], tile.rows_per_block), 1, 1)
         kernel(mX, mUB, mQ, mS).launch(grid=grid, block=(tile.threads, 1, 1), stream=stream,
-                  **rw.launch_hints(tile, REGS))
+                                       **rw.launch_hints(tile, REGS))
 
-    # Aligned: rows of x and of xq are multiples of 16 bytes (K % 16 == 0) and start aligned.
-    align = 16 if sig["aligned"] else plan.ELEM_BYTES[sig["dtype"]]
-    m, k = rw.dynamic_rows_cols(16 if sig["aligned"] else 1)
-    args = [rw.fake_rows(dtype, m, k, align), rw.fake_vector(cutlass.Float32, 1),
-            rw.fake_rows(fp8_dtype, m, k, 16 if sig["aligned"] else 1), rw.fake_vector(cutlass.Float32, m),
-            rw.env_stream()]
+    args = rw.fake_quantize_args(dtype, fp8_dtype, 1, sig["aligned"], plan.ELEM_BYTES[sig["dtype"]])
     return quantize_fp8_row, args
 
 
-TEMPLATE = Template(op="quantize_fp8_row", backend="cute", targets=("sm90a",),
+TEMPLATE = Template(op="quantize_fp8_row", backend="cute", targets=("sm90a", "sm100a"),
                     signatures={"dtype": DTYPES, "aligned": (True, False), "has_scale_ub": (True, False)},
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build)

@@ -8,8 +8,9 @@ Semantics (MSLK's triton quantize_fp8_row): amax = max |x| over the row, clamped
 [1/512, scale_ub]; s = fp8_max / amax; xq = fp8(clamp(x * s, -fp8_max, fp8_max)); scale = 1 / s.
 All fp32, correctly rounded divisions, round-to-nearest-even FP8 casts (bit-identical to torch).
 
-One row per group of ``threads / rows_per_block`` threads; 64 bytes of the row per thread stay in
-registers between the absmax pass and the quantize pass (see _flydsl_rowwise.quantize_row).
+One row per group of ``threads / rows_per_block`` threads; 64 register bytes of the row per
+thread (four 16-byte vectors, or 16 scalars) stay in registers between the absmax pass and the
+quantize pass (see _flydsl_rowwise.quantize_row).
 """
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _rowwise_space as space

@@ -42,13 +42,9 @@ def build(config, target, sig):
 
     @cute.kernel
     def kernel(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor):
-        row_in_cta, lane = rw.thread_row(tile)
-        bidx, bidy, _ = cute.arch.block_idx()
+        row, _, lane, nvec = rw.cta_row(tile, mO.shape[0], mO.shape[1])
+        _, bidy, _ = cute.arch.block_idx()
         _, gdimy, _ = cute.arch.grid_dim()
-        row = bidx * tile.rows_per_block + row_in_cta
-        nvec = mX0.shape[1] // tile.vec
-        if row >= mX0.shape[0]:
-            nvec = 0
         rw.map_row((rw.row_vectors(mX0, row, tile.vec), rw.row_vectors(mX1, row, tile.vec)), values,
                    rw.row_vectors(mO, row, tile.vec), tile, lane, nvec, bidy, gdimy)
 
@@ -66,6 +62,6 @@ def build(config, target, sig):
     return silu_mul, args
 
 
-TEMPLATE = Template(op="silu_mul", backend="cute", targets=("sm90a",),
+TEMPLATE = Template(op="silu_mul", backend="cute", targets=("sm90a", "sm100a"),
                     signatures={"dtype": DTYPES, "aligned": (True, False)},
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build)

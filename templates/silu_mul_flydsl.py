@@ -5,17 +5,17 @@ unit column stride). M and K are dynamic; M and K tails are bounds-checked by th
 descriptors (see _flydsl_rowwise), so no size needs padding.
 
 Grid: (row blocks, column blocks). A block holds ``rows_per_block`` rows; each of its threads
-moves two ``vec``-element vectors of each input (32 bytes per input when vec is the widest),
+loads 32 register bytes of each input (two 16-byte vectors, or eight scalars when vec is 1),
 all loads issued before any math.
 """
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _rowwise_space as space
 
-BYTES_PER_THREAD = 32  # per input
+REGISTER_BYTES = 32  # per input and thread: two 16-byte vectors, or eight scalars
 
 
 def _heuristic(target, sig, problem):
-    return space.smallest_covering(sig, problem["K"], BYTES_PER_THREAD)
+    return space.smallest_covering(sig, problem["K"], REGISTER_BYTES)
 
 
 def build(config, target, sig):
@@ -28,7 +28,7 @@ def build(config, target, sig):
 
     threads, rows, vec = config["threads"], config["rows_per_block"], config["vec"]
     dtype = rw.elem_type(sig["dtype"])
-    per_thread = space.vectors_per_thread(config, sig, BYTES_PER_THREAD)
+    per_thread = space.vectors_per_thread(config, sig, REGISTER_BYTES)
     cols_per_block = threads // rows * per_thread * vec
 
     @flyc.kernel(known_block_size=[threads, 1, 1])

@@ -13,11 +13,12 @@ from mslk_dsl.templates import _rowwise_plan as plan
 DTYPES = ("bfloat16", "float16", "float32")
 REGS = 80  # registers per thread: 3 CTAs of 256 threads per SM (64 spills in the silu math)
 
-# (threads, rows_per_block, chunks): resident row length tile_k = 1K, 4K, 8K, 16K, 16K elements
-# of a 16-bit dtype for the vector shapes (half for fp32); 1024 threads x 2 chunks before
-# 512 x 4 for 16K rows: the two inputs of 4 chunks need 123 registers, one CTA per SM.
+# (threads, rows_per_block, chunks): resident row length tile_k = 1K, 4K, 8K, 8K, 16K, 16K
+# elements of a 16-bit dtype for the vector shapes (half for fp32). Two chunks per thread fit 64
+# registers (the 8K alternative with 2 CTAs of 512 threads per SM); for 16K rows 1024 x 2 comes
+# before 512 x 4, whose two inputs of 4 chunks need ~123 registers (one CTA per SM).
 CONFIGS = plan.expand(
-    vector_shapes=[(128, 4, 4), (256, 2, 4), (256, 1, 4), (1024, 1, 2), (512, 1, 4)],
+    vector_shapes=[(128, 4, 4), (256, 2, 4), (256, 1, 4), (512, 1, 2), (1024, 1, 2), (512, 1, 4)],
     scalar_shapes=[(128, 4, 8), (256, 1, 16)],
 )
 
@@ -31,7 +32,6 @@ def _heuristic(target, sig, problem):
 
 
 def build(config, target, sig):
-    import cutlass
     import cutlass.cute as cute
 
     from mslk_dsl.targets import get_target
@@ -40,43 +40,26 @@ def build(config, target, sig):
     tile = plan.RowTile.of(config)
     fp8 = get_target(target)
     dtype, fp8_dtype = rw.dsl_dtype(sig["dtype"]), rw.dsl_dtype(fp8.fp8_dtype_name)
-    has_ub = sig["has_scale_ub"]
 
     def values(a, b):
         return rw.silu_mul_tile(a, b, dtype)
 
     @cute.kernel
     def kernel(mX0: cute.Tensor, mX1: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
-        row_in_cta, lane = rw.thread_row(tile)
-        bidx, _, _ = cute.arch.block_idx()
-        row = bidx * tile.rows_per_block + row_in_cta
-        nvec = mX0.shape[1] // tile.vec
-        if row >= mX0.shape[0]:
-            nvec = 0
-        ub = mUB[0] if cutlass.const_expr(has_ub) else None
-        buf = rw.reduction_buffer(cutlass.utils.SmemAllocator(), tile)
-        srcs = (rw.row_vectors(mX0, row, tile.vec), rw.row_vectors(mX1, row, tile.vec))
-        scale = rw.quantize_row(srcs, values, rw.row_vectors(mQ, row, tile.vec), tile, lane, nvec,
-                                row_in_cta, buf, ub, plan.FP8_ROW_EPS, fp8.fp8_max)
-        if lane == 0 and nvec > 0:
-            mS[row] = scale
+        rw.quantize_rows((mX0, mX1), values, mUB, mQ, mS, tile, sig["has_scale_ub"], plan.FP8_ROW_EPS,
+                         fp8.fp8_max)
 
     @cute.jit
     def silu_mul_quant(mX0: cute.Tensor, mX1: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor,
                        mS: cute.Tensor, stream):
         grid = (cute.ceil_div(mX0.shape[0], tile.rows_per_block), 1, 1)
         kernel(mX0, mX1, mUB, mQ, mS).launch(grid=grid, block=(tile.threads, 1, 1), stream=stream,
-                  **rw.launch_hints(tile, REGS))
+                                             **rw.launch_hints(tile, REGS))
 
-    # Aligned: rows of x0, x1 and xq are multiples of 16 bytes (K % 16 == 0) and start aligned.
-    align = 16 if sig["aligned"] else plan.ELEM_BYTES[sig["dtype"]]
-    m, k = rw.dynamic_rows_cols(16 if sig["aligned"] else 1)
-    args = [rw.fake_rows(dtype, m, k, align), rw.fake_rows(dtype, m, k, align),
-            rw.fake_vector(cutlass.Float32, 1), rw.fake_rows(fp8_dtype, m, k, 16 if sig["aligned"] else 1),
-            rw.fake_vector(cutlass.Float32, m), rw.env_stream()]
+    args = rw.fake_quantize_args(dtype, fp8_dtype, 2, sig["aligned"], plan.ELEM_BYTES[sig["dtype"]])
     return silu_mul_quant, args
 
 
-TEMPLATE = Template(op="silu_mul_quant", backend="cute", targets=("sm90a",),
+TEMPLATE = Template(op="silu_mul_quant", backend="cute", targets=("sm90a", "sm100a"),
                     signatures={"dtype": DTYPES, "aligned": (True, False), "has_scale_ub": (True, False)},
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build)

@@ -27,7 +27,7 @@ PTX_EXPECT = {
     "f8f8bf16_rowwise": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3",
                          r"cp\.async\.bulk\.tensor\.2d", r"setmaxnreg"],
     "index_shuffling": [r"shfl\.sync"],
-    "scatter_add_dense_tokens": [r"red\.(global\.)?"],
+    "scatter_add_dense_tokens": [r"(red|atom)\.global(\.\w+)*\.add"],
 }
 # 16-byte vector accesses, for configs that move 16 bytes per access on aligned rows.
 PTX_VECTOR = r"(ld|st)\.global(\.[\w:]+)*\.v4\.(b32|u32|f32)"
