@@ -32,7 +32,7 @@ PTX_EXPECT = {
 # 16-byte vector accesses, for configs that move 16 bytes per access on aligned rows.
 PTX_VECTOR = r"(ld|st)\.global(\.[\w:]+)*\.v4\.(b32|u32|f32)"
 ISA_EXPECT_GFX942 = {
-    "bf16_gemm": [r"v_mfma_f32_\w+bf16"],
+    "bf16_gemm": [r"v_mfma_f32_\w+_(bf16|f16)\b"],
     "f8f8bf16_rowwise": [r"v_mfma_f32_\w+fp8"],
     "rmsnorm": [r"v_rsq_f32"],
     "rmsnorm_add": [r"v_rsq_f32"],
