@@ -81,3 +81,42 @@ class KernelOp:
         target = target_of(device)
         template, config, sig = self.choose(target.name, signature, problem, config)
         return jit.get_kernel(template, config, target, sig)
+
+
+class Plan:
+    """The kernels for one validated input layout (shapes, strides, dtypes, devices) of an op.
+
+    A repeat call with the same layout skips validation and kernel selection: it only checks the
+    data pointers' alignment and launches. ``rows_aligned`` says whether the rows are a multiple
+    of 16 bytes; the 16-byte-vector kernel is used when the pointers are aligned too. Each kernel
+    is looked up on first use.
+    """
+
+    __slots__ = ("op", "device", "sig_tail", "problem", "rows_aligned", "shape", "out_dtype", "_kernels")
+
+    def __init__(self, op: KernelOp, device: torch.device, sig_tail: tuple, problem: tuple,
+                 rows_aligned: bool | None, shape: tuple = (), out_dtype: torch.dtype | None = None):
+        self.op, self.device, self.sig_tail, self.problem = op, device, sig_tail, problem
+        self.rows_aligned = rows_aligned  # None: the op's signature has no alignment part
+        self.shape, self.out_dtype = shape, out_dtype  # of the output the op allocates
+        self._kernels: dict = {}
+
+    def kernel(self, pointers_aligned: bool = True):
+        aligned = bool(self.rows_aligned and pointers_aligned) if self.rows_aligned is not None else None
+        kernel = self._kernels.get(aligned)
+        if kernel is None:
+            sig = self.sig_tail if aligned is None else (aligned, *self.sig_tail)
+            kernel = self._kernels[aligned] = self.op.kernel(self.device, sig, self.problem, None)
+        return kernel
+
+
+class PlanCache(dict):
+    """Plans of one op keyed by the inputs' layout; bounded, since shapes vary in serving."""
+
+    MAX = 1024
+
+    def add(self, key, plan: Plan) -> Plan:
+        if len(self) >= self.MAX:
+            self.clear()
+        self[key] = plan
+        return plan

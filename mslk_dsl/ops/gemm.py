@@ -4,11 +4,13 @@ from __future__ import annotations
 import torch
 
 from mslk_dsl.ops import validate as check
-from mslk_dsl.ops.dispatch import KernelOp, dtype_name, placeholder
+from mslk_dsl.ops.dispatch import KernelOp, Plan, PlanCache, dtype_name, placeholder
 from mslk_dsl.ops.elementwise import fp8_dtype_for
 
 _BF16_GEMM = KernelOp("bf16_gemm", ("dtype",), ("M", "N", "K"))
 _F8F8BF16_ROWWISE = KernelOp("f8f8bf16_rowwise", ("has_bias",), ("M", "N", "K"))
+
+_BF16_GEMM_PLANS, _F8F8BF16_ROWWISE_PLANS = PlanCache(), PlanCache()
 
 # TMA (and the MFMA loaders) need 16-byte aligned rows: K and N elements must be multiples of this.
 _ALIGN_BYTES = 16
@@ -36,6 +38,15 @@ def _compact(t: torch.Tensor) -> torch.Tensor:
 
 def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, config: dict | None = None) -> torch.Tensor:
     """out = x @ w.T for bf16 or fp16 inputs (fp32 accumulation, output in the input dtype)."""
+    try:  # the layout of the inputs, for the plan cache
+        key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device)
+    except AttributeError:  # not tensors: the checks below say so
+        key = None
+    plan = _BF16_GEMM_PLANS.get(key) if config is None else None
+    if plan is not None and not (x.data_ptr() | w.data_ptr()) & 15:  # seen and validated before
+        out = torch.empty(plan.shape, dtype=x.dtype, device=x.device)
+        plan.kernel()(x, w, out)
+        return out
     _operands("bf16_gemm", x, w, check.HALF_DTYPES)
     check.gpu("bf16_gemm", "x", x)
     M, K = x.shape
@@ -45,8 +56,10 @@ def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, config: dict | None = None) -
         return out
     if K == 0:
         return out.zero_()
-    x, w = _compact(x), _compact(w)
-    _BF16_GEMM.kernel(x.device, (dtype_name(x.dtype),), (M, N, K), config)(x, w, out)
+    a, b = _compact(x), _compact(w)
+    _BF16_GEMM.kernel(a.device, (dtype_name(a.dtype),), (M, N, K), config)(a, b, out)
+    if config is None and a is x and b is w:
+        _BF16_GEMM_PLANS.add(key, Plan(_BF16_GEMM, a.device, (dtype_name(a.dtype),), (M, N, K), None, (M, N)))
     return out
 
 
@@ -55,6 +68,17 @@ def f8f8bf16_rowwise(xq: torch.Tensor, wq: torch.Tensor, x_scale: torch.Tensor, 
     """out = (xq @ wq.T) * x_scale[:, None] * w_scale[None, :] (+ bias), bf16 out; the scales are
     the ones quantize_fp8_row returns."""
     op = "f8f8bf16_rowwise"
+    try:  # the layout of the inputs, for the plan cache
+        key = (xq.shape, xq.stride(), xq.dtype, xq.device, wq.shape, wq.stride(), wq.dtype, wq.device,
+               x_scale.shape, x_scale.stride(), x_scale.dtype, x_scale.device,
+               w_scale.shape, w_scale.stride(), w_scale.dtype, w_scale.device)
+    except AttributeError:  # not tensors: the checks below say so
+        key = None
+    plan = _F8F8BF16_ROWWISE_PLANS.get(key) if config is None and bias is None else None
+    if plan is not None and not (xq.data_ptr() | wq.data_ptr()) & 15:  # seen and validated before
+        out = torch.empty(plan.shape, dtype=torch.bfloat16, device=xq.device)
+        plan.kernel()(xq, wq, x_scale, w_scale, placeholder(xq.device, torch.bfloat16), out)
+        return out
     _operands(op, xq, wq, check.FP8_DTYPES, names=("xq", "wq"))
     fp8 = fp8_dtype_for(xq.device)
     if xq.dtype != fp8:
@@ -76,9 +100,10 @@ def f8f8bf16_rowwise(xq: torch.Tensor, wq: torch.Tensor, x_scale: torch.Tensor, 
         return out
     if K == 0:
         return out.copy_(bias.expand(M, N)) if bias is not None else out.zero_()
-    xq, wq = _compact(xq), _compact(wq)
-    x_scale, w_scale = x_scale.contiguous(), w_scale.contiguous()
-    kernel = _F8F8BF16_ROWWISE.kernel(xq.device, (bias is not None,), (M, N, K), config)
-    bias = bias.contiguous() if bias is not None else placeholder(xq.device, torch.bfloat16)
-    kernel(xq, wq, x_scale, w_scale, bias, out)
+    a, b = _compact(xq), _compact(wq)
+    sa, sb = x_scale.contiguous(), w_scale.contiguous()
+    kernel = _F8F8BF16_ROWWISE.kernel(a.device, (bias is not None,), (M, N, K), config)
+    kernel(a, b, sa, sb, bias.contiguous() if bias is not None else placeholder(a.device, torch.bfloat16), out)
+    if config is None and bias is None and a is xq and b is wq and sa is x_scale and sb is w_scale:
+        _F8F8BF16_ROWWISE_PLANS.add(key, Plan(_F8F8BF16_ROWWISE, a.device, (False,), (M, N, K), None, (M, N)))
     return out
