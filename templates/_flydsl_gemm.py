@@ -349,3 +349,25 @@ def block_tile(pid, tiles_m, tiles_n, select):
 
 def _select(cond, a, b):
     return cond.select(a, b)
+
+
+# (tile_m, tile_n, tile_k for 16-bit inputs, (waves_m, waves_n), mfma, stages). The FP8 GEMM
+# doubles tile_k, so both read the same bytes per K tile.
+_CONFIG_TABLE = (
+    (16, 64, 128, (1, 4), 16, 2),
+    (16, 128, 128, (1, 4), 16, 1),
+    (32, 64, 128, (1, 4), 16, 2),
+    (64, 64, 64, (2, 2), 16, 2),
+    (64, 128, 64, (2, 2), 16, 2),
+    (128, 128, 64, (2, 2), 16, 2),
+    (128, 128, 64, (2, 2), 32, 1),
+    (256, 128, 64, (2, 2), 32, 1),
+    (128, 256, 64, (2, 4), 32, 1),
+    (256, 256, 64, (2, 4), 32, 2),  # 128 KiB of LDS: gfx950 only
+)
+
+
+def configs(tile_k_scale: int) -> tuple[dict, ...]:
+    """The config space of a GEMM template, as dicts of plain ints."""
+    return tuple({"tile_m": m, "tile_n": n, "tile_k": k * tile_k_scale, "waves_m": w[0], "waves_n": w[1],
+                  "mfma": mfma, "stages": stages} for m, n, k, w, mfma, stages in _CONFIG_TABLE)

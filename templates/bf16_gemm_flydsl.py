@@ -12,25 +12,9 @@ from mslk_dsl.templates import _flydsl_gemm as gemm
 DTYPES = ("bfloat16", "float16")
 
 
-def _cfg(tile_m, tile_n, tile_k, waves, mfma, stages):
-    return {"tile_m": tile_m, "tile_n": tile_n, "tile_k": tile_k, "waves_m": waves[0],
-            "waves_n": waves[1], "mfma": mfma, "stages": stages}
-
-
 # Small-M tiles for decode-like shapes, square tiles, and 256-wide tiles for large GEMMs; both
 # MFMA sizes, 4 or 8 waves, one LDS stage (two barriers per K tile) or two (one barrier).
-CONFIGS = (
-    _cfg(16, 64, 128, (1, 4), 16, 2),
-    _cfg(16, 128, 128, (1, 4), 16, 1),
-    _cfg(32, 64, 128, (1, 4), 16, 2),
-    _cfg(64, 64, 64, (2, 2), 16, 2),
-    _cfg(64, 128, 64, (2, 2), 16, 2),
-    _cfg(128, 128, 64, (2, 2), 16, 2),
-    _cfg(128, 128, 64, (2, 2), 32, 1),
-    _cfg(256, 128, 64, (2, 2), 32, 1),
-    _cfg(128, 256, 64, (2, 4), 32, 1),
-    _cfg(256, 256, 64, (2, 4), 32, 2),  # 128 KiB of LDS: gfx950 only
-)
+CONFIGS = gemm.configs(tile_k_scale=1)
 
 
 def _valid(config, target, sig):

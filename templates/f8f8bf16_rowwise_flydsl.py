@@ -16,25 +16,9 @@ from mslk_dsl.templates import _flydsl_gemm as gemm
 FP8 = {"gfx942": "float8_e4m3fnuz", "gfx950": "float8_e4m3fn"}
 
 
-def _cfg(tile_m, tile_n, tile_k, waves, mfma, stages):
-    return {"tile_m": tile_m, "tile_n": tile_n, "tile_k": tile_k, "waves_m": waves[0],
-            "waves_n": waves[1], "mfma": mfma, "stages": stages}
-
-
 # As bf16_gemm, with K tiles twice as long (same bytes per row). gfx950's fp8 MFMAs take
 # 128 (16x16) or 64 (32x32) K per step, which rules out the shorter tiles there.
-CONFIGS = (
-    _cfg(16, 64, 256, (1, 4), 16, 2),
-    _cfg(16, 128, 256, (1, 4), 16, 1),
-    _cfg(32, 64, 256, (1, 4), 16, 2),
-    _cfg(64, 64, 128, (2, 2), 16, 2),
-    _cfg(64, 128, 128, (2, 2), 16, 2),
-    _cfg(128, 128, 128, (2, 2), 16, 2),
-    _cfg(128, 128, 128, (2, 2), 32, 1),
-    _cfg(256, 128, 128, (2, 2), 32, 1),
-    _cfg(128, 256, 128, (2, 4), 32, 1),
-    _cfg(256, 256, 128, (2, 4), 32, 2),  # 128 KiB of LDS: gfx950 only
-)
+CONFIGS = gemm.configs(tile_k_scale=2)
 
 
 def _valid(config, target, sig):
