@@ -112,6 +112,15 @@ def _parse_pairs(items: list[str]) -> dict:
     return out
 
 
+def _print_rows(rows: list[dict], as_json: bool, line) -> int:
+    if as_json:
+        print(json.dumps(rows, indent=1))
+    else:
+        for r in rows:
+            print(line(r))
+    return 0
+
+
 # -- commands ------------------------------------------------------------------------------------
 def cmd_targets(args) -> int:
     from mslk_dsl.targets import all_targets
@@ -131,13 +140,8 @@ def cmd_templates(args) -> int:
         rows.append({"name": t.name, "op": t.op, "backend": t.backend, "targets": list(t.targets),
                      "signatures": {k: list(v) for k, v in t.signatures.items()},
                      "configs": [config_name(c) for c in t.all_configs()], "source": t.source})
-    if args.json:
-        print(json.dumps(rows, indent=1))
-    else:
-        for r in rows:
-            print(f"{r['op']:24s} {r['backend']:7s} {r['name']:32s} targets={','.join(r['targets'])} "
-                  f"configs={len(r['configs'])} signatures={r['signatures']}")
-    return 0
+    return _print_rows(rows, args.json, lambda r: f"{r['op']:24s} {r['backend']:7s} {r['name']:32s} "
+                       f"targets={','.join(r['targets'])} configs={len(r['configs'])} signatures={r['signatures']}")
 
 
 def cmd_aot_build(args) -> int:
@@ -216,13 +220,8 @@ def cmd_cache_ls(args) -> int:
              "template": e.key_parts["template"], "config": e.key_parts["config"],
              "signature": e.key_parts["signature"], "size": e.size, "built_at": e.meta.get("built_at")}
             for e in store.entries()]
-    if args.json:
-        print(json.dumps(rows, indent=1))
-    else:
-        for r in rows:
-            print(f"{r['target']:7s} {r['op']:22s} {r['template']:30s} {r['size']:9d}  "
-                  f"{json.dumps(r['config'])} {json.dumps(r['signature'])}")
-    return 0
+    return _print_rows(rows, args.json, lambda r: f"{r['target']:7s} {r['op']:22s} {r['template']:30s} "
+                       f"{r['size']:9d}  {json.dumps(r['config'])} {json.dumps(r['signature'])}")
 
 
 def cmd_cache_stats(args) -> int:
