@@ -9,6 +9,7 @@ fresh process finds every kernel in the cache and compiles nothing.
 import json
 import os
 import re
+import subprocess
 import textwrap
 
 import pytest
@@ -31,6 +32,11 @@ PTX_EXPECT = {
 }
 # 16-byte vector accesses, for configs that move 16 bytes per access on aligned rows.
 PTX_VECTOR = r"(ld|st)\.global(\.[\w:]+)*\.v4\.(b32|u32|f32)"
+# The SASS of the Hopper GEMMs (from kernel.cubin): warpgroup MMAs and TMA loads.
+SASS_EXPECT = {
+    "bf16_gemm": [r"HGMMA\.64x\d+x16\.F32", r"UTMALDG\.2D"],
+    "f8f8bf16_rowwise": [r"QGMMA\.64x\d+x32\.F32\.E4M3\.E4M3", r"UTMALDG\.2D"],
+}
 ISA_EXPECT_GFX942 = {
     "bf16_gemm": [r"v_mfma_f32_\w+_(bf16|f16)\b"],
     "f8f8bf16_rowwise": [r"v_mfma_f32_\w+fp8"],
@@ -107,6 +113,30 @@ def test_every_cute_template_compiles_for_its_targets(tmp_path):
         assert re.search(rf"\.target\s+{arch}", ptx), entry.path
         assert os.path.getsize(entry.file("kernel.so")) > 0
     _check_code(entries, "kernel.ptx", PTX_EXPECT, PTX_VECTOR, {"sm90a"})
+    nvdisasm = _nvdisasm()
+    for entry in entries.values():
+        key = entry.key_parts
+        if key["target"] != "sm90a" or key["op"] not in SASS_EXPECT:
+            continue
+        sass = subprocess.run([nvdisasm, entry.file("kernel.cubin")], capture_output=True, text=True,
+                              check=True).stdout
+        for pattern in SASS_EXPECT[key["op"]]:
+            assert re.search(pattern, sass), f"{key['template']} {key['config']}: no {pattern} in the SASS"
+
+
+def _nvdisasm() -> str:
+    """nvdisasm from the nvidia-cuda-nvdisasm wheel (a test dependency), or on PATH."""
+    import glob
+    import shutil
+    import site
+
+    for root in site.getsitepackages():
+        found = sorted(glob.glob(os.path.join(root, "nvidia", "cu*", "bin", "nvdisasm")))
+        if found:
+            return found[-1]
+    found = shutil.which("nvdisasm")
+    assert found, "nvdisasm not found: pip install nvidia-cuda-nvdisasm (part of the test extra)"
+    return found
 
 
 @pytest.mark.skipif(not have_lld(), reason="FlyDSL needs ld.lld (apt-get install -y lld-19)")
