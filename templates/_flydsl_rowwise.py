@@ -10,7 +10,8 @@ Row statistics (absmax here, sums for norms) reduce inside each wave with DPP an
 waves of a group through one LDS slot per wave, so every lane of a group gets the same value.
 
 FP8 follows the target: e4m3fnuz (max 240) on gfx942, e4m3fn (max 448) on gfx950, converted
-with v_cvt_pk_fp8_f32 after an explicit clamp, matching torch's round-to-nearest-even casts.
+with v_cvt_pk_fp8_f32 after an explicit clamp, matching torch's round-to-nearest-even casts;
+the quantizer's arithmetic is that of MSLK's Triton quantize_fp8_row, bit for bit.
 """
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -228,18 +229,28 @@ def group_reduce(value, op, groups: RowGroups, storage=None):
 
 
 def fp8_row_scale(amax, scale_ub, fp8: Fp8Format):
-    """(scale, dequant_scale) of a row from its fp32 absmax, as MSLK's quantize_fp8_row:
-    amax is clamped to [FP8_EPS, scale_ub] (upper bound only if given), scale = max / amax,
-    dequant_scale = 1 / scale. Correctly rounded divisions; NaN propagates."""
+    """(scale, inverse) of a row from its fp32 absmax, with the arithmetic of MSLK's Triton
+    quantize_fp8_row: amax is clamped to [FP8_EPS, scale_ub] (no upper bound without scale_ub),
+    scale = amax / fp8_max is the stored dequant scale, inverse = 1 / scale feeds to_fp8. Both
+    divisions are correctly rounded (once per row); NaN propagates."""
     amax = fx.max(amax, fx.Float32(FP8_EPS))
     if scale_ub is not None:
         amax = fx.min(amax, scale_ub)
-    scale = fx.Float32(fp8.max) / amax
+    scale = amax / fx.Float32(fp8.max)
     return scale, fx.Float32(1.0) / scale
 
 
-def to_fp8(value, scale, fp8: Fp8Format):
-    """FP8 vector of clamp(value * scale, -max, max) for an fp32 vector of 1, 2 or 4k elements.
+def to_fp8(value, scale, inverse, fp8: Fp8Format, bounded: bool):
+    """fp8(clamp(value / scale, -max, max)) for an fp32 vector of 1, 2 or 4k elements, the
+    quotient correctly rounded as Triton's div_rn, without a division per element.
+
+    With ``inverse`` the correctly rounded 1 / scale, q = value * inverse is about an ulp from
+    the quotient, and one residual step q - (q * scale - value) * inverse (two FMAs, the residual
+    exact) rounds it correctly: the fast path of IEEE division, checked against exact rational
+    arithmetic on random bf16 and fp32 rows. The residual is q * scale - value so that -0 stays
+    -0. ``bounded``: |value| <= the row's amax
+    (no scale_ub), so |q| <= max; otherwise q is first clamped to +-2 max, which keeps the step
+    finite and the final clamp saturating.
 
     v_cvt_pk_fp8_f32 rounds to nearest even like torch. On the fnuz flavour it would encode a
     result that rounds to -0 as 0x80 (NaN there); torch gives +0, so values with
@@ -249,10 +260,17 @@ def to_fp8(value, scale, fp8: Fp8Format):
     def splat(c):
         return fx.Vector.filled(n, c, fx.Float32)
 
-    v = value * scale
-    # minnum/maxnum fold into v_med3_f32; a NaN input gives an unspecified finite byte, but
-    # then the row's scale is NaN too (the absmax propagates NaN), as with MSLK's kernel.
-    v = fx.arith.minnumf(fx.arith.maxnumf(v, splat(-fp8.max)), splat(fp8.max))
+    def clamp(v, bound):
+        # minnum/maxnum fold into v_med3_f32. A NaN gives an unspecified finite byte, but then
+        # the row's scale is NaN too (the absmax propagates NaN).
+        return fx.arith.minnumf(fx.arith.maxnumf(v, splat(-bound)), splat(bound))
+
+    scale_v, inverse_v = splat(scale), splat(inverse)
+    q = value * inverse_v
+    if not bounded:
+        q = clamp(q, 2.0 * fp8.max)
+    residual = fmath.fma(q, scale_v, -value)
+    v = clamp(fmath.fma(-residual, inverse_v, q), fp8.max)
     if fp8.fnuz:
         v = (fmath.absf(v) <= splat(2.0**-11)).select(splat(0.0), v)
     words = []
@@ -280,7 +298,7 @@ def store_row_scalar(tensor, row, value, groups: RowGroups):
 
 @flyc.jit
 def quantize_row(values, groups, row, cols, vec, per_thread, dtype, xq, scale_out, scale_ub, fp8, storage):
-    """Quantize one row per group to FP8 with a per-row scale (MSLK quantize_fp8_row semantics).
+    """Quantize one row per group to FP8 with its dequant scale (see fp8_row_scale, to_fp8).
 
     ``values(j)`` returns column-vector ``j`` of the row in ``dtype`` (zeros past the row end).
     The first ``groups.width * per_thread`` vectors stay in registers between the absmax pass and
@@ -304,13 +322,15 @@ def quantize_row(values, groups, row, cols, vec, per_thread, dtype, xq, scale_ou
         for u in range_constexpr(per_thread):
             acc = absmax_update(acc, vals[u])
     amax = group_reduce(absmax_finish(acc, width), ReductionOp.MAX, groups, storage)
-    scale, dequant = fp8_row_scale(bits_to_float(amax, dtype), scale_ub, fp8)
-    store_row_scalar(scale_out, row, dequant, groups)
+    scale, inverse = fp8_row_scale(bits_to_float(amax, dtype), scale_ub, fp8)
+    store_row_scalar(scale_out, row, scale, groups)
+    bounded = scale_ub is None
     out = row_view(xq, row, vec)
     for u in range_constexpr(per_thread):
-        store(out, groups.lane + u * groups.width, to_fp8(cached[u].to(fx.Float32), scale, fp8), vec)
+        q = to_fp8(cached[u].to(fx.Float32), scale, inverse, fp8, bounded)
+        store(out, groups.lane + u * groups.width, q, vec)
     for c in range(fx.Int32(1), nchunks, fx.Int32(1)):
         vals = chunk_values(c)
         for u in range_constexpr(per_thread):
             j = c * chunk + groups.lane + u * groups.width
-            store(out, j, to_fp8(vals[u].to(fx.Float32), scale, fp8), vec)
+            store(out, j, to_fp8(vals[u].to(fx.Float32), scale, inverse, fp8, bounded), vec)

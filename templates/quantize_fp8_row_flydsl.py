@@ -2,11 +2,13 @@
 
 Calling convention: ``kernel(x, scale_ub, xq, scale)``; x [M, K] bf16/fp16/fp32 (unit column
 stride), scale_ub [1] fp32 (read only when the signature has ``has_scale_ub``), xq [M, K] in the
-target's FP8 flavour (e4m3fnuz on gfx942, e4m3fn on gfx950), scale [M] fp32.
+target's FP8 flavour (e4m3fnuz on gfx942, e4m3fn on gfx950), scale [M] fp32 (the dequant
+multiplier: x ~ xq * scale).
 
-Semantics (MSLK's triton quantize_fp8_row): amax = max |x| over the row, clamped to
-[1/512, scale_ub]; s = fp8_max / amax; xq = fp8(clamp(x * s, -fp8_max, fp8_max)); scale = 1 / s.
-All fp32, correctly rounded divisions, round-to-nearest-even FP8 casts (bit-identical to torch).
+Semantics (MSLK's Triton quantize_fp8_row, eps_opt = 1/512): amax = max |x| over the row,
+clamped to [1/512, scale_ub]; scale = amax / fp8_max; xq = fp8(clamp(x / scale, -fp8_max,
+fp8_max)). All fp32 with correctly rounded divisions and round-to-nearest-even FP8 casts, so the
+result is bit-identical to torch doing the same tensor ops (see _flydsl_rowwise.to_fp8).
 
 One row per group of ``threads / rows_per_block`` threads; 64 register bytes of the row per
 thread (four 16-byte vectors, or 16 scalars) stay in registers between the absmax pass and the
