@@ -13,18 +13,29 @@ gather_scale_dense_tokens:
         out[i] = (x[t].float() * scores[t, e].float()).to(dtype)
     Rows at and past n are not written (MSLK leaves them uninitialized too).
 scatter_add_dense_tokens:
-    kernel(out, y, token_indices, valid_count)
-    out [T, D] dtype, updated in place; y [A, D] dtype; token_indices [A] int32; valid_count as above.
-    For every row i < n: out[token_indices[i]] += y[i].
-    Atomic adds, like MSLK (no inverse permutation is given, so no fixed order is possible
-    without an extra pass): 128-bit vector reductions (REDG.ADD.BF16x8 / F16x8 / F32x4) on
-    aligned rows, scalar atomics otherwise (a compare-and-swap loop for a lone bf16/fp16). A token
-    that receives several rows (top_k > 1) gets them in an unspecified order and, for bf16/fp16,
-    each addition rounds to the output dtype (as MSLK's tl.atomic_add on bf16); fp32 atomic adds
-    flush subnormals (hardware semantics, as CUDA's atomicAdd); fp32 sums of exactly
-    representable values are exact.
+    kernel(out, y, token_indices, valid_count, workspace)
+    out [T, D] dtype, updated in place; y [A, D] dtype; token_indices [A] int32; valid_count as
+    above; workspace [2 * T + 1 + 2 * A] int32 (torch.empty; used by method "sorted" only).
+    For every row i < n: out[token_indices[i]] += y[i]. Rows whose token index is outside
+    [0, T) are skipped (MSLK writes out of bounds).
+    Two methods (config["method"]):
+    "sorted" (large problems): group the rows by token first, then add each token's rows in
+        fp32 and write its out row once; no data atomics, so out crosses DRAM once each way and
+        bf16/fp16 sums round once (MSLK's tl.atomic_add rounds after every addition). Five
+        kernels on the stream: zero the per-token counts; count (an int32 atomic per row also
+        gives the row's position among its token's rows); exclusive scan of the counts (one
+        block); place each row index in its token's list; reduce (block (t, c): token t's
+        column chunk c, like the gather). The order of a token's rows in its list follows the
+        count atomics, so it is unspecified: sums of more than two rows may differ in the last
+        fp32 bit between runs (exact whenever the fp32 sums are exact).
+    "atomic" (small problems, where the four extra launches would cost more than they save):
+        atomic adds, like MSLK: 128-bit vector reductions (REDG.ADD.BF16x8 / F16x8 / F32x4) on
+        aligned rows, scalar atomics otherwise (a compare-and-swap loop for a lone bf16/fp16). A
+        token that receives several rows (top_k > 1) gets them in an unspecified order and, for
+        bf16/fp16, each addition rounds to the output dtype (as MSLK); fp32 atomic adds flush
+        subnormals (hardware semantics, as CUDA's atomicAdd).
 
-Both: indices must lie in [0, T) for rows below n (not checked on the device, as MSLK). Sizes T,
+Gather: token indices must lie in [0, T) for rows below n (not checked on the device, as MSLK). Sizes T,
 A, D, E are dynamic. ``sig["aligned"]``: every row starts 16-byte aligned and D * itemsize is a
 multiple of 16; then one access moves 16 bytes, else one element.
 
@@ -32,7 +43,7 @@ Work split, gather: block (i, c) handles row i, vectors [c * chunk, (c + 1) * ch
 chunk = threads * unroll vectors. The block size is chosen at launch from D
 (threads = ceil(vectors per row / unroll), rounded up to a warp, at most 1024), so 5120-, 7168-
 and 8192-wide bf16 rows are covered exactly by 160, 224 and 256 threads with unroll 4.
-Scatter: in MoE order (rows grouped by expert) the top_k rows of a token arrive far apart, so
+Atomic scatter: in MoE order (rows grouped by expert) the top_k rows of a token arrive far apart, so
 whole-row updates re-read and re-write each out row from DRAM top_k times (measured: 35-43% of
 the copy roofline at top_k 4-8). Blocks therefore take column slices: block (b, c) adds slice c
 (a power-of-two number of vectors, >= 256 bytes) of 256 * unroll / slice consecutive input rows,
@@ -57,6 +68,9 @@ SCATTER_THREADS = 256
 # (Hopper's L2 is 50 MB, in two partitions).
 REUSE_BYTES = 16 << 20
 MIN_SLICE_BYTES = 256
+INDEX_THREADS = 256                 # sorted scatter: threads of the count / place kernels
+SCAN_THREADS, SCAN_ITEMS = 1024, 8  # sorted scatter: the one-block scan of the per-token counts
+SORTED_MIN_BYTES = 32 << 20         # scatter inputs at least this large use the sorted method
 
 
 def _vec(sig):
@@ -70,6 +84,14 @@ def _heuristic(target, sig, problem):
     return {"unroll": 1 if rows < 132 else 4}
 
 
+def _scatter_heuristic(target, sig, problem):
+    # The sorted method's four extra launches (~10 us) pay off once the data moved is large.
+    rows, width = int(problem.get("A", 65536)), int(problem.get("D", 8192))
+    itemsize = 4 if sig["dtype"] == "float32" else 2
+    return {**_heuristic(target, sig, problem),
+            "method": "sorted" if rows * width * itemsize >= SORTED_MIN_BYTES else "atomic"}
+
+
 def _device_code(op, config, sig):
     import cutlass
     import cutlass.cute as cute
@@ -79,6 +101,7 @@ def _device_code(op, config, sig):
     dtype = dt[sig["dtype"]]
     VEC, UNROLL = _vec(sig), config["unroll"]
     HAS_N = bool(sig["has_valid_count"])
+    SORTED = config.get("method") == "sorted"
     ELEM_BYTES = dtype.width // 8
     SLOTS = SCATTER_THREADS * UNROLL                                 # vectors per scatter block
     K_MIN = (MIN_SLICE_BYTES // (VEC * ELEM_BYTES)).bit_length() - 1
@@ -145,13 +168,14 @@ def _device_code(op, config, sig):
             slot = j * SCATTER_THREADS + tidx
             row = rb * rows_per_block + (slot >> log2_slice)
             v = c * slice_vecs + (slot & (slice_vecs - 1))
-            ok.append((row < n) & (v < nvec))
             row_c, v_c = cutlass.min(row, a - 1), cutlass.min(v, nvec - 1)
             f = cute.make_rmem_tensor((VEC,), dtype)
             cute.autovec_copy(cute.zipped_divide(mY[row_c, None], (VEC,))[None, v_c], f,
                               l1c_evict_priority=STREAM)
             frags.append(f)
-            toks.append(mTok[row_c])
+            tok = mTok[row_c]
+            ok.append((row < n) & (v < nvec) & (tok >= 0) & (tok < mOut.shape[0]))
+            toks.append(tok)
             vs.append(v_c)
         for j in cutlass.range_constexpr(UNROLL):
             if ok[j]:
@@ -160,6 +184,131 @@ def _device_code(op, config, sig):
                     cute.arch.atomic_add(dst, frags[j][0], sem="relaxed", scope="gpu")
                 else:
                     cute.arch.atomic_add(dst, frags[j].load().ir_value(), sem="relaxed", scope="gpu")
+
+    # -- method "sorted": group rows by token, then one fp32 reduction per out row ----------------
+    def workspace_views(mWs, t, a):
+        """counts [t], offsets [t + 1], positions [a], row lists [a] inside the workspace."""
+        base = mWs.iterator
+        return (cute.make_tensor(base, cute.make_layout(t)),
+                cute.make_tensor(base + t, cute.make_layout(t + 1)),
+                cute.make_tensor(base + (2 * t + 1), cute.make_layout(a)),
+                cute.make_tensor(base + (2 * t + 1 + a), cute.make_layout(a)))
+
+    def flat_index():
+        tidx, _, _ = cute.arch.thread_idx()
+        b, _, _ = cute.arch.block_idx()
+        return b * INDEX_THREADS + tidx
+
+    @cute.kernel
+    def zero_kernel(mWs: cute.Tensor, t: Int32, a: Int32):
+        counts, _, _, _ = workspace_views(mWs, t, a)
+        i = flat_index()
+        if i < t:
+            counts[i] = 0
+
+    @cute.kernel
+    def count_kernel(mTok: cute.Tensor, mN: cute.Tensor, mWs: cute.Tensor, t: Int32):
+        a = mTok.shape[0]
+        counts, _, pos, _ = workspace_views(mWs, t, a)
+        i = flat_index()
+        if i < rows_to_do(mN, a):
+            tok = mTok[i]
+            if (tok >= 0) & (tok < t):
+                # The old count is this row's position among its token's rows.
+                pos[i] = cute.arch.atomic_add((counts.iterator + tok).llvm_ptr, Int32(1),
+                                              sem="relaxed", scope="gpu")
+
+    @cute.kernel
+    def scan_kernel(mWs: cute.Tensor, t: Int32, a: Int32):
+        # One block: offsets = exclusive prefix sum of counts, offsets[t] = total. Tiles of
+        # SCAN_THREADS * SCAN_ITEMS counts; each thread scans SCAN_ITEMS consecutive ones, warps
+        # scan with shuffles, warp 0 scans the warp totals, and a carry runs across tiles.
+        counts, offsets, _, _ = workspace_views(mWs, t, a)
+        tidx, _, _ = cute.arch.thread_idx()
+        warp, lane = tidx // 32, tidx % 32
+        smem = cutlass.memory.SmemAllocator()
+        s_warp = smem.allocate_tensor(Int32, cute.make_layout(SCAN_THREADS // 32), byte_alignment=16)
+        carry = Int32(0)
+        for tile in range(0, t, SCAN_THREADS * SCAN_ITEMS):
+            first = tile + tidx * SCAN_ITEMS
+            vals = cute.make_rmem_tensor((SCAN_ITEMS,), Int32)
+            for u in cutlass.range_constexpr(SCAN_ITEMS):
+                v = counts[cutlass.min(first + u, t - 1)]
+                vals[u] = Int32(cutlass.select_(first + u < t, v, Int32(0)))
+            own = Int32(0)
+            for u in cutlass.range_constexpr(SCAN_ITEMS):
+                own = own + vals[u]
+            incl = own
+            for d in (1, 2, 4, 8, 16):
+                up = cute.arch.shuffle_sync_up(incl, offset=d)
+                if lane >= d:
+                    incl = incl + up
+            if lane == 31:
+                s_warp[warp] = incl
+            cute.arch.sync_threads()
+            if warp == 0:
+                w = s_warp[lane]
+                w_incl = w
+                for d in (1, 2, 4, 8, 16):
+                    up = cute.arch.shuffle_sync_up(w_incl, offset=d)
+                    if lane >= d:
+                        w_incl = w_incl + up
+                s_warp[lane] = w_incl - w       # exclusive: the warps before this one
+            cute.arch.sync_threads()
+            run = carry + s_warp[warp] + incl - own
+            for u in cutlass.range_constexpr(SCAN_ITEMS):
+                if first + u < t:
+                    offsets[first + u] = run
+                run = run + vals[u]
+            # The tile's total: the last warp's offset plus its inclusive sum.
+            last = s_warp[SCAN_THREADS // 32 - 1]
+            cute.arch.sync_threads()
+            if tidx == SCAN_THREADS - 1:
+                s_warp[0] = last + incl
+            cute.arch.sync_threads()
+            carry = carry + s_warp[0]
+            cute.arch.sync_threads()
+        if tidx == 0:
+            offsets[t] = carry
+
+    @cute.kernel
+    def place_kernel(mTok: cute.Tensor, mN: cute.Tensor, mWs: cute.Tensor, t: Int32):
+        a = mTok.shape[0]
+        _, offsets, pos, rows = workspace_views(mWs, t, a)
+        i = flat_index()
+        if i < rows_to_do(mN, a):
+            tok = mTok[i]
+            if (tok >= 0) & (tok < t):
+                rows[offsets[tok] + pos[i]] = i
+
+    @cute.kernel
+    def reduce_kernel(mOut: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
+        # Block (t, c): out[t] chunk c += the chunk of each of token t's rows, summed in fp32.
+        t, _, _ = cute.arch.block_idx()
+        n_tok = mOut.shape[0]
+        _, offsets, _, rows = workspace_views(mWs, n_tok, mY.shape[0])
+        start = offsets[t]
+        count = offsets[t + 1] - start
+        if count > 0:
+            nvec = mOut.shape[1] // VEC
+            ids, ok = vector_ids(nvec)
+            out_vecs = cute.zipped_divide(mOut[t, None], (VEC,))
+            frags = load_row(out_vecs, ids)
+            acc = []
+            for j in cutlass.range_constexpr(UNROLL):
+                f = cute.make_rmem_tensor((VEC,), Float32)
+                f.store(frags[j].load().to(Float32))
+                acc.append(f)
+            for k in cutlass.range(count, unroll=2):
+                row = rows[start + k]
+                ys = load_row(cute.zipped_divide(mY[row, None], (VEC,)), ids)
+                for j in cutlass.range_constexpr(UNROLL):
+                    acc[j].store(acc[j].load() + ys[j].load().to(Float32))
+            r = cute.make_rmem_tensor((VEC,), dtype)
+            for j in cutlass.range_constexpr(UNROLL):
+                if ok[j]:
+                    r.store(acc[j].load().to(dtype))
+                    cute.autovec_copy(r, out_vecs[None, ids[j]])
 
     def scatter_launch(t, a, d):
         """(grid, log2 of the slice in vectors) for out rows t, input rows a, width d."""
@@ -190,10 +339,22 @@ def _device_code(op, config, sig):
 
     @cute.jit
     def scatter_add_dense_tokens(mOut: cute.Tensor, mY: cute.Tensor, mTok: cute.Tensor, mN: cute.Tensor,
-                                 stream):
-        grid, log2_slice = scatter_launch(mOut.shape[0], mY.shape[0], mY.shape[1])
-        scatter_kernel(mOut, mY, mTok, mN, log2_slice).launch(
-            grid=grid, block=(SCATTER_THREADS, 1, 1), stream=stream)
+                                 mWs: cute.Tensor, stream):
+        t, (a, d) = mOut.shape[0], mY.shape
+        if const_expr(SORTED):
+            t_blocks = ((t + INDEX_THREADS - 1) // INDEX_THREADS, 1, 1)
+            a_blocks = ((a + INDEX_THREADS - 1) // INDEX_THREADS, 1, 1)
+            index_block = (INDEX_THREADS, 1, 1)
+            zero_kernel(mWs, t, a).launch(grid=t_blocks, block=index_block, stream=stream)
+            count_kernel(mTok, mN, mWs, t).launch(grid=a_blocks, block=index_block, stream=stream)
+            scan_kernel(mWs, t, a).launch(grid=(1, 1, 1), block=(SCAN_THREADS, 1, 1), stream=stream)
+            place_kernel(mTok, mN, mWs, t).launch(grid=a_blocks, block=index_block, stream=stream)
+            grid, block = grid_and_block(t, d)
+            reduce_kernel(mOut, mY, mWs).launch(grid=grid, block=block, stream=stream)
+        else:
+            grid, log2_slice = scatter_launch(t, a, d)
+            scatter_kernel(mOut, mY, mTok, mN, log2_slice).launch(
+                grid=grid, block=(SCATTER_THREADS, 1, 1), stream=stream)
     return scatter_add_dense_tokens, dtype
 
 
@@ -219,21 +380,21 @@ def _build(config, target, sig, op):
         score_dt = cutlass.BFloat16 if sig["score_dtype"] == "bfloat16" else cutlass.Float32
         scores = make_fake_tensor(score_dt, (t, cute.sym_int()), stride=(cute.sym_int(), cute.sym_int()))
         return launcher, [rows(t), index(), index(), scores, count, rows(a), stream]
-    return launcher, [rows(t), rows(a), index(), count, stream]
+    workspace = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),))
+    return launcher, [rows(t), rows(a), index(), count, workspace, stream]
 
 
 def _valid(config, target, sig):
     return True
 
 
-def _template(op, signatures):
-    return Template(op=op, backend="cute", targets=("sm90a",), signatures=signatures,
-                    space={"unroll": (1, 2, 4, 8)}, valid=_valid, heuristic=_heuristic,
-                    build=functools.partial(_build, op=op))
-
-
 _COMMON = {"dtype": DTYPES, "aligned": (True, False), "has_valid_count": (False, True)}
 TEMPLATES = [
-    _template("gather_scale_dense_tokens", {**_COMMON, "score_dtype": SCORE_DTYPES}),
-    _template("scatter_add_dense_tokens", _COMMON),
+    Template(op="gather_scale_dense_tokens", backend="cute", targets=("sm90a",),
+             signatures={**_COMMON, "score_dtype": SCORE_DTYPES}, space={"unroll": (1, 2, 4, 8)},
+             valid=_valid, heuristic=_heuristic, build=functools.partial(_build, op="gather_scale_dense_tokens")),
+    Template(op="scatter_add_dense_tokens", backend="cute", targets=("sm90a",), signatures=_COMMON,
+             space={"unroll": (1, 2, 4, 8), "method": ("atomic", "sorted")},
+             valid=_valid, heuristic=_scatter_heuristic,
+             build=functools.partial(_build, op="scatter_add_dense_tokens")),
 ]

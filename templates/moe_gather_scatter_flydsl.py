@@ -6,8 +6,9 @@ meta-pytorch/MSLK mslk/moe/gather_scatter.py):
 gather_scale_dense_tokens: kernel(x, token_indices, expert_indices, scores, valid_count, out)
     out[i] = (x[t].float() * scores[t, e].float()).to(dtype), t, e = token_indices[i],
     expert_indices[i], for i < n (n = A, or min(valid_count[0], A) when sig["has_valid_count"]).
-scatter_add_dense_tokens:  kernel(out, y, token_indices, valid_count)
-    out[token_indices[i]] += y[i] for i < n, in place, with atomic adds in an unspecified order.
+scatter_add_dense_tokens:  kernel(out, y, token_indices, valid_count, workspace)
+    out[token_indices[i]] += y[i] for i < n, in place, with atomic adds in an unspecified order
+    (the CuTe template's "atomic" method; the workspace, for its "sorted" method, is unused).
 
 x, y, out [rows, D] contiguous; indices int32 [A]; valid_count [1] int32 (a dummy when unused).
 Difference from the CuTe template: scores must have a unit column stride (row-major [T, E]; the
@@ -116,9 +117,11 @@ def _device_code(op, config, sig):
             ids = vector_ids(nthr)
             regs = load_vectors(row_view(Y, row, VEC), ids)
             nvec = Y.shape.unpack()[1] // VEC
+            # A token index outside [0, T) skips the row (an unsigned compare covers both ends).
+            valid = fx.Uint32(t) < fx.Uint32(Out.shape.unpack()[0])
             dst = fx.get_iter(Out) + fx.Int64(t) * fx.Int64(Out.stride.unpack()[0])
             for j in range_constexpr(UNROLL):
-                if ids[j] < nvec:
+                if valid & (ids[j] < nvec):
                     vals = fx.memref_load_vec(regs[j])
                     for p in range_constexpr(VEC // PAIR):
                         piece = [vals[p * PAIR + q] for q in range(PAIR)]
@@ -146,7 +149,7 @@ def _device_code(op, config, sig):
         return gather_scale_dense_tokens
 
     @flyc.jit
-    def scatter_add_dense_tokens(Out: fx.Tensor, Y: fx.Tensor, Tok: fx.Tensor, N: fx.Tensor,
+    def scatter_add_dense_tokens(Out: fx.Tensor, Y: fx.Tensor, Tok: fx.Tensor, N: fx.Tensor, Ws: fx.Tensor,
                                  stream: fx.Stream = fx.Stream(None)):
         grid, block = grid_and_block(Y.shape.unpack()[0], Y.shape.unpack()[1])
         scatter_kernel(Out, Y, Tok, N, block[0]).launch(grid=grid, block=block, stream=stream)
@@ -163,7 +166,8 @@ def _placeholders(op, sig):
     if op == "gather_scale_dense_tokens":
         scores = torch.zeros(3, 5, dtype=getattr(torch, sig["score_dtype"]))
         return [torch.zeros(3, d, dtype=dtype), idx, idx.clone(), scores, count, torch.zeros(6, d, dtype=dtype)]
-    return [torch.zeros(3, d, dtype=dtype), torch.zeros(6, d, dtype=dtype), idx, count]
+    workspace = torch.zeros(2 * 3 + 1 + 2 * 6, dtype=torch.int32)
+    return [torch.zeros(3, d, dtype=dtype), torch.zeros(6, d, dtype=dtype), idx, count, workspace]
 
 
 def _build(config, target, sig, op):

@@ -113,6 +113,7 @@ def test_every_cute_template_compiles_for_its_targets(tmp_path):
         assert re.search(rf"\.target\s+{arch}", ptx), entry.path
         assert os.path.getsize(entry.file("kernel.so")) > 0
     _check_code(entries, "kernel.ptx", PTX_EXPECT, PTX_VECTOR, {"sm90a"})
+    _check_sorted_scatter(entries)
     nvdisasm = _nvdisasm()
     for entry in entries.values():
         key = entry.key_parts
@@ -122,6 +123,19 @@ def test_every_cute_template_compiles_for_its_targets(tmp_path):
                               check=True).stdout
         for pattern in SASS_EXPECT[key["op"]]:
             assert re.search(pattern, sass), f"{key['template']} {key['config']}: no {pattern} in the SASS"
+
+
+def _check_sorted_scatter(entries):
+    """The sorted scatter counts with integer atomics and adds the data without atomics."""
+    checked = 0
+    for entry in entries.values():
+        key = entry.key_parts
+        if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") == "sorted":
+            ptx = open(entry.file("kernel.ptx")).read()
+            assert re.search(r"atom\.global(\.\w+)*\.add\.u32", ptx), entry.path
+            assert not re.search(r"(red|atom)\.global(\.\w+)*\.add(\.noftz)?(\.v\d)?\.(bf16|f16|f32)", ptx), entry.path
+            checked += 1
+    assert checked, "no sorted scatter was compiled"
 
 
 def _nvdisasm() -> str:

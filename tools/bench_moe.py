@@ -2,7 +2,8 @@
 
   gather_scale_dense_tokens  bandwidth (read A*D + write A*D elements) vs y.copy_(x) of an [A, D]
                              tensor (the copy roofline), A = T * top_k rows
-  scatter_add_dense_tokens   bandwidth (read A*D of y, read + write T*D of out) vs the same copy
+  scatter_add_dense_tokens   bandwidth (read A*D of y, read + write T*D of out) vs the same copy,
+                             per method (heuristic, atomic, sorted), and time vs out.index_add_
   index_shuffling            time vs the composite torch.topk + argsort (+ bincount for counts)
 
 Rows are routed as in a model: token_indices / expert_indices come from index_shuffling on
@@ -22,6 +23,10 @@ import sys
 # (T tokens, top_k, D hidden): A = T * top_k rows of D elements.
 ROW_SHAPES = ((65536, 1, 5120), (16384, 4, 5120), (8192, 8, 7168), (8192, 8, 8192), (1024, 8, 5120))
 QUICK_ROW_SHAPES = ((16384, 4, 5120),)
+# Scatter adds the issue's T x hidden sizes at top_k 1 and 8, to place the methods' crossover.
+SCATTER_SHAPES = ((65536, 1, 5120), (65536, 4, 5120), (65536, 8, 5120), (16384, 1, 8192), (16384, 4, 5120),
+                  (16384, 8, 8192), (8192, 8, 7168), (1024, 1, 8192), (1024, 8, 8192), (1024, 8, 5120),
+                  (128, 8, 5120))
 # (T, E, top_k)
 ROUTE_SHAPES = ((16384, 128, 1), (16384, 128, 4), (16384, 128, 8), (16384, 16, 1), (16384, 256, 8),
                 (65536, 128, 8), (1024, 128, 8), (128, 16, 2))
@@ -55,16 +60,30 @@ def bench_gather(torch, ops, do_bench, t, k, d, dtype):
 
 
 def bench_scatter(torch, ops, do_bench, t, k, d, dtype):
+    """One row per method: the heuristic's choice, then each method forced (same unroll)."""
+    from mslk_dsl import registry
+
     _, tok, _ = _routing(torch, ops, t, 16, k)
     y = torch.randn(t * k, d, device="cuda").to(dtype)
     out = torch.randn(t, d, device="cuda").to(dtype)
-    ops.scatter_add_dense_tokens(out, y, tok)
-    torch.cuda.synchronize()
-    ms = do_bench(lambda: ops.scatter_add_dense_tokens(out, y, tok), return_mode="median")
-    gbps = (t * k + 2 * t) * d * y.element_size() / ms * 1e-6
+    (tpl,) = registry.get_templates(op="scatter_add_dense_tokens", backend="cute")
+    sig = {"dtype": str(dtype)[6:], "aligned": True, "has_valid_count": False}
+    chosen = tpl.heuristic("sm90a", sig, {"A": t * k, "D": d})
+    tok_long = tok.long()
+    eager_ms = do_bench(lambda: out.index_add_(0, tok_long, y), return_mode="median")
     copy = _copy_gbps(torch, do_bench, t * k, d, dtype)
-    return {"op": "scatter_add_dense_tokens", "T": t, "top_k": k, "D": d, "dtype": str(dtype)[6:],
-            "ms": ms, "GB/s": gbps, "copy GB/s": copy, "fraction of copy": gbps / copy}
+    rows = []
+    for label, config in ((f"heuristic ({chosen['method']})", None),
+                          ("atomic", {**chosen, "method": "atomic"}), ("sorted", {**chosen, "method": "sorted"})):
+        ops.scatter_add_dense_tokens(out, y, tok, config=config)
+        torch.cuda.synchronize()
+        ms = do_bench(lambda: ops.scatter_add_dense_tokens(out, y, tok, config=config), return_mode="median")
+        gbps = (t * k + 2 * t) * d * y.element_size() / ms * 1e-6
+        rows.append({"op": "scatter_add_dense_tokens", "method": label, "T": t, "top_k": k, "D": d,
+                     "dtype": str(dtype)[6:], "ms": ms, "GB/s": gbps, "copy GB/s": copy,
+                     "fraction of copy": gbps / copy, "eager index_add_ ms": eager_ms,
+                     "speedup vs eager": eager_ms / ms})
+    return rows
 
 
 def bench_index_shuffling(torch, ops, do_bench, t, e, k):
@@ -113,12 +132,17 @@ def main(argv=None) -> int:
     route_shapes = QUICK_ROUTE_SHAPES if args.quick else ROUTE_SHAPES
     results = []
     print(f"\nMoE routing ops on {torch.cuda.get_device_name()}")
-    for name, fn in (("gather", bench_gather), ("scatter", bench_scatter)):
-        if args.op not in (name, "all"):
-            continue
-        rows = [fn(torch, ops, do_bench, t, k, d, dtype) for t, k, d in row_shapes]
-        print(f"\n### {rows[0]['op']} ({args.dtype})\n")
+    if args.op in ("gather", "all"):
+        rows = [bench_gather(torch, ops, do_bench, t, k, d, dtype) for t, k, d in row_shapes]
+        print(f"\n### gather_scale_dense_tokens ({args.dtype})\n")
         _table(rows, ["T", "top_k", "D", "ms", "GB/s", "copy GB/s", "fraction of copy"])
+        results += rows
+    if args.op in ("scatter", "all"):
+        shapes = QUICK_ROW_SHAPES if args.quick else SCATTER_SHAPES
+        rows = [r for t, k, d in shapes for r in bench_scatter(torch, ops, do_bench, t, k, d, dtype)]
+        print(f"\n### scatter_add_dense_tokens ({args.dtype}) vs out.index_add_(0, token_indices, y)\n")
+        _table(rows, ["T", "top_k", "D", "method", "ms", "GB/s", "copy GB/s", "fraction of copy",
+                      "eager index_add_ ms", "speedup vs eager"])
         results += rows
     if args.op in ("index_shuffling", "all"):
         rows = [bench_index_shuffling(torch, ops, do_bench, t, e, k) for t, e, k in route_shapes]

@@ -100,7 +100,10 @@ def gather_scale_dense_tokens(x: torch.Tensor, token_indices: torch.Tensor, expe
 def scatter_add_dense_tokens(out_tokens: torch.Tensor, in_tokens: torch.Tensor, token_indices: torch.Tensor,
                              valid_token_count: torch.Tensor | None = None, *, config: dict | None = None) -> None:
     """out_tokens[token_indices[i]] += in_tokens[i] for the first valid_token_count (default: all)
-    rows, in place, with atomic adds (order-independent only where the sums are exact)."""
+    rows, in place. Large inputs are grouped by token and each token's rows summed in fp32 (one
+    rounding per out element); small ones use atomic adds, like MSLK. Either way the order of a
+    token's additions is unspecified, so results are order-independent only where the sums are
+    exact. Rows whose token index is outside [0, T) are skipped."""
     op = "scatter_add_dense_tokens"
     check.tensor(op, "out_tokens", out_tokens, check.FLOAT_DTYPES, ndim=2)
     check.tensor(op, "in_tokens", in_tokens, check.FLOAT_DTYPES, ndim=2)
@@ -122,5 +125,7 @@ def scatter_add_dense_tokens(out_tokens: torch.Tensor, in_tokens: torch.Tensor, 
     y = check.rows(in_tokens)
     sig = (check.aligned16(out_tokens, y), dtype_name(y.dtype), valid is not None)
     kernel = _SCATTER.kernel(y.device, sig, (A, D), config)
-    kernel(out_tokens, y, tok, valid if valid is not None else placeholder(y.device, torch.int32))
+    # Per-token counts, offsets, positions and row lists for the sorted method (see the template).
+    workspace = torch.empty(2 * out_tokens.shape[0] + 1 + 2 * A, dtype=torch.int32, device=y.device)
+    kernel(out_tokens, y, tok, valid if valid is not None else placeholder(y.device, torch.int32), workspace)
     return None

@@ -13,9 +13,11 @@ Checks:
     (scores have no ties, so the top-k is unique); then the exact order (the kernel sorts each
     expert's tokens ascending, deterministically).
   gather: bit-exact (one fp32 multiply, rounded once, as the reference).
-  scatter: exact in fp32 on small-integer data (order-independent sums); otherwise within the
-    atomics' rounding: each of the k additions into a token rounds to the dtype, so
-    |out - ref| <= (k + 1) * u * (|out0| + sum |y|), u = 2^-8 (bf16), 2^-11 (fp16), 2^-24 (fp32).
+  scatter: exact in fp32 on small-integer data (order-independent sums); otherwise, for the
+    atomic method, within the atomics' rounding: each of the k additions into a token rounds to
+    the dtype, so |out - ref| <= (k + 1) * u * (|out0| + sum |y|), u = 2^-8 (bf16), 2^-11 (fp16),
+    2^-24 (fp32); for the sorted method (fp32 sums, rounded once) within half an ulp of the result
+    plus the fp32 summation error. Both methods run every scatter test.
 Every config of every template runs on a few shapes (one signature each, to keep compiles few);
 the other signatures (dtypes, unaligned rows, valid_token_count, strided scores) run with the
 default config; the default config also runs over
@@ -166,44 +168,85 @@ def test_gather_options():
 
 
 # ------------------------------------------------------------------ scatter_add_dense_tokens
-def _check_scatter(t, d, k, dtype=torch.bfloat16, integers=False, n_valid=None, config=None):
+def _scatter_config(method, a, d):
+    """The heuristic's unroll for the shape, with the given method (None: the heuristic's)."""
+    if method is None:
+        return None
+    (tpl,) = registry.get_templates(op="scatter_add_dense_tokens", backend="cute")
+    sig = {"dtype": "bfloat16", "aligned": True, "has_valid_count": False}
+    return {**tpl.heuristic("sm90a", sig, {"A": a, "D": d}), "method": method}
+
+
+def _check_scatter(t, d, k, dtype=torch.bfloat16, integers=False, n_valid=None, config=None, tok=None,
+                   method=None):
+    """tok: the rows' destination tokens (default: each token k times, in random order); entries
+    outside [0, t) must be skipped. method: force "atomic" or "sorted" (default: heuristic)."""
     g = _gen(t * 5 + d + k)
+    if tok is None:
+        tok, _ = _routing(t, 1, k, seed=t + k)
+    a = tok.shape[0]
     if integers:   # small integers: every summation order gives the same fp32 result
         out0 = torch.randint(-8, 8, (t, d), device="cuda", generator=g).to(dtype)
-        y = torch.randint(-8, 8, (t * k, d), device="cuda", generator=g).to(dtype)
+        y = torch.randint(-8, 8, (a, d), device="cuda", generator=g).to(dtype)
     else:
         out0 = torch.randn(t, d, device="cuda", generator=g).to(dtype)
-        y = torch.randn(t * k, d, device="cuda", generator=g).to(dtype)
-    tok, _ = _routing(t, 1, k, seed=t + k)
+        y = torch.randn(a, d, device="cuda", generator=g).to(dtype)
+    config = config or _scatter_config(method, a, d)
     out = out0.clone()
     valid = None if n_valid is None else torch.tensor([n_valid], dtype=torch.int32, device="cuda")
     assert ops.scatter_add_dense_tokens(out, y, tok, valid, config=config) is None
-    n = t * k if n_valid is None else n_valid
-    idx = tok[:n].long()
-    ref = out0.double().index_add(0, idx, y[:n].double())
+    n = a if n_valid is None else n_valid
+    keep = (tok[:n] >= 0) & (tok[:n] < t)
+    idx = tok[:n][keep].long()
+    ref = out0.double().index_add(0, idx, y[:n][keep].double())
     what = f"scatter T={t} D={d} k={k} {dtype} n={n} {config}"
     if integers:
         assert torch.equal(out, ref.to(dtype)), what
-    else:
-        mag = out0.double().abs().index_add(0, idx, y[:n].double().abs())
-        bound = (k + 1) * UNIT_ROUNDOFF[dtype] * mag + 1e-30
-        err = (out.double() - ref).abs()
-        assert bool((err <= bound).all()), f"{what}: max excess {(err - bound).max().item()}"
+        return
+    mag = out0.double().abs().index_add(0, idx, y[:n][keep].double().abs())
+    rows = torch.bincount(idx, minlength=t).double()[:, None]      # additions per out row
+    err = (out.double() - ref).abs()
+    if (config or {}).get("method") == "sorted":
+        # fp32 sums, one rounding to the dtype: half an ulp of the result plus fp32 error.
+        bound = UNIT_ROUNDOFF[dtype] * ref.abs() * 1.0001 + (rows + 1) * 2.0 ** -24 * mag
+    else:   # each atomic addition rounds to the dtype
+        bound = (rows + 1) * UNIT_ROUNDOFF[dtype] * mag
+    bound = bound + 1e-30
+    assert bool((err <= bound).all()), f"{what}: max excess {(err - bound).max().item()}"
 
 
 @hopper
 @pytest.mark.parametrize("t,d", list(itertools.product(TOKENS, HIDDEN)))
 def test_scatter_shapes(t, d):
     _check_scatter(t, d, k=2)
+    for method in ("atomic", "sorted"):
+        _check_scatter(t, d, k=2, method=method)
+
+
+@hopper
+@pytest.mark.parametrize("method", ("atomic", "sorted"))
+def test_scatter_irregular_tokens(method):
+    """Tokens that get no rows, one token that gets most rows, and out-of-range indices."""
+    g = _gen(7)
+    t = 777
+    tok = torch.randint(0, t // 3, (5000,), device="cuda", generator=g, dtype=torch.int32)
+    tok[::3] = 5                                        # a hot token: ~1700 rows
+    tok[7], tok[100], tok[4001] = -1, t, 2 ** 31 - 1    # skipped
+    _check_scatter(t, 1024, 1, torch.float32, integers=True, tok=tok, method=method)
+    _check_scatter(t, 1000, 1, torch.bfloat16, tok=tok, method=method)
+    _check_scatter(t, 1024, 1, torch.float32, integers=True, tok=tok, n_valid=3000, method=method)
+    one = torch.zeros(4096, dtype=torch.int32, device="cuda")      # T = 1: every row to token 0
+    _check_scatter(1, 2048, 1, torch.float32, integers=True, tok=one, method=method)
 
 
 @hopper
 @pytest.mark.parametrize("k", TOP_K)
 def test_scatter_top_k(k):
-    _check_scatter(1000, 5120, k, torch.float32, integers=True)
-    _check_scatter(1000, 5120, k, torch.bfloat16)
-    _check_scatter(1000, 5120, k, torch.float16)
-    _check_scatter(1000, 5120, k, torch.float32)
+    for method in ("atomic", "sorted"):
+        _check_scatter(1000, 5120, k, torch.float32, integers=True, method=method)
+        _check_scatter(1000, 5120, k, torch.bfloat16, method=method)
+        _check_scatter(1000, 5120, k, torch.float16, method=method)
+        _check_scatter(1000, 5120, k, torch.float32, method=method)
 
 
 @hopper
@@ -217,10 +260,11 @@ def test_scatter_every_config(case):
 
 @hopper
 def test_scatter_options():
-    _check_scatter(1000, 5121, 4, torch.bfloat16)                      # unaligned rows
-    _check_scatter(1000, 5121, 4, torch.float32, integers=True)
-    _check_scatter(1000, 5120, 4, torch.float32, integers=True, n_valid=2222)
-    _check_scatter(1000, 5120, 4, torch.bfloat16, n_valid=0)
+    for method in ("atomic", "sorted"):
+        _check_scatter(1000, 5121, 4, torch.bfloat16, method=method)                      # unaligned rows
+        _check_scatter(1000, 5121, 4, torch.float32, integers=True, method=method)
+        _check_scatter(1000, 5120, 4, torch.float32, integers=True, n_valid=2222, method=method)
+        _check_scatter(1000, 5120, 4, torch.bfloat16, n_valid=0, method=method)
 
 
 # ------------------------------------------------------------------ the three together
