@@ -3,7 +3,8 @@
   gather_scale_dense_tokens  bandwidth (read A*D + write A*D elements) vs y.copy_(x) of an [A, D]
                              tensor (the copy roofline), A = T * top_k rows
   scatter_add_dense_tokens   bandwidth (read A*D of y, read + write T*D of out) vs the same copy,
-                             per method (heuristic, atomic, sorted), and time vs out.index_add_
+                             per method (heuristic, atomic, sorted), and time vs out.index_add_;
+                             also a.add_(b) on [T, D] (scatter's access mix at top_k 1)
   index_shuffling            time vs the composite torch.topk + argsort (+ bincount for counts)
 
 Rows are routed as in a model: token_indices / expert_indices come from index_shuffling on
@@ -72,6 +73,9 @@ def bench_scatter(torch, ops, do_bench, t, k, d, dtype):
     tok_long = tok.long()
     eager_ms = do_bench(lambda: out.index_add_(0, tok_long, y), return_mode="median")
     copy = _copy_gbps(torch, do_bench, t * k, d, dtype)
+    # A second roofline with scatter's access mix (two read streams, one write): in-place add.
+    a2, b2 = torch.randn(t, d, device="cuda").to(dtype), torch.randn(t, d, device="cuda").to(dtype)
+    add_gbps = 3 * a2.numel() * a2.element_size() / do_bench(lambda: a2.add_(b2), return_mode="median") * 1e-6
     rows = []
     for label, config in ((f"heuristic ({chosen['method']})", None),
                           ("atomic", {**chosen, "method": "atomic"}), ("sorted", {**chosen, "method": "sorted"})):
@@ -81,8 +85,23 @@ def bench_scatter(torch, ops, do_bench, t, k, d, dtype):
         gbps = (t * k + 2 * t) * d * y.element_size() / ms * 1e-6
         rows.append({"op": "scatter_add_dense_tokens", "method": label, "T": t, "top_k": k, "D": d,
                      "dtype": str(dtype)[6:], "ms": ms, "GB/s": gbps, "copy GB/s": copy,
-                     "fraction of copy": gbps / copy, "eager index_add_ ms": eager_ms,
+                     "fraction of copy": gbps / copy, "add_ GB/s": add_gbps, "eager index_add_ ms": eager_ms,
                      "speedup vs eager": eager_ms / ms})
+    return rows
+
+
+def scatter_unroll_sweep(torch, ops, do_bench, t, k, d, dtype):
+    """The sorted method at every unroll, to check the heuristic's choice at one shape."""
+    _, tok, _ = _routing(torch, ops, t, 16, k)
+    y = torch.randn(t * k, d, device="cuda").to(dtype)
+    out = torch.randn(t, d, device="cuda").to(dtype)
+    rows = []
+    for unroll in (1, 2, 4, 8):
+        config = {"unroll": unroll, "method": "sorted"}
+        ops.scatter_add_dense_tokens(out, y, tok, config=config)
+        ms = do_bench(lambda: ops.scatter_add_dense_tokens(out, y, tok, config=config), return_mode="median")
+        rows.append({"op": "scatter_add_dense_tokens sweep", "T": t, "top_k": k, "D": d, "unroll": unroll,
+                     "ms": ms, "GB/s": (t * k + 2 * t) * d * y.element_size() / ms * 1e-6})
     return rows
 
 
@@ -141,9 +160,15 @@ def main(argv=None) -> int:
         shapes = QUICK_ROW_SHAPES if args.quick else SCATTER_SHAPES
         rows = [r for t, k, d in shapes for r in bench_scatter(torch, ops, do_bench, t, k, d, dtype)]
         print(f"\n### scatter_add_dense_tokens ({args.dtype}) vs out.index_add_(0, token_indices, y)\n")
-        _table(rows, ["T", "top_k", "D", "method", "ms", "GB/s", "copy GB/s", "fraction of copy",
+        _table(rows, ["T", "top_k", "D", "method", "ms", "GB/s", "copy GB/s", "fraction of copy", "add_ GB/s",
                       "eager index_add_ ms", "speedup vs eager"])
         results += rows
+        if not args.quick:
+            sweep = [r for t, k, d in ((65536, 1, 5120), (65536, 8, 5120))
+                     for r in scatter_unroll_sweep(torch, ops, do_bench, t, k, d, dtype)]
+            print("\n#### sorted scatter, every unroll\n")
+            _table(sweep, ["T", "top_k", "D", "unroll", "ms", "GB/s"])
+            results += sweep
     if args.op in ("index_shuffling", "all"):
         rows = [bench_index_shuffling(torch, ops, do_bench, t, e, k) for t, e, k in route_shapes]
         print("\n### index_shuffling (bf16 scores) vs torch.topk + argsort + bincount\n")

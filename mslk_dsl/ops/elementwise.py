@@ -52,7 +52,7 @@ def silu_mul(x0: torch.Tensor, x1: torch.Tensor, *, config: dict | None = None) 
         key = None
     plan = _SILU_MUL_PLANS.get(key) if config is None else None
     if plan is not None:  # seen and validated before: launch
-        out = torch.empty(plan.shape, dtype=x0.dtype, device=x0.device)
+        out = torch.empty_like(x0)  # cheaper to call than torch.empty(shape, dtype=, device=)
         plan.kernel(not (x0.data_ptr() | x1.data_ptr()) & 15)(x0, x1, out)
         return out
     _pair("silu_mul", x0, x1)
@@ -64,7 +64,7 @@ def silu_mul(x0: torch.Tensor, x1: torch.Tensor, *, config: dict | None = None) 
     o = out.view(a.shape)
     sig = (check.aligned16(a, b, o), dtype_name(a.dtype))
     _SILU_MUL.kernel(a.device, sig, a.shape, config)(a, b, o)
-    if config is None and a is x0 and b is x1:
+    if config is None and a is x0 and b is x1 and check.compact_rows(a):
         _SILU_MUL_PLANS.add(key, Plan(_SILU_MUL, a.device, sig[1:], a.shape, check.aligned16(o), tuple(a.shape)))
     return out
 
@@ -80,8 +80,8 @@ def quantize_fp8_row(x: torch.Tensor, scale_ub: torch.Tensor | None = None, *,
         key = None
     plan = _QUANT_PLANS.get(key) if config is None and scale_ub is None else None
     if plan is not None:  # seen and validated before: launch
-        xq = torch.empty(plan.shape, dtype=plan.out_dtype, device=x.device)
-        scale = torch.empty(plan.shape[0], dtype=torch.float32, device=x.device)
+        xq = torch.empty_like(x, dtype=plan.out_dtype)
+        scale = x.new_empty(plan.shape[0], dtype=torch.float32)
         plan.kernel(not x.data_ptr() & 15)(x, placeholder(x.device, torch.float32), xq, scale)
         return xq, scale
     check.tensor(op, "x", x, check.FLOAT_DTYPES)
@@ -97,7 +97,7 @@ def quantize_fp8_row(x: torch.Tensor, scale_ub: torch.Tensor | None = None, *,
     sig = (check.aligned16(a, q), dtype_name(a.dtype), ub is not None)
     ub = ub if ub is not None else placeholder(a.device, torch.float32)
     _QUANT.kernel(a.device, sig, a.shape, config)(a, ub, q, scale.view(-1))
-    if config is None and scale_ub is None and a is x:
+    if config is None and scale_ub is None and a is x and check.compact_rows(a):
         _QUANT_PLANS.add(key, Plan(_QUANT, a.device, sig[1:], a.shape, check.aligned16(q), tuple(a.shape), q.dtype))
     return xq, scale
 
@@ -112,8 +112,8 @@ def silu_mul_quant(x0: torch.Tensor, x1: torch.Tensor, scale_ub: torch.Tensor | 
         key = None
     plan = _SILU_MUL_QUANT_PLANS.get(key) if config is None and scale_ub is None else None
     if plan is not None:  # seen and validated before: launch
-        xq = torch.empty(plan.shape, dtype=plan.out_dtype, device=x0.device)
-        scale = torch.empty(plan.shape[0], dtype=torch.float32, device=x0.device)
+        xq = torch.empty_like(x0, dtype=plan.out_dtype)
+        scale = x0.new_empty(plan.shape[0], dtype=torch.float32)
         plan.kernel(not (x0.data_ptr() | x1.data_ptr()) & 15)(x0, x1, placeholder(x0.device, torch.float32),
                                                              xq, scale)
         return xq, scale
@@ -130,7 +130,7 @@ def silu_mul_quant(x0: torch.Tensor, x1: torch.Tensor, scale_ub: torch.Tensor | 
     sig = (check.aligned16(a, b, q), dtype_name(a.dtype), ub is not None)
     ub = ub if ub is not None else placeholder(a.device, torch.float32)
     _SILU_MUL_QUANT.kernel(a.device, sig, a.shape, config)(a, b, ub, q, scale.view(-1))
-    if config is None and scale_ub is None and a is x0 and b is x1:
+    if config is None and scale_ub is None and a is x0 and b is x1 and check.compact_rows(a):
         plan = Plan(_SILU_MUL_QUANT, a.device, sig[1:], a.shape, check.aligned16(q), tuple(a.shape), q.dtype)
         _SILU_MUL_QUANT_PLANS.add(key, plan)
     return xq, scale

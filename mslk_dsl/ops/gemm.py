@@ -44,7 +44,7 @@ def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, config: dict | None = None) -
         key = None
     plan = _BF16_GEMM_PLANS.get(key) if config is None else None
     if plan is not None and not (x.data_ptr() | w.data_ptr()) & 15:  # seen and validated before
-        out = torch.empty(plan.shape, dtype=x.dtype, device=x.device)
+        out = x.new_empty(plan.shape)  # cheaper to call than torch.empty(shape, dtype=, device=)
         plan.kernel()(x, w, out)
         return out
     _operands("bf16_gemm", x, w, check.HALF_DTYPES)
@@ -76,7 +76,7 @@ def f8f8bf16_rowwise(xq: torch.Tensor, wq: torch.Tensor, x_scale: torch.Tensor, 
         key = None
     plan = _F8F8BF16_ROWWISE_PLANS.get(key) if config is None and bias is None else None
     if plan is not None and not (xq.data_ptr() | wq.data_ptr()) & 15:  # seen and validated before
-        out = torch.empty(plan.shape, dtype=torch.bfloat16, device=xq.device)
+        out = xq.new_empty(plan.shape, dtype=torch.bfloat16)
         plan.kernel()(xq, wq, x_scale, w_scale, placeholder(xq.device, torch.bfloat16), out)
         return out
     _operands(op, xq, wq, check.FP8_DTYPES, names=("xq", "wq"))

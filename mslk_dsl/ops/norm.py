@@ -36,7 +36,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
         key = None
     plan = _RMSNORM_PLANS.get(key) if config is None and type(eps) is float and eps >= 0 else None
     if plan is not None:  # seen and validated before: launch
-        y = torch.empty(plan.shape, dtype=x.dtype, device=x.device)
+        y = torch.empty_like(x)  # cheaper to call than torch.empty(shape, dtype=, device=)
         plan.kernel(not (x.data_ptr() | weight.data_ptr()) & 15)(x, weight, y, eps)
         return y
     _check("rmsnorm", x, weight, eps)
@@ -48,7 +48,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     out = y.view(a.shape)
     sig = (check.aligned16(a, weight, out), dtype_name(a.dtype))
     _RMSNORM.kernel(a.device, sig, a.shape, config)(a, weight, out, float(eps))
-    if config is None and a is x:
+    if config is None and a is x and check.compact_rows(a):
         _RMSNORM_PLANS.add(key, Plan(_RMSNORM, a.device, sig[1:], a.shape, check.aligned16(out), tuple(a.shape)))
     return y
 
@@ -64,8 +64,7 @@ def rmsnorm_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
         key = None
     plan = _RMSNORM_ADD_PLANS.get(key) if config is None and type(eps) is float and eps >= 0 else None
     if plan is not None:  # seen and validated before: launch
-        y = torch.empty(plan.shape, dtype=x.dtype, device=x.device)
-        new_residual = torch.empty(plan.shape, dtype=x.dtype, device=x.device)
+        y, new_residual = torch.empty_like(x), torch.empty_like(x)
         aligned = not (x.data_ptr() | residual.data_ptr() | weight.data_ptr()) & 15
         plan.kernel(aligned)(x, residual, weight, y, new_residual, eps)
         return y, new_residual
@@ -83,7 +82,7 @@ def rmsnorm_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
     out, res = y.view(a.shape), new_residual.view(a.shape)
     sig = (check.aligned16(a, r, weight, out, res), dtype_name(a.dtype))
     _RMSNORM_ADD.kernel(a.device, sig, a.shape, config)(a, r, weight, out, res, float(eps))
-    if config is None and a is x and r is residual:
+    if config is None and a is x and r is residual and check.compact_rows(a):
         plan = Plan(_RMSNORM_ADD, a.device, sig[1:], a.shape, check.aligned16(out), tuple(a.shape))
         _RMSNORM_ADD_PLANS.add(key, plan)
     return y, new_residual

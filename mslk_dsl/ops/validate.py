@@ -68,6 +68,12 @@ def rows(t: torch.Tensor) -> torch.Tensor:
     return t2 if t2.is_contiguous() else t2.contiguous()
 
 
+def compact_rows(t: torch.Tensor) -> bool:
+    """True for a 2-D tensor laid out exactly row-major (stride (cols, 1)); then torch.empty_like
+    of it is row-major too. Plans that allocate outputs with empty_like require it."""
+    return t.dim() == 2 and t.stride(1) == 1 and t.stride(0) == t.shape[1]
+
+
 def aligned16(*tensors: torch.Tensor) -> bool:
     """True when every tensor starts on a 16-byte boundary and its rows are a multiple of 16
     bytes long: then 128-bit vector loads are legal for every row."""
