@@ -206,17 +206,20 @@ def _device_code(op, config, sig):
         if i < t:
             counts[i] = 0
 
+    def routed_row(mTok, mN, t):
+        """This thread's input row i, its token, and whether it is added (i < n, token in [0, t))."""
+        a = mTok.shape[0]
+        i = flat_index()
+        tok = mTok[cutlass.min(i, a - 1)]
+        return i, tok, (i < rows_to_do(mN, a)) & (tok >= 0) & (tok < t)
+
     @cute.kernel
     def count_kernel(mTok: cute.Tensor, mN: cute.Tensor, mWs: cute.Tensor, t: Int32):
-        a = mTok.shape[0]
-        counts, _, pos, _ = workspace_views(mWs, t, a)
-        i = flat_index()
-        if i < rows_to_do(mN, a):
-            tok = mTok[i]
-            if (tok >= 0) & (tok < t):
-                # The old count is this row's position among its token's rows.
-                pos[i] = cute.arch.atomic_add((counts.iterator + tok).llvm_ptr, Int32(1),
-                                              sem="relaxed", scope="gpu")
+        counts, _, pos, _ = workspace_views(mWs, t, mTok.shape[0])
+        i, tok, routed = routed_row(mTok, mN, t)
+        if routed:
+            # The old count is this row's position among its token's rows.
+            pos[i] = cute.arch.atomic_add((counts.iterator + tok).llvm_ptr, Int32(1), sem="relaxed", scope="gpu")
 
     @cute.kernel
     def scan_kernel(mWs: cute.Tensor, t: Int32, a: Int32):
@@ -273,13 +276,10 @@ def _device_code(op, config, sig):
 
     @cute.kernel
     def place_kernel(mTok: cute.Tensor, mN: cute.Tensor, mWs: cute.Tensor, t: Int32):
-        a = mTok.shape[0]
-        _, offsets, pos, rows = workspace_views(mWs, t, a)
-        i = flat_index()
-        if i < rows_to_do(mN, a):
-            tok = mTok[i]
-            if (tok >= 0) & (tok < t):
-                rows[offsets[tok] + pos[i]] = i
+        _, offsets, pos, rows = workspace_views(mWs, t, mTok.shape[0])
+        i, tok, routed = routed_row(mTok, mN, t)
+        if routed:
+            rows[offsets[tok] + pos[i]] = i
 
     @cute.kernel
     def reduce_kernel(mOut: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):

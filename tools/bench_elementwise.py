@@ -26,6 +26,8 @@ import argparse
 import json
 import sys
 
+from bench_common import cuda_or_exit, parse_shapes, rowwise_label
+
 OPS = ("silu_mul", "quantize_fp8_row", "silu_mul_quant")
 SHAPES = ((1024, 4096), (8192, 8192), (65536, 8192))
 FP8_EPS = 1.0 / 512.0
@@ -131,10 +133,6 @@ def _bench_shape(op, m, k, dtype, args, target, torch, ops, do_bench, composites
     return rows
 
 
-def _short(config):
-    return f"t{config['threads']}r{config['rows_per_block']}v{config['vec']}c{config['chunks']}"
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--op", choices=(*OPS, "all"), default="all")
@@ -149,12 +147,10 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write the results here")
     args = parser.parse_args(argv)
 
-    import torch
-
-    if not torch.cuda.is_available():
-        print("bench_elementwise: needs a CUDA GPU", file=sys.stderr)
+    gpu = cuda_or_exit("bench_elementwise")
+    if gpu is None:
         return 2
-    from triton.testing import do_bench
+    torch, do_bench = gpu
 
     from mslk_dsl import ops
     from mslk_dsl.device import target_of
@@ -164,7 +160,7 @@ def main(argv=None) -> int:
     target = target_of(device).name
     dtype = getattr(torch, args.dtype)
     composites = _torch_composites(torch, fp8_dtype_for(device))
-    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
+    shapes = parse_shapes(args.shapes)
     results = []
     for op in (OPS if args.op == "all" else (args.op,)):
         print(f"\n### {op} {args.dtype}{' scale_ub' if args.scale_ub and op != 'silu_mul' else ''} "
@@ -177,7 +173,7 @@ def main(argv=None) -> int:
                 results.append(r)
                 s = r["speedup"]
                 tail = f" {s['compiled']:.2f}x |" if args.compile else ""
-                print(f"| {m}x{k} | {_short(r['config'])} | {r['ms']:.4f} | {r['gbps']:.0f} | "
+                print(f"| {m}x{k} | {rowwise_label(r['config'])} | {r['ms']:.4f} | {r['gbps']:.0f} | "
                       f"{r['copy_gbps']:.0f} | {r['pct_copy']:.1f} | {s['eager']:.2f}x |{tail}", flush=True)
             torch.cuda.empty_cache()
     if args.json:

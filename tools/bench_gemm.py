@@ -22,6 +22,8 @@ import json
 import math
 import sys
 
+from bench_common import cuda_or_exit
+
 M_VALUES = (1, 16, 128, 512, 2048, 8192, 16384)
 NK_VALUES = ((8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (4096, 4096), (14336, 4096))
 QUICK_SHAPES = ((16, 8192, 8192), (2048, 8192, 8192), (8192, 8192, 8192))
@@ -100,12 +102,10 @@ def main(argv=None) -> int:
                              "tuned choices")
     args = parser.parse_args(argv)
 
-    import torch
-
-    if not torch.cuda.is_available():
-        print("bench_gemm: needs a CUDA GPU", file=sys.stderr)
+    gpu = cuda_or_exit("bench_gemm")
+    if gpu is None:
         return 2
-    from triton.testing import do_bench
+    torch, do_bench = gpu
 
     from mslk_dsl import device, ops
     from mslk_dsl.template import config_name

@@ -21,6 +21,8 @@ import json
 import math
 import sys
 
+from bench_common import cuda_or_exit, table
+
 # (T tokens, top_k, D hidden): A = T * top_k rows of D elements.
 ROW_SHAPES = ((65536, 1, 5120), (16384, 4, 5120), (8192, 8, 7168), (8192, 8, 8192), (1024, 8, 5120))
 QUICK_ROW_SHAPES = ((16384, 4, 5120),)
@@ -121,13 +123,6 @@ def bench_index_shuffling(torch, ops, do_bench, t, e, k):
             "speedup": torch_ms / ms}
 
 
-def _table(rows, cols):
-    print("| " + " | ".join(cols) + " |")
-    print("| " + " | ".join("---" for _ in cols) + " |")
-    for r in rows:
-        print("| " + " | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--op", choices=("gather", "scatter", "index_shuffling", "all"), default="all")
@@ -136,12 +131,10 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write the results here")
     args = parser.parse_args(argv)
 
-    import torch
-
-    if not torch.cuda.is_available():
-        print("bench_moe: needs a GPU", file=sys.stderr)
+    gpu = cuda_or_exit("bench_moe")
+    if gpu is None:
         return 2
-    from triton.testing import do_bench
+    torch, do_bench = gpu
 
     from mslk_dsl import ops
 
@@ -154,25 +147,25 @@ def main(argv=None) -> int:
     if args.op in ("gather", "all"):
         rows = [bench_gather(torch, ops, do_bench, t, k, d, dtype) for t, k, d in row_shapes]
         print(f"\n### gather_scale_dense_tokens ({args.dtype})\n")
-        _table(rows, ["T", "top_k", "D", "ms", "GB/s", "copy GB/s", "fraction of copy"])
+        table(rows, ["T", "top_k", "D", "ms", "GB/s", "copy GB/s", "fraction of copy"])
         results += rows
     if args.op in ("scatter", "all"):
         shapes = QUICK_ROW_SHAPES if args.quick else SCATTER_SHAPES
         rows = [r for t, k, d in shapes for r in bench_scatter(torch, ops, do_bench, t, k, d, dtype)]
         print(f"\n### scatter_add_dense_tokens ({args.dtype}) vs out.index_add_(0, token_indices, y)\n")
-        _table(rows, ["T", "top_k", "D", "method", "ms", "GB/s", "copy GB/s", "fraction of copy", "add_ GB/s",
+        table(rows, ["T", "top_k", "D", "method", "ms", "GB/s", "copy GB/s", "fraction of copy", "add_ GB/s",
                       "eager index_add_ ms", "speedup vs eager"])
         results += rows
         if not args.quick:
             sweep = [r for t, k, d in ((65536, 1, 5120), (65536, 8, 5120))
                      for r in scatter_unroll_sweep(torch, ops, do_bench, t, k, d, dtype)]
             print("\n#### sorted scatter, every unroll\n")
-            _table(sweep, ["T", "top_k", "D", "unroll", "ms", "GB/s"])
+            table(sweep, ["T", "top_k", "D", "unroll", "ms", "GB/s"])
             results += sweep
     if args.op in ("index_shuffling", "all"):
         rows = [bench_index_shuffling(torch, ops, do_bench, t, e, k) for t, e, k in route_shapes]
         print("\n### index_shuffling (bf16 scores) vs torch.topk + argsort + bincount\n")
-        _table(rows, ["T", "E", "top_k", "ms", "torch ms", "speedup"])
+        table(rows, ["T", "E", "top_k", "ms", "torch ms", "speedup"])
         geo = math.exp(sum(math.log(r["speedup"]) for r in rows) / len(rows))
         print(f"\ngeometric mean speedup: {geo:.2f}x")
         results += rows

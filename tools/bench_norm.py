@@ -22,6 +22,8 @@ import argparse
 import json
 import sys
 
+from bench_common import cuda_or_exit, parse_shapes, rowwise_label
+
 SHAPES = ((1024, 8192), (16384, 8192), (65536, 5120))
 EPS = 1e-6
 
@@ -120,10 +122,6 @@ def _chosen(op, t, n, dtype):
     return kernel_op.choose("sm90a", (n * 2 % 16 == 0, dtype_name(dtype)), (t, n), None)[1]
 
 
-def _short(config):
-    return f"t{config['threads']}r{config['rows_per_block']}v{config['vec']}c{config['chunks']}"
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--op", choices=("rmsnorm", "rmsnorm_add", "all"), default="all")
@@ -136,17 +134,15 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write the results here")
     args = parser.parse_args(argv)
 
-    import torch
-
-    if not torch.cuda.is_available():
-        print("bench_norm: needs a CUDA GPU", file=sys.stderr)
+    gpu = cuda_or_exit("bench_norm")
+    if gpu is None:
         return 2
-    from triton.testing import do_bench
+    torch, do_bench = gpu
 
     from mslk_dsl import ops
 
     dtype = getattr(torch, args.dtype)
-    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
+    shapes = parse_shapes(args.shapes)
     op_names = ("rmsnorm", "rmsnorm_add") if args.op == "all" else (args.op,)
     results = []
     for op in op_names:
@@ -159,7 +155,7 @@ def main(argv=None) -> int:
                 results.append(r)
                 s = r["speedup"]
                 quack = f"{s['quack']:.2f}x" if "quack" in s else "-"
-                print(f"| {t}x{n} | {_short(r['config'])} | {r['ms']:.4f} | {r['gbps']:.0f} | "
+                print(f"| {t}x{n} | {rowwise_label(r['config'])} | {r['ms']:.4f} | {r['gbps']:.0f} | "
                       f"{r['copy_gbps']:.0f} | {r['pct_copy']:.1f} | {s['F.rms_norm']:.2f}x | "
                       f"{s['manual']:.2f}x | {quack} |", flush=True)
             torch.cuda.empty_cache()
