@@ -5,9 +5,7 @@ tile, N and K not multiples of the tile, K shorter than one k-tile, several pers
 the default (heuristic) config runs over M in {1, 7, 128, 1000, 4096} x (N, K) up to
 (8192, 28672). The op layer must reject N / K that break TMA's 16-byte row alignment.
 
-Tolerances (the reference is fp32 math on the same inputs, TF32 off):
-  bf16 out: |out - ref| <= 1e-2 + 1e-2 |ref|  (bf16 rounding is 2^-9 relative)
-  fp16 out: |out - ref| <= 1e-2 + 2e-3 |ref|  (fp16 rounding is 2^-11 relative)
+Tolerances: bf16 / fp16 as in gemm_checks.py;
   fp8 rowwise, bf16 out: |out - ref| <= atol + 1.6e-2 |ref| with atol = 1e-2 * rms(ref) for
   promoted accumulation (partial sums of <= 512 products) and atol = 4e-2 * rms(ref) plus a
   relative Frobenius error <= 2e-2 for fast accumulation (Hopper's FP8 wgmma keeps ~13 bits
@@ -15,6 +13,7 @@ Tolerances (the reference is fp32 math on the same inputs, TF32 off):
 """
 import pytest
 import torch
+from gemm_checks import check_bf16, exact_fp32_reference, fp8_case, quantize_rowwise, randn  # noqa: F401
 
 from mslk_dsl import device, ops, registry
 from mslk_dsl.template import config_name
@@ -29,19 +28,10 @@ CONFIG_SHAPES = [(1, 64, 64), (3, 48, 16), (7, 144, 208), (130, 272, 1040), (257
                  (2100, 2064, 256)]
 DEFAULT_M = (1, 7, 128, 1000, 4096)
 DEFAULT_NK = ((128, 128), (4096, 4096), (8192, 8192), (10240, 8192), (8192, 28672))
-TOL = {torch.bfloat16: dict(atol=1e-2, rtol=1e-2), torch.float16: dict(atol=1e-2, rtol=2e-3)}
 
 # The templates target sm90a only (wgmma, TMA multicast, setmaxnreg).
 pytestmark = SkipUnless(lambda: device.is_cuda() and device.compute_capability_in((9, 0)),
                         "needs an sm_90 (Hopper) GPU")
-
-
-@pytest.fixture(autouse=True)
-def _exact_fp32_reference():
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 def _template(op):
@@ -59,39 +49,21 @@ def _case_id(case):
     return "-".join(str(v) for v in sig.values()) + "-" + config_name(config)
 
 
-def _randn(*shape, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    return torch.randn(*shape, device="cuda", generator=g)
-
-
 # ------------------------------------------------------------------ bf16_gemm
-def _check_bf16(m, n, k, dtype, config=None):
-    x = _randn(m, k, seed=m * 31 + k).to(dtype)
-    w = _randn(n, k, seed=n * 17 + k + 1).to(dtype)
-    out = ops.bf16_gemm(x, w, config=config)
-    ref = x.float() @ w.float().T
-    assert out.shape == (m, n) and out.dtype == dtype
-    # Both sides accumulate in fp32, in different orders (and Hopper's tensor cores truncate
-    # rather than round inside a wgmma): the absolute error grows like sqrt(K).
-    tol = dict(TOL[dtype], atol=TOL[dtype]["atol"] * max(1.0, (k / 4096) ** 0.5))
-    torch.testing.assert_close(out.float(), ref, **tol,
-                               msg=lambda s: f"bf16_gemm {m}x{n}x{k} {dtype} {config}: {s}")
-
-
 @pytest.mark.parametrize("case", _cases("bf16_gemm", [{"dtype": "bfloat16"}, {"dtype": "float16"}]),
                          ids=_case_id)
 def test_bf16_gemm_every_config(case):
     sig, config = case
     dtype = getattr(torch, sig["dtype"])
     for m, n, k in CONFIG_SHAPES:
-        _check_bf16(m, n, k, dtype, config)
+        check_bf16(m, n, k, dtype, config)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("nk", DEFAULT_NK, ids=lambda nk: f"N{nk[0]}K{nk[1]}")
 def test_bf16_gemm_default_config(nk, dtype):
     for m in DEFAULT_M:
-        _check_bf16(m, *nk, dtype)
+        check_bf16(m, *nk, dtype)
 
 
 def test_bf16_gemm_rejects_unaligned_sizes():
@@ -107,32 +79,20 @@ def test_bf16_gemm_rejects_unaligned_sizes():
 
 def test_bf16_gemm_strided_input_and_stream():
     """A column slice (not contiguous) is copied by the op layer; a side stream is honoured."""
-    big = _randn(300, 512, seed=3).to(torch.bfloat16)
+    big = randn(300, 512, seed=3).to(torch.bfloat16)
     x = big[:, :256]
-    w = _randn(384, 256, seed=4).to(torch.bfloat16)
+    w = randn(384, 256, seed=4).to(torch.bfloat16)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         out = ops.bf16_gemm(x, w)
     stream.synchronize()
-    torch.testing.assert_close(out.float(), x.float() @ w.float().T, **TOL[torch.bfloat16])
+    torch.testing.assert_close(out.float(), x.float() @ w.float().T, atol=1e-2, rtol=1e-2)
 
 
 # ----------------------------------------------------------- f8f8bf16_rowwise
-def _quantize_rowwise(t):
-    """MSLK's rowwise FP8 quantization: scale = absmax / 448 per row (the dequant multiplier)."""
-    scale = t.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX
-    q = (t / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    return q, scale.float()
-
-
 def _check_fp8(m, n, k, has_bias, config=None):
-    xq, x_scale = _quantize_rowwise(_randn(m, k, seed=m * 31 + k))
-    wq, w_scale = _quantize_rowwise(_randn(n, k, seed=n * 17 + k + 1))
-    bias = _randn(n, seed=n).to(torch.bfloat16) if has_bias else None
-    out = ops.f8f8bf16_rowwise(xq, wq, x_scale, w_scale, bias, config=config)
-    ref = (xq.float() @ wq.float().T) * x_scale[:, None] * w_scale[None, :]
-    if has_bias:
-        ref = ref + bias.float()
+    args, ref = fp8_case(m, n, k, has_bias, FP8, FP8_MAX)
+    out = ops.f8f8bf16_rowwise(*args, config=config)
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
     rms = ref.pow(2).mean().sqrt().item()
     fast = (config or {}).get("promote", 1) == 0
@@ -162,8 +122,8 @@ def test_f8f8bf16_rowwise_default_config(nk, has_bias):
 def test_f8f8bf16_rowwise_promotion_is_accurate():
     """With promotion the long-K error stays at bf16 rounding level (a few 1e-3 of rms)."""
     m, n, k = 256, 512, 28672
-    xq, x_scale = _quantize_rowwise(_randn(m, k, seed=1))
-    wq, w_scale = _quantize_rowwise(_randn(n, k, seed=2))
+    xq, x_scale = quantize_rowwise(randn(m, k, seed=1), FP8, FP8_MAX)
+    wq, w_scale = quantize_rowwise(randn(n, k, seed=2), FP8, FP8_MAX)
     ref = (xq.float() @ wq.float().T) * x_scale[:, None] * w_scale[None, :]
     for config in _template("f8f8bf16_rowwise").valid_configs("sm90a", {"has_bias": False}):
         if config["promote"]:

@@ -6,6 +6,7 @@ passes), odd N (unaligned, scalar configs only) and the common hidden sizes.
 """
 import pytest
 import torch
+from norm_reference import ref_rmsnorm, ref_rmsnorm_add
 
 from mslk_dsl import ops, registry
 from mslk_dsl.testing import skipUnlessRocm
@@ -17,16 +18,6 @@ ALIGNED_SHAPES = [(1, 8), (3, 256), (67, 1024), (130, 2048), (5, 4096), (33, 512
 # Any N: the scalar (vec 1) configs only.
 UNALIGNED_SHAPES = [(1, 1), (7, 1), (5, 13), (3, 4097), (4, 5121), (2, 16383), (2, 20001)]
 TOL = {torch.bfloat16: dict(atol=2e-2, rtol=1.6e-2), torch.float16: dict(atol=4e-3, rtol=2e-3)}
-
-
-def ref_rmsnorm(x, weight, eps):
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
-
-
-def ref_rmsnorm_add(x, residual, weight, eps):
-    h = (x.float() + residual.float()).to(x.dtype)
-    return ref_rmsnorm(h, weight, eps), h
 
 
 def _configs(op):
