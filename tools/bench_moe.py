@@ -71,7 +71,10 @@ def bench_scatter(torch, ops, do_bench, t, k, d, dtype):
     out = torch.randn(t, d, device="cuda").to(dtype)
     (tpl,) = registry.get_templates(op="scatter_add_dense_tokens", backend="cute")
     sig = {"dtype": str(dtype)[6:], "aligned": True, "has_valid_count": False}
-    chosen = tpl.heuristic("sm90a", sig, {"A": t * k, "D": d})
+    chosen = tpl.heuristic("sm90a", sig, {"A": t * k, "D": d, "T": t})
+    # Each method with the unroll the heuristic gives it (a width that forces the method).
+    forced = {"atomic": tpl.heuristic("sm90a", sig, {"A": t * k, "D": 1, "T": t}),
+              "sorted": tpl.heuristic("sm90a", sig, {"A": t * k, "D": 1 << 40, "T": t})}
     tok_long = tok.long()
     eager_ms = do_bench(lambda: out.index_add_(0, tok_long, y), return_mode="median")
     copy = _copy_gbps(torch, do_bench, t * k, d, dtype)
@@ -80,7 +83,7 @@ def bench_scatter(torch, ops, do_bench, t, k, d, dtype):
     add_gbps = 3 * a2.numel() * a2.element_size() / do_bench(lambda: a2.add_(b2), return_mode="median") * 1e-6
     rows = []
     for label, config in ((f"heuristic ({chosen['method']})", None),
-                          ("atomic", {**chosen, "method": "atomic"}), ("sorted", {**chosen, "method": "sorted"})):
+                          ("atomic", forced["atomic"]), ("sorted", forced["sorted"])):
         ops.scatter_add_dense_tokens(out, y, tok, config=config)
         torch.cuda.synchronize()
         ms = do_bench(lambda: ops.scatter_add_dense_tokens(out, y, tok, config=config), return_mode="median")

@@ -10,7 +10,7 @@ from mslk_dsl.ops.dispatch import KernelOp, dtype_name, placeholder
 
 _INDEX_SHUFFLING = KernelOp("index_shuffling", ("has_valid_count", "score_dtype"), ("T", "E"))
 _GATHER = KernelOp("gather_scale_dense_tokens", ("aligned", "dtype", "has_valid_count", "score_dtype"), ("A", "D"))
-_SCATTER = KernelOp("scatter_add_dense_tokens", ("aligned", "dtype", "has_valid_count"), ("A", "D"))
+_SCATTER = KernelOp("scatter_add_dense_tokens", ("aligned", "dtype", "has_valid_count"), ("A", "D", "T"))
 
 MAX_EXPERTS = 256
 MAX_TOP_K = 8
@@ -124,7 +124,7 @@ def scatter_add_dense_tokens(out_tokens: torch.Tensor, in_tokens: torch.Tensor, 
         return None
     y = check.rows(in_tokens)
     sig = (check.aligned16(out_tokens, y), dtype_name(y.dtype), valid is not None)
-    kernel = _SCATTER.kernel(y.device, sig, (A, D), config)
+    kernel = _SCATTER.kernel(y.device, sig, (A, D, out_tokens.shape[0]), config)
     # Per-token counts, offsets, positions and row lists for the sorted method (see the template).
     workspace = torch.empty(2 * out_tokens.shape[0] + 1 + 2 * A, dtype=torch.int32, device=y.device)
     kernel(out_tokens, y, tok, valid if valid is not None else placeholder(y.device, torch.int32), workspace)

@@ -168,13 +168,16 @@ def test_gather_options():
 
 
 # ------------------------------------------------------------------ scatter_add_dense_tokens
-def _scatter_config(method, a, d):
-    """The heuristic's unroll for the shape, with the given method (None: the heuristic's)."""
+def _scatter_config(method, t, a):
+    """The heuristic's config for the method (None: the heuristic's own choice) with T = t
+    tokens and A = a rows; a width that forces the method."""
     if method is None:
         return None
     (tpl,) = registry.get_templates(op="scatter_add_dense_tokens", backend="cute")
     sig = {"dtype": "bfloat16", "aligned": True, "has_valid_count": False}
-    return {**tpl.heuristic("sm90a", sig, {"A": a, "D": d}), "method": method}
+    config = tpl.heuristic("sm90a", sig, {"A": a, "D": 1 << 40 if method == "sorted" else 1, "T": t})
+    assert config["method"] == method
+    return config
 
 
 def _check_scatter(t, d, k, dtype=torch.bfloat16, integers=False, n_valid=None, config=None, tok=None,
@@ -191,7 +194,7 @@ def _check_scatter(t, d, k, dtype=torch.bfloat16, integers=False, n_valid=None, 
     else:
         out0 = torch.randn(t, d, device="cuda", generator=g).to(dtype)
         y = torch.randn(a, d, device="cuda", generator=g).to(dtype)
-    config = config or _scatter_config(method, a, d)
+    config = config or _scatter_config(method, t, a)
     out = out0.clone()
     valid = None if n_valid is None else torch.tensor([n_valid], dtype=torch.int32, device="cuda")
     assert ops.scatter_add_dense_tokens(out, y, tok, valid, config=config) is None
