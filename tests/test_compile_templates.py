@@ -163,3 +163,35 @@ def test_every_flydsl_template_compiles_for_gfx942_and_gfx950(tmp_path, monkeypa
     for entry in (e for e in entries.values() if e.key_parts["target"] == "gfx942"):
         isa = open(entry.file("kernel.s")).read()
         assert re.search(rf'\.amdgcn_target "amdgcn-amd-amdhsa-\w*-{entry.key_parts["target"]}', isa), entry.path
+    _check_sorted_scatter_isa(entries)
+
+
+def _isa_kernels(isa: str) -> dict[str, str]:
+    """Each kernel's code in an AMDGPU ISA dump, by symbol name (label to .Lfunc_end)."""
+    return {m.group(1): m.group(2)
+            for m in re.finditer(r"^(\w+):\n(.*?)^\.Lfunc_end", isa, re.M | re.S)}
+
+
+def _check_sorted_scatter_isa(entries):
+    """The sorted scatter (gfx942) counts with int32 atomics that return the old value, adds the
+    data without atomics (no float atomic, no compare-and-swap loop), and its reduce kernel moves
+    16 bytes per load on aligned rows."""
+    checked = 0
+    for entry in entries.values():
+        key = entry.key_parts
+        if (key["op"] != "scatter_add_dense_tokens" or key["config"].get("method") != "sorted"
+                or key["target"] != "gfx942"):
+            continue
+        isa = open(entry.file("kernel.s")).read()
+        kernels = _isa_kernels(isa)
+        what = f"{key['template']} {key['config']} {key['signature']}"
+        count = [code for name, code in kernels.items() if name.endswith("_count")]
+        reduce = [code for name, code in kernels.items() if name.endswith("_reduce")]
+        assert len(count) == 1 and len(reduce) == 1, f"{what}: kernels {sorted(kernels)}"
+        # sc0 (glc before gfx940) on an atomic: it returns the old value (the row's position).
+        assert re.search(r"\b(global|buffer)_atomic_add(_u32)?\s+v\d+,[^\n]*\b(sc0|glc)\b", count[0]), what
+        assert not re.search(r"_atomic_(pk_)?add_(f16|bf16|f32|f64)|_atomic_cmpswap", isa), what
+        if key["signature"]["aligned"]:
+            assert re.search(r"\b(global|buffer)_load_dwordx4\b", reduce[0]), what
+        checked += 1
+    assert checked, "no sorted scatter was compiled for gfx942"
