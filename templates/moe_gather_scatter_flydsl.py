@@ -301,7 +301,8 @@ def _device_code(op, config, sig):
         def gather_scale_dense_tokens(X: fx.Tensor, Tok: fx.Tensor, Exp: fx.Tensor, S: fx.Tensor,
                                       N: fx.Tensor, Out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
             grid, block = grid_and_block(Out.shape.unpack()[0], X.shape.unpack()[1])
-            gather_kernel(X, Tok, Exp, S, N, Out, block[0]).launch(grid=grid, block=block, stream=stream)
+            gather_kernel(X, Tok, Exp, S, N, Out, block[0], value_attrs=ANY_BLOCK).launch(
+                grid=grid, block=block, stream=stream)
         return gather_scale_dense_tokens
 
     @flyc.jit
@@ -322,7 +323,8 @@ def _device_code(op, config, sig):
                 grid=grid, block=block, stream=stream)
         else:
             grid, block = grid_and_block(a, d)
-            scatter_kernel(Out, Y, Tok, N, block[0]).launch(grid=grid, block=block, stream=stream)
+            scatter_kernel(Out, Y, Tok, N, block[0], value_attrs=ANY_BLOCK).launch(
+                grid=grid, block=block, stream=stream)
     return scatter_add_dense_tokens
 
 

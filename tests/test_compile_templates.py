@@ -164,6 +164,24 @@ def test_every_flydsl_template_compiles_for_gfx942_and_gfx950(tmp_path, monkeypa
         isa = open(entry.file("kernel.s")).read()
         assert re.search(rf'\.amdgcn_target "amdgcn-amd-amdhsa-\w*-{entry.key_parts["target"]}', isa), entry.path
     _check_sorted_scatter_isa(entries)
+    _check_run_time_block_sizes(entries)
+
+
+def _check_run_time_block_sizes(entries):
+    """MoE row kernels take their block size at launch (up to 1024 work-items): their code objects
+    must declare max_flat_workgroup_size 1024 (with no declaration it is 256)."""
+    checked = 0
+    for entry in entries.values():
+        key = entry.key_parts
+        if key["target"] != "gfx942" or key["op"] not in ("gather_scale_dense_tokens", "scatter_add_dense_tokens"):
+            continue
+        isa = open(entry.file("kernel.s")).read()
+        sizes = dict((name, int(n)) for n, name in
+                     re.findall(r"\.max_flat_workgroup_size:\s+(\d+)\s*\n\s*\.name:\s+(\S+)", isa))
+        rows = {name: n for name, n in sizes.items() if re.search(r"_(gather|scatter|reduce)$", name)}
+        assert rows and set(rows.values()) == {1024}, f"{key['template']} {key['config']}: {sizes}"
+        checked += 1
+    assert checked, "no MoE row kernel was compiled for gfx942"
 
 
 def _isa_kernels(isa: str) -> dict[str, str]:
