@@ -1,4 +1,7 @@
 """Keys, the disk cache and the JIT lifecycle, on the tiny scale_copy test template (CuTe)."""
+import ast
+import glob
+import hashlib
 import json
 import os
 import shutil
@@ -9,6 +12,7 @@ import textwrap
 import pytest
 from support import run_python, tree_snapshot
 
+import mslk_dsl.templates
 from mslk_dsl import jit, keys, registry
 from mslk_dsl.cache import KernelCache
 from mslk_dsl.errors import KernelNotPrebuiltError
@@ -77,6 +81,83 @@ def test_key_changes_with_template_source_and_local_imports(tmp_path):
     registry.template_digest.cache_clear()
     assert registry.template_digest(str(main)) != second
     registry.template_digest.cache_clear()
+
+
+def _local_imports_by_syntax_tree(source: bytes) -> set[str]:
+    """The reference reading of registry._local_imports: the syntax tree's import statements."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level >= 1 and not mod:
+                names.update(a.name for a in node.names)
+            elif node.level >= 1:
+                names.add(mod.split(".")[0])
+            elif mod == "mslk_dsl.templates":
+                names.update(a.name for a in node.names)
+            elif mod.startswith("mslk_dsl.templates."):
+                names.add(mod.split(".")[2])
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("mslk_dsl.templates."):
+                    names.add(a.name.split(".")[2])
+    return {n for n in names if n.startswith("_")}
+
+
+TEMPLATE_FILES = sorted(glob.glob(os.path.join(mslk_dsl.templates.__path__[0], "*.py"))
+                        + glob.glob(os.path.join(os.path.dirname(__file__), "fixtures", "user_templates", "*.py")))
+
+
+@pytest.mark.parametrize("path", TEMPLATE_FILES, ids=os.path.basename)
+def test_local_imports_read_from_text_match_the_syntax_tree(path):
+    """The digest finds a template's helpers with regular expressions (fast); they must find
+    exactly what the syntax tree says, so digests (and existing bundles' keys) do not change."""
+    source = open(path, "rb").read()
+    assert registry._local_imports(source) == _local_imports_by_syntax_tree(source)
+    # ... and so the digest is the one computed from the syntax tree.
+    seen, pending = {}, [path]
+    while pending:
+        p = pending.pop()
+        if p not in seen and os.path.exists(p):
+            seen[p] = open(p, "rb").read()
+            pending += [os.path.join(os.path.dirname(path), f"{m}.py") for m in _local_imports_by_syntax_tree(seen[p])]
+    h = hashlib.sha256()
+    for p in sorted(seen):
+        h.update(os.path.basename(p).encode() + b"\0" + seen[p] + b"\0")
+    registry.template_digest.cache_clear()
+    assert registry.template_digest(path) == h.hexdigest()
+
+
+def test_local_imports_read_from_text_handle_every_import_form():
+    source = textwrap.dedent("""
+        import os, mslk_dsl.templates._plain as p
+        from . import _rel_a, public, _rel_b as b
+        from ._rel_mod.sub import thing
+        from .. import _two_dots
+        from mslk_dsl.templates import (
+            _paren_a,  # a comment
+            _paren_b as pb,
+        )
+        from mslk_dsl.templates import _cont_a, \\
+            _cont_b
+        from mslk_dsl.templates._dotted.deep import x
+        import mslk_dsl.templates.public_one
+        x = 1; from . import _after_semicolon
+        if True: import mslk_dsl.templates._after_colon
+        def build():
+            from mslk_dsl.templates import _nested as n
+        from .import _no_space
+        from mslk_dsl.templates \\
+            import _continued_head
+        from mslk_dsl.template import Template
+        import fromage, imports
+        reimport = "must not import mslk_dsl.templates._in_prose"
+    """).encode()
+    expected = {"_plain", "_rel_a", "_rel_b", "_rel_mod", "_two_dots", "_paren_a", "_paren_b", "_cont_a",
+                "_cont_b", "_dotted", "_after_semicolon", "_after_colon", "_nested", "_no_space",
+                "_continued_head"}
+    assert _local_imports_by_syntax_tree(source) == expected
+    assert registry._local_imports(source) == expected
 
 
 def test_key_never_contains_sizes():
