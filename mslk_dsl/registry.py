@@ -2,8 +2,13 @@
 ``MSLK_DSL_TEMPLATE_PATH``. A module defines ``TEMPLATE`` or ``TEMPLATES``.
 
 Importing a template module is cheap (no DSL import, see template.py), so discovery runs in any
-process. A template's digest covers its file and the private ``_*.py`` modules of the same folder
-that it imports, transitively, so editing shared device code invalidates every user of it.
+process. Still, a process that needs one op imports only the files that define it: each folder's
+index (template_index.py) says which file defines which templates, and a folder without a current
+index is imported whole, as a full discovery does. Either way the answer is the same, in the same
+order: folders in order, files sorted by name, templates in the order a file declares them.
+
+A template's digest covers its file and the private ``_*.py`` modules of the same folder that it
+imports, transitively, so editing shared device code invalidates every user of it.
 """
 from __future__ import annotations
 
@@ -15,31 +20,115 @@ import importlib.util
 import os
 import re
 import sys
+from typing import Callable
 
-from mslk_dsl import env
+from mslk_dsl import env, template_index
 from mslk_dsl.template import Template
+
+# Each folder's index, once loaded or built in this process (see _index).
+_indexes: dict[str, template_index.Index] = {}
+
+
+def get_templates(op: str | None = None, backend: str | None = None) -> list[Template]:
+    return _find(lambda t_op, t_backend, _name: (op is None or t_op == op)
+                 and (backend is None or t_backend == backend))
+
+
+def get_template(name: str) -> Template:
+    found = _find(lambda _op, _backend, t_name: t_name == name)
+    if not found:
+        raise KeyError(f"no template named {name!r}; known: {[n for _, _, n in _identities()]}")
+    return found[0]
+
+
+def ops() -> list[str]:
+    return sorted({op for op, _, _ in _identities()})
+
+
+def templates_for(op: str, target: str) -> list[Template]:
+    return [t for t in get_templates(op=op) if target in t.targets]
+
+
+def reload() -> None:
+    """Forget discovered templates and digests (after editing a template in a live process)."""
+    _indexes.clear()
+    _file_templates.cache_clear()
+    template_digest.cache_clear()
+
+
+# -- discovery ------------------------------------------------------------------------------------
+def _find(wanted: Callable[[str, str, str], bool]) -> list[Template]:
+    """The templates whose (op, backend, name) is ``wanted``, in discovery order, importing only
+    the files that define one."""
+    _identities()  # every folder indexed, names unique
+    found: list[Template] = []
+    for directory, builtin in _folders():
+        index = _index(directory, builtin)
+        for stem, identities in index.items():
+            if not any(wanted(*identity) for identity in identities):
+                continue
+            templates = _file_templates(directory, stem, builtin)
+            if [_identity(t) for t in templates] != identities:
+                # What the file defines depends on something outside its folder, so the index
+                # is wrong: index the folder again, by importing all of it, and start over.
+                _indexes[directory] = _import_folder(directory, builtin, template_index.stamp(directory))
+                return _find(wanted)
+            found.extend(t for t in templates if wanted(*_identity(t)))
+    return found
+
+
+def _identities() -> list[tuple[str, str, str]]:
+    """(op, backend, name) of every template, from the folders' indexes (no file imported when
+    they are current); raises if two templates share one."""
+    identities = [identity for directory, builtin in _folders()
+                  for of_file in _index(directory, builtin).values() for identity in of_file]
+    duplicates = {i for i in identities if identities.count(i) > 1}
+    if duplicates:
+        raise RuntimeError(f"duplicate template names: {sorted(duplicates)}")
+    return identities
+
+
+def _folders() -> list[tuple[str, bool]]:
+    """The template folders in discovery order, each with whether it is the built-in one."""
+    import mslk_dsl.templates as builtin
+
+    return [*((d, True) for d in builtin.__path__), *((d, False) for d in env.template_paths())]
+
+
+def _index(directory: str, builtin: bool) -> template_index.Index:
+    """stem -> identities of the templates of each public file of the folder: the saved index if
+    it is current, else learned by importing every file (and saved for the next process)."""
+    index = _indexes.get(directory)
+    if index is None:
+        stamp = template_index.stamp(directory)
+        index = template_index.load(directory, stamp)
+        if index is None:
+            index = _import_folder(directory, builtin, stamp)
+        _indexes[directory] = index
+    return index
+
+
+def _import_folder(directory: str, builtin: bool, stamp: str) -> template_index.Index:
+    stems = [f[:-3] for f in sorted(os.listdir(directory)) if f.endswith(".py") and not f.startswith("_")]
+    index = {stem: [_identity(t) for t in _file_templates(directory, stem, builtin)] for stem in stems}
+    template_index.save(directory, stamp, index)
+    return index
+
+
+def _identity(t: Template) -> tuple[str, str, str]:
+    return t.op, t.backend, t.name
 
 
 @functools.cache
-def _discover() -> tuple[Template, ...]:
-    import mslk_dsl.templates as builtin
-
-    found: list[Template] = []
-    for directory in [*builtin.__path__, *env.template_paths()]:
-        for filename in sorted(os.listdir(directory)):
-            if not filename.endswith(".py") or filename.startswith("_"):
-                continue
-            try:
-                module = _import_template_module(directory, filename[:-3], builtin=directory in builtin.__path__)
-            except Exception as e:
-                raise ImportError(f"template file {os.path.join(directory, filename)} failed to import: "
-                                  f"{type(e).__name__}: {e}") from e
-            found.extend(_templates_of(module))
-    names = [(t.op, t.backend, t.name) for t in found]
-    duplicates = {n for n in names if names.count(n) > 1}
-    if duplicates:
-        raise RuntimeError(f"duplicate template names: {sorted(duplicates)}")
-    return tuple(found)
+def _file_templates(directory: str, stem: str, builtin: bool) -> tuple[Template, ...]:
+    """The templates one file defines (imported once per process, so every caller gets the same
+    objects)."""
+    try:
+        module = _import_template_module(directory, stem, builtin)
+    except Exception as e:
+        raise ImportError(f"template file {os.path.join(directory, stem + '.py')} failed to import: "
+                          f"{type(e).__name__}: {e}") from e
+    return tuple(_templates_of(module))
 
 
 def _import_template_module(directory: str, stem: str, builtin: bool):
@@ -71,31 +160,7 @@ def _templates_of(module) -> list[Template]:
     return out
 
 
-def get_templates(op: str | None = None, backend: str | None = None) -> list[Template]:
-    return [t for t in _discover() if (op is None or t.op == op) and (backend is None or t.backend == backend)]
-
-
-def get_template(name: str) -> Template:
-    for t in _discover():
-        if t.name == name:
-            return t
-    raise KeyError(f"no template named {name!r}; known: {[t.name for t in _discover()]}")
-
-
-def ops() -> list[str]:
-    return sorted({t.op for t in _discover()})
-
-
-def templates_for(op: str, target: str) -> list[Template]:
-    return [t for t in get_templates(op=op) if target in t.targets]
-
-
-def reload() -> None:
-    """Forget discovered templates and digests (after editing a template in a live process)."""
-    _discover.cache_clear()
-    template_digest.cache_clear()
-
-
+# -- digests --------------------------------------------------------------------------------------
 @functools.cache
 def template_digest(source: str) -> str:
     """sha256 over the template file and the private sibling modules it imports (transitively)."""

@@ -1,10 +1,12 @@
 """Targets, device queries, skip decorators, the template API and the registry, import cost."""
 import json
 import os
+import sys
 import textwrap
 import unittest
 
 import pytest
+from conftest import USER_TEMPLATES as USER_TEMPLATES_DIR
 from support import run_python
 
 from mslk_dsl import device, registry, testing
@@ -118,6 +120,154 @@ def test_every_op_has_a_cute_and_a_flydsl_template():
         by_op.setdefault(t.op, set()).add(t.backend)
     missing = {op: backends for op, backends in by_op.items() if backends != {"cute", "flydsl"}}
     assert not missing, f"ops missing a backend: {missing}"
+
+
+# -- lazy discovery: each folder's index of which file defines which templates -------------------
+# Children write indexes (as bytecode) under a private pycache prefix, never into the checkout.
+INDEXING = "import sys; sys.dont_write_bytecode = False\n"
+
+
+def _child(code: str, tmp_path, template_path: str = USER_TEMPLATES_DIR) -> str:
+    env = {"PYTHONPYCACHEPREFIX": str(tmp_path / "pycache"), "MSLK_DSL_TEMPLATE_PATH": template_path}
+    return run_python(INDEXING + textwrap.dedent(code), env=env).stdout
+
+
+def test_per_op_discovery_imports_only_that_op_and_equals_full_discovery(tmp_path):
+    full = json.loads(_child("""
+        import json
+        from mslk_dsl import registry
+        print(json.dumps([[t.op, t.backend, t.name, t.source] for t in registry.get_templates()]))
+    """, tmp_path).splitlines()[-1])  # imports every file and writes the indexes
+    lazy = json.loads(_child("""
+        import json, sys
+        from mslk_dsl import registry
+        found = registry.get_templates("silu_mul")
+        imported = sorted(m.rsplit(".", 1)[-1] for m in sys.modules if m.startswith("mslk_dsl.templates."))
+        per_op = {op: [[t.op, t.backend, t.name, t.source] for t in registry.get_templates(op)]
+                  for op in registry.ops()}
+        lazy = [t for op in registry.ops() for t in registry.get_templates(op)]
+        everything = registry.get_templates()
+        print(json.dumps({"imported": imported, "per_op": per_op,
+                          "same_objects": all(any(t is u for u in everything) for t in lazy),
+                          "one": [t.name for t in registry.get_templates("silu_mul", "cute")],
+                          "by_name": registry.get_template("rmsnorm_cute.rmsnorm_add").op}))
+    """, tmp_path).splitlines()[-1])
+    assert lazy["imported"] == ["_rowwise_plan", "_rowwise_space", "silu_mul_cute", "silu_mul_flydsl"]
+    assert [t for op in sorted(lazy["per_op"]) for t in lazy["per_op"][op]] == sorted(full, key=lambda t: t[0])
+    for op, templates in lazy["per_op"].items():
+        assert templates == [t for t in full if t[0] == op], op
+    assert lazy["same_objects"] and lazy["one"] == ["silu_mul_cute"] and lazy["by_name"] == "rmsnorm_add"
+
+
+def _user_folder(tmp_path, files: dict) -> str:
+    folder = tmp_path / "user"
+    folder.mkdir(exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(textwrap.dedent(text))
+    return str(folder)
+
+
+def _template_file(op: str, extra: str = "") -> str:
+    return (f"from mslk_dsl.template import Template\n{extra}\n"
+            f"TEMPLATE = Template(op={op!r}, backend='cute', targets=('sm90a',), signatures={{}},\n"
+            f"                    space={{'threads': (128,)}}, heuristic=lambda t, s, p: {{'threads': 128}},\n"
+            f"                    build=None)\n")
+
+
+LIST_OPS = """
+    import json, sys
+    from mslk_dsl import registry
+    print(json.dumps({op: [t.name for t in registry.get_templates(op)] for op in ("alpha", "beta", "gamma")}))
+"""
+
+
+def test_index_follows_edits_new_files_and_helpers(tmp_path):
+    folder = _user_folder(tmp_path, {"a.py": _template_file("alpha"), "b.py": _template_file("beta"),
+                                     "_helper.py": "X = 1\n"})
+    first = json.loads(_child(LIST_OPS, tmp_path, folder).splitlines()[-1])
+    assert first == {"alpha": ["a"], "beta": ["b"], "gamma": []}
+    # The index answers the next process (b.py is not imported for "alpha").
+    out = _child("""
+        import sys
+        from mslk_dsl import registry
+        registry.get_templates("alpha")
+        print(sorted(m.split(".")[1] for m in sys.modules if m.startswith("mslk_dsl_user_templates_") and "." in m))
+    """, tmp_path, folder)
+    assert out.splitlines()[-1] == "['a']"
+    # Edit a template to define another op, add a file: the index is stale and rebuilt. (Every
+    # edit changes the file's size: Python itself would reuse the bytecode of a same-size file
+    # rewritten within the same second.)
+    (tmp_path / "user" / "a.py").write_text(_template_file("gamma", "# edited"))
+    (tmp_path / "user" / "c.py").write_text(_template_file("alpha"))
+    assert json.loads(_child(LIST_OPS, tmp_path, folder).splitlines()[-1]) == {
+        "alpha": ["c"], "beta": ["b"], "gamma": ["a"]}
+    # A helper whose value decides the op: editing it re-indexes the folder too.
+    (tmp_path / "user" / "_helper.py").write_text("OP = 'beta'\n")
+    (tmp_path / "user" / "c.py").write_text(_template_file("OP", "from ._helper import OP").replace("'OP'", "OP"))
+    assert json.loads(_child(LIST_OPS, tmp_path, folder).splitlines()[-1])["beta"] == ["b", "c"]
+    (tmp_path / "user" / "_helper.py").write_text("OP = 'gamma'\n")
+    assert json.loads(_child(LIST_OPS, tmp_path, folder).splitlines()[-1]) == {
+        "alpha": [], "beta": ["b"], "gamma": ["a", "c"]}
+
+
+def test_a_wrong_index_is_caught_when_a_file_is_imported(tmp_path, monkeypatch):
+    from mslk_dsl import template_index
+
+    folder = _user_folder(tmp_path, {"a.py": _template_file("alpha"), "b.py": _template_file("beta")})
+    _child(LIST_OPS, tmp_path, folder)
+    # An index that matches the files' stamp but not what they define (as when a file's templates
+    # depend on something outside its folder): a.py is said to define "beta".
+    monkeypatch.setattr(sys, "pycache_prefix", str(tmp_path / "pycache"))
+    with open(template_index.path(folder)) as f:
+        saved = json.load(f)
+    saved["files"]["a"] = [["beta", "cute", "a"]]
+    with open(template_index.path(folder), "w") as f:
+        json.dump(saved, f)
+    out = _child("""
+        from mslk_dsl import registry
+        print([t.name for t in registry.get_templates("beta")], [t.name for t in registry.get_templates("alpha")])
+    """, tmp_path, folder)
+    assert out.splitlines()[-1] == "['b'] ['a']"
+
+
+def test_broken_template_file_raises_a_clear_import_error(tmp_path):
+    folder = _user_folder(tmp_path, {"a.py": _template_file("alpha"), "b.py": _template_file("beta")})
+    _child(LIST_OPS, tmp_path, folder)  # indexed while whole
+    (tmp_path / "user" / "a.py").write_text(_template_file("alpha", "import no_such_module_here"))
+    for op in ("alpha", "beta"):  # the edit makes the folder's index stale: every file is imported
+        with pytest.raises(AssertionError, match=r"ImportError: template file .*a\.py failed to import: "
+                                                 r"ModuleNotFoundError: No module named 'no_such_module_here'"):
+            _child(f"from mslk_dsl import registry; registry.get_templates({op!r})", tmp_path, folder)
+
+
+def test_duplicate_template_names_are_refused(tmp_path):
+    first = _user_folder(tmp_path, {"a.py": _template_file("alpha")})
+    second = tmp_path / "second"
+    second.mkdir()
+    (second / "a.py").write_text(_template_file("alpha"))
+    for _ in range(2):  # without and with indexes
+        with pytest.raises(AssertionError, match="duplicate template names"):
+            _child("from mslk_dsl import registry; registry.get_templates('alpha')", tmp_path,
+                   os.pathsep.join([first, str(second)]))
+
+
+def test_index_is_written_like_bytecode(tmp_path, monkeypatch):
+    from mslk_dsl import template_index
+
+    folder = _user_folder(tmp_path, {"a.py": _template_file("alpha")})
+    stamp = template_index.stamp(folder)
+    monkeypatch.setattr(sys, "pycache_prefix", str(tmp_path / "pycache"))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    template_index.save(folder, stamp, {"a": [("alpha", "cute", "a")]})
+    assert template_index.load(folder, stamp) is None, "PYTHONDONTWRITEBYTECODE: nothing written"
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    template_index.save(folder, stamp, {"a": [("alpha", "cute", "a")]})
+    assert template_index.path(folder).startswith(str(tmp_path / "pycache"))
+    assert template_index.load(folder, stamp) == {"a": [("alpha", "cute", "a")]}
+    assert template_index.load(folder, "another stamp") is None
+    with open(template_index.path(folder), "w") as f:
+        f.write("{not json")
+    assert template_index.load(folder, stamp) is None
 
 
 def test_importing_the_package_is_light():
