@@ -49,24 +49,61 @@ def cache() -> KernelCache:
 def bundle_layers() -> list[KernelCache]:
     """Read-only layers, searched in order: MSLK_DSL_AOT_PATH, then bundles shipped in the
     package and in installed bundle wheels (entry point group ``mslk_dsl.bundles``)."""
-    return [KernelCache(p, writable=False) for p in _bundle_roots(os.environ.get("MSLK_DSL_AOT_PATH", ""),
-                                                                 env.use_bundled())]
+    return list(_bundle_layers())
 
 
-@functools.cache
-def _bundle_roots(aot_path: str, use_bundled: bool) -> tuple[str, ...]:
+def _layers():
+    """Every layer in search order: the bundles, then the writable cache."""
+    yield from _bundle_layers()
+    yield cache()
+
+
+def _bundle_layers():
+    # Lazily: finding the bundle wheels scans every installed distribution, which a kernel
+    # found in MSLK_DSL_AOT_PATH or in the package's own bundle never needs.
+    aot_path, use_bundled = os.environ.get("MSLK_DSL_AOT_PATH", ""), env.use_bundled()
+    local = _local_bundle_roots(use_bundled)
+    for root in local:
+        yield KernelCache(root, writable=False)
+    for root in _bundle_roots(aot_path, use_bundled):
+        if root not in local:
+            yield KernelCache(root, writable=False)
+
+
+def _local_bundle_roots(use_bundled: bool) -> tuple[str, ...]:
+    """MSLK_DSL_AOT_PATH's directories, then the bundle shipped in the package."""
     roots = list(env.aot_paths())
     if use_bundled:
         shipped = os.path.join(os.path.dirname(__file__), "bundle")
         if os.path.isdir(shipped):
             roots.append(shipped)
-        for ep in metadata.entry_points(group="mslk_dsl.bundles"):
+    return tuple(dict.fromkeys(roots))
+
+
+@functools.cache
+def _bundle_roots(aot_path: str, use_bundled: bool) -> tuple[str, ...]:
+    """Every bundle root: the local ones, then the installed bundle wheels' (cached per value of
+    MSLK_DSL_AOT_PATH, which ``aot_path`` is)."""
+    roots = list(_local_bundle_roots(use_bundled))
+    if use_bundled:
+        for ep in _bundle_entry_points():
             try:
                 module = ep.load()
                 roots.append(os.path.dirname(module.__file__))
             except Exception as e:  # a broken bundle wheel must not break serving the others
                 log.warning("mslk-dsl: cannot load bundle %s: %s", ep.name, e)
     return tuple(dict.fromkeys(roots))
+
+
+def _bundle_entry_points() -> list:
+    """The installed bundle wheels' entry points. ``entry_points()`` parses the entry points of
+    every installed distribution (milliseconds); most environments have no bundle wheel, and
+    a distribution's file can only declare the group if it names it, so look for the name
+    first."""
+    if not any("mslk_dsl.bundles" in (dist.read_text("entry_points.txt") or "")
+               for dist in metadata.distributions()):
+        return []
+    return list(metadata.entry_points(group="mslk_dsl.bundles"))
 
 
 # -- JIT on / off ---------------------------------------------------------------------------------
@@ -118,7 +155,7 @@ def load_prebuilt(key: KernelKey):
 
 def find_entry(key: KernelKey) -> tuple[KernelCache, Entry] | None:
     """The first layer holding a verified entry for ``key`` (bundles first, then the cache)."""
-    for layer in [*bundle_layers(), cache()]:
+    for layer in _layers():
         entry = layer.lookup(key)
         if entry is not None:
             return layer, entry
@@ -126,7 +163,7 @@ def find_entry(key: KernelKey) -> tuple[KernelCache, Entry] | None:
 
 
 def _load_existing(key: KernelKey):
-    for layer in [*bundle_layers(), cache()]:
+    for layer in _layers():
         entry = layer.lookup(key)
         if entry is None:
             continue
@@ -205,7 +242,7 @@ def nearest_entry(key: KernelKey) -> tuple[str, Entry, dict] | None:
     """The existing entry of the same op (any target, any layer) whose key differs from ``key``
     in the fewest parts: (layer root, entry, {part: (wanted, found)})."""
     best = None
-    for layer in [*bundle_layers(), cache()]:
+    for layer in _layers():
         for meta_path in glob.glob(os.path.join(glob.escape(layer.root), "*", key.op, "*", "meta.json")):
             try:
                 with open(meta_path) as f:

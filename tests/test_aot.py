@@ -107,20 +107,25 @@ def test_serving_from_a_bundle_with_jit_off_imports_no_compiler(bundle, tmp_path
         from mslk_dsl import jit, registry
         from mslk_dsl.errors import KernelNotPrebuiltError
         t = registry.get_template("scale_copy_cute")
+        scans = []  # installed distributions are scanned for bundle wheels only after a miss
+        scan = jit._bundle_entry_points
+        jit._bundle_entry_points = lambda: scans.append(1) or scan()
         for threads in (128, 256):
             for factor in (2, 3):
                 jit.get_kernel(t, {{"threads": threads}}, "sm90a", {{"factor": factor}})
+        scans_before_miss = len(scans)
         try:
             jit.get_kernel(t, {{"threads": 128}}, "sm80", {{"factor": 2}})
             raise SystemExit("expected KernelNotPrebuiltError")
         except KernelNotPrebuiltError as e:
             message = str(e)
-        print(json.dumps({{"stats": dict(jit.stats), "message": message,
+        print(json.dumps({{"stats": dict(jit.stats), "message": message, "scans": [scans_before_miss, len(scans)],
                            "dsls": [m for m in ("cutlass", "flydsl") if m in sys.modules]}}))
     """), env={"MSLK_DSL_AOT_PATH": bundle, "MSLK_DSL_DISABLE_JIT": "1",
                "MSLK_DSL_CACHE_DIR": str(tmp_path / "empty")})
     result = json.loads(out.stdout.splitlines()[-1])
     assert result["stats"] == {"bundle": 4}
+    assert result["scans"] == [0, 1]
     assert result["dsls"] == []
     assert "mslk-dsl aot build --op scale_copy --target sm80 --config threads128 --sig factor=2" in result["message"]
 
