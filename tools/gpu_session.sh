@@ -11,6 +11,9 @@ trap 'tar czf "$FINAL/results.tgz" -C "$OUT" . ; cp "$OUT/gpu_tests.log" "$FINAL
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   && tar xJf .whl/cutlass_dsl_cu13.tar.xz -C /tmp/site || exit 1
 export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD PYTHONUNBUFFERED=1
+# Like a pip install, with bytecode: start-up times then measure what a deployment pays.
+unset PYTHONDONTWRITEBYTECODE
+python3 -m compileall -q -j 0 /tmp/site mslk_dsl templates >/dev/null 2>&1
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "editable install failed; using PYTHONPATH"
 export MSLK_DSL_CACHE_DIR=${MSLK_DSL_CACHE_DIR:-/tmp/mslk-cache}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
