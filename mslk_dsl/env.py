@@ -21,6 +21,7 @@ VARIABLES = {
     "MSLK_DSL_LLD": "ld.lld used to link FlyDSL code objects (default: /opt/rocm/llvm/bin/ld.lld, ld.lld on PATH, /usr/lib/llvm-*/bin/ld.lld)",
     "MSLK_DSL_KEEP_ISA": "1 (or a comma list of targets): keep the final ISA (kernel.s) beside FlyDSL artifacts (costs a second compile)",
     "MSLK_DSL_NO_BUNDLED": "1: ignore bundles shipped inside the package and installed bundle wheels",
+    "MSLK_DSL_NO_PREFETCH": "1: do not import the kernel loader (tvm_ffi) in a background thread when mslk_dsl.ops is imported",
 }
 
 # Environment variables of the DSLs that change generated code: their values are part of every
@@ -90,6 +91,10 @@ def lld() -> str:
 def keep_isa(target: str) -> bool:
     value = _get("MSLK_DSL_KEEP_ISA").strip().lower()
     return _flag("MSLK_DSL_KEEP_ISA") or target in value.split(",")
+
+
+def prefetch_enabled() -> bool:
+    return not _flag("MSLK_DSL_NO_PREFETCH")
 
 
 def use_bundled() -> bool:

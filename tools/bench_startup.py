@@ -4,6 +4,9 @@
     same for a warm call), and which compilers were imported;
   - the first call with an empty cache (JIT compile: DSL import + compile + export + link + load);
   - the first call from a warm disk cache.
+The op layer imports the kernel loader (tvm_ffi) in a background thread; the probe creates its
+CUDA inputs between the import and the first call, as a program would, and one scenario turns the
+prefetch off (MSLK_DSL_NO_PREFETCH=1) to show what it saves.
 A second table splits each first call into its stages (see STAGES), timed by wrapping the
 framework's functions in the probe process only.
 
@@ -139,6 +142,11 @@ def main(argv: list[str]) -> int:
     scenarios = {
         "bundle, JIT off": lambda i: {"MSLK_DSL_AOT_PATH": bundle, "MSLK_DSL_DISABLE_JIT": "1",
                                       "MSLK_DSL_CACHE_DIR": os.path.join(work, f"none{i}")},
+        # The same without the background import of the kernel loader (what the first call
+        # costs when it comes right after `import mslk_dsl.ops`, with nothing in between).
+        "bundle, JIT off, no prefetch": lambda i: {
+            "MSLK_DSL_AOT_PATH": bundle, "MSLK_DSL_DISABLE_JIT": "1", "MSLK_DSL_NO_PREFETCH": "1",
+            "MSLK_DSL_CACHE_DIR": os.path.join(work, f"nopf{i}")},
         "empty cache (JIT compile)": lambda i: {"MSLK_DSL_CACHE_DIR": os.path.join(work, f"cold{i}")},
         "warm disk cache": lambda i: {"MSLK_DSL_CACHE_DIR": os.path.join(work, "cold0")},
     }

@@ -6,6 +6,7 @@ runtime library, so a process that serves prebuilt kernels never pays for the co
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import glob
@@ -13,8 +14,8 @@ import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
+import threading
 
 from mslk_dsl import env
 from mslk_dsl.errors import BackendUnavailableError, CompileError
@@ -101,6 +102,36 @@ def _find_runtime_lib() -> str:
                 return candidate
     raise BackendUnavailableError("libcute_dsl_runtime.so not found: install nvidia-cutlass-dsl-libs-cu12 or -cu13 "
                        "(pip install 'mslk-dsl[cute]'), or set MSLK_DSL_CUTE_RUNTIME_LIB")
+
+
+_prefetch: threading.Thread | None = None
+
+
+def prefetch_runtime() -> None:
+    """Import tvm_ffi and load the CuTe runtime library in a background thread.
+
+    The first kernel load pays for both (~50 ms on the H200 host, nearly all of it the tvm_ffi
+    package import) unless they are done already; a program spends longer than that between
+    importing the op layer and its first call (CUDA context, weights), so the thread is done by
+    then. load() needs nothing from it: an ``import tvm_ffi`` that finds the thread's import in
+    progress waits for it (Python's per-module import lock), and an error here is left for
+    load() to report. Off with MSLK_DSL_NO_PREFETCH=1."""
+    global _prefetch
+    if _prefetch is not None or importlib.util.find_spec("tvm_ffi") is None:
+        return
+
+    def work():
+        try:
+            import tvm_ffi  # noqa: F401
+
+            _preload_runtime()
+        except Exception:
+            pass
+
+    _prefetch = threading.Thread(target=work, name="mslk-dsl-prefetch", daemon=True)
+    _prefetch.start()
+    # A process that exits at once must not tear the interpreter down under a running import.
+    atexit.register(_prefetch.join, 5.0)
 
 
 def load(entry):

@@ -10,6 +10,22 @@ from mslk_dsl.ops.moe import gather_scale_dense_tokens, index_shuffling, scatter
 from mslk_dsl.ops.norm import rmsnorm, rmsnorm_add
 from mslk_dsl.ops import library  # noqa: F401  (registers torch.ops.mslk_dsl.*)
 
+
+def _prefetch_kernel_loader() -> None:
+    """On a CUDA build of torch, start importing the CuTe kernel loader in the background, so
+    the first call does not wait for it (see mslk_dsl.backends.cute.prefetch_runtime)."""
+    import torch
+
+    from mslk_dsl import env
+
+    if torch.version.cuda is not None and env.prefetch_enabled():
+        from mslk_dsl.backends import cute
+
+        cute.prefetch_runtime()
+
+
+_prefetch_kernel_loader()
+
 __all__ = ["bf16_gemm", "dequantize_fp8_row", "f8f8bf16_rowwise", "gather_scale_dense_tokens",
            "index_shuffling", "quantize_fp8_row", "rmsnorm", "rmsnorm_add", "scatter_add_dense_tokens",
            "silu_mul", "silu_mul_quant"]
