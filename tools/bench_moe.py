@@ -1,7 +1,8 @@
 """Benchmark the MoE routing ops against torch on the same N(0, 1) data.
 
   gather_scale_dense_tokens  bandwidth (read A*D + write A*D elements) vs y.copy_(x) of an [A, D]
-                             tensor (the copy roofline), A = T * top_k rows
+                             tensor (the copy roofline), A = T * top_k rows; time vs the eager
+                             composite (index_select, multiply by the gathered scores in fp32)
   scatter_add_dense_tokens   bandwidth (read A*D of y, read + write T*D of out) vs the same copy,
                              per method (heuristic, atomic, sorted), and time vs out.index_add_;
                              also a.add_(b) on [T, D] (scatter's access mix at top_k 1)
@@ -55,11 +56,15 @@ def bench_gather(torch, ops, do_bench, t, k, d, dtype):
     ops.gather_scale_dense_tokens(x, tok, exp, scores)
     torch.cuda.synchronize()
     ms = do_bench(lambda: ops.gather_scale_dense_tokens(x, tok, exp, scores), return_mode="median")
+    tok_long, exp_long = tok.long(), exp.long()
+    eager_ms = do_bench(lambda: (x.index_select(0, tok_long).float()
+                                 * scores[tok_long, exp_long].float()[:, None]).to(dtype), return_mode="median")
     rows = t * k
     gbps = 2 * rows * d * x.element_size() / ms * 1e-6
     copy = _copy_gbps(torch, do_bench, rows, d, dtype)
     return {"op": "gather_scale_dense_tokens", "T": t, "top_k": k, "D": d, "dtype": str(dtype)[6:],
-            "ms": ms, "GB/s": gbps, "copy GB/s": copy, "fraction of copy": gbps / copy}
+            "ms": ms, "GB/s": gbps, "copy GB/s": copy, "fraction of copy": gbps / copy,
+            "eager ms": eager_ms, "speedup vs eager": eager_ms / ms}
 
 
 def bench_scatter(torch, ops, do_bench, t, k, d, dtype):
@@ -150,7 +155,8 @@ def main(argv=None) -> int:
     if args.op in ("gather", "all"):
         rows = [bench_gather(torch, ops, do_bench, t, k, d, dtype) for t, k, d in row_shapes]
         print(f"\n### gather_scale_dense_tokens ({args.dtype})\n")
-        table(rows, ["T", "top_k", "D", "ms", "GB/s", "copy GB/s", "fraction of copy"])
+        table(rows, ["T", "top_k", "D", "ms", "GB/s", "copy GB/s", "fraction of copy", "eager ms",
+                     "speedup vs eager"])
         results += rows
     if args.op in ("scatter", "all"):
         shapes = QUICK_ROW_SHAPES if args.quick else SCATTER_SHAPES
