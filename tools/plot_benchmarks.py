@@ -63,7 +63,7 @@ def plot_memory_bound(folder, out):
 def main(argv):
     folder, out = argv[0], argv[1]
     os.makedirs(out, exist_ok=True)
-    gemm = _load(folder, "gemm")
+    gemm = _load(folder, "gemm_tuned") or _load(folder, "gemm")  # the tuned run when there is one
     if gemm:
         plot_gemm(gemm, out)
     plot_memory_bound(folder, out)
