@@ -15,7 +15,7 @@ gather_scale_dense_tokens:
 scatter_add_dense_tokens:
     kernel(out, y, token_indices, valid_count, workspace)
     out [T, D] dtype, updated in place; y [A, D] dtype; token_indices [A] int32; valid_count as
-    above; workspace [2 * T + 1 + 2 * A] int32 (torch.empty; used by method "sorted" only).
+    above; workspace [3 * T + 1 + 2 * A] int32 (torch.empty; used by method "sorted" only).
     For every row i < n: out[token_indices[i]] += y[i]. Rows whose token index is outside
     [0, T) are skipped (MSLK writes out of bounds).
     Two methods (config["method"]):
@@ -23,9 +23,10 @@ scatter_add_dense_tokens:
         fp32 and write its out row once; no data atomics, so out crosses DRAM once each way and
         bf16/fp16 sums round once (MSLK's tl.atomic_add rounds after every addition). Five
         kernels on the stream: zero the per-token counts; count (an int32 atomic per row also
-        gives the row's position among its token's rows); exclusive scan of the counts (one
-        block); place each row index in its token's list; reduce (block (t, c): token t's
-        column chunk c, like the gather). The order of a token's rows in its list follows the
+        gives the row's position among its token's rows, and the row at position 0 is recorded
+        per token); exclusive scan of the counts (one block); place each row index in its
+        token's list; reduce (block (t, c): token t's column chunk c, like the gather; the first
+        row comes from the per-token record, so its loads wait for one index load, not two). The order of a token's rows in its list follows the
         count atomics, so it is unspecified: sums of more than two rows may differ in the last
         fp32 bit between runs (exact whenever the fp32 sums are exact).
     "atomic" (small problems, where the four extra launches would cost more than they save):
@@ -193,12 +194,14 @@ def _device_code(op, config, sig):
 
     # -- method "sorted": group rows by token, then one fp32 reduction per out row ----------------
     def workspace_views(mWs, t, a):
-        """counts [t], offsets [t + 1], positions [a], row lists [a] inside the workspace."""
+        """counts [t], offsets [t + 1], positions [a], row lists [a], first rows [t] inside the
+        workspace."""
         base = mWs.iterator
         return (cute.make_tensor(base, cute.make_layout(t)),
                 cute.make_tensor(base + t, cute.make_layout(t + 1)),
                 cute.make_tensor(base + (2 * t + 1), cute.make_layout(a)),
-                cute.make_tensor(base + (2 * t + 1 + a), cute.make_layout(a)))
+                cute.make_tensor(base + (2 * t + 1 + a), cute.make_layout(a)),
+                cute.make_tensor(base + (2 * t + 1 + 2 * a), cute.make_layout(t)))
 
     def flat_index():
         tidx, _, _ = cute.arch.thread_idx()
@@ -207,7 +210,7 @@ def _device_code(op, config, sig):
 
     @cute.kernel
     def zero_kernel(mWs: cute.Tensor, t: Int32, a: Int32):
-        counts, _, _, _ = workspace_views(mWs, t, a)
+        counts, _, _, _, _ = workspace_views(mWs, t, a)
         i = flat_index()
         if i < t:
             counts[i] = 0
@@ -221,18 +224,22 @@ def _device_code(op, config, sig):
 
     @cute.kernel
     def count_kernel(mTok: cute.Tensor, mN: cute.Tensor, mWs: cute.Tensor, t: Int32):
-        counts, _, pos, _ = workspace_views(mWs, t, mTok.shape[0])
+        counts, _, pos, _, first = workspace_views(mWs, t, mTok.shape[0])
         i, tok, routed = routed_row(mTok, mN, t)
         if routed:
-            # The old count is this row's position among its token's rows.
-            pos[i] = cute.arch.atomic_add((counts.iterator + tok).llvm_ptr, Int32(1), sem="relaxed", scope="gpu")
+            # The old count is this row's position among its token's rows; position 0 is also
+            # recorded per token, so the reduction can fetch that row without the offsets.
+            p = cute.arch.atomic_add((counts.iterator + tok).llvm_ptr, Int32(1), sem="relaxed", scope="gpu")
+            pos[i] = p
+            if p == 0:
+                first[tok] = i
 
     @cute.kernel
     def scan_kernel(mWs: cute.Tensor, t: Int32, a: Int32):
         # One block: offsets = exclusive prefix sum of counts, offsets[t] = total. Tiles of
         # SCAN_THREADS * SCAN_ITEMS counts; each thread scans SCAN_ITEMS consecutive ones, warps
         # scan with shuffles, warp 0 scans the warp totals, and a carry runs across tiles.
-        counts, offsets, _, _ = workspace_views(mWs, t, a)
+        counts, offsets, _, _, _ = workspace_views(mWs, t, a)
         tidx, _, _ = cute.arch.thread_idx()
         warp, lane = tidx // 32, tidx % 32
         smem = cutlass.memory.SmemAllocator()
@@ -282,7 +289,7 @@ def _device_code(op, config, sig):
 
     @cute.kernel
     def place_kernel(mTok: cute.Tensor, mN: cute.Tensor, mWs: cute.Tensor, t: Int32):
-        _, offsets, pos, rows = workspace_views(mWs, t, mTok.shape[0])
+        _, offsets, pos, rows, _ = workspace_views(mWs, t, mTok.shape[0])
         i, tok, routed = routed_row(mTok, mN, t)
         if routed:
             rows[offsets[tok] + pos[i]] = i
@@ -292,20 +299,25 @@ def _device_code(op, config, sig):
         # Block (t, c): out[t] chunk c += the chunk of each of token t's rows, summed in fp32.
         t, _, _ = cute.arch.block_idx()
         n_tok = mOut.shape[0]
-        _, offsets, _, rows = workspace_views(mWs, n_tok, mY.shape[0])
+        _, offsets, _, rows, first = workspace_views(mWs, n_tok, mY.shape[0])
+        # The token's first row comes straight from first[t], loaded beside its offsets (only
+        # read when the token has rows): its data loads wait for one index load, as the
+        # gather's do, instead of two (offsets, then the list).
         start = offsets[t]
         count = offsets[t + 1] - start
+        row0 = first[t]
         if count > 0:
             nvec = mOut.shape[1] // VEC
             ids, ok = vector_ids(nvec)
             out_vecs = cute.zipped_divide(mOut[t, None], (VEC,))
             frags = load_row(out_vecs, ids)
+            ys = load_row(cute.zipped_divide(mY[row0, None], (VEC,)), ids)
             acc = []
             for j in cutlass.range_constexpr(UNROLL):
                 f = cute.make_rmem_tensor((VEC,), Float32)
-                f.store(frags[j].load().to(Float32))
+                f.store(frags[j].load().to(Float32) + ys[j].load().to(Float32))
                 acc.append(f)
-            for k in cutlass.range(count, unroll=2):
+            for k in cutlass.range(1, count, unroll=2):
                 row = rows[start + k]
                 ys = load_row(cute.zipped_divide(mY[row, None], (VEC,)), ids)
                 for j in cutlass.range_constexpr(UNROLL):

@@ -8,14 +8,15 @@ gather_scale_dense_tokens: kernel(x, token_indices, expert_indices, scores, vali
     expert_indices[i], for i < n (n = A, or min(valid_count[0], A) when sig["has_valid_count"]).
 scatter_add_dense_tokens:  kernel(out, y, token_indices, valid_count, workspace)
     out[token_indices[i]] += y[i] for i < n, in place; rows whose token index is outside [0, T)
-    are skipped. workspace [2 * T + 1 + 2 * A] int32 (torch.empty; used by method "sorted" only):
-    counts [T], offsets [T + 1], positions [A], row lists [A] at offsets 0, T, 2T+1, 2T+1+A, the
-    CuTe template's layout. Two methods (config["method"]), chosen as in the CuTe template (sorted
+    are skipped. workspace [3 * T + 1 + 2 * A] int32 (torch.empty; used by method "sorted" only):
+    counts [T], offsets [T + 1], positions [A], row lists [A], first rows [T] at offsets 0, T,
+    2T+1, 2T+1+A, 2T+1+2A, the CuTe template's layout. Two methods (config["method"]), chosen as in the CuTe template (sorted
     once A * D * itemsize >= SORTED_MIN_BYTES):
     "sorted": group the rows by token, then add each token's rows in fp32 and write its out row
         once (rounded once; no data atomics). Five kernels on the stream: zero the counts; count
         (an int32 atomic add with return per row, global_atomic_add ... sc0, also gives the row's
-        position among its token's rows); exclusive scan of the counts (one block of 1024: wave
+        position among its token's rows, and position 0 is recorded per token, so the reduce
+        fetches a token's first row without waiting for its offsets); exclusive scan of the counts (one block of 1024: wave
         shuffles, then wave 0 scans the 16 wave totals); place each row index in its token's list;
         reduce (block (t, c): token t's column chunk c, split like the gather). Tokens with no rows
         are not written. A token's rows are summed in the order the count atomics gave them, so
@@ -165,10 +166,10 @@ def _device_code(op, config, sig):
 
     # -- method "sorted": group rows by token, then one fp32 reduction per out row ----------------
     def workspace(Ws, t, a):
-        """Pointers to counts [t], offsets [t + 1], positions [a], row lists [a] in the workspace
-        (the CuTe template's layout)."""
+        """Pointers to counts [t], offsets [t + 1], positions [a], row lists [a], first rows [t]
+        in the workspace (the CuTe template's layout)."""
         base = fx.get_iter(Ws)
-        return base, base + t, base + (2 * t + 1), base + (2 * t + 1 + a)
+        return base, base + t, base + (2 * t + 1), base + (2 * t + 1 + a), base + (2 * t + 1 + 2 * a)
 
     def flat_index():
         return fx.block_idx.x * INDEX_THREADS + fx.thread_idx.x
@@ -197,20 +198,24 @@ def _device_code(op, config, sig):
     @flyc.kernel(name=NAME + "_count", known_block_size=[INDEX_THREADS, 1, 1])
     def count_kernel(Tok: fx.Tensor, N: fx.Tensor, Ws: fx.Tensor, t: fx.Int32):
         a = Tok.shape.unpack()      # a 1-D shape unpacks to a scalar
-        counts, _, pos, _ = workspace(Ws, t, a)
+        counts, _, pos, _, first = workspace(Ws, t, a)
         i = flat_index()
         if i < rows_to_do(N, a):
             tok = fx.get_iter(Tok)[i]
             if fx.Uint32(tok) < fx.Uint32(t):   # out-of-range tokens (either end) are skipped
-                # The old count is this row's position among its token's rows.
-                pos[i] = fx.atomic_add(counts + tok, fx.Int32(1), syncscope=fx.rocdl.SyncScope.Agent)
+                # The old count is this row's position among its token's rows; position 0 is
+                # also recorded per token, so the reduction fetches that row without the offsets.
+                p = fx.atomic_add(counts + tok, fx.Int32(1), syncscope=fx.rocdl.SyncScope.Agent)
+                pos[i] = p
+                if p == 0:
+                    first[tok] = i
 
     @flyc.kernel(name=NAME + "_scan", known_block_size=[SCAN_THREADS, 1, 1])
     def scan_kernel(Ws: fx.Tensor, t: fx.Int32, a: fx.Int32):
         # One block: offsets = exclusive prefix sum of counts, offsets[t] = total. Tiles of
         # SCAN_THREADS * SCAN_ITEMS counts; each thread sums SCAN_ITEMS consecutive ones, waves
         # scan with shuffles, wave 0 scans the wave totals, and a carry runs across tiles.
-        counts, offsets, _, _ = workspace(Ws, t, a)
+        counts, offsets, _, _, _ = workspace(Ws, t, a)
         tid = fx.thread_idx.x
         wave, lane = tid // WAVE, tid % WAVE
         s_wave, s_total = lds_ints(SCAN_WAVES, 1)
@@ -249,7 +254,7 @@ def _device_code(op, config, sig):
     @flyc.kernel(name=NAME + "_place", known_block_size=[INDEX_THREADS, 1, 1])
     def place_kernel(Tok: fx.Tensor, N: fx.Tensor, Ws: fx.Tensor, t: fx.Int32):
         a = Tok.shape.unpack()
-        _, offsets, pos, rows = workspace(Ws, t, a)
+        _, offsets, pos, rows, _ = workspace(Ws, t, a)
         i = flat_index()
         if i < rows_to_do(N, a):
             tok = fx.get_iter(Tok)[i]
@@ -262,19 +267,22 @@ def _device_code(op, config, sig):
         # rounded once. A token with no rows is not touched. Vectors past the row end load zeros
         # and store nothing (buffer bounds), as in the gather.
         t = fx.block_idx.x
-        _, offsets, _, rows = workspace(Ws, Out.shape.unpack()[0], Y.shape.unpack()[0])
+        _, offsets, _, rows, first = workspace(Ws, Out.shape.unpack()[0], Y.shape.unpack()[0])
         start = offsets[t]
         count = offsets[t + 1] - start
+        row0 = first[t]     # the first row, beside the offsets (read only when count > 0)
         if count > 0:
             ids = vector_ids(nthr)
             out = row_view(Out, t, VEC)
             # Register arrays (not Python values): the loop over the rows updates them in place.
             acc = [fx.make_rmem_tensor(VEC, fx.Float32) for _ in range(UNROLL)]
+            firsts = load_vectors(row_view(Y, row0, VEC), ids)
             for j, r in enumerate(load_vectors(out, ids)):
-                fx.memref_store_vec(fx.memref_load_vec(r).to(fx.Float32), acc[j])
+                total = fx.memref_load_vec(r).to(fx.Float32) + fx.memref_load_vec(firsts[j]).to(fx.Float32)
+                fx.memref_store_vec(total, acc[j])
             # Unrolled twice: two rows' loads in flight where the registers allow (unroll 8 of
             # 16-bit rows fills 128 VGPRs with one row's loads and the fp32 sums).
-            for k in range(count, unroll=2):
+            for k in range(1, count, unroll=2):
                 ys = load_vectors(row_view(Y, rows[start + k], VEC), ids)
                 for j in range_constexpr(UNROLL):
                     total = fx.memref_load_vec(acc[j]) + fx.memref_load_vec(ys[j]).to(fx.Float32)
@@ -338,7 +346,7 @@ def _placeholders(op, sig):
     if op == "gather_scale_dense_tokens":
         scores = torch.zeros(3, 5, dtype=getattr(torch, sig["score_dtype"]))
         return [torch.zeros(3, d, dtype=dtype), idx, idx.clone(), scores, count, torch.zeros(6, d, dtype=dtype)]
-    workspace = torch.zeros(2 * 3 + 1 + 2 * 6, dtype=torch.int32)
+    workspace = torch.zeros(3 * 3 + 1 + 2 * 6, dtype=torch.int32)
     return [torch.zeros(3, d, dtype=dtype), torch.zeros(6, d, dtype=dtype), idx, count, workspace]
 
 
