@@ -85,3 +85,23 @@ def test_dequantize_inverts_on_any_device():
     back = ops.dequantize_fp8_row(xq, scale, out_dtype=torch.float32)
     torch.testing.assert_close(back, x, rtol=0.07, atol=0)
     assert torch.ops.mslk_dsl.dequantize_fp8_row(xq, scale).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("method", ["atomic", "sorted"])
+def test_scatter_allocates_its_workspace_only_for_the_sorted_method(method, monkeypatch):
+    """The sorted method gets counts, offsets, positions, lists and first rows (3T + 1 + 2A
+    int32); the atomic method gets the cached one-element placeholder (no allocation per call)."""
+    from mslk_dsl.ops import dispatch, moe, validate
+
+    launched = []
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)   # CPU tensors stand in for GPU ones
+    monkeypatch.setattr(moe._SCATTER, "selection",
+                        lambda *args: (lambda *tensors: launched.append(tensors), {"method": method}))
+    out, y, tok = t(5, 16), t(12, 16), torch.randint(0, 5, (12,), dtype=torch.int32)
+    ops.scatter_add_dense_tokens(out, y, tok)
+    (args,) = launched
+    workspace = args[-1]
+    if method == "sorted":
+        assert workspace.dtype == torch.int32 and workspace.numel() == 3 * 5 + 1 + 2 * 12
+    else:
+        assert workspace is dispatch.placeholder(out.device, torch.int32)

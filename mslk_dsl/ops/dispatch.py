@@ -46,14 +46,18 @@ class KernelOp:
         self._memo: dict = {}
 
     def kernel(self, device: torch.device, signature: tuple, problem: tuple, config: dict | None = None):
+        return self.selection(device, signature, problem, config)[0]
+
+    def selection(self, device: torch.device, signature: tuple, problem: tuple, config: dict | None = None):
+        """(kernel, its config) for a call, memoized: for ops whose arguments depend on the config."""
         memo_key = (device, signature, problem, None if config is None else tuple(sorted(config.items())))
-        kernel = self._memo.get(memo_key)
-        if kernel is None:
-            kernel = self._select(device, signature, problem, config)
+        selected = self._memo.get(memo_key)
+        if selected is None:
+            selected = self._select(device, signature, problem, config)
             if len(self._memo) >= self.MAX_MEMO:
                 self._memo.clear()
-            self._memo[memo_key] = kernel
-        return kernel
+            self._memo[memo_key] = selected
+        return selected
 
     def template_for(self, target: str) -> Template:
         templates = registry.templates_for(self.op, target)
@@ -80,7 +84,7 @@ class KernelOp:
     def _select(self, device, signature, problem, config):
         target = target_of(device)
         template, config, sig = self.choose(target.name, signature, problem, config)
-        return jit.get_kernel(template, config, target, sig)
+        return jit.get_kernel(template, config, target, sig), config
 
 
 class Plan:

@@ -124,9 +124,12 @@ def scatter_add_dense_tokens(out_tokens: torch.Tensor, in_tokens: torch.Tensor, 
         return None
     y = check.rows(in_tokens)
     sig = (check.aligned16(out_tokens, y), dtype_name(y.dtype), valid is not None)
-    kernel = _SCATTER.kernel(y.device, sig, (A, D, out_tokens.shape[0]), config)
-    # Per-token counts, offsets, positions, row lists and first rows for the sorted method (see
-    # the CuTe template).
-    workspace = torch.empty(3 * out_tokens.shape[0] + 1 + 2 * A, dtype=torch.int32, device=y.device)
+    kernel, chosen = _SCATTER.selection(y.device, sig, (A, D, out_tokens.shape[0]), config)
+    # Per-token counts, offsets, positions, row lists and first rows, which only the sorted
+    # method uses (see the CuTe template); the atomic method gets the cached placeholder.
+    if chosen.get("method") == "sorted":
+        workspace = torch.empty(3 * out_tokens.shape[0] + 1 + 2 * A, dtype=torch.int32, device=y.device)
+    else:
+        workspace = placeholder(y.device, torch.int32)
     kernel(out_tokens, y, tok, valid if valid is not None else placeholder(y.device, torch.int32), workspace)
     return None
