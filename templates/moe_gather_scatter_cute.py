@@ -59,9 +59,8 @@ only (the op layer converts int64 ones).
 import functools
 
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _gather_scatter_space as shared
 
-DTYPES = ("bfloat16", "float16", "float32")
-SCORE_DTYPES = ("bfloat16", "float32")
 MAX_THREADS = 1024
 SCATTER_THREADS = 256
 # Scatter works on column slices narrow enough that the rows of `out` a slice touches stay in L2
@@ -71,12 +70,6 @@ REUSE_BYTES = 16 << 20
 MIN_SLICE_BYTES = 256
 INDEX_THREADS = 256                 # sorted scatter: threads of the count / place kernels
 SCAN_THREADS, SCAN_ITEMS = 1024, 8  # sorted scatter: the one-block scan of the per-token counts
-SORTED_MIN_BYTES = 32 << 20         # scatter inputs at least this large use the sorted method
-
-
-def _vec(sig):
-    itemsize = 4 if sig["dtype"] == "float32" else 2
-    return 16 // itemsize if sig["aligned"] else 1
 
 
 def _heuristic(target, sig, problem):
@@ -86,16 +79,13 @@ def _heuristic(target, sig, problem):
 
 
 def _scatter_heuristic(target, sig, problem):
-    # The sorted method's four extra launches (~10 us) pay off once the data moved is large.
-    # Its reduction wants more, lighter threads the more rows each token sums (measured on the
-    # H200 at T = 65536, D = 5120: unroll 4 best for 1 row per token, unroll 1 for 8, unroll 2
-    # within 3% of the best for both).
-    rows, width = int(problem.get("A", 65536)), int(problem.get("D", 8192))
-    tokens = max(int(problem.get("T", rows)), 1)
-    itemsize = 4 if sig["dtype"] == "float32" else 2
-    if rows * width * itemsize < SORTED_MIN_BYTES:
+    # The method by size (shared.scatter_method). The sorted reduction wants more, lighter threads
+    # the more rows each token sums (measured on the H200 at T = 65536, D = 5120: unroll 4 best
+    # for 1 row per token, unroll 1 for 8, unroll 2 within 3% of the best for both).
+    if shared.scatter_method(sig, problem) == "atomic":
         return {**_heuristic(target, sig, problem), "method": "atomic"}
-    per_token = rows / tokens
+    rows = int(problem.get("A", 65536))
+    per_token = rows / max(int(problem.get("T", rows)), 1)
     return {"unroll": 1 if per_token >= 6 else 2 if per_token >= 2 else 4, "method": "sorted"}
 
 
@@ -106,7 +96,7 @@ def _device_code(op, config, sig):
 
     dt = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16, "float32": cutlass.Float32}
     dtype = dt[sig["dtype"]]
-    VEC, UNROLL = _vec(sig), config["unroll"]
+    VEC, UNROLL = shared.vec(sig), config["unroll"]
     HAS_N = bool(sig["has_valid_count"])
     SORTED = config.get("method") == "sorted"
     ELEM_BYTES = dtype.width // 8
@@ -382,7 +372,7 @@ def _build(config, target, sig, op):
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
 
     launcher, dtype = _device_code(op, config, sig)
-    vec = _vec(sig)
+    vec = shared.vec(sig)
     align = 16 if sig["aligned"] else dtype.width // 8
     t, a, d = cute.sym_int(), cute.sym_int(), cute.sym_int(divisibility=vec)
 
@@ -406,12 +396,11 @@ def _valid(config, target, sig):
     return True
 
 
-_COMMON = {"dtype": DTYPES, "aligned": (True, False), "has_valid_count": (False, True)}
 TEMPLATES = [
     Template(op="gather_scale_dense_tokens", backend="cute", targets=("sm90a",),
-             signatures={**_COMMON, "score_dtype": SCORE_DTYPES}, space={"unroll": (1, 2, 4, 8)},
+             signatures={**shared.SIGNATURES, "score_dtype": shared.SCORE_DTYPES}, space={"unroll": (1, 2, 4, 8)},
              valid=_valid, heuristic=_heuristic, build=functools.partial(_build, op="gather_scale_dense_tokens")),
-    Template(op="scatter_add_dense_tokens", backend="cute", targets=("sm90a",), signatures=_COMMON,
+    Template(op="scatter_add_dense_tokens", backend="cute", targets=("sm90a",), signatures=shared.SIGNATURES,
              space={"unroll": (1, 2, 4, 8), "method": ("atomic", "sorted")},
              valid=_valid, heuristic=_scatter_heuristic,
              build=functools.partial(_build, op="scatter_add_dense_tokens")),

@@ -11,7 +11,7 @@ scatter_add_dense_tokens:  kernel(out, y, token_indices, valid_count, workspace)
     are skipped. workspace [3 * T + 1 + 2 * A] int32 (torch.empty; used by method "sorted" only):
     counts [T], offsets [T + 1], positions [A], row lists [A], first rows [T] at offsets 0, T,
     2T+1, 2T+1+A, 2T+1+2A, the CuTe template's layout. Two methods (config["method"]), chosen as in the CuTe template (sorted
-    once A * D * itemsize >= SORTED_MIN_BYTES):
+    once A * D * itemsize >= _gather_scatter_space.SORTED_MIN_BYTES):
     "sorted": group the rows by token, then add each token's rows in fp32 and write its out row
         once (rounded once; no data atomics). Five kernels on the stream: zero the counts; count
         (an int32 atomic add with return per row, global_atomic_add ... sc0, also gives the row's
@@ -44,20 +44,13 @@ compare-and-swap loop per element (LLVM's expansion of atomicrmw fadd on a 2-byt
 import functools
 
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _gather_scatter_space as shared
 
-DTYPES = ("bfloat16", "float16", "float32")
-SCORE_DTYPES = ("bfloat16", "float32")
 TARGETS = ("gfx942", "gfx950")
 WAVE = 64
 MAX_THREADS = 1024
 INDEX_THREADS = 256                 # sorted scatter: threads of the zero / count / place kernels
 SCAN_THREADS, SCAN_ITEMS = 1024, 8  # sorted scatter: the one-block scan of the per-token counts
-SORTED_MIN_BYTES = 32 << 20         # scatter inputs at least this large use the sorted method
-
-
-def _vec(sig):
-    itemsize = 4 if sig["dtype"] == "float32" else 2
-    return 16 // itemsize if sig["aligned"] else 1
 
 
 def _heuristic(target, sig, problem):
@@ -66,12 +59,8 @@ def _heuristic(target, sig, problem):
 
 
 def _scatter_heuristic(target, sig, problem):
-    # The CuTe template's rule: the sorted method's four extra launches pay off once the data
-    # moved is large (threshold not re-measured on CDNA: no AMD GPU was available).
-    rows, width = int(problem.get("A", 65536)), int(problem.get("D", 8192))
-    itemsize = 4 if sig["dtype"] == "float32" else 2
-    return {**_heuristic(target, sig, problem),
-            "method": "sorted" if rows * width * itemsize >= SORTED_MIN_BYTES else "atomic"}
+    # The method by size, as the CuTe template (shared.scatter_method); the unroll as the gather's.
+    return {**_heuristic(target, sig, problem), "method": shared.scatter_method(sig, problem)}
 
 
 def _device_code(op, config, sig):
@@ -81,7 +70,7 @@ def _device_code(op, config, sig):
     from flydsl.expr import const_expr, gpu, range_constexpr
 
     dtype = {"bfloat16": fx.BFloat16, "float16": fx.Float16, "float32": fx.Float32}[sig["dtype"]]
-    VEC, UNROLL = _vec(sig), config["unroll"]
+    VEC, UNROLL = shared.vec(sig), config["unroll"]
     HAS_N = bool(sig["has_valid_count"])
     WIDE = sig["dtype"] == "float32"
     # Atomic granule: fp32 one element; 16-bit two (packed) when rows are aligned, else one (CAS).
@@ -359,11 +348,10 @@ def _template(op, signatures, space, heuristic):
                     heuristic=heuristic, build=functools.partial(_build, op=op))
 
 
-_COMMON = {"dtype": DTYPES, "aligned": (True, False), "has_valid_count": (False, True)}
 UNROLLS = (1, 2, 4, 8)
 TEMPLATES = [
-    _template("gather_scale_dense_tokens", {**_COMMON, "score_dtype": SCORE_DTYPES}, {"unroll": UNROLLS},
-              _heuristic),
-    _template("scatter_add_dense_tokens", _COMMON, {"unroll": UNROLLS, "method": ("atomic", "sorted")},
+    _template("gather_scale_dense_tokens", {**shared.SIGNATURES, "score_dtype": shared.SCORE_DTYPES},
+              {"unroll": UNROLLS}, _heuristic),
+    _template("scatter_add_dense_tokens", shared.SIGNATURES, {"unroll": UNROLLS, "method": ("atomic", "sorted")},
               _scatter_heuristic),
 ]
