@@ -81,13 +81,19 @@ def tune(op: str, problems: list[dict], sig: dict | None = None, store: bool = T
     return results
 
 
+# GEMM split-K configs are decode tiles (64 rows): timed only up to this M, past which their
+# partials buffer grows with M and the 128-row tiles win.
+SPLIT_K_MAX_M = 128
+
+
 def _candidates(template, target, sig, problem) -> list[dict]:
     """Every valid config, except that a precision knob (FP8 "promote": how often the tensor
     core's partial sums go to fp32) stays at the heuristic's value: tuning trades speed, never
-    accuracy."""
+    accuracy; and split-K configs only for M <= SPLIT_K_MAX_M."""
     default = template.heuristic(target, sig, problem)
     return [c for c in template.valid_configs(target, sig)
-            if "promote" not in c or c["promote"] == default.get("promote")]
+            if ("promote" not in c or c["promote"] == default.get("promote"))
+            and ("split_k" not in c or problem.get("M", 0) <= SPLIT_K_MAX_M)]
 
 
 def _store(op, target, sig, problem, config, ms) -> None:

@@ -8,6 +8,9 @@ A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
   promote         (FP8 only) 0: wgmma accumulates across all of K ("fast accumulation");
                   p > 0: every p k-tiles (128 deep each) the wgmma partial sums are added
                   into separate fp32 registers (CUTLASS's 2x accumulation is p = 1)
+  split_k         (bf16/fp16 decode tiles only; absent means 1) K is split into this many
+                  ranges, each its own unit of work, summed by a second kernel: with few
+                  output tiles (small M, N) it keeps every SM streaming the weight
 Pipeline stages are derived from shared memory (as many A/B stages as fit beside the
 epilogue buffers). Every config is correct for every M >= 1; N and K must keep rows 16-byte
 aligned (the op layer checks).
@@ -16,8 +19,9 @@ aligned (the op layer checks).
 NUM_SMS = 132  # H100 / H200 SXM: the persistent grid size and the heuristic's waves
 
 
-def _config(tile_m, tile_n, cluster_m=1, raster="m", group=8):
-    return {"tile_m": tile_m, "tile_n": tile_n, "cluster_m": cluster_m, "raster": raster, "group": group}
+def _config(tile_m, tile_n, cluster_m=1, raster="m", group=8, split_k=1):
+    config = {"tile_m": tile_m, "tile_n": tile_n, "cluster_m": cluster_m, "raster": raster, "group": group}
+    return {**config, "split_k": split_k} if split_k > 1 else config
 
 
 CONFIGS = (
@@ -26,6 +30,10 @@ CONFIGS = (
     _config(128, 64, 2), _config(128, 64, 1),
     _config(64, 256), _config(64, 128), _config(64, 64),
 )
+# Decode tiles with split-K (16-bit only: the FP8 scale epilogue is not split).
+SPLIT_K = (2, 4, 8)
+SPLIT_CONFIGS = tuple(_config(64, tile_n, split_k=s) for tile_n in (128, 256) for s in SPLIT_K)
+BF16_CONFIGS = CONFIGS + SPLIT_CONFIGS
 # Promotion keeps a second set of accumulators: tiles of <= 64 fp32 registers per thread.
 _PROMOTED = [_config(128, 128, 2), _config(128, 128, 1), _config(128, 64, 2), _config(128, 64, 1),
              _config(64, 128), _config(64, 64)]
@@ -37,22 +45,46 @@ FP8_PROMOTE = 4  # the default: 512-deep partial sums, error below bf16 rounding
 # more epilogue per FLOP); a first guess to be replaced by measured tuning tables.
 _EFFICIENCY = {256: 1.0, 128: 0.9, 64: 0.75}
 
+# Decode (weight streaming) on the H200, measured at M = 1 with one tile per SM: an SM streams
+# a 128- or 256-wide weight panel at ~33 GB/s (8 KB TMA boxes of 64-wide tiles: ~19 GB/s), and
+# all SMs together at ~4.4 TB/s; a split-K reduction launch costs ~3 us.
+_SM_STREAM_GBS = {256: 33.0, 128: 33.0, 64: 19.0}
+_HBM_GBS = 4400.0
+_SPLIT_US = 3.0
+
 
 def _ceil_div(a, b):
     return -(-a // b)
 
 
+def _decode_us(m, n, k, itemsize, tile_n, split):
+    """Modelled time of a decode GEMM (m <= 64): the busiest SM's weight bytes at one SM's
+    streaming rate, or all weight bytes at HBM rate, whichever is longer; split-K adds its
+    reduction launch and its fp32 partials (written and read once)."""
+    units = _ceil_div(n, tile_n) * split
+    per_unit = tile_n * _ceil_div(k, split) * itemsize
+    sm_us = _ceil_div(units, NUM_SMS) * per_unit / (_SM_STREAM_GBS[tile_n] * 1e3)
+    us = max(sm_us, n * k * itemsize / (_HBM_GBS * 1e3))
+    return us + (_SPLIT_US + 2 * split * m * n * 4 / (_HBM_GBS * 1e3) if split > 1 else 0.0)
+
+
 def heuristic(problem, fp8):
     """Default config for a call of size problem = {"M", "N", "K"}.
 
-    M <= 64 (decode) is bound by streaming the weight: 64-row tiles, and the tile width that
-    minimises the weight bytes on the busiest SM. Larger M: 128-row tiles, the width that
+    M <= 64 (decode) is bound by streaming the weight: 64-row tiles; FP8 takes the tile width
+    that minimises the weight bytes on the busiest SM, 16-bit the (width, split-K) pair of
+    least modelled time (``_decode_us``; ties go to fewer splits, then wider tiles). Larger M: 128-row tiles, the width that
     minimises (tiles per SM) x (work per tile) / efficiency, and a 2x1 cluster once there are
     two M tiles to share each weight tile. FP8 promotes every 4 k-tiles (accurate to well
     below bf16 rounding), which needs a tile of at most 128 columns.
     """
     m, n = problem["M"], problem["N"]
     tile_m = 64 if m <= 64 else 128
+    if tile_m == 64 and not fp8:
+        k = problem.get("K", 8192)
+        split, tile_n = min(((s, t) for s in (1, *SPLIT_K) for t in (256, 128, 64)),
+                            key=lambda st: (round(_decode_us(m, n, k, 2, st[1], st[0]), 1), st[0], -st[1]))
+        return _config(64, tile_n, split_k=split)
     tiles_m = _ceil_div(m, tile_m)
 
     def cost(tile_n):
@@ -81,8 +113,17 @@ def tile_of_work(work, clusters_m, clusters_n, raster_m, group, minimum=min):
     return (f, s) if raster_m else (s, f)
 
 
+def k_range(split, k_tiles, split_k, minimum=min):
+    """Split-K: the (first k-tile, number of k-tiles) of split ``split`` out of ``split_k``:
+    consecutive ranges of ceil(k_tiles / split_k), the last ones shorter or empty. Plain
+    arithmetic, called by the kernel with DSL integers (minimum=cutlass.min)."""
+    per_split = (k_tiles + split_k - 1) // split_k
+    begin = minimum(split * per_split, k_tiles)
+    return begin, minimum(begin + per_split, k_tiles) - begin
+
+
 def kernel_args(config):
     """HopperGemm keyword arguments for a config."""
     return {"tile_mn": (config["tile_m"], config["tile_n"]), "cluster_m": config["cluster_m"],
             "raster_m": config["raster"] == "m", "group": config["group"],
-            "promote_every": config.get("promote", 0)}
+            "promote_every": config.get("promote", 0), "split_k": config.get("split_k", 1)}

@@ -14,7 +14,12 @@ templates need, with its own tile order and an epilogue hook:
     values, conversion, stmatrix into shared memory, TMA store (which clips rows and
     columns past M / N);
   * the grid is persistent, one CTA per SM (``NUM_SMS``), each CTA walking output tiles in
-    a grouped raster order so the CTAs running together share A and B panels in L2.
+    a grouped raster order so the CTAs running together share A and B panels in L2;
+  * split-K (``split_k`` > 1, for decode-sized M, where N / tile_n output tiles cannot keep
+    every SM streaming the weight): each output tile is ``split_k`` units of work over
+    consecutive K ranges; a unit stores its fp32 sums (rows < M only) into a partials buffer
+    [split_k, M, N], and a second kernel adds the split_k partials in a fixed order and
+    rounds once to the output dtype (deterministic, no atomics).
 TMA zero-fills loads past M / N / K, so the mainloop needs no predication: any M works, and
 any K and N that keep rows 16-byte aligned (what TMA requires of the row strides).
 """
@@ -36,6 +41,7 @@ NUM_SMS = gemm_configs.NUM_SMS
 _SMEM_BYTES = get_smem_capacity_in_bytes("sm_90")
 _EPI_TILE_N = 32  # epilogue sub-tile width (CUTLASS's choice for 16-bit outputs)
 _PRODUCER_REGS, _CONSUMER_REGS = 40, 232  # setmaxnreg split; 40*128 + 232*256 <= 64K
+_REDUCE_THREADS = 256  # split-K: threads per block of the partials reduction (4 columns each)
 
 
 class HopperGemm:
@@ -48,6 +54,9 @@ class HopperGemm:
     promote_every: FP8: 0, or sum every ``promote_every`` k-tiles (128 deep each) in a
                   temporary that is then added into fp32 registers (CUTLASS's 2x accumulation,
                   for Hopper's FP8 wgmma adds into its accumulator with ~13-bit precision).
+    split_k:      1, or the number of K ranges each output tile is split into (no cluster, no
+                  epilogue hook); the call then takes an fp32 partials buffer of at least
+                  split_k * M * N elements (16-byte aligned), and split_k * M * N < 2**31.
     epilogue:     None, or an object built for this tile shape that sees every output tile:
         smem_words, num_regs                    fp32 words of shared memory / registers it needs
         prefetch(regs, epi_args, m0, n0, tidx)  at tile start: global loads whose latency the
@@ -60,11 +69,13 @@ class HopperGemm:
     """
 
     def __init__(self, tile_mn, cluster_m=1, raster_m=True, group=8, promote_every=0,
-                 epilogue=None):
+                 split_k=1, epilogue=None):
         self.tile_m, self.tile_n = tile_mn
         assert self.tile_m in (64, 128) and self.tile_n in (64, 128, 256)
         assert cluster_m in (1, 2) and group >= 0
+        assert split_k >= 1 and (split_k == 1 or (cluster_m == 1 and epilogue is None))
         self.cluster_m, self.raster_m, self.group = cluster_m, raster_m, group
+        self.split_k = split_k
         self.promote_every, self.epilogue = promote_every, epilogue
         self.num_mma_wg = self.tile_m // 64
         self.num_mma_threads = 128 * self.num_mma_wg
@@ -99,7 +110,9 @@ class HopperGemm:
         self.d_smem = sm90_utils.make_smem_layout_epi(d_dtype, row_major, self.epi_tile, self.epi_stages)
 
     @cute.jit
-    def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, epi_args, stream):
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, epi_args, stream,
+                 partials: cute.Tensor = None):
+        """Launch D = A @ B^T; ``partials`` (fp32, 1-D) is the split-K buffer, only with split_k > 1."""
         self._setup(a.element_type, b.element_type, d.element_type)
         tma_a, gA = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), a,
@@ -116,7 +129,7 @@ class HopperGemm:
         # Persistent grid (cluster_m, 1, clusters): at most one CTA per SM.
         clusters_m = cute.ceil_div(cute.ceil_div(d.shape[0], self.tile_m), self.cluster_m)
         clusters_n = cute.ceil_div(d.shape[1], self.tile_n)
-        num_clusters = cutlass.min(clusters_m * clusters_n, NUM_SMS // self.cluster_m)
+        num_clusters = cutlass.min(clusters_m * clusters_n * self.split_k, NUM_SMS // self.cluster_m)
 
         @cute.struct
         class SharedStorage:
@@ -128,10 +141,17 @@ class HopperGemm:
 
         assert SharedStorage.size_in_bytes() <= _SMEM_BYTES, "shared memory plan overflows"
         self.shared_storage = SharedStorage
+        # Without split-K the kernel never reads the partials argument: D stands in for it.
+        mP = partials if const_expr(self.split_k > 1) else d
         self.kernel(tma_a, gA, tma_b, gB, tma_d, gD, self.tiled_mma, self.tiled_mma_zero, self.a_smem,
-                    self.b_smem, self.d_smem, clusters_m, clusters_n, epi_args).launch(
+                    self.b_smem, self.d_smem, clusters_m, clusters_n, epi_args, mP).launch(
             grid=(self.cluster_m, 1, num_clusters), block=(self.threads, 1, 1),
             cluster=(self.cluster_m, 1, 1), min_blocks_per_mp=1, stream=stream)
+        if const_expr(self.split_k > 1):
+            vectors = d.shape[0] * (d.shape[1] // 4)
+            self.reduce_partials(partials, d).launch(
+                grid=((vectors + _REDUCE_THREADS - 1) // _REDUCE_THREADS, 1, 1),
+                block=(_REDUCE_THREADS, 1, 1), stream=stream)
 
     # -------------------------------------------------------------- device side
     @cute.jit
@@ -141,12 +161,22 @@ class HopperGemm:
                                            self.group, cutlass.min)
         return cm * self.cluster_m + cta_m, cn
 
+    @cute.jit
+    def _work_unit(self, work: Int32, clusters_m: Int32, clusters_n: Int32, cta_m: Int32, k_tiles: Int32):
+        """Work index -> (tile_m, tile_n, split, first k-tile, k-tiles to do). The split is the
+        slow index, so the units running together cover different tiles of the same K range."""
+        tiles = clusters_m * clusters_n
+        split = work // tiles
+        tile_m, tile_n = self._tile_coord(work - split * tiles, clusters_m, clusters_n, cta_m)
+        k_begin, k_count = gemm_configs.k_range(split, k_tiles, self.split_k, cutlass.min)
+        return tile_m, tile_n, split, k_begin, k_count
+
     @cute.kernel
     def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom,
                mB: cute.Tensor, tma_d: cute.CopyAtom, mD: cute.Tensor,
                tiled_mma: cute.TiledMma, tiled_mma_zero: cute.TiledMma, a_smem: cute.ComposedLayout,
                b_smem: cute.ComposedLayout, d_smem: cute.ComposedLayout,
-               clusters_m: Int32, clusters_n: Int32, epi_args):
+               clusters_m: Int32, clusters_n: Int32, epi_args, mP: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -191,11 +221,12 @@ class HopperGemm:
             if warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 work = cute.arch.block_idx()[2]
-                while work < clusters_m * clusters_n:
-                    tile_m, tile_n = self._tile_coord(work, clusters_m, clusters_n, cta_m)
+                while work < clusters_m * clusters_n * self.split_k:
+                    tile_m, tile_n, _, k_begin, k_count = self._work_unit(
+                        work, clusters_m, clusters_n, cta_m, k_tiles)
                     tAgA_t = tAgA[(None, tile_m, None)]
                     tBgB_t = tBgB[(None, tile_n, None)]
-                    for k in cutlass.range(k_tiles, unroll=1):
+                    for k in cutlass.range(k_begin, k_begin + k_count, unroll=1):
                         ab_pipeline.producer_acquire(state)
                         bar = ab_pipeline.producer_get_barrier(state)
                         cute.copy(tma_a, tAgA_t[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar)
@@ -208,7 +239,7 @@ class HopperGemm:
         else:
             cute.arch.setmaxregister_increase(_CONSUMER_REGS)
             self._consume(ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, tma_d, mD, k_tiles,
-                          tidx - 128, warp_idx, cta_m, clusters_m, clusters_n, epi_args)
+                          tidx - 128, warp_idx, cta_m, clusters_m, clusters_n, epi_args, mP)
 
     @cute.jit
     def _mma_k_tile(self, ab_pipeline, read_state, first_mma, tiled_mma, tCrA, tCrB, acc):
@@ -223,8 +254,8 @@ class HopperGemm:
         warpgroup.commit_group()
 
     @cute.jit
-    def _consume(self, ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, tma_d, mD, k_tiles, mma_tidx,
-                 warp_idx, cta_m, clusters_m, clusters_n, epi_args):
+    def _consume(self, ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, tma_d, mD, all_k_tiles,
+                 mma_tidx, warp_idx, cta_m, clusters_m, clusters_n, epi_args, mP):
         """Consumer warpgroups: for each tile, the wgmma mainloop and then the epilogue."""
         thr_mma = tiled_mma.get_slice(mma_tidx)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
@@ -260,8 +291,9 @@ class HopperGemm:
         release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         tiles_done = Int32(0)
         work = cute.arch.block_idx()[2]
-        while work < clusters_m * clusters_n:
-            tile_m, tile_n = self._tile_coord(work, clusters_m, clusters_n, cta_m)
+        while work < clusters_m * clusters_n * self.split_k:
+            tile_m, tile_n, split, _, k_tiles = self._work_unit(work, clusters_m, clusters_n, cta_m,
+                                                                all_k_tiles)
             if const_expr(self.epilogue is not None):
                 self.epilogue.prefetch(epi_regs, epi_args, tile_m * self.tile_m,
                                        tile_n * self.tile_n, mma_tidx)
@@ -302,32 +334,72 @@ class HopperGemm:
                     for i in cutlass.range_constexpr(cute.size(acc)):
                         acc[i] = acc[i] + acc_tmp[i]
 
-            # ---- epilogue: (tile_m x 32) sub-tiles through shared memory and TMA stores
-            if const_expr(self.epilogue is not None):
-                self.epilogue.stage(epi_regs, sEpi, mma_tidx)
-                self.epi_barrier.arrive_and_wait()
-            gD_sub = cute.zipped_divide(
-                cute.local_tile(mD, (self.tile_m, self.tile_n), (tile_m, tile_n)), self.epi_tile)
-            bSG_sD, bSG_gD = cpasync.tma_partition(tma_d, 0, cute.make_layout(1),
-                                                   cute.group_modes(sD, 0, 2), gD_sub)
-            for j in cutlass.range_constexpr(num_sub):
-                for v in cutlass.range_constexpr(sub_size):
-                    tRS_sub[v] = tRS_acc[j * sub_size + v]
+            if const_expr(self.split_k > 1):
+                # ---- split-K epilogue: fp32 sums straight to this split's partials block.
+                self._store_partials(acc, thr_mma, mP, mD.shape[0], mD.shape[1],
+                                     tile_m * self.tile_m, tile_n * self.tile_n, split)
+            else:
+                # ---- epilogue: (tile_m x 32) sub-tiles through shared memory and TMA stores
                 if const_expr(self.epilogue is not None):
-                    # partition_S: the coordinates of the values this thread holds.
-                    coords = thr_r2s.partition_S(cute.local_tile(cTile, self.epi_tile, (0, j)))
-                    self.epilogue.apply(tRS_sub, coords, sEpi)
-                tRS_out.store(tRS_sub.load().to(self.d_dtype))
-                buf = (tiles_done * num_sub + j) % self.epi_stages
-                cute.copy(tiled_r2s, tRS_out, tRS_sD[(None, None, None, buf)])
-                # Generic-proxy smem writes must be visible to the TMA (async proxy).
-                cute.arch.fence_proxy("async.shared", space="cta")
-                self.epi_barrier.arrive_and_wait()
-                if warp_idx == 4:  # first consumer warp issues the store
-                    cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, (0, j))])
-                    store_pipeline.producer_commit()
-                    store_pipeline.producer_acquire()  # the next buffer's old store has read it
-                self.epi_barrier.arrive_and_wait()
-            tiles_done += 1
+                    self.epilogue.stage(epi_regs, sEpi, mma_tidx)
+                    self.epi_barrier.arrive_and_wait()
+                gD_sub = cute.zipped_divide(
+                    cute.local_tile(mD, (self.tile_m, self.tile_n), (tile_m, tile_n)), self.epi_tile)
+                bSG_sD, bSG_gD = cpasync.tma_partition(tma_d, 0, cute.make_layout(1),
+                                                       cute.group_modes(sD, 0, 2), gD_sub)
+                for j in cutlass.range_constexpr(num_sub):
+                    for v in cutlass.range_constexpr(sub_size):
+                        tRS_sub[v] = tRS_acc[j * sub_size + v]
+                    if const_expr(self.epilogue is not None):
+                        # partition_S: the coordinates of the values this thread holds.
+                        coords = thr_r2s.partition_S(cute.local_tile(cTile, self.epi_tile, (0, j)))
+                        self.epilogue.apply(tRS_sub, coords, sEpi)
+                    tRS_out.store(tRS_sub.load().to(self.d_dtype))
+                    buf = (tiles_done * num_sub + j) % self.epi_stages
+                    cute.copy(tiled_r2s, tRS_out, tRS_sD[(None, None, None, buf)])
+                    # Generic-proxy smem writes must be visible to the TMA (async proxy).
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    self.epi_barrier.arrive_and_wait()
+                    if warp_idx == 4:  # first consumer warp issues the store
+                        cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, (0, j))])
+                        store_pipeline.producer_commit()
+                        store_pipeline.producer_acquire()  # the next buffer's old store has read it
+                    self.epi_barrier.arrive_and_wait()
+                tiles_done += 1
             work += cute.arch.grid_dim()[2]
         store_pipeline.producer_tail()
+
+    @cute.jit
+    def _store_partials(self, acc, thr_mma, mP, m_size, n_size, m0, n0, split):
+        """Split-K: this thread's fp32 sums to partials[split, m, n] for m < M, n < N. Decode
+        tiles are mostly rows past M, which store nothing; the stores are a sliver of the
+        weight bytes the unit streams."""
+        coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        base = split * m_size
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            m, n = coords[i]
+            if m0 + m < m_size and n0 + n < n_size:
+                mP[(base + m0 + m) * n_size + n0 + n] = acc[i]
+
+    @cute.kernel
+    def reduce_partials(self, mP: cute.Tensor, mD: cute.Tensor):
+        """Split-K: D[m, n] = sum over splits of partials[s, m, n], in split order, four columns
+        per thread (N is a multiple of 8, so every vector is 16-byte aligned in mP)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        m_size, n_size = mD.shape
+        nvec = n_size // 4
+        i = bidx * _REDUCE_THREADS + tidx
+        if i < m_size * nvec:
+            m = i // nvec
+            v = i - m * nvec
+            p_vecs = cute.zipped_divide(mP, (4,))
+            acc = cute.make_rmem_tensor((4,), Float32)
+            acc.fill(0.0)
+            part = cute.make_rmem_tensor((4,), Float32)
+            for s in cutlass.range_constexpr(self.split_k):
+                cute.autovec_copy(p_vecs[None, (s * m_size + m) * nvec + v], part)
+                acc.store(acc.load() + part.load())
+            out = cute.make_rmem_tensor((4,), self.d_dtype)
+            out.store(acc.load().to(self.d_dtype))
+            cute.autovec_copy(out, cute.zipped_divide(mD[m, None], (4,))[None, v])

@@ -1,8 +1,10 @@
 """bf16_gemm on Hopper: out[M, N] = x[M, K] @ w[N, K]^T, bf16 or fp16 in and out, fp32 accumulation.
 
 Runtime args: kernel(x, w, out), all row-major and 16-byte aligned; M, N and K are dynamic, with
-K and N multiples of 8 (16-byte rows for TMA; the op layer rejects other sizes). The kernel is
-the persistent warp-specialized TMA + wgmma GEMM of ``_cute_gemm_sm90`` with no epilogue hook.
+K and N multiples of 8 (16-byte rows for TMA; the op layer rejects other sizes). Split-K configs
+(config["split_k"] = s > 1) take one more argument: kernel(x, w, out, partials), partials an fp32
+buffer of at least s * M * N elements (torch.empty; s * M * N < 2**31). The kernel is the
+persistent warp-specialized TMA + wgmma GEMM of ``_cute_gemm_sm90`` with no epilogue hook.
 Config space, heuristic and validity are shared with the FP8 GEMM (``_cute_gemm_configs``).
 """
 from mslk_dsl.template import Template
@@ -25,16 +27,23 @@ def build(config, target, sig):
     dtype = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}[sig["dtype"]]
     gemm = sm90.HopperGemm(**gemm_configs.kernel_args(config))
 
-    @cute.jit
-    def bf16_gemm(x: cute.Tensor, w: cute.Tensor, out: cute.Tensor, stream):
-        gemm(x, w, out, (), stream)
-
     m, n, k = cute.sym_int(), cute.sym_int(divisibility=8), cute.sym_int(divisibility=8)
     args = [make_fake_compact_tensor(dtype, shape, stride_order=(1, 0), assumed_align=16)
             for shape in ((m, k), (n, k), (m, n))]
-    return bf16_gemm, [*args, make_fake_stream(use_tvm_ffi_env_stream=True)]
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+    if config.get("split_k", 1) == 1:
+        @cute.jit
+        def bf16_gemm(x: cute.Tensor, w: cute.Tensor, out: cute.Tensor, stream):
+            gemm(x, w, out, (), stream)
+        return bf16_gemm, [*args, stream]
+
+    @cute.jit
+    def bf16_gemm_split_k(x: cute.Tensor, w: cute.Tensor, out: cute.Tensor, partials: cute.Tensor, stream):
+        gemm(x, w, out, (), stream, partials)
+    partials = make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(divisibility=4),), assumed_align=16)
+    return bf16_gemm_split_k, [*args, partials, stream]
 
 
 TEMPLATE = Template(op="bf16_gemm", backend="cute", targets=("sm90a",),
-                    signatures={"dtype": DTYPES}, configs=gemm_configs.CONFIGS,
+                    signatures={"dtype": DTYPES}, configs=gemm_configs.BF16_CONFIGS,
                     heuristic=_heuristic, build=build)

@@ -60,3 +60,31 @@ def test_fp8_promotion_only_on_tiles_with_room_for_two_accumulators():
             assert config["tile_n"] <= 128, config
     default = template.heuristic("sm90a", {"has_bias": False}, {"M": 4096, "N": 8192, "K": 8192})
     assert default["promote"] == gemm_configs.FP8_PROMOTE
+
+
+@pytest.mark.parametrize("split_k", [1, 2, 4, 8])
+def test_split_k_ranges_cover_every_k_tile_once(split_k):
+    for k_tiles in (0, 1, 2, 3, 7, 8, 9, 64, 127, 448):
+        covered = []
+        for split in range(split_k):
+            begin, count = gemm_configs.k_range(split, k_tiles, split_k)
+            assert count >= 0 and begin + count <= k_tiles
+            covered += range(begin, begin + count)
+        assert covered == list(range(k_tiles)), (split_k, k_tiles)
+
+
+def test_decode_heuristic_splits_k_when_few_tiles_would_leave_sms_idle():
+    (template,) = registry.get_templates(op="bf16_gemm", backend="cute")
+    sig = {"dtype": "bfloat16"}
+    for m, (n, k) in itertools.product((1, 16, 64), NK_VALUES):
+        config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
+        units = -(-n // config["tile_n"]) * config.get("split_k", 1)
+        if n * k >= 4096 * 4096:  # enough weight to stream: most SMs get a unit
+            assert units >= 0.8 * gemm_configs.NUM_SMS, (m, n, k, config)
+    # 8192 x 8192 alone has 64 tiles of 128 columns: split in two.
+    config = template.heuristic("sm90a", sig, {"M": 1, "N": 8192, "K": 8192})
+    assert config.get("split_k", 1) > 1 and config["tile_m"] == 64
+    # Never for larger M, and never for FP8 (its scale epilogue is not split).
+    assert "split_k" not in template.heuristic("sm90a", sig, {"M": 65, "N": 8192, "K": 8192})
+    (fp8,) = registry.get_templates(op="f8f8bf16_rowwise", backend="cute")
+    assert not any("split_k" in c for c in fp8.all_configs())

@@ -3,7 +3,7 @@ entries are ignored; the op layer prefers a stored winner over the heuristic."""
 import json
 import os
 
-from mslk_dsl import tuning
+from mslk_dsl import registry, tuning
 from mslk_dsl.ops.dispatch import KernelOp
 
 
@@ -42,3 +42,18 @@ def test_stored_winner_is_used_and_stale_ones_ignored(cache_dir):
 def test_explicit_config_wins(cache_dir):
     op = KernelOp("scale_copy", ("factor",), ("M",))
     assert op.choose("sm90a", (3,), (10,), {"threads": 128})[1] == {"threads": 128}
+
+
+def test_autotuner_times_split_k_only_for_decode_sizes():
+    from mslk_dsl import autotune
+
+    (template,) = registry.get_templates(op="bf16_gemm", backend="cute")
+    sig = {"dtype": "bfloat16"}
+
+    def candidates(m):
+        return autotune._candidates(template, "sm90a", sig, {"M": m, "N": 8192, "K": 8192})
+
+    assert any("split_k" in c for c in candidates(1))
+    assert any("split_k" in c for c in candidates(autotune.SPLIT_K_MAX_M))
+    large = candidates(autotune.SPLIT_K_MAX_M + 1)
+    assert large and not any("split_k" in c for c in large)

@@ -96,13 +96,16 @@ class Plan:
     is looked up on first use.
     """
 
-    __slots__ = ("op", "device", "sig_tail", "problem", "rows_aligned", "shape", "out_dtype", "_kernels")
+    __slots__ = ("op", "device", "sig_tail", "problem", "rows_aligned", "shape", "out_dtype", "scratch",
+                 "_kernels")
 
     def __init__(self, op: KernelOp, device: torch.device, sig_tail: tuple, problem: tuple,
-                 rows_aligned: bool | None, shape: tuple = (), out_dtype: torch.dtype | None = None):
+                 rows_aligned: bool | None, shape: tuple = (), out_dtype: torch.dtype | None = None,
+                 scratch: int = 0):
         self.op, self.device, self.sig_tail, self.problem = op, device, sig_tail, problem
         self.rows_aligned = rows_aligned  # None: the op's signature has no alignment part
         self.shape, self.out_dtype = shape, out_dtype  # of the output the op allocates
+        self.scratch = scratch  # elements of the scratch buffer the chosen kernel takes (0: none)
         self._kernels: dict = {}
 
     def kernel(self, pointers_aligned: bool = True):

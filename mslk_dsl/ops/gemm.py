@@ -14,6 +14,8 @@ _BF16_GEMM_PLANS, _F8F8BF16_ROWWISE_PLANS = PlanCache(), PlanCache()
 
 # TMA (and the MFMA loaders) need 16-byte aligned rows: K and N elements must be multiples of this.
 _ALIGN_BYTES = 16
+# Split-K kernels index their fp32 partials [split_k, M, N] with 32-bit offsets.
+_MAX_PARTIALS = 2**31
 
 
 def _operands(op: str, x, w, dtypes, names=("x", "w")) -> None:
@@ -45,7 +47,10 @@ def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, config: dict | None = None) -
     plan = _BF16_GEMM_PLANS.get(key) if config is None else None
     if plan is not None and not (x.data_ptr() | w.data_ptr()) & 15:  # seen and validated before
         out = x.new_empty(plan.shape)  # no dtype or device arguments to parse
-        plan.kernel()(x, w, out)
+        if plan.scratch:
+            plan.kernel()(x, w, out, x.new_empty(plan.scratch, dtype=torch.float32))
+        else:
+            plan.kernel()(x, w, out)
         return out
     _operands("bf16_gemm", x, w, check.HALF_DTYPES)
     check.gpu("bf16_gemm", "x", x)
@@ -57,9 +62,19 @@ def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, config: dict | None = None) -
     if K == 0:
         return out.zero_()
     a, b = _compact(x), _compact(w)
-    _BF16_GEMM.kernel(a.device, (dtype_name(a.dtype),), (M, N, K), config)(a, b, out)
+    kernel, chosen = _BF16_GEMM.selection(a.device, (dtype_name(a.dtype),), (M, N, K), config)
+    # Split-K configs (decode-sized M) sum K ranges in an fp32 partials buffer [split_k, M, N].
+    scratch = chosen.get("split_k", 1) * M * N if chosen.get("split_k", 1) > 1 else 0
+    if scratch >= _MAX_PARTIALS:
+        raise ValueError(f"bf16_gemm: config split_k={chosen['split_k']} needs split_k * M * N < 2**31 "
+                         f"(M={M}, N={N}); split-K is for small M, use a config without it")
+    if scratch:
+        kernel(a, b, out, torch.empty(scratch, dtype=torch.float32, device=a.device))
+    else:
+        kernel(a, b, out)
     if config is None and a is x and b is w:
-        _BF16_GEMM_PLANS.add(key, Plan(_BF16_GEMM, a.device, (dtype_name(a.dtype),), (M, N, K), None, (M, N)))
+        _BF16_GEMM_PLANS.add(key, Plan(_BF16_GEMM, a.device, (dtype_name(a.dtype),), (M, N, K), None, (M, N),
+                                       scratch=scratch))
     return out
 
 
