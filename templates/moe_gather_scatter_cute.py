@@ -26,8 +26,8 @@ scatter_add_dense_tokens:
         gives the row's position among its token's rows, and the row at position 0 is recorded
         per token); exclusive scan of the counts (one block); place each row index in its
         token's list; reduce (block (t, c): token t's column chunk c, like the gather; the first
-        row comes from the per-token record, so its loads wait for one index load, not two). The order of a token's rows in its list follows the
-        count atomics, so it is unspecified: sums of more than two rows may differ in the last
+        row comes from the per-token record, so its loads wait for one index load, not two).
+        The order of a token's rows in its list follows the count atomics, so it is unspecified: sums of more than two rows may differ in the last
         fp32 bit between runs (exact whenever the fp32 sums are exact).
     "atomic" (small problems, where the four extra launches would cost more than they save):
         atomic adds, like MSLK: 128-bit vector reductions (REDG.ADD.BF16x8 / F16x8 / F32x4) on
@@ -69,7 +69,7 @@ SCATTER_THREADS = 256
 REUSE_BYTES = 16 << 20
 MIN_SLICE_BYTES = 256
 INDEX_THREADS = 256                 # sorted scatter: threads of the count / place kernels
-SCAN_THREADS, SCAN_ITEMS = 1024, 8  # sorted scatter: the one-block scan of the per-token counts
+SCAN_THREADS, SCAN_ITEMS = 1024, 32  # sorted scatter: the one-block scan of the per-token counts
 
 
 def _heuristic(target, sig, problem):
@@ -227,30 +227,32 @@ def _device_code(op, config, sig):
     @cute.kernel
     def scan_kernel(mWs: cute.Tensor, t: Int32, a: Int32):
         # One block: offsets = exclusive prefix sum of counts, offsets[t] = total. Tiles of
-        # SCAN_THREADS * SCAN_ITEMS counts; each thread scans SCAN_ITEMS consecutive ones, warps
-        # scan with shuffles, warp 0 scans the warp totals, and a carry runs across tiles.
+        # SCAN_THREADS * items counts (items = SCAN_ITEMS, fewer when t is small, so that small
+        # inputs spread over every warp); warp w owns `items` consecutive chunks of 32, so every
+        # load and store is a coalesced 128-byte warp access, and all of a tile's loads are
+        # issued before the first is used (a single block is latency-bound: one load round trip
+        # per tile). Warp totals are scanned through shared memory; each chunk is scanned with
+        # shuffles on top of the running sum; a carry runs across tiles.
         counts, offsets, _, _, _ = workspace_views(mWs, t, a)
         tidx, _, _ = cute.arch.thread_idx()
         warp, lane = tidx // 32, tidx % 32
         smem = cutlass.memory.SmemAllocator()
-        s_warp = smem.allocate_tensor(Int32, cute.make_layout(SCAN_THREADS // 32), byte_alignment=16)
+        # [0, warps): the warps' exclusive offsets in the tile; [warps]: the tile's total
+        s_warp = smem.allocate_tensor(Int32, cute.make_layout(SCAN_THREADS // 32 + 1), byte_alignment=16)
+        items = cutlass.min((t + SCAN_THREADS - 1) // SCAN_THREADS, SCAN_ITEMS)
         carry = Int32(0)
-        for tile in range(0, t, SCAN_THREADS * SCAN_ITEMS):
-            first = tile + tidx * SCAN_ITEMS
+        for tile in range(0, t, SCAN_THREADS * items):
+            seg = tile + warp * (32 * items) + lane
             vals = cute.make_rmem_tensor((SCAN_ITEMS,), Int32)
+            total = Int32(0)
             for u in cutlass.range_constexpr(SCAN_ITEMS):
-                v = counts[cutlass.min(first + u, t - 1)]
-                vals[u] = Int32(cutlass.select_(first + u < t, v, Int32(0)))
-            own = Int32(0)
-            for u in cutlass.range_constexpr(SCAN_ITEMS):
-                own = own + vals[u]
-            incl = own
-            for d in (1, 2, 4, 8, 16):
-                up = cute.arch.shuffle_sync_up(incl, offset=d)
-                if lane >= d:
-                    incl = incl + up
-            if lane == 31:
-                s_warp[warp] = incl
+                v = counts[cutlass.min(seg + u * 32, t - 1)]
+                vals[u] = Int32(cutlass.select_((u < items) & (seg + u * 32 < t), v, Int32(0)))
+                total = total + vals[u]
+            for d in (16, 8, 4, 2, 1):
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=d)
+            if lane == 0:
+                s_warp[warp] = total
             cute.arch.sync_threads()
             if warp == 0:
                 w = s_warp[lane]
@@ -259,21 +261,24 @@ def _device_code(op, config, sig):
                     up = cute.arch.shuffle_sync_up(w_incl, offset=d)
                     if lane >= d:
                         w_incl = w_incl + up
-                s_warp[lane] = w_incl - w       # exclusive: the warps before this one
+                s_warp[lane] = w_incl - w
+                if lane == 31:
+                    s_warp[SCAN_THREADS // 32] = w_incl
             cute.arch.sync_threads()
-            run = carry + s_warp[warp] + incl - own
+            run = carry + s_warp[warp]
             for u in cutlass.range_constexpr(SCAN_ITEMS):
-                if first + u < t:
-                    offsets[first + u] = run
-                run = run + vals[u]
-            # The tile's total: the last warp's offset plus its inclusive sum.
-            last = s_warp[SCAN_THREADS // 32 - 1]
-            cute.arch.sync_threads()
-            if tidx == SCAN_THREADS - 1:
-                s_warp[0] = last + incl
-            cute.arch.sync_threads()
-            carry = carry + s_warp[0]
-            cute.arch.sync_threads()
+                if u < items:   # the same for the whole block: no divergence around the shuffles
+                    x = vals[u]
+                    incl = x
+                    for d in (1, 2, 4, 8, 16):
+                        up = cute.arch.shuffle_sync_up(incl, offset=d)
+                        if lane >= d:
+                            incl = incl + up
+                    if seg + u * 32 < t:
+                        offsets[seg + u * 32] = run + incl - x
+                    run = run + cute.arch.shuffle_sync(incl, offset=31)
+            carry = carry + s_warp[SCAN_THREADS // 32]
+            cute.arch.sync_threads()   # s_warp is rewritten by the next tile
         if tidx == 0:
             offsets[t] = carry
 

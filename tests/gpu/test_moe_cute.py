@@ -240,6 +240,8 @@ def test_scatter_irregular_tokens(method):
     _check_scatter(t, 1024, 1, torch.float32, integers=True, tok=tok, n_valid=3000, method=method)
     one = torch.zeros(4096, dtype=torch.int32, device="cuda")      # T = 1: every row to token 0
     _check_scatter(1, 2048, 1, torch.float32, integers=True, tok=one, method=method)
+    # More tokens than one tile of the sorted method's scan (32768 counts), not a multiple of it.
+    _check_scatter(70001, 64, 2, torch.float32, integers=True, method=method)
 
 
 @hopper
