@@ -14,7 +14,8 @@ top_k (1..min(8, E)), expert_start, expert_end. E <= config["max_experts"] <= 25
 the CuTe template: deterministic, tokens ascending within each expert.
 Difference from the CuTe template: scores must have a unit column stride (row-major; the op layer
 makes column-major scores contiguous), since FlyDSL specializes a kernel on its unit-stride dim;
-for the same reason E >= 2 (torch gives a [T, 1] tensor unit strides on both dimensions).
+for the same reason E >= 2 (torch gives a [T, 1] tensor unit strides on both dimensions; the op
+layer adds a second expert scored -inf, outside the routed range, for E = 1).
 
 Route: a group of ``lanes`` threads of a 64-wide wave holds a token's packed keys
 (orderable score bits << 8 | 255 - e) and takes k rounds of butterfly max; each wave ranks its

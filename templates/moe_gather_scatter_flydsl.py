@@ -16,9 +16,10 @@ scatter_add_dense_tokens:  kernel(out, y, token_indices, valid_count, workspace)
         once (rounded once; no data atomics). Five kernels on the stream: zero the counts; count
         (an int32 atomic add with return per row, global_atomic_add ... sc0, also gives the row's
         position among its token's rows, and position 0 is recorded per token, so the reduce
-        fetches a token's first row without waiting for its offsets); exclusive scan of the counts (one block of 1024: wave
-        shuffles, then wave 0 scans the 16 wave totals); place each row index in its token's list;
-        reduce (block (t, c): token t's column chunk c, split like the gather). Tokens with no rows
+        fetches a token's first row without waiting for its offsets); exclusive scan of the
+        counts (one block of 1024: each wave scans coalesced chunks of 64 with shuffles, on top
+        of its offset from the 16 wave totals); place each row index in its token's list; reduce
+        (block (t, c): token t's column chunk c, split like the gather). Tokens with no rows
         are not written. A token's rows are summed in the order the count atomics gave them, so
         sums of more than two rows may differ in the last fp32 bit between runs.
     "atomic": atomic adds in an unspecified order, each rounding to the dtype (as MSLK).
@@ -27,7 +28,7 @@ x, y, out [rows, D] contiguous; indices int32 [A]; valid_count [1] int32 (a dumm
 Difference from the CuTe template: scores must have a unit column stride (row-major [T, E]; the
 op layer makes column-major scores contiguous), since FlyDSL specializes a compiled kernel on
 which dimension has unit stride; for the same reason D must be >= 2 (torch gives a [rows, 1]
-tensor unit strides on both dimensions).
+tensor unit strides on both dimensions; the op layer runs one-column inputs as two columns).
 
 Work split as in the CuTe template: block (i, c) handles row i, vectors [c*chunk, (c+1)*chunk)
 with chunk = threads * unroll; threads is chosen at launch from D (whole waves of 64, at most
@@ -50,7 +51,7 @@ TARGETS = ("gfx942", "gfx950")
 WAVE = 64
 MAX_THREADS = 1024
 INDEX_THREADS = 256                 # sorted scatter: threads of the zero / count / place kernels
-SCAN_THREADS, SCAN_ITEMS = 1024, 8  # sorted scatter: the one-block scan of the per-token counts
+SCAN_THREADS, SCAN_ITEMS = 1024, 16  # sorted scatter: the one-block scan of the per-token counts
 
 
 def _heuristic(target, sig, problem):
@@ -202,24 +203,31 @@ def _device_code(op, config, sig):
     @flyc.kernel(name=NAME + "_scan", known_block_size=[SCAN_THREADS, 1, 1])
     def scan_kernel(Ws: fx.Tensor, t: fx.Int32, a: fx.Int32):
         # One block: offsets = exclusive prefix sum of counts, offsets[t] = total. Tiles of
-        # SCAN_THREADS * SCAN_ITEMS counts; each thread sums SCAN_ITEMS consecutive ones, waves
-        # scan with shuffles, wave 0 scans the wave totals, and a carry runs across tiles.
+        # SCAN_THREADS * items counts (items = SCAN_ITEMS, fewer when t is small, so that small
+        # inputs spread over every wave); wave w owns `items` consecutive chunks of WAVE, so every
+        # load and store is a coalesced wave access, and all of a tile's loads are issued before
+        # the first is used (one block is latency-bound). Wave totals are scanned in LDS; each
+        # chunk is scanned with shuffles on top of the running sum; a carry runs across tiles.
         counts, offsets, _, _, _ = workspace(Ws, t, a)
         tid = fx.thread_idx.x
         wave, lane = tid // WAVE, tid % WAVE
         s_wave, s_total = lds_ints(SCAN_WAVES, 1)
+        items = (t + SCAN_THREADS - 1) // SCAN_THREADS
+        items = (items < SCAN_ITEMS).select(items, fx.Int32(SCAN_ITEMS))
         carry = fx.Int32(0)
-        for tile in range(0, t, SCAN_THREADS * SCAN_ITEMS):
-            first = tile + tid * SCAN_ITEMS
+        for tile in range(0, t, SCAN_THREADS * items):
+            seg = tile + wave * (WAVE * items) + lane
             vals = []
-            own = fx.Int32(0)
+            total = fx.Int32(0)
             for u in range_constexpr(SCAN_ITEMS):   # clamped loads (all in flight), then masked
-                v = counts[(first + u < t).select(first + u, t - 1)]
-                vals.append((first + u < t).select(v, fx.Int32(0)))
-                own = own + vals[u]
-            incl = wave_inclusive_scan(own, lane, WAVE)
-            if lane == WAVE - 1:
-                s_wave[wave] = incl
+                i = seg + u * WAVE
+                v = counts[(i < t).select(i, t - 1)]
+                vals.append(((u < items) & (i < t)).select(v, fx.Int32(0)))
+                total = total + vals[u]
+            for d in range_constexpr(WAVE.bit_length() - 1):   # the wave's total, in every lane
+                total = total + fx.Int32(gpu.shuffle_xor(total, 1 << d, WAVE))
+            if lane == 0:
+                s_wave[wave] = total
             gpu.barrier()
             if wave == 0:
                 w = s_wave[(lane < SCAN_WAVES).select(lane, 0)]
@@ -230,11 +238,15 @@ def _device_code(op, config, sig):
                 if lane == SCAN_WAVES - 1:
                     s_total[0] = w_incl             # the tile's total
             gpu.barrier()
-            run = carry + s_wave[wave] + incl - own
+            run = carry + s_wave[wave]
             for u in range_constexpr(SCAN_ITEMS):
-                if first + u < t:
-                    offsets[first + u] = run
-                run = run + vals[u]
+                # Chunks past `items` hold zeros: scanning them keeps the loop free of
+                # data-dependent branches around the shuffles and adds nothing.
+                i = seg + u * WAVE
+                incl = wave_inclusive_scan(vals[u], lane, WAVE)
+                if (u < items) & (i < t):
+                    offsets[i] = run + incl - vals[u]
+                run = run + fx.Int32(gpu.shuffle_idx(incl, WAVE - 1, WAVE))   # the chunk's total
             carry = carry + s_total[0]
             gpu.barrier()   # the next tile rewrites s_wave and s_total
         if tid == 0:

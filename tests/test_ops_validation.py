@@ -105,3 +105,51 @@ def test_scatter_allocates_its_workspace_only_for_the_sorted_method(method, monk
         assert workspace.dtype == torch.int32 and workspace.numel() == 3 * 5 + 1 + 2 * 12
     else:
         assert workspace is dispatch.placeholder(out.device, torch.int32)
+
+
+def test_one_column_moe_inputs_run_as_two_columns_on_rocm(monkeypatch):
+    """FlyDSL kernels cannot take [rows, 1] tensors (unit strides on both dimensions): on a ROCm
+    target the MoE ops pad them to two columns and return the first. Stand-in kernels, written
+    in torch, check what they are given."""
+    from mslk_dsl.ops import moe, validate
+
+    monkeypatch.setenv("MSLK_DSL_TARGET", "gfx942")
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)   # CPU tensors stand in for GPU ones
+    widths = []
+
+    def gather(x, tok, exp, scores, valid, out):
+        widths.append(x.shape[1])
+        out.copy_(x[tok.long()] * scores[tok.long(), exp.long()][:, None].to(x.dtype))
+
+    def scatter(out, y, tok, valid, workspace):
+        widths.append(out.shape[1])
+        out.index_add_(0, tok.long(), y)
+
+    def route(scores, valid, counts, expert_indices, token_indices, ws_slots, ws_hist, top_k, start, end):
+        widths.append(scores.shape[1])
+        e = scores.float().argmax(dim=1)                  # top_k = 1, ties to the lower expert
+        order = torch.argsort(e, stable=True)
+        counts[:-2] = torch.bincount(e, minlength=scores.shape[1])
+        counts[-2:] = torch.tensor([scores.shape[0], scores.shape[0]])
+        expert_indices.copy_(e[order]), token_indices.copy_(order)
+
+    kernels = {"gather_scale_dense_tokens": gather, "scatter_add_dense_tokens": scatter, "index_shuffling": route}
+    for op in (moe._GATHER, moe._SCATTER, moe._INDEX_SHUFFLING):
+        monkeypatch.setattr(op, "selection", lambda *args, op=op: (kernels[op.op], {"method": "atomic"}))
+
+    tokens, x = torch.tensor([2, 0, 2, 1], dtype=torch.int32), t(3, 1)
+    scores = torch.rand(3, 1)
+    counts, expert_indices, token_indices = ops.index_shuffling(scores, top_k=1)
+    assert counts.tolist() == [3, 3, 3] and expert_indices.tolist() == [0, 0, 0]
+    assert token_indices.tolist() == [0, 1, 2]
+    gathered = ops.gather_scale_dense_tokens(x, tokens, torch.zeros(4, dtype=torch.int32), scores)
+    torch.testing.assert_close(gathered, x[tokens.long()] * scores[tokens.long()].to(bf16))
+    out = t(3, 1)
+    expected = out.float().index_add(0, tokens.long(), gathered.float()).to(bf16)
+    ops.scatter_add_dense_tokens(out, gathered, tokens)
+    torch.testing.assert_close(out, expected)
+    assert widths == [2, 2, 2]
+    # CUDA targets take one-column tensors as they are.
+    monkeypatch.setenv("MSLK_DSL_TARGET", "sm90a")
+    ops.gather_scale_dense_tokens(x, tokens, torch.zeros(4, dtype=torch.int32), scores)
+    assert widths[-1] == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from mslk_dsl.device import target_of
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.dispatch import KernelOp, dtype_name, placeholder
 
@@ -27,6 +28,18 @@ def _valid_count(op: str, valid_token_count, like: torch.Tensor, like_name: str)
                          f"{tuple(valid_token_count.shape)}")
     check.same_device(op, like_name, like, valid_token_count=valid_token_count)
     return valid_token_count.reshape(1)
+
+
+def _one_column_needs_padding(t: torch.Tensor) -> bool:
+    """Whether a [rows, 1] input must run as [rows, 2]: FlyDSL specializes a compiled kernel on
+    which dimension has unit stride, and torch gives a one-column tensor unit strides on both, so
+    the ROCm templates take two columns or more (rare shapes: the copies cost nothing that matters)."""
+    return t.shape[1] == 1 and target_of(t.device).backend == "flydsl"
+
+
+def _two_columns(t: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+    """[rows, 1] -> [rows, 2]: t, then a column of ``fill``."""
+    return torch.cat([t, t.new_full((t.shape[0], 1), fill)], dim=1)
 
 
 def _indices(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
@@ -55,6 +68,12 @@ def index_shuffling(scores: torch.Tensor, expert_index_start: int | None = None,
                          f"0 <= start <= end <= E={E}")
     valid = _valid_count(op, valid_token_count, scores, "scores")
     check.gpu(op, "scores", scores)
+    if _one_column_needs_padding(scores):
+        # A second expert scored -inf and outside [start, end): never chosen over expert 0
+        # (ties go to the lower expert), never routed; its count is dropped.
+        counts, expert_indices, token_indices = index_shuffling(
+            _two_columns(scores, float("-inf")), start, end, valid, top_k, config=config)
+        return torch.cat([counts[:1], counts[2:]]), expert_indices, token_indices
     dev = scores.device
     counts = torch.empty(E + 2, dtype=torch.int32, device=dev)
     expert_indices = torch.empty(T * top_k, dtype=torch.int32, device=dev)
@@ -90,6 +109,8 @@ def gather_scale_dense_tokens(x: torch.Tensor, token_indices: torch.Tensor, expe
     out = torch.empty((A, D), dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out
+    if _one_column_needs_padding(x):
+        return gather_scale_dense_tokens(_two_columns(x), tok, exp, scores, valid, config=config)[:, :1].contiguous()
     x = check.rows(x)
     sig = (check.aligned16(x, out), dtype_name(x.dtype), valid is not None, dtype_name(scores.dtype))
     kernel = _GATHER.kernel(x.device, sig, (A, D), config)
@@ -121,6 +142,11 @@ def scatter_add_dense_tokens(out_tokens: torch.Tensor, in_tokens: torch.Tensor, 
     check.gpu(op, "out_tokens", out_tokens)
     A, D = in_tokens.shape
     if A == 0 or D == 0 or out_tokens.shape[0] == 0:
+        return None
+    if _one_column_needs_padding(out_tokens):
+        out2 = _two_columns(out_tokens)
+        scatter_add_dense_tokens(out2, _two_columns(in_tokens), tok, valid, config=config)
+        out_tokens.copy_(out2[:, :1])
         return None
     y = check.rows(in_tokens)
     sig = (check.aligned16(out_tokens, y), dtype_name(y.dtype), valid is not None)
