@@ -45,46 +45,34 @@ FP8_PROMOTE = 4  # the default: 512-deep partial sums, error below bf16 rounding
 # more epilogue per FLOP); a first guess to be replaced by measured tuning tables.
 _EFFICIENCY = {256: 1.0, 128: 0.9, 64: 0.75}
 
-# Decode (weight streaming) on the H200, measured at M = 1 with one tile per SM: an SM streams
-# a 128- or 256-wide weight panel at ~33 GB/s (8 KB TMA boxes of 64-wide tiles: ~19 GB/s), and
-# all SMs together at ~4.4 TB/s; a split-K reduction launch costs ~3 us.
-_SM_STREAM_GBS = {256: 33.0, 128: 33.0, 64: 19.0}
-_HBM_GBS = 4400.0
-_SPLIT_US = 3.0
-
-
+# Decode (M <= 16, weight streaming) on the H200, from sweeps of every config at M = 1 and 16:
+# 256-wide tiles stream best; with fewer than DECODE_TILES_MIN of them (N < 12288) split-K
+# brings the units up to about one per SM (1.1-1.3x faster), past that splitting only adds its
+# reduction. At M = 64 the unsplit 64-row tiles win.
+DECODE_M_MAX, DECODE_TILES_MIN, DECODE_SPLIT_K_MIN = 16, 48, 2048
 def _ceil_div(a, b):
     return -(-a // b)
-
-
-def _decode_us(m, n, k, itemsize, tile_n, split):
-    """Modelled time of a decode GEMM (m <= 64): the busiest SM's weight bytes at one SM's
-    streaming rate, or all weight bytes at HBM rate, whichever is longer; split-K adds its
-    reduction launch and its fp32 partials (written and read once)."""
-    units = _ceil_div(n, tile_n) * split
-    per_unit = tile_n * _ceil_div(k, split) * itemsize
-    sm_us = _ceil_div(units, NUM_SMS) * per_unit / (_SM_STREAM_GBS[tile_n] * 1e3)
-    us = max(sm_us, n * k * itemsize / (_HBM_GBS * 1e3))
-    return us + (_SPLIT_US + 2 * split * m * n * 4 / (_HBM_GBS * 1e3) if split > 1 else 0.0)
 
 
 def heuristic(problem, fp8):
     """Default config for a call of size problem = {"M", "N", "K"}.
 
-    M <= 64 (decode) is bound by streaming the weight: 64-row tiles; FP8 takes the tile width
-    that minimises the weight bytes on the busiest SM, 16-bit the (width, split-K) pair of
-    least modelled time (``_decode_us``; ties go to fewer splits, then wider tiles). Larger M: 128-row tiles, the width that
+    M <= 64 (decode) is bound by streaming the weight: 64-row tiles of the width that minimises
+    the weight bytes on the busiest SM; for 16-bit inputs with M <= DECODE_M_MAX, 256-wide tiles,
+    split-K up to about one unit per SM when there are few of them (see DECODE_TILES_MIN).
+    Larger M: 128-row tiles, the width that
     minimises (tiles per SM) x (work per tile) / efficiency, and a 2x1 cluster once there are
     two M tiles to share each weight tile. FP8 promotes every 4 k-tiles (accurate to well
     below bf16 rounding), which needs a tile of at most 128 columns.
     """
     m, n = problem["M"], problem["N"]
     tile_m = 64 if m <= 64 else 128
-    if tile_m == 64 and not fp8:
-        k = problem.get("K", 8192)
-        split, tile_n = min(((s, t) for s in (1, *SPLIT_K) for t in (256, 128, 64)),
-                            key=lambda st: (round(_decode_us(m, n, k, 2, st[1], st[0]), 1), st[0], -st[1]))
-        return _config(64, tile_n, split_k=split)
+    tiles_256 = _ceil_div(n, 256)
+    if m <= DECODE_M_MAX and not fp8 and tiles_256 < DECODE_TILES_MIN and problem.get("K", 0) >= DECODE_SPLIT_K_MIN:
+        split = max(s for s in (1, *SPLIT_K) if tiles_256 * s <= NUM_SMS)
+        return _config(64, 256, split_k=split)
+    if m <= DECODE_M_MAX and not fp8 and tiles_256 >= DECODE_TILES_MIN:
+        return _config(64, 256)
     tiles_m = _ceil_div(m, tile_m)
 
     def cost(tile_n):

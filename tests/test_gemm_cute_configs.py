@@ -76,15 +76,18 @@ def test_split_k_ranges_cover_every_k_tile_once(split_k):
 def test_decode_heuristic_splits_k_when_few_tiles_would_leave_sms_idle():
     (template,) = registry.get_templates(op="bf16_gemm", backend="cute")
     sig = {"dtype": "bfloat16"}
-    for m, (n, k) in itertools.product((1, 16, 64), NK_VALUES):
+    for m, (n, k) in itertools.product((1, 7, 16), NK_VALUES):
         config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
-        units = -(-n // config["tile_n"]) * config.get("split_k", 1)
-        if n * k >= 4096 * 4096:  # enough weight to stream: most SMs get a unit
-            assert units >= 0.8 * gemm_configs.NUM_SMS, (m, n, k, config)
-    # 8192 x 8192 alone has 64 tiles of 128 columns: split in two.
-    config = template.heuristic("sm90a", sig, {"M": 1, "N": 8192, "K": 8192})
-    assert config.get("split_k", 1) > 1 and config["tile_m"] == 64
-    # Never for larger M, and never for FP8 (its scale epilogue is not split).
-    assert "split_k" not in template.heuristic("sm90a", sig, {"M": 65, "N": 8192, "K": 8192})
+        tiles = -(-n // 256)
+        if k >= gemm_configs.DECODE_SPLIT_K_MIN and tiles < gemm_configs.DECODE_TILES_MIN:
+            # Few 256-wide tiles: split until the units about fill the SMs, never past them.
+            units = tiles * config["split_k"]
+            assert config["tile_n"] == 256 and gemm_configs.NUM_SMS // 2 < units <= gemm_configs.NUM_SMS, (
+                m, n, k, config)
+        else:
+            assert "split_k" not in config, (m, n, k, config)
+    # Never past M = 16, and never for FP8 (its scale epilogue is not split).
+    for m in (17, 64, 65, 4096):
+        assert "split_k" not in template.heuristic("sm90a", sig, {"M": m, "N": 8192, "K": 8192})
     (fp8,) = registry.get_templates(op="f8f8bf16_rowwise", backend="cute")
     assert not any("split_k" in c for c in fp8.all_configs())
