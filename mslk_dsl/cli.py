@@ -88,6 +88,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--shapes", required=True, help="problems, e.g. 'M=128,N=8192,K=8192;M=4096,N=8192,K=8192'")
     s.add_argument("--sig", action="append", default=[], metavar="PART=VALUE")
     s.set_defaults(func=cmd_tune)
+
+    s = sub.add_parser("native", help="build the native launch path for this Python and torch (mslk_dsl.native) "
+                                      "into the cache dir; serving with JIT off only loads a prebuilt one")
+    s.set_defaults(func=cmd_native)
     return p
 
 
@@ -273,6 +277,22 @@ def cmd_tune(args) -> int:
     problems = [{k: v[0] for k, v in _parse_pairs([s]).items()} for s in args.shapes.split(";") if s]
     for problem, (config, ms) in zip(problems, autotune.tune(args.op, problems, sig)):
         print(f"{args.op} {problem}: best {config} ({ms * 1e3:.1f} us)")
+    return 0
+
+
+def cmd_native(args) -> int:
+    from mslk_dsl import native
+
+    path = native.library_path()
+    if path is None:
+        print("mslk-dsl native: tvm_ffi is not installed", file=sys.stderr)
+        return 1
+    try:
+        native.build(path)
+    except Exception as e:  # noqa: BLE001 - reported as the command's failure
+        print(f"mslk-dsl native: {e}", file=sys.stderr)
+        return 1
+    print(path)
     return 0
 
 

@@ -22,6 +22,7 @@ VARIABLES = {
     "MSLK_DSL_KEEP_ISA": "1 (or a comma list of targets): keep the final ISA (kernel.s) beside FlyDSL artifacts (costs a second compile)",
     "MSLK_DSL_NO_BUNDLED": "1: ignore bundles shipped inside the package and installed bundle wheels",
     "MSLK_DSL_NO_PREFETCH": "1: do not import the kernel loader (tvm_ffi) in a background thread when mslk_dsl.ops is imported",
+    "MSLK_DSL_NO_NATIVE": "1: never build or use the native launch path (mslk_dsl/native); every call takes the Python path",
 }
 
 # Environment variables of the DSLs that change generated code: their values are part of every
@@ -52,6 +53,10 @@ def cache_dir() -> str:
 
 def aot_paths() -> list[str]:
     return [os.path.abspath(p) for p in _get("MSLK_DSL_AOT_PATH").split(os.pathsep) if p]
+
+
+def no_native() -> bool:
+    return _flag("MSLK_DSL_NO_NATIVE")
 
 
 def jit_disabled() -> bool:

@@ -1,34 +1,59 @@
-"""Per-call host time of each op on tiny tensors: the eager path (mslk_dsl.ops.<op>) and the
-torch.ops path (torch.ops.mslk_dsl.<op>), next to torch.add(x, y, out=z) in the same run.
+"""Per-call host time of each op on tiny tensors: the eager path (mslk_dsl.ops.<op>; a repeat
+layout is served by the native launcher, mslk_dsl.native), the same with the native launcher
+bypassed (the Python path), and the torch.ops path (torch.ops.mslk_dsl.<op>), next to
+torch.add(x, y, out=z) in the same run.
 
-Each figure is the median over --runs runs of (wall time of --calls back-to-back calls) / calls,
+Each figure is the median over --runs rounds of (wall time of --calls back-to-back calls) / calls,
 after a warm-up; tensors are tiny, so the GPU finishes each kernel before the host issues the next
-and the figure is the host cost of validation, kernel lookup and launch.
+and the figure is the host cost of validation, kernel lookup and launch. Every round times
+torch.add and each path of the op in turn, and an op's ratios are to its own rounds' torch.add
+(the host's speed drifts by 10-30% over a run).
 
   python tools/bench.py overhead [--calls 10000] [--runs 5] [--json PATH]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
 
 
-def _per_call_us(fn, calls: int, runs: int) -> float:
+def _rounds(fns, calls: int, runs: int) -> list[float]:
+    """Median us/call of each function; the functions take turns within each of ``runs`` rounds.
+    An entry may be (fn, context) to time fn inside ``context()``."""
     import torch
 
-    for _ in range(200):
-        fn()
+    fns = [f if isinstance(f, tuple) else (f, contextlib.nullcontext) for f in fns]
+    for fn, context in fns:
+        with context():
+            for _ in range(200):
+                fn()
     torch.cuda.synchronize()
-    samples = []
+    samples = [[] for _ in fns]
     for _ in range(runs):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(samples)
+        for (fn, context), out in zip(fns, samples):
+            with context():
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                torch.cuda.synchronize()
+                out.append((time.perf_counter() - start) / calls * 1e6)
+    return [statistics.median(s) for s in samples]
+
+
+@contextlib.contextmanager
+def _python_path():
+    """The native launcher bypassed: every call takes the Python path."""
+    from mslk_dsl import native
+
+    fast_op = native.fast_op
+    native.fast_op = lambda name: None
+    try:
+        yield
+    finally:
+        native.fast_op = fast_op
 
 
 def cases():
@@ -54,12 +79,14 @@ def cases():
     }
 
 
-def _launch_floor(calls: int, runs: int) -> dict:
-    """The pieces of silu_mul's eager path, each timed alone: the compiled kernel called through
-    TVM-FFI with a preallocated output (no checks, no lookup), and torch.empty of the output."""
+def _launch_floor(calls: int, runs: int, torch_add) -> dict:
+    """The pieces of silu_mul's eager path, each timed alone (taking turns with torch.add): the
+    native launcher's call, the compiled kernel called through TVM-FFI from Python with a
+    preallocated output (no checks, no lookup), and allocations of the output."""
     import torch
 
     import mslk_dsl.ops as ops
+    from mslk_dsl import native
     from mslk_dsl.ops import elementwise
 
     x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
@@ -67,18 +94,22 @@ def _launch_floor(calls: int, runs: int) -> dict:
     ops.silu_mul(x, x)
     (plan,) = [p for k, p in elementwise._SILU_MUL_PLANS.items() if k[0] == x.shape and k[3] == x.device]
     kernel = plan.kernel(True)
-    return {
-        "eager ops.silu_mul (all of it)": _per_call_us(lambda: ops.silu_mul(x, x), calls, runs),
-        "TVM-FFI kernel call, output preallocated": _per_call_us(lambda: kernel(x, x, out), calls, runs),
-        "torch.empty(shape, dtype=, device=) of the output": _per_call_us(
-            lambda: torch.empty((1, 256), dtype=x.dtype, device=x.device), calls, runs),
-        "x.new_empty(shape)": _per_call_us(lambda: x.new_empty((1, 256)), calls, runs),
-        "torch.empty_like(x)": _per_call_us(lambda: torch.empty_like(x), calls, runs),
-    }
+    parts = {"torch.add(x, y, out=z)": torch_add, "eager ops.silu_mul (all of it)": lambda: ops.silu_mul(x, x)}
+    fast = native.fast_op("silu_mul")
+    if fast is not None:
+        parts["the native launcher's call alone (match, allocate, launch)"] = lambda: fast(x, x)
+    parts.update({
+        "TVM-FFI kernel call from Python, output preallocated": lambda: kernel(x, x, out),
+        "torch.empty(shape, dtype=, device=)": lambda: torch.empty((1, 256), dtype=x.dtype, device=x.device),
+        "torch.empty_like(x)": lambda: torch.empty_like(x),
+    })
+    return dict(zip(parts, _rounds(list(parts.values()), calls, runs)))
 
 
 def main(argv: list[str]) -> int:
     import torch
+
+    from mslk_dsl import native
 
     p = argparse.ArgumentParser(prog="bench.py overhead")
     p.add_argument("--calls", type=int, default=10000)
@@ -86,17 +117,23 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json")
     args = p.parse_args(argv)
     a, b, z = (torch.randn(4096, device="cuda") for _ in range(3))
-    baseline = _per_call_us(lambda: torch.add(a, b, out=z), args.calls, args.runs)
+    import mslk_dsl.ops  # noqa: F401  (starts loading the native launcher)
+
+    launcher = native.wait_until_loaded(120)
     rows = []
-    print(f"torch.add(x, y, out=z): {baseline:.2f} us/call\n")
-    print("| op | eager us/call | x torch.add | torch.ops us/call | x torch.add |")
-    print("| --- | --- | --- | --- | --- |")
+    print(f"native launcher: {'loaded' if launcher is not None else 'UNAVAILABLE (eager = Python path)'}\n")
+    print("| op | torch.add us/call | eager us/call | x torch.add | Python path us/call | x torch.add | "
+          "torch.ops us/call | x torch.add |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, (eager, via_ops) in cases().items():
-        e = _per_call_us(eager, args.calls, args.runs)
-        o = _per_call_us(via_ops, args.calls, args.runs)
-        rows.append({"op": name, "eager_us": e, "torch_ops_us": o, "torch_add_us": baseline})
-        print(f"| {name} | {e:.2f} | {e / baseline:.2f} | {o:.2f} | {o / baseline:.2f} |", flush=True)
-    floor = _launch_floor(args.calls, args.runs)
+        add, e, p, o = _rounds([lambda: torch.add(a, b, out=z), eager, (eager, _python_path), via_ops],
+                               args.calls, args.runs)
+        rows.append({"op": name, "eager_us": e, "python_path_us": p, "torch_ops_us": o, "torch_add_us": add,
+                     "native": launcher is not None})
+        print(f"| {name} | {add:.2f} | {e:.2f} | {e / add:.2f} | {p:.2f} | {p / add:.2f} | {o:.2f} | {o / add:.2f} |",
+              flush=True)
+    floor = _launch_floor(args.calls, args.runs, lambda: torch.add(a, b, out=z))
+    baseline = floor["torch.add(x, y, out=z)"]
     print("\nWhere silu_mul's eager time goes (same run):\n")
     print("| part | us/call | x torch.add |")
     print("| --- | --- | --- |")

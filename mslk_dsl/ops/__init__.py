@@ -13,15 +13,17 @@ from mslk_dsl.ops import library  # noqa: F401  (registers torch.ops.mslk_dsl.*)
 
 def _prefetch_kernel_loader() -> None:
     """On a CUDA build of torch, start importing the CuTe kernel loader in the background, so
-    the first call does not wait for it (see mslk_dsl.backends.cute.prefetch_runtime)."""
+    the first call does not wait for it (see mslk_dsl.backends.cute.prefetch_runtime), and
+    load (or build) the native launch path beside it (see mslk_dsl.native)."""
     import torch
 
-    from mslk_dsl import env
+    from mslk_dsl import env, native
 
     if torch.version.cuda is not None and env.prefetch_enabled():
         from mslk_dsl.backends import cute
 
         cute.prefetch_runtime()
+        native.load_in_background()
 
 
 _prefetch_kernel_loader()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from mslk_dsl import native
 from mslk_dsl.device import target_of
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.dispatch import KernelOp, Plan, PlanCache, dtype_name, placeholder
@@ -46,6 +47,11 @@ def _scale_ub(op: str, scale_ub, x: torch.Tensor, x_name: str) -> torch.Tensor |
 
 def silu_mul(x0: torch.Tensor, x1: torch.Tensor, *, config: dict | None = None) -> torch.Tensor:
     """silu(x0) * x1 elementwise (fp32 math, result in the input dtype); any leading dims."""
+    fast = native.fast_op("silu_mul") if config is None else None
+    if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
+        out = fast(x0, x1)
+        if out is not native.MISS:
+            return out
     try:  # the layout of the inputs, for the plan cache
         key = (x0.shape, x0.stride(), x0.dtype, x0.device, x1.shape, x1.stride(), x1.dtype, x1.device)
     except AttributeError:  # not tensors: the checks below say so
@@ -53,7 +59,9 @@ def silu_mul(x0: torch.Tensor, x1: torch.Tensor, *, config: dict | None = None) 
     plan = _SILU_MUL_PLANS.get(key) if config is None else None
     if plan is not None:  # seen and validated before: launch
         out = torch.empty_like(x0)  # no shape, dtype or device arguments to parse
-        plan.kernel(not (x0.data_ptr() | x1.data_ptr()) & 15)(x0, x1, out)
+        kernel = plan.kernel(not (x0.data_ptr() | x1.data_ptr()) & 15)
+        kernel(x0, x1, out)
+        native.remember("silu_mul", (x0, x1), (out,), (x0, x1, out), (0,), kernel)
         return out
     _pair("silu_mul", x0, x1)
     check.gpu("silu_mul", "x0", x0)
@@ -63,7 +71,10 @@ def silu_mul(x0: torch.Tensor, x1: torch.Tensor, *, config: dict | None = None) 
     a, b = check.rows(x0), check.rows(x1)
     o = out.view(a.shape)
     sig = (check.aligned16(a, b, o), dtype_name(a.dtype))
-    _SILU_MUL.kernel(a.device, sig, a.shape, config)(a, b, o)
+    kernel = _SILU_MUL.kernel(a.device, sig, a.shape, config)
+    kernel(a, b, o)
+    if config is None:
+        native.remember("silu_mul", (x0, x1), (out,), (a, b, o), (0,), kernel)
     if config is None and a is x0 and b is x1 and check.compact_rows(a):
         _SILU_MUL_PLANS.add(key, Plan(_SILU_MUL, a.device, sig[1:], a.shape, check.aligned16(o), tuple(a.shape)))
     return out
@@ -74,6 +85,11 @@ def quantize_fp8_row(x: torch.Tensor, scale_ub: torch.Tensor | None = None, *,
     """Per-row absmax FP8 quantization. Returns (xq [..., K] fp8, scale [...] fp32) where
     ``x ~= xq.float() * scale[..., None]``; rows of zeros give xq = 0 and a finite scale."""
     op = "quantize_fp8_row"
+    fast = native.fast_op(op) if config is None else None
+    if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
+        result = fast(x) if scale_ub is None else fast(x, scale_ub)
+        if result is not native.MISS:
+            return result
     try:  # the layout of the inputs, for the plan cache
         key = (x.shape, x.stride(), x.dtype, x.device)
     except AttributeError:  # not tensors: the checks below say so
@@ -82,7 +98,9 @@ def quantize_fp8_row(x: torch.Tensor, scale_ub: torch.Tensor | None = None, *,
     if plan is not None:  # seen and validated before: launch
         xq = torch.empty_like(x, dtype=plan.out_dtype)
         scale = x.new_empty(plan.shape[0], dtype=torch.float32)
-        plan.kernel(not x.data_ptr() & 15)(x, placeholder(x.device, torch.float32), xq, scale)
+        kernel, ub = plan.kernel(not x.data_ptr() & 15), placeholder(x.device, torch.float32)
+        kernel(x, ub, xq, scale)
+        native.remember(op, (x,), (xq, scale), (x, ub, xq, scale), (0, 1), kernel, held=(ub,))
         return xq, scale
     check.tensor(op, "x", x, check.FLOAT_DTYPES)
     check.nonempty_rows(op, "x", x)
@@ -95,8 +113,12 @@ def quantize_fp8_row(x: torch.Tensor, scale_ub: torch.Tensor | None = None, *,
     a = check.rows(x)
     q = xq.view(a.shape)
     sig = (check.aligned16(a, q), dtype_name(a.dtype), ub is not None)
+    inputs = (x,) if ub is None else (x, scale_ub)
     ub = ub if ub is not None else placeholder(a.device, torch.float32)
-    _QUANT.kernel(a.device, sig, a.shape, config)(a, ub, q, scale.view(-1))
+    kernel = _QUANT.kernel(a.device, sig, a.shape, config)
+    kernel(a, ub, q, scale.view(-1))
+    if config is None:
+        native.remember(op, inputs, (xq, scale), (a, ub, q, scale.view(-1)), (0, 1), kernel, held=(ub,))
     if config is None and scale_ub is None and a is x and check.compact_rows(a):
         _QUANT_PLANS.add(key, Plan(_QUANT, a.device, sig[1:], a.shape, check.aligned16(q), tuple(a.shape), q.dtype))
     return xq, scale
@@ -106,6 +128,11 @@ def silu_mul_quant(x0: torch.Tensor, x1: torch.Tensor, scale_ub: torch.Tensor | 
                    config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize_fp8_row(silu_mul(x0, x1), scale_ub), fused: one read of x0/x1, one write of xq."""
     op = "silu_mul_quant"
+    fast = native.fast_op(op) if config is None else None
+    if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
+        result = fast(x0, x1) if scale_ub is None else fast(x0, x1, scale_ub)
+        if result is not native.MISS:
+            return result
     try:  # the layout of the inputs, for the plan cache
         key = (x0.shape, x0.stride(), x0.dtype, x0.device, x1.shape, x1.stride(), x1.dtype, x1.device)
     except AttributeError:  # not tensors: the checks below say so
@@ -114,8 +141,9 @@ def silu_mul_quant(x0: torch.Tensor, x1: torch.Tensor, scale_ub: torch.Tensor | 
     if plan is not None:  # seen and validated before: launch
         xq = torch.empty_like(x0, dtype=plan.out_dtype)
         scale = x0.new_empty(plan.shape[0], dtype=torch.float32)
-        plan.kernel(not (x0.data_ptr() | x1.data_ptr()) & 15)(x0, x1, placeholder(x0.device, torch.float32),
-                                                             xq, scale)
+        kernel, ub = plan.kernel(not (x0.data_ptr() | x1.data_ptr()) & 15), placeholder(x0.device, torch.float32)
+        kernel(x0, x1, ub, xq, scale)
+        native.remember(op, (x0, x1), (xq, scale), (x0, x1, ub, xq, scale), (0, 1), kernel, held=(ub,))
         return xq, scale
     _pair(op, x0, x1)
     check.nonempty_rows(op, "x0", x0)
@@ -128,8 +156,12 @@ def silu_mul_quant(x0: torch.Tensor, x1: torch.Tensor, scale_ub: torch.Tensor | 
     a, b = check.rows(x0), check.rows(x1)
     q = xq.view(a.shape)
     sig = (check.aligned16(a, b, q), dtype_name(a.dtype), ub is not None)
+    inputs = (x0, x1) if ub is None else (x0, x1, scale_ub)
     ub = ub if ub is not None else placeholder(a.device, torch.float32)
-    _SILU_MUL_QUANT.kernel(a.device, sig, a.shape, config)(a, b, ub, q, scale.view(-1))
+    kernel = _SILU_MUL_QUANT.kernel(a.device, sig, a.shape, config)
+    kernel(a, b, ub, q, scale.view(-1))
+    if config is None:
+        native.remember(op, inputs, (xq, scale), (a, b, ub, q, scale.view(-1)), (0, 1), kernel, held=(ub,))
     if config is None and scale_ub is None and a is x0 and b is x1 and check.compact_rows(a):
         plan = Plan(_SILU_MUL_QUANT, a.device, sig[1:], a.shape, check.aligned16(q), tuple(a.shape), q.dtype)
         _SILU_MUL_QUANT_PLANS.add(key, plan)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from mslk_dsl import native
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.dispatch import KernelOp, Plan, PlanCache, dtype_name, placeholder
 from mslk_dsl.ops.elementwise import fp8_dtype_for
@@ -40,6 +41,11 @@ def _compact(t: torch.Tensor) -> torch.Tensor:
 
 def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, config: dict | None = None) -> torch.Tensor:
     """out = x @ w.T for bf16 or fp16 inputs (fp32 accumulation, output in the input dtype)."""
+    fast = native.fast_op("bf16_gemm") if config is None else None
+    if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
+        out = fast(x, w)
+        if out is not native.MISS:
+            return out
     try:  # the layout of the inputs, for the plan cache
         key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device)
     except AttributeError:  # not tensors: the checks below say so
@@ -47,10 +53,14 @@ def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, config: dict | None = None) -
     plan = _BF16_GEMM_PLANS.get(key) if config is None else None
     if plan is not None and not (x.data_ptr() | w.data_ptr()) & 15:  # seen and validated before
         out = x.new_empty(plan.shape)  # no dtype or device arguments to parse
+        kernel = plan.kernel()
         if plan.scratch:
-            plan.kernel()(x, w, out, x.new_empty(plan.scratch, dtype=torch.float32))
+            partials = x.new_empty(plan.scratch, dtype=torch.float32)
+            kernel(x, w, out, partials)
+            native.remember("bf16_gemm", (x, w), (out, partials), (x, w, out, partials), (0,), kernel)
         else:
-            plan.kernel()(x, w, out)
+            kernel(x, w, out)
+            native.remember("bf16_gemm", (x, w), (out,), (x, w, out), (0,), kernel)
         return out
     _operands("bf16_gemm", x, w, check.HALF_DTYPES)
     check.gpu("bf16_gemm", "x", x)
@@ -69,9 +79,14 @@ def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, config: dict | None = None) -
         raise ValueError(f"bf16_gemm: config split_k={chosen['split_k']} needs split_k * M * N < 2**31 "
                          f"(M={M}, N={N}); split-K is for small M, use a config without it")
     if scratch:
-        kernel(a, b, out, torch.empty(scratch, dtype=torch.float32, device=a.device))
+        partials = torch.empty(scratch, dtype=torch.float32, device=a.device)
+        kernel(a, b, out, partials)
+        if config is None:
+            native.remember("bf16_gemm", (x, w), (out, partials), (a, b, out, partials), (0,), kernel)
     else:
         kernel(a, b, out)
+        if config is None:
+            native.remember("bf16_gemm", (x, w), (out,), (a, b, out), (0,), kernel)
     if config is None and a is x and b is w:
         _BF16_GEMM_PLANS.add(key, Plan(_BF16_GEMM, a.device, (dtype_name(a.dtype),), (M, N, K), None, (M, N),
                                        scratch=scratch))
@@ -83,6 +98,11 @@ def f8f8bf16_rowwise(xq: torch.Tensor, wq: torch.Tensor, x_scale: torch.Tensor, 
     """out = (xq @ wq.T) * x_scale[:, None] * w_scale[None, :] (+ bias), bf16 out; the scales are
     the ones quantize_fp8_row returns."""
     op = "f8f8bf16_rowwise"
+    fast = native.fast_op(op) if config is None else None
+    if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
+        out = fast(xq, wq, x_scale, w_scale) if bias is None else fast(xq, wq, x_scale, w_scale, bias)
+        if out is not native.MISS:
+            return out
     try:  # the layout of the inputs, for the plan cache
         key = (xq.shape, xq.stride(), xq.dtype, xq.device, wq.shape, wq.stride(), wq.dtype, wq.device,
                x_scale.shape, x_scale.stride(), x_scale.dtype, x_scale.device,
@@ -92,7 +112,10 @@ def f8f8bf16_rowwise(xq: torch.Tensor, wq: torch.Tensor, x_scale: torch.Tensor, 
     plan = _F8F8BF16_ROWWISE_PLANS.get(key) if config is None and bias is None else None
     if plan is not None and not (xq.data_ptr() | wq.data_ptr()) & 15:  # seen and validated before
         out = xq.new_empty(plan.shape, dtype=torch.bfloat16)
-        plan.kernel()(xq, wq, x_scale, w_scale, placeholder(xq.device, torch.bfloat16), out)
+        kernel, no_bias = plan.kernel(), placeholder(xq.device, torch.bfloat16)
+        kernel(xq, wq, x_scale, w_scale, no_bias, out)
+        native.remember(op, (xq, wq, x_scale, w_scale), (out,), (xq, wq, x_scale, w_scale, no_bias, out), (0,),
+                        kernel, held=(no_bias,))
         return out
     _operands(op, xq, wq, check.FP8_DTYPES, names=("xq", "wq"))
     fp8 = fp8_dtype_for(xq.device)
@@ -118,7 +141,11 @@ def f8f8bf16_rowwise(xq: torch.Tensor, wq: torch.Tensor, x_scale: torch.Tensor, 
     a, b = _compact(xq), _compact(wq)
     sa, sb = x_scale.contiguous(), w_scale.contiguous()
     kernel = _F8F8BF16_ROWWISE.kernel(a.device, (bias is not None,), (M, N, K), config)
-    kernel(a, b, sa, sb, bias.contiguous() if bias is not None else placeholder(a.device, torch.bfloat16), out)
+    bias_arg = bias.contiguous() if bias is not None else placeholder(a.device, torch.bfloat16)
+    kernel(a, b, sa, sb, bias_arg, out)
+    if config is None:
+        inputs, held = ((xq, wq, x_scale, w_scale), (bias_arg,)) if bias is None else ((xq, wq, x_scale, w_scale, bias), ())
+        native.remember(op, inputs, (out,), (a, b, sa, sb, bias_arg, out), (0,), kernel, held=held)
     if config is None and bias is None and a is xq and b is wq and sa is x_scale and sb is w_scale:
         _F8F8BF16_ROWWISE_PLANS.add(key, Plan(_F8F8BF16_ROWWISE, a.device, (False,), (M, N, K), None, (M, N)))
     return out

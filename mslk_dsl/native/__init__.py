@@ -1,0 +1,192 @@
+"""The native launch path: a small C++ extension that repeats a validated call in one C call.
+
+An op's first call with a given input layout takes the Python path (validation, kernel choice,
+launch) and then ``remember``s the launch as a plan of the op's ``FastOp`` (launcher.cpp): the
+inputs' layout, the outputs to allocate, which kernel argument is which input, output or held
+tensor (a placeholder), and the TVM-FFI function. A later call with the same layout (same dtypes,
+devices, shapes, strides and 16-byte alignment) is matched, allocated, launched on the current
+stream and returned inside that one C call: the per-call host cost of a native torch op, where
+the Python path pays for building a layout key, allocating through torch's Python API and the
+TVM-FFI argument conversion.
+
+The extension is compiled from launcher.cpp with the host C++ compiler on first use (~20-30 s,
+mostly torch's headers, in a background thread started when mslk_dsl.ops is imported or at the
+first call, so no call waits for it) into ``<cache dir>/native/``, named by a hash of the source
+and the Python, torch and tvm_ffi builds; `mslk-dsl native` builds it ahead (with JIT off,
+MSLK_DSL_DISABLE_JIT=1, nothing is compiled at run time: only a prebuilt one is loaded). Where
+there is none (no compiler, no tvm_ffi, MSLK_DSL_NO_NATIVE=1) every call takes the Python path,
+which is correct and about 1.5x slower per call.
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import threading
+
+from mslk_dsl import env
+
+log = logging.getLogger("mslk_dsl")
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.cpp")
+
+MISS = object()  # replaced by the extension's sentinel once it is loaded
+_module = None
+_failed = False
+_fast_ops: dict = {}
+_lock = threading.Lock()
+_builder: threading.Thread | None = None
+
+
+def enabled() -> bool:
+    return not env.no_native()
+
+
+def library_path() -> str | None:
+    """Where the compiled extension for this Python, tvm_ffi and source lives (None: no tvm_ffi)."""
+    try:
+        import tvm_ffi
+    except ImportError:
+        return None
+    with open(SOURCE, "rb") as f:
+        source = f.read()
+    import torch
+
+    # It links libtorch (C++ ABI): one build per torch build as well.
+    versions = f"|{sys.version}|{tvm_ffi.__version__}|{torch.__version__}|{torch._C._GLIBCXX_USE_CXX11_ABI}|{sys.platform}"
+    tag = hashlib.sha256(source + versions.encode()).hexdigest()[:16]
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    return os.path.join(env.cache_dir(), "native", f"_launcher-{tag}{suffix}")
+
+
+def build(path: str) -> None:
+    """Compile launcher.cpp into ``path`` (atomically; concurrent builders compile once)."""
+    import tvm_ffi
+    from filelock import FileLock
+
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found (set CXX)")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with FileLock(path + ".lock"):
+        if os.path.exists(path):
+            return
+        import torch
+        from torch.utils import cpp_extension
+
+        lib_dirs = [os.path.dirname(tvm_ffi.libinfo.find_libtvm_ffi()), *cpp_extension.library_paths()]
+        tmp = f"{path}.{os.getpid()}.tmp"
+        cmd = [compiler, "-O2", "-std=c++17", "-w", "-shared", "-fPIC", SOURCE, "-o", tmp,
+               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+               "-I" + sysconfig.get_paths()["include"], "-I" + tvm_ffi.libinfo.find_include_path(),
+               *("-I" + d for d in cpp_extension.include_paths()),
+               *("-L" + d for d in lib_dirs), *("-Wl,-rpath," + d for d in lib_dirs),
+               "-ltvm_ffi", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"compiling the native launcher failed:\n{' '.join(cmd)}\n{result.stderr[-4000:]}")
+        os.replace(tmp, path)
+
+
+def _load(path: str):
+    spec = importlib.util.spec_from_file_location("mslk_dsl._launcher", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load(wait: bool = True):
+    """The extension module, building it first if needed; None if it cannot be had here."""
+    global _module, _failed, MISS
+    if _module is not None or _failed or not enabled():
+        return _module
+    with _lock:
+        if _module is not None or _failed:
+            return _module
+        try:
+            import torch
+
+            if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+                raise RuntimeError(f"torch {torch.__version__} has no DLPack C exchange API")
+            path = library_path()
+            if path is None:
+                raise RuntimeError("tvm_ffi is not installed")
+            if not os.path.exists(path):
+                if env.jit_disabled():   # JIT off compiles nothing: `mslk-dsl native` builds it ahead
+                    raise RuntimeError(f"JIT is off and {path} is not built (run `mslk-dsl native`)")
+                if not wait:
+                    return None
+                build(path)
+            module = _load(path)
+        except Exception as e:  # noqa: BLE001 - any failure leaves the (correct) Python path
+            _failed = True
+            log.info("mslk-dsl: native launch path unavailable, using the Python path: %s", e)
+            return None
+        MISS = module.MISS
+        _module = module
+        return module
+
+
+def load_in_background() -> None:
+    """Load (building first if needed) the extension in a daemon thread: importing tvm_ffi and
+    compiling must not delay the caller; calls take the Python path until it is there."""
+    global _builder
+    if _module is not None or _failed or _builder is not None or not enabled():
+        return
+    _builder = threading.Thread(target=load, name="mslk-dsl-native", daemon=True)
+    _builder.start()
+    # A process that exits at once must not tear the interpreter down under a running import.
+    atexit.register(_builder.join, 5.0)
+
+
+def wait_until_loaded(timeout: float | None = None):
+    """The extension once the background load is done (for tests and benchmarks)."""
+    if _builder is not None:
+        _builder.join(timeout)
+    return load()
+
+
+def fast_op(name: str):
+    """The FastOp holding ``name``'s launch plans, or None while the extension is not loaded
+    (the first such call starts loading it in the background, if importing mslk_dsl.ops did not)."""
+    fast = _fast_ops.get(name)
+    if fast is None and _module is None:
+        if _builder is None and not _failed:
+            load_in_background()
+        return None
+    if fast is None:
+        import torch
+
+        fast = _fast_ops[name] = _module.FastOp(torch.Tensor.__dlpack_c_exchange_api__,
+                                                (torch.Tensor, torch.nn.Parameter))
+    return fast
+
+
+def remember(name: str, inputs: tuple, outputs: tuple, args: tuple, returns: tuple, kernel, held: tuple = ()) -> bool:
+    """Add a launch plan to ``name``'s FastOp after a call validated and launched by Python:
+    ``inputs`` as the op received them, ``outputs`` every tensor it allocated for the call (in
+    the order ``returns`` indexes), ``args`` what the kernel was given, ``held`` the tensors the
+    plan may keep and pass on every call (placeholders). Every tensor argument must be an input,
+    an output or a view of one (same data pointer), or held; a scalar must be one of the inputs.
+    A call that copied an input (a layout the kernel cannot take) therefore adds no plan.
+    Returns whether a plan was added."""
+    fast = fast_op(name)
+    if fast is None or not hasattr(kernel, "__chandle__"):  # FlyDSL callables are not TVM-FFI
+        return False
+    import torch
+
+    pointers = {t.data_ptr() for t in (*inputs, *outputs) if isinstance(t, torch.Tensor)}
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            if not (arg.data_ptr() in pointers or any(arg is h for h in held)):
+                return False
+        elif not any(arg is i for i in inputs):
+            return False
+    return fast.add(tuple(inputs), tuple(outputs), tuple(args), tuple(returns), kernel)

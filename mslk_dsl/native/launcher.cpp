@@ -1,0 +1,568 @@
+// The native launch path of the op layer (see mslk_dsl/native/__init__.py for how it is built
+// and used). One FastOp per op holds launch plans keyed by the exact layout of the call's inputs
+// (dtype, device, shape, strides, 16-byte alignment of each tensor; the type of each scalar).
+// A call whose layout has a plan allocates the plan's outputs, launches the kernel through the
+// TVM-FFI C ABI on the caller's current stream, and returns the outputs; any other call returns
+// the MISS sentinel and the Python op takes its full path (validation, kernel choice), which then
+// adds a plan. Inputs are read through the DLPack exchange API that torch publishes
+// (torch.Tensor.__dlpack_c_exchange_api__, which also gives the current stream); outputs are
+// allocated with at::empty and wrapped as Python tensors directly (the exchange API's allocator
+// round-trips through DLPack and costs ~3 us per output on the H200 host).
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/c_api.h>
+#include <tvm/ffi/extra/c_env_api.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int kMaxInputs = 8;
+constexpr int kMaxOutputs = 4;
+constexpr int kMaxArgs = 16;
+constexpr int kMaxDims = 4;
+constexpr int kTableSize = 1024;  // plans per op; the table is cleared when it fills up
+
+// Where a kernel argument comes from.
+enum Source : int8_t { kInput = 0, kOutput = 1, kExtra = 2 };
+
+struct TensorShape {
+  int32_t ndim;
+  int64_t shape[kMaxDims];
+  int64_t strides[kMaxDims];
+};
+
+struct InputLayout {
+  bool is_tensor;
+  int32_t scalar_kind;  // kTVMFFIInt / kTVMFFIFloat / kTVMFFIBool when !is_tensor
+  DLDataType dtype;
+  DLDevice device;
+  TensorShape view;
+  bool aligned16;
+};
+
+struct KernelArg {
+  Source source;
+  int8_t index;
+  TensorShape view;  // the shape and strides the kernel sees (a view of the source's memory)
+};
+
+struct Plan {
+  bool used;
+  uint64_t hash;
+  int n_inputs;
+  InputLayout inputs[kMaxInputs];
+  int n_outputs;
+  int8_t out_dtype[kMaxOutputs];   // c10::ScalarType
+  int8_t out_device_type[kMaxOutputs];  // c10::DeviceType
+  int8_t out_device_index[kMaxOutputs];
+  TensorShape out_shape[kMaxOutputs];
+  int n_args;
+  KernelArg args[kMaxArgs];
+  int n_returns;
+  int8_t returns[kMaxOutputs];
+  PyObject* extras;  // tuple of the extra tensor arguments (e.g. placeholders), owned
+  PyObject* func;    // the tvm_ffi.Function, owned
+  TVMFFIObjectHandle func_handle;
+  DLTensor extra_dl[kMaxArgs];  // DLTensor of each tensor extra (valid while `extras` lives)
+};
+
+PyObject* g_miss = nullptr;  // the MISS sentinel
+
+struct FastOp {
+  PyObject_HEAD
+  const DLPackExchangeAPI* api;
+  PyObject* tensor_types;  // tuple of the exact types taken as tensors (torch.Tensor, Parameter)
+  Plan* table;
+  int count;
+};
+
+bool IsTensor(FastOp* self, PyObject* obj) {
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(obj));
+  Py_ssize_t n = PyTuple_GET_SIZE(self->tensor_types);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (PyTuple_GET_ITEM(self->tensor_types, i) == type) return true;
+  }
+  return false;
+}
+
+int ScalarKind(PyObject* obj) {
+  if (PyBool_Check(obj)) return kTVMFFIBool;
+  if (PyLong_CheckExact(obj)) return kTVMFFIInt;
+  if (PyFloat_CheckExact(obj)) return kTVMFFIFloat;
+  return -1;
+}
+
+void CopyShape(const DLTensor& t, TensorShape* out) {
+  out->ndim = t.ndim;
+  int64_t stride = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    out->shape[d] = t.shape[d];
+    out->strides[d] = t.strides != nullptr ? t.strides[d] : stride;
+    stride *= t.shape[d];
+  }
+}
+
+bool SameShape(const TensorShape& a, const DLTensor& t) {
+  if (a.ndim != t.ndim) return false;
+  int64_t stride = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    if (a.shape[d] != t.shape[d]) return false;
+    if (a.strides[d] != (t.strides != nullptr ? t.strides[d] : stride)) return false;
+    stride *= t.shape[d];
+  }
+  return true;
+}
+
+inline uint64_t Mix(uint64_t h, uint64_t v) { return (h ^ v) * 1099511628211ull; }
+
+uint64_t HashTensor(uint64_t h, const DLTensor& t, bool aligned) {
+  h = Mix(h, (uint64_t(t.dtype.code) << 24) | (uint64_t(t.dtype.bits) << 8) | t.dtype.lanes);
+  h = Mix(h, (uint64_t(t.device.device_type) << 32) | uint32_t(t.device.device_id));
+  h = Mix(h, uint64_t(t.ndim) * 2 + aligned);
+  for (int d = 0; d < t.ndim; ++d) {
+    h = Mix(h, uint64_t(t.shape[d]));
+    h = Mix(h, t.strides != nullptr ? uint64_t(t.strides[d]) : ~0ull);
+  }
+  return h;
+}
+
+bool Aligned16(const DLTensor& t) {
+  return ((reinterpret_cast<uintptr_t>(t.data) + t.byte_offset) & 15) == 0;
+}
+
+bool SameDType(DLDataType a, DLDataType b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+void RaiseFFIError() {
+  TVMFFIObjectHandle err = nullptr;
+  TVMFFIErrorMoveFromRaised(&err);
+  if (err == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "mslk_dsl native launch: TVM-FFI call failed");
+    return;
+  }
+  const TVMFFIErrorCell* cell = TVMFFIErrorGetCellPtr(err);
+  // (PyErr_Format has no %.*s: build the strings first.)
+  PyObject* kind = PyUnicode_DecodeUTF8(cell->kind.data, Py_ssize_t(cell->kind.size), "replace");
+  PyObject* message = PyUnicode_DecodeUTF8(cell->message.data, Py_ssize_t(cell->message.size), "replace");
+  if (kind != nullptr && message != nullptr) PyErr_Format(PyExc_RuntimeError, "%U: %U", kind, message);
+  Py_XDECREF(kind);
+  Py_XDECREF(message);
+  TVMFFIObjectDecRef(err);
+}
+
+void ReleasePlan(Plan* plan) {
+  if (!plan->used) return;
+  Py_CLEAR(plan->extras);
+  Py_CLEAR(plan->func);
+  plan->used = false;
+}
+
+// ------------------------------------------------------------------------------------- the call
+PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, PyObject* kwnames) {
+  FastOp* self = reinterpret_cast<FastOp*>(py_self);
+  Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+  if (kwnames != nullptr || n > kMaxInputs) return Py_NewRef(g_miss);
+  DLTensor dl[kMaxInputs];
+  bool aligned[kMaxInputs];
+  uint64_t h = 1469598103934665603ull ^ uint64_t(n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* obj = argv[i];
+    if (IsTensor(self, obj)) {
+      if (self->api->dltensor_from_py_object_no_sync(obj, &dl[i]) != 0) {
+        PyErr_Clear();  // e.g. a tensor DLPack cannot express: the Python path decides
+        return Py_NewRef(g_miss);
+      }
+      if (dl[i].ndim > kMaxDims) return Py_NewRef(g_miss);
+      aligned[i] = Aligned16(dl[i]);
+      h = HashTensor(h, dl[i], aligned[i]);
+    } else {
+      int kind = ScalarKind(obj);
+      if (kind < 0) return Py_NewRef(g_miss);
+      h = Mix(h, 0x5ca1a7 + uint64_t(kind));
+    }
+  }
+  // Open addressing, linear probing; a slot holds the plan of one exact layout.
+  Plan* plan = nullptr;
+  for (int probe = 0; probe < kTableSize; ++probe) {
+    Plan* p = &self->table[(h + probe) % kTableSize];
+    if (!p->used) break;
+    if (p->hash != h || p->n_inputs != n) continue;
+    bool same = true;
+    for (Py_ssize_t i = 0; i < n && same; ++i) {
+      const InputLayout& in = p->inputs[i];
+      if (in.is_tensor) {
+        same = IsTensor(self, argv[i]) && SameDType(in.dtype, dl[i].dtype) &&
+               in.device.device_type == dl[i].device.device_type &&
+               in.device.device_id == dl[i].device.device_id && in.aligned16 == aligned[i] &&
+               SameShape(in.view, dl[i]);
+      } else {
+        same = !IsTensor(self, argv[i]) && ScalarKind(argv[i]) == in.scalar_kind;
+      }
+    }
+    if (same) {
+      plan = p;
+      break;
+    }
+  }
+  if (plan == nullptr) return Py_NewRef(g_miss);
+
+  // Outputs: allocated by torch's caching allocator, compact, on the plan's device.
+  PyObject* outputs[kMaxOutputs] = {nullptr};
+  DLTensor out_dl[kMaxOutputs];
+  DLDevice device = plan->inputs[0].device;
+  for (int i = 0; i < n; ++i) {
+    if (plan->inputs[i].is_tensor) {
+      device = plan->inputs[i].device;
+      break;
+    }
+  }
+  PyObject* result = nullptr;
+  try {
+    for (int k = 0; k < plan->n_outputs; ++k) {
+      const TensorShape& shape = plan->out_shape[k];
+      at::Tensor t = at::empty(
+          c10::IntArrayRef(shape.shape, shape.ndim),
+          at::TensorOptions()
+              .dtype(static_cast<c10::ScalarType>(plan->out_dtype[k]))
+              .device(c10::Device(static_cast<c10::DeviceType>(plan->out_device_type[k]), plan->out_device_index[k])));
+      outputs[k] = THPVariable_Wrap(std::move(t));
+      if (outputs[k] == nullptr || self->api->dltensor_from_py_object_no_sync(outputs[k], &out_dl[k]) != 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_MemoryError, "mslk_dsl: output allocation failed");
+        goto done;
+      }
+    }
+  } catch (const std::exception& e) {  // e.g. out of memory: torch's message, as a Python error
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    goto done;
+  }
+  {
+    // Kernel arguments: views of the inputs and outputs, and the plan's extras.
+    DLTensor views[kMaxArgs];
+    TVMFFIAny args[kMaxArgs];
+    for (int a = 0; a < plan->n_args; ++a) {
+      const KernelArg& arg = plan->args[a];
+      TVMFFIAny* any = &args[a];
+      std::memset(any, 0, sizeof(*any));
+      if (arg.source == kExtra) {  // a tensor the plan holds (placeholder, weight-like)
+        any->type_index = kTVMFFIDLTensorPtr;
+        any->v_ptr = &plan->extra_dl[a];
+        continue;
+      }
+      if (arg.source == kInput && !plan->inputs[arg.index].is_tensor) {
+        PyObject* scalar = argv[arg.index];
+        any->type_index = plan->inputs[arg.index].scalar_kind;
+        if (any->type_index == kTVMFFIFloat) {
+          any->v_float64 = PyFloat_AS_DOUBLE(scalar);
+        } else {
+          any->v_int64 = PyLong_AsLongLong(scalar);
+        }
+        continue;
+      }
+      views[a] = arg.source == kInput ? dl[arg.index] : out_dl[arg.index];
+      views[a].ndim = arg.view.ndim;
+      views[a].shape = const_cast<int64_t*>(arg.view.shape);
+      views[a].strides = const_cast<int64_t*>(arg.view.strides);
+      any->type_index = kTVMFFIDLTensorPtr;
+      any->v_ptr = &views[a];
+    }
+    // The caller's current stream, as TVM-FFI hands it to the kernel (restored afterwards).
+    void* stream = nullptr;
+    TVMFFIStreamHandle previous = nullptr;
+    bool on_device = device.device_type != kDLCPU && self->api->current_work_stream != nullptr;
+    if (on_device) {
+      if (self->api->current_work_stream(device.device_type, device.device_id, &stream) != 0 ||
+          TVMFFIEnvSetStream(device.device_type, device.device_id, stream, &previous) != 0) {
+        if (!PyErr_Occurred()) RaiseFFIError();
+        goto done;
+      }
+    }
+    TVMFFIAny ret;
+    std::memset(&ret, 0, sizeof(ret));
+    ret.type_index = kTVMFFINone;
+    int rc = TVMFFIFunctionCall(plan->func_handle, args, plan->n_args, &ret);
+    if (on_device && previous != stream) TVMFFIEnvSetStream(device.device_type, device.device_id, previous, nullptr);
+    if (rc != 0) {
+      RaiseFFIError();
+      goto done;
+    }
+    if (ret.type_index >= kTVMFFIStaticObjectBegin) TVMFFIObjectDecRef(ret.v_obj);
+  }
+  if (plan->n_returns == 0) {
+    result = Py_NewRef(Py_None);
+  } else if (plan->n_returns == 1) {
+    result = Py_NewRef(outputs[plan->returns[0]]);
+  } else {
+    result = PyTuple_New(plan->n_returns);
+    if (result != nullptr) {
+      for (int r = 0; r < plan->n_returns; ++r) {
+        PyTuple_SET_ITEM(result, r, Py_NewRef(outputs[plan->returns[r]]));
+      }
+    }
+  }
+done:
+  for (int k = 0; k < plan->n_outputs; ++k) Py_XDECREF(outputs[k]);
+  return result;
+}
+
+// --------------------------------------------------------------------------- adding a plan
+// add(inputs, outputs, args, returns, func): `inputs` as the call passed them (tensors and
+// scalars); `outputs` the tensors the op allocated; `args` the kernel's arguments, each an
+// input, an output, a view of one (same data pointer), or anything else (an extra: kept and
+// passed as it is); `returns` the indices of the outputs the op returns.
+PyObject* FastOpAdd(PyObject* py_self, PyObject* argv) {
+  FastOp* self = reinterpret_cast<FastOp*>(py_self);
+  PyObject *inputs, *outputs, *args, *returns, *func;
+  if (!PyArg_ParseTuple(argv, "O!O!O!O!O", &PyTuple_Type, &inputs, &PyTuple_Type, &outputs, &PyTuple_Type,
+                        &args, &PyTuple_Type, &returns, &func)) {
+    return nullptr;
+  }
+  Py_ssize_t n_in = PyTuple_GET_SIZE(inputs), n_out = PyTuple_GET_SIZE(outputs);
+  Py_ssize_t n_args = PyTuple_GET_SIZE(args), n_ret = PyTuple_GET_SIZE(returns);
+  if (n_in > kMaxInputs || n_out > kMaxOutputs || n_args > kMaxArgs || n_ret > kMaxOutputs) {
+    PyErr_SetString(PyExc_ValueError, "FastOp.add: too many inputs, outputs or arguments");
+    return nullptr;
+  }
+  PyObject* chandle = PyObject_CallMethod(func, "__chandle__", nullptr);
+  if (chandle == nullptr) return nullptr;
+  void* func_handle = PyLong_AsVoidPtr(chandle);
+  Py_DECREF(chandle);
+  if (PyErr_Occurred()) return nullptr;
+
+  Plan plan;
+  std::memset(&plan, 0, sizeof(plan));
+  plan.n_inputs = int(n_in);
+  DLTensor in_dl[kMaxInputs], out_dl[kMaxOutputs];
+  uint64_t h = 1469598103934665603ull ^ uint64_t(n_in);
+  for (Py_ssize_t i = 0; i < n_in; ++i) {
+    PyObject* obj = PyTuple_GET_ITEM(inputs, i);
+    InputLayout& in = plan.inputs[i];
+    in.is_tensor = IsTensor(self, obj);
+    if (in.is_tensor) {
+      if (self->api->dltensor_from_py_object_no_sync(obj, &in_dl[i]) != 0) return nullptr;
+      if (in_dl[i].ndim > kMaxDims) Py_RETURN_FALSE;
+      in.dtype = in_dl[i].dtype;
+      in.device = in_dl[i].device;
+      in.aligned16 = Aligned16(in_dl[i]);
+      CopyShape(in_dl[i], &in.view);
+      h = HashTensor(h, in_dl[i], in.aligned16);
+    } else {
+      in.scalar_kind = ScalarKind(obj);
+      if (in.scalar_kind < 0) Py_RETURN_FALSE;
+      h = Mix(h, 0x5ca1a7 + uint64_t(in.scalar_kind));
+    }
+  }
+  plan.n_outputs = int(n_out);
+  for (Py_ssize_t k = 0; k < n_out; ++k) {
+    PyObject* obj = PyTuple_GET_ITEM(outputs, k);
+    if (!IsTensor(self, obj) || self->api->dltensor_from_py_object_no_sync(obj, &out_dl[k]) != 0 ||
+        out_dl[k].ndim > kMaxDims) {
+      PyErr_Clear();
+      Py_RETURN_FALSE;
+    }
+    const at::Tensor& out = THPVariable_Unpack(obj);
+    plan.out_dtype[k] = static_cast<int8_t>(out.scalar_type());
+    plan.out_device_type[k] = static_cast<int8_t>(out.device().type());
+    plan.out_device_index[k] = out.device().index();
+    CopyShape(out_dl[k], &plan.out_shape[k]);
+    // Outputs are allocated compact: a plan whose outputs were not is not taken.
+    TensorShape compact = plan.out_shape[k];
+    int64_t stride = 1;
+    for (int d = compact.ndim - 1; d >= 0; --d) {
+      if (compact.shape[d] != 1 && compact.strides[d] != stride) Py_RETURN_FALSE;
+      stride *= compact.shape[d];
+    }
+  }
+  PyObject* extras = PyTuple_New(n_args);
+  if (extras == nullptr) return nullptr;
+  int n_extras = 0;
+  plan.n_args = int(n_args);
+  for (Py_ssize_t a = 0; a < n_args; ++a) {
+    PyObject* obj = PyTuple_GET_ITEM(args, a);
+    KernelArg& arg = plan.args[a];
+    arg.source = kExtra;
+    for (Py_ssize_t i = 0; i < n_in && arg.source == kExtra; ++i) {
+      if (PyTuple_GET_ITEM(inputs, i) == obj && !plan.inputs[i].is_tensor) {
+        arg.source = kInput;
+        arg.index = int8_t(i);
+      }
+    }
+    if (arg.source == kExtra && IsTensor(self, obj)) {
+      DLTensor t;
+      if (self->api->dltensor_from_py_object_no_sync(obj, &t) != 0 || t.ndim > kMaxDims) {
+        PyErr_Clear();
+        Py_DECREF(extras);
+        Py_RETURN_FALSE;
+      }
+      char* data = static_cast<char*>(t.data) + t.byte_offset;
+      for (Py_ssize_t i = 0; i < n_in && arg.source == kExtra; ++i) {
+        if (plan.inputs[i].is_tensor && data == static_cast<char*>(in_dl[i].data) + in_dl[i].byte_offset &&
+            SameDType(t.dtype, in_dl[i].dtype)) {
+          arg.source = kInput;
+          arg.index = int8_t(i);
+        }
+      }
+      for (Py_ssize_t k = 0; k < n_out && arg.source == kExtra; ++k) {
+        if (data == static_cast<char*>(out_dl[k].data) + out_dl[k].byte_offset && SameDType(t.dtype, out_dl[k].dtype)) {
+          arg.source = kOutput;
+          arg.index = int8_t(k);
+        }
+      }
+      if (arg.source != kExtra) {
+        CopyShape(t, &arg.view);
+      } else {
+        plan.extra_dl[a] = t;  // a tensor kept alive by `extras`
+      }
+    }
+    if (arg.source == kExtra) {
+      arg.index = int8_t(n_extras);
+      if (!IsTensor(self, obj)) {
+        // A scalar that is not one of the inputs would be baked into the plan while the
+        // layout key ignores scalar values: such calls keep the Python path.
+        Py_DECREF(extras);
+        Py_RETURN_FALSE;
+      }
+      PyTuple_SET_ITEM(extras, n_extras++, Py_NewRef(obj));
+    }
+  }
+  if (_PyTuple_Resize(&extras, n_extras) != 0) return nullptr;
+  plan.n_returns = int(n_ret);
+  for (Py_ssize_t r = 0; r < n_ret; ++r) {
+    long index = PyLong_AsLong(PyTuple_GET_ITEM(returns, r));
+    if (index < 0 || index >= n_out) {
+      Py_DECREF(extras);
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "FastOp.add: return index out of range");
+      return nullptr;
+    }
+    plan.returns[r] = int8_t(index);
+  }
+  plan.used = true;
+  plan.hash = h;
+  plan.extras = extras;
+  plan.func = Py_NewRef(func);
+  plan.func_handle = func_handle;
+
+  if (self->count >= kTableSize * 3 / 4) {  // keep probes short: start over
+    for (int s = 0; s < kTableSize; ++s) ReleasePlan(&self->table[s]);
+    self->count = 0;
+  }
+  for (int probe = 0; probe < kTableSize; ++probe) {
+    Plan* slot = &self->table[(h + probe) % kTableSize];
+    bool replace = slot->used && slot->hash == h && slot->n_inputs == plan.n_inputs &&
+                   std::memcmp(slot->inputs, plan.inputs, sizeof(plan.inputs)) == 0;
+    if (!slot->used || replace) {
+      if (replace) {
+        ReleasePlan(slot);
+      } else {
+        ++self->count;
+      }
+      *slot = plan;
+      Py_RETURN_TRUE;
+    }
+  }
+  Py_RETURN_FALSE;
+}
+
+PyObject* FastOpClear(PyObject* py_self, PyObject*) {
+  FastOp* self = reinterpret_cast<FastOp*>(py_self);
+  for (int s = 0; s < kTableSize; ++s) ReleasePlan(&self->table[s]);
+  self->count = 0;
+  Py_RETURN_NONE;
+}
+
+PyObject* FastOpLen(PyObject* py_self, PyObject*) {
+  return PyLong_FromLong(reinterpret_cast<FastOp*>(py_self)->count);
+}
+
+// FastOp(exchange_api_capsule, tensor_types)
+PyObject* FastOpNew(PyTypeObject* type, PyObject* argv, PyObject* kwargs) {
+  PyObject *capsule, *types;
+  if (!PyArg_ParseTuple(argv, "OO!", &capsule, &PyTuple_Type, &types)) return nullptr;
+  auto* api = static_cast<const DLPackExchangeAPI*>(PyCapsule_GetPointer(capsule, "dlpack_exchange_api"));
+  if (api == nullptr) return nullptr;
+  if (api->dltensor_from_py_object_no_sync == nullptr || api->managed_tensor_allocator == nullptr ||
+      api->managed_tensor_to_py_object_no_sync == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "the DLPack exchange API lacks a function the launcher needs");
+    return nullptr;
+  }
+  FastOp* self = reinterpret_cast<FastOp*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->api = api;
+  self->tensor_types = Py_NewRef(types);
+  self->table = static_cast<Plan*>(PyMem_Calloc(kTableSize, sizeof(Plan)));
+  self->count = 0;
+  if (self->table == nullptr) {
+    Py_DECREF(self);
+    return PyErr_NoMemory();
+  }
+  return reinterpret_cast<PyObject*>(self);
+}
+
+void FastOpDealloc(PyObject* py_self) {
+  FastOp* self = reinterpret_cast<FastOp*>(py_self);
+  if (self->table != nullptr) {
+    for (int s = 0; s < kTableSize; ++s) ReleasePlan(&self->table[s]);
+    PyMem_Free(self->table);
+  }
+  Py_XDECREF(self->tensor_types);
+  Py_TYPE(py_self)->tp_free(py_self);
+}
+
+PyObject* FastOpVectorcallEntry(PyObject* callable, PyObject* const* argv, size_t nargsf, PyObject* kwnames) {
+  return FastOpCall(callable, argv, nargsf, kwnames);
+}
+
+PyMethodDef kFastOpMethods[] = {
+    {"add", FastOpAdd, METH_VARARGS, "add(inputs, outputs, args, returns, func) -> bool: add a launch plan"},
+    {"clear", FastOpClear, METH_NOARGS, "drop every plan"},
+    {"plans", FastOpLen, METH_NOARGS, "number of plans held"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyTypeObject kFastOpType = {
+    PyVarObject_HEAD_INIT(nullptr, 0)
+};
+
+PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_launcher", "mslk_dsl native launch path", -1, nullptr};
+
+}  // namespace
+
+// Each FastOp instance is called through vectorcall (no argument tuple is built per call).
+struct FastOpVC {
+  FastOp op;
+  vectorcallfunc vectorcall;
+};
+
+static PyObject* NewFastOpVC(PyTypeObject* type, PyObject* argv, PyObject* kwargs) {
+  PyObject* self = FastOpNew(type, argv, kwargs);
+  if (self != nullptr) reinterpret_cast<FastOpVC*>(self)->vectorcall = FastOpVectorcallEntry;
+  return self;
+}
+
+PyMODINIT_FUNC PyInit__launcher(void) {
+  kFastOpType.tp_name = "mslk_dsl._launcher.FastOp";
+  kFastOpType.tp_basicsize = sizeof(FastOpVC);
+  kFastOpType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  kFastOpType.tp_doc = "Launch plans of one op, keyed by the exact layout of the call's inputs.";
+  kFastOpType.tp_new = NewFastOpVC;
+  kFastOpType.tp_dealloc = FastOpDealloc;
+  kFastOpType.tp_methods = kFastOpMethods;
+  kFastOpType.tp_vectorcall_offset = offsetof(FastOpVC, vectorcall);
+  kFastOpType.tp_call = PyVectorcall_Call;
+  if (PyType_Ready(&kFastOpType) < 0) return nullptr;
+  PyObject* module = PyModule_Create(&kModule);
+  if (module == nullptr) return nullptr;
+  g_miss = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(&PyBaseObject_Type));
+  if (g_miss == nullptr || PyModule_AddObjectRef(module, "MISS", g_miss) < 0 ||
+      PyModule_AddObjectRef(module, "FastOp", reinterpret_cast<PyObject*>(&kFastOpType)) < 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}

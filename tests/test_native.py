@@ -1,0 +1,185 @@
+"""The native launch path (mslk_dsl/native): plans keyed by exact input layouts, outputs allocated
+by torch, kernel arguments mapped to inputs / outputs / views / held tensors, misses for anything
+else. CPU tensors and TVM-FFI functions written in Python stand in for GPU tensors and kernels
+(the GPU tests run the real ops through it)."""
+import ctypes
+
+import pytest
+import torch
+
+from mslk_dsl import native
+
+tvm_ffi = pytest.importorskip("tvm_ffi")
+
+
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MSLK_DSL_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    mp.delenv("MSLK_DSL_NO_NATIVE", raising=False)
+    module = native.load()
+    mp.undo()
+    if module is None:
+        pytest.fail("the native launcher did not build; a C++ compiler and tvm_ffi are test requirements")
+    return module
+
+
+def as_torch(t, dtype):
+    """A torch view of a TVM-FFI tensor argument's memory (CPU)."""
+    n = 1
+    for s in t.shape:
+        n *= s
+    buf = (ctypes.c_uint8 * (n * torch.empty((), dtype=dtype).element_size())).from_address(t.data_ptr())
+    return torch.frombuffer(buf, dtype=dtype).view(tuple(t.shape)) if n else torch.empty(tuple(t.shape), dtype=dtype)
+
+
+def test_repeat_call_runs_the_plan(launcher):
+    calls = []
+
+    def scale_add(x, y, held, out, alpha):   # out = x * alpha + y + held[0]
+        calls.append((tuple(x.shape), tuple(out.shape), alpha))
+        xt, yt, ot = (as_torch(t, torch.float32) for t in (x, y, out))
+        ot.copy_(xt * alpha + yt + as_torch(held, torch.float32)[0])
+
+    kernel = tvm_ffi.convert(scale_add)
+    fast = native.fast_op("test_scale_add")
+    fast.clear()
+    held = torch.full((1,), 10.0)
+    x, y = torch.randn(3, 4, 8), torch.randn(3, 4, 8)
+    assert fast(x, y, 2.0) is native.MISS
+    # The op ran the kernel on 2-D views of its 3-D tensors; the plan remembers the views.
+    out = torch.empty(3, 4, 8)
+    args = (x.view(12, 8), y.view(12, 8), held, out.view(12, 8), 2.0)
+    kernel(*args)
+    assert native.remember("test_scale_add", (x, y, 2.0), (out,), args, (0,), kernel, held=(held,))
+    assert fast.plans() == 1
+    x2, y2 = torch.randn(3, 4, 8), torch.randn(3, 4, 8)
+    result = fast(x2, y2, 0.5)                        # the scalar is the call's, not the plan's
+    assert result.shape == (3, 4, 8) and result.dtype == torch.float32
+    torch.testing.assert_close(result, x2 * 0.5 + y2 + 10.0)
+    assert calls[-1] == ((12, 8), (12, 8), 0.5)
+    # Any other layout, type or arity misses.
+    for other in [(x.double(), y, 2.0), (x[:2], y[:2], 2.0), (x.transpose(0, 1), y, 2.0), (x, y, 2),
+                  (x, y), (x, y, 2.0, 1.0), (x, y, "2.0")]:
+        assert fast(*other) is native.MISS, other
+    unaligned = torch.randn(3 * 4 * 8 + 1)[1:].view(3, 4, 8)
+    assert fast(unaligned, y, 2.0) is native.MISS     # 16-byte alignment is part of the layout
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert fast(x.as_subclass(Sub), y, 2.0) is native.MISS  # e.g. FakeTensor: the Python path decides
+    assert fast(torch.nn.Parameter(x), y, 2.0) is not native.MISS  # weights are often Parameters
+    assert fast(x, y, 2.0, key=1) is native.MISS
+
+
+def test_several_outputs_none_returned_and_scratch(launcher):
+    def split(x, a, b, scratch):
+        xt = as_torch(x, torch.float32)
+        as_torch(scratch, torch.float32).copy_(xt.sum(dim=1))
+        as_torch(a, torch.float32).copy_(xt[:, :2])
+        as_torch(b, torch.float32).copy_(as_torch(scratch, torch.float32))
+
+    kernel = tvm_ffi.convert(split)
+    x = torch.randn(5, 4)
+    a, b, scratch = torch.empty(5, 2), torch.empty(5), torch.empty(5)
+    kernel(x, a, b, scratch)
+    assert native.remember("test_split", (x,), (a, b, scratch), (x, a, b, scratch), (1, 0), kernel)
+    x2 = torch.randn(5, 4)
+    got_b, got_a = native.fast_op("test_split")(x2)
+    torch.testing.assert_close(got_a, x2[:, :2])
+    torch.testing.assert_close(got_b, x2.sum(dim=1))
+
+    def add_into(out, y):
+        ot = as_torch(out, torch.float32)
+        ot += as_torch(y, torch.float32)
+
+    kernel = tvm_ffi.convert(add_into)
+    out, y = torch.zeros(4), torch.ones(4)
+    kernel(out, y)
+    assert native.remember("test_add_into", (out, y), (), (out, y), (), kernel)
+    assert native.fast_op("test_add_into")(out, y) is None   # in place: returns None
+    assert out.tolist() == [2.0] * 4
+
+
+def test_unsafe_launches_are_not_remembered(launcher):
+    kernel = tvm_ffi.convert(lambda *args: None)
+    x = torch.randn(4, 8)
+    out = torch.empty(4, 8)
+    copy = x.clone()   # the op copied its input: the plan would keep reading the copy
+    assert not native.remember("test_unsafe", (x,), (out,), (copy, out), (0,), kernel)
+    assert not native.remember("test_unsafe", (x,), (out,), (x, out, 1e-6), (0,), kernel)  # a scalar not passed in
+    assert not native.remember("test_unsafe", (x,), (out,), (x, out), (0,), lambda *args: None)  # not TVM-FFI
+    assert native.fast_op("test_unsafe").plans() == 0
+
+
+def test_kernel_errors_raise(launcher):
+    def fails(x, out):
+        raise ValueError("bad launch")
+
+    kernel = tvm_ffi.convert(fails)
+    x, out = torch.randn(2, 2), torch.empty(2, 2)
+    assert native.fast_op("test_fails").add((x,), (out,), (x, out), (0,), kernel)
+    with pytest.raises(Exception, match="bad launch"):
+        native.fast_op("test_fails")(x)
+
+
+def test_plans_are_bounded(launcher):
+    kernel = tvm_ffi.convert(lambda x, out: None)
+    fast = native.fast_op("test_bounded")
+    for n in range(1, 1200):
+        x, out = torch.empty(n), torch.empty(n)
+        assert native.remember("test_bounded", (x,), (out,), (x, out), (0,), kernel)
+        assert 0 < fast.plans() <= 1024
+    assert fast(torch.empty(1199)) is not native.MISS
+
+
+def test_op_layer_serves_repeat_calls_natively(launcher, monkeypatch):
+    """silu_mul's second call with a layout skips the Python path (no validation runs)."""
+    from mslk_dsl.ops import elementwise, validate
+
+    def silu_mul_kernel(x0, x1, out):
+        a, b, o = (as_torch(t, torch.float32) for t in (x0, x1, out))
+        o.copy_(torch.nn.functional.silu(a) * b)
+
+    kernel = tvm_ffi.convert(silu_mul_kernel)
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)   # CPU tensors stand in for GPU ones
+    monkeypatch.setattr(elementwise._SILU_MUL, "kernel", lambda *args: kernel)
+    native.fast_op("silu_mul").clear()
+    elementwise._SILU_MUL_PLANS.clear()
+    checked = []
+    monkeypatch.setattr(validate, "tensor", lambda *args, **kw: checked.append(args[1]))
+    x0, x1 = torch.randn(6, 16), torch.randn(6, 16)
+    first = elementwise.silu_mul(x0, x1)
+    assert checked == ["x0", "x1"]
+    second = elementwise.silu_mul(x0, x1)
+    assert checked == ["x0", "x1"]          # served by the plan: validation did not run again
+    torch.testing.assert_close(first, second)
+    torch.testing.assert_close(second, torch.nn.functional.silu(x0) * x1)
+    monkeypatch.undo()   # real validation again: another layout takes the Python path, which checks it
+    with pytest.raises(TypeError, match="x1 has dtype torch.float64"):
+        elementwise.silu_mul(x0, x1.double())
+
+
+def test_disabled_by_env(monkeypatch):
+    monkeypatch.setenv("MSLK_DSL_NO_NATIVE", "1")
+    assert not native.enabled()
+
+
+def test_jit_off_loads_only_a_prebuilt_launcher(tmp_path, launcher):
+    """With JIT off nothing is compiled at run time; `mslk-dsl native` builds the launcher ahead."""
+    import os
+    import subprocess
+    import sys
+
+    from support import run_python
+
+    env = {"MSLK_DSL_CACHE_DIR": str(tmp_path), "MSLK_DSL_DISABLE_JIT": "1"}
+    probe = "from mslk_dsl import native; print(native.load())"
+    assert run_python(probe, env).stdout.strip() == "None"
+    assert not os.path.exists(tmp_path / "native") or not any(p.endswith(".so") for p in os.listdir(tmp_path / "native"))
+    built = subprocess.run([sys.executable, "-m", "mslk_dsl.cli", "native"], env={**os.environ, **env},
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr
+    assert os.path.exists(built.stdout.strip())
+    assert "module 'mslk_dsl._launcher'" in run_python(probe, env).stdout
