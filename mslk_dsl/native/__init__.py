@@ -10,18 +10,20 @@ the Python path pays for building a layout key, allocating through torch's Pytho
 TVM-FFI argument conversion.
 
 The extension is compiled from launcher.cpp with the host C++ compiler on first use (~20-30 s,
-mostly torch's headers, in a background thread started when mslk_dsl.ops is imported or at the
-first call, so no call waits for it) into ``<cache dir>/native/``, named by a hash of the source
-and the Python, torch and tvm_ffi builds; `mslk-dsl native` builds it ahead (with JIT off,
-MSLK_DSL_DISABLE_JIT=1, nothing is compiled at run time: only a prebuilt one is loaded). Where
-there is none (no compiler, no tvm_ffi, MSLK_DSL_NO_NATIVE=1) every call takes the Python path,
+mostly torch's headers) into ``<cache dir>/native/``, named by a hash of the source and the
+Python, torch and tvm_ffi builds. The compile runs in a child process (``python -m
+mslk_dsl.native``, its own session: it finishes for the next process even if this one exits),
+watched by a daemon thread started when mslk_dsl.ops is imported or at the first call, which
+loads the result; so no call waits for it and the build never holds this process's GIL.
+`mslk-dsl native` builds it ahead (with JIT off, MSLK_DSL_DISABLE_JIT=1, nothing is compiled at
+run time: only a prebuilt one is loaded). Where there is none (no compiler, no tvm_ffi, MSLK_DSL_NO_NATIVE=1) every call takes the Python path,
 which is correct and about 1.5x slower per call.
 """
 from __future__ import annotations
 
-import atexit
 import hashlib
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -50,17 +52,18 @@ def enabled() -> bool:
 
 
 def library_path() -> str | None:
-    """Where the compiled extension for this Python, tvm_ffi and source lives (None: no tvm_ffi)."""
+    """Where the compiled extension for this Python, torch, tvm_ffi and source lives (None: no
+    tvm_ffi). Reads versions from package metadata: importing tvm_ffi here would cost ~60 ms."""
     try:
-        import tvm_ffi
-    except ImportError:
+        tvm_ffi_version = importlib.metadata.version("apache-tvm-ffi")
+    except importlib.metadata.PackageNotFoundError:
         return None
     with open(SOURCE, "rb") as f:
         source = f.read()
     import torch
 
     # It links libtorch (C++ ABI): one build per torch build as well.
-    versions = f"|{sys.version}|{tvm_ffi.__version__}|{torch.__version__}|{torch._C._GLIBCXX_USE_CXX11_ABI}|{sys.platform}"
+    versions = f"|{sys.version}|{tvm_ffi_version}|{torch.__version__}|{torch._C._GLIBCXX_USE_CXX11_ABI}|{sys.platform}"
     tag = hashlib.sha256(source + versions.encode()).hexdigest()[:16]
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     return os.path.join(env.cache_dir(), "native", f"_launcher-{tag}{suffix}")
@@ -95,6 +98,15 @@ def build(path: str) -> None:
         os.replace(tmp, path)
 
 
+def _build_in_child(path: str) -> None:
+    """build(path) in a child process of its own session, logging to ``path``.log."""
+    with open(path + ".log", "w") as log:
+        child = subprocess.Popen([sys.executable, "-m", "mslk_dsl.native"], stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+    if child.wait() != 0 or not os.path.exists(path):
+        raise RuntimeError(f"building the native launcher failed (log: {path}.log)")
+
+
 def _load(path: str):
     spec = importlib.util.spec_from_file_location("mslk_dsl._launcher", path)
     module = importlib.util.module_from_spec(spec)
@@ -123,7 +135,8 @@ def load(wait: bool = True):
                     raise RuntimeError(f"JIT is off and {path} is not built (run `mslk-dsl native`)")
                 if not wait:
                     return None
-                build(path)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                _build_in_child(path)
             module = _load(path)
         except Exception as e:  # noqa: BLE001 - any failure leaves the (correct) Python path
             _failed = True
@@ -135,15 +148,15 @@ def load(wait: bool = True):
 
 
 def load_in_background() -> None:
-    """Load (building first if needed) the extension in a daemon thread: importing tvm_ffi and
-    compiling must not delay the caller; calls take the Python path until it is there."""
+    """Load (building first if needed) the extension in a daemon thread: compiling must not delay
+    the caller; calls take the Python path until it is there."""
     global _builder
     if _module is not None or _failed or _builder is not None or not enabled():
         return
+    # The thread imports nothing and only waits on the child's compile: nothing for an exiting
+    # interpreter to wait for.
     _builder = threading.Thread(target=load, name="mslk-dsl-native", daemon=True)
     _builder.start()
-    # A process that exits at once must not tear the interpreter down under a running import.
-    atexit.register(_builder.join, 5.0)
 
 
 def wait_until_loaded(timeout: float | None = None):
