@@ -21,6 +21,7 @@ which is correct and about 1.5x slower per call.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.machinery
 import importlib.metadata
@@ -166,12 +167,21 @@ def wait_until_loaded(timeout: float | None = None):
     return load()
 
 
+@functools.cache
+def _serves_tvm_ffi_kernels() -> bool:
+    """A CUDA build of torch: the kernels are CuTe's TVM-FFI functions (FlyDSL's on ROCm are not,
+    and a CPU build runs no kernel), so only there is the launcher worth building."""
+    import torch
+
+    return torch.version.cuda is not None
+
+
 def fast_op(name: str):
     """The FastOp holding ``name``'s launch plans, or None while the extension is not loaded
     (the first such call starts loading it in the background, if importing mslk_dsl.ops did not)."""
     fast = _fast_ops.get(name)
     if fast is None and _module is None:
-        if _builder is None and not _failed:
+        if _builder is None and not _failed and _serves_tvm_ffi_kernels():
             load_in_background()
         return None
     if fast is None:
