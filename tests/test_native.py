@@ -110,6 +110,9 @@ def test_unsafe_launches_are_not_remembered(launcher):
     assert not native.remember("test_unsafe", (x,), (out,), (copy, out), (0,), kernel)
     assert not native.remember("test_unsafe", (x,), (out,), (x, out, 1e-6), (0,), kernel)  # a scalar not passed in
     assert not native.remember("test_unsafe", (x,), (out,), (x, out), (0,), lambda *args: None)  # not TVM-FFI
+    # Inputs sharing memory (f(x, x)): a later f(p, q) must not be given p twice.
+    assert not native.remember("test_unsafe", (x, x), (out,), (x, x, out), (0,), kernel)
+    assert not native.remember("test_unsafe", (x, x.view(8, 4)), (out,), (x, x.view(8, 4), out), (0,), kernel)
     assert native.fast_op("test_unsafe").plans() == 0
 
 
@@ -156,6 +159,11 @@ def test_op_layer_serves_repeat_calls_natively(launcher, monkeypatch):
     assert checked == ["x0", "x1"]          # served by the plan: validation did not run again
     torch.testing.assert_close(first, second)
     torch.testing.assert_close(second, torch.nn.functional.silu(x0) * x1)
+    # silu_mul(x, x) adds no plan, so a later call with two tensors of that layout is right.
+    native.fast_op("silu_mul").clear()
+    elementwise._SILU_MUL_PLANS.clear()
+    elementwise.silu_mul(x0, x0)
+    torch.testing.assert_close(elementwise.silu_mul(x0, x1), torch.nn.functional.silu(x0) * x1)
     monkeypatch.undo()   # real validation again: another layout takes the Python path, which checks it
     with pytest.raises(TypeError, match="x1 has dtype torch.float64"):
         elementwise.silu_mul(x0, x1.double())

@@ -198,14 +198,19 @@ def remember(name: str, inputs: tuple, outputs: tuple, args: tuple, returns: tup
     the order ``returns`` indexes), ``args`` what the kernel was given, ``held`` the tensors the
     plan may keep and pass on every call (placeholders). Every tensor argument must be an input,
     an output or a view of one (same data pointer), or held; a scalar must be one of the inputs.
-    A call that copied an input (a layout the kernel cannot take) therefore adds no plan.
-    Returns whether a plan was added."""
+    A call that copied an input (a layout the kernel cannot take), or whose inputs share memory,
+    therefore adds no plan. Returns whether a plan was added."""
     fast = fast_op(name)
     if fast is None or not hasattr(kernel, "__chandle__"):  # FlyDSL callables are not TVM-FFI
         return False
     import torch
 
-    pointers = {t.data_ptr() for t in (*inputs, *outputs) if isinstance(t, torch.Tensor)}
+    # The plan maps each kernel argument to an input or output by its data pointer, so inputs
+    # that share memory (silu_mul(x, x)) would make that ambiguous for later, unaliased calls.
+    input_pointers = [t.data_ptr() for t in inputs if isinstance(t, torch.Tensor)]
+    if len(set(input_pointers)) != len(input_pointers):
+        return False
+    pointers = {*input_pointers, *(t.data_ptr() for t in outputs if isinstance(t, torch.Tensor))}
     for arg in args:
         if isinstance(arg, torch.Tensor):
             if not (arg.data_ptr() in pointers or any(arg is h for h in held)):
