@@ -95,16 +95,17 @@ def _native_cases():
 
     g = torch.Generator(device="cuda").manual_seed(1)
     r = lambda *s: torch.randn(*s, device="cuda", dtype=bf16, generator=g)  # noqa: E731
-    x, x3, w, weight = r(33, 256), r(2, 5, 256), r(128, 256) / 16, r(256)
+    # Distinct tensors: a call whose inputs share memory adds no native plan.
+    x, x2, x3, w, weight = r(33, 256), r(33, 256), r(2, 5, 256), r(128, 256) / 16, r(256)
     xq, xs = ops.quantize_fp8_row(x)
     wq, ws = ops.quantize_fp8_row(w)
     bias = r(128)
     return {
         "silu_mul": (ops.silu_mul, (x3, x3 * 2)),             # 3-D: the kernel sees a 2-D view
         "quantize_fp8_row": (ops.quantize_fp8_row, (x,)),
-        "silu_mul_quant": (ops.silu_mul_quant, (x, x)),
+        "silu_mul_quant": (ops.silu_mul_quant, (x, x2)),
         "rmsnorm": (ops.rmsnorm, (x3, weight, 1e-5)),
-        "rmsnorm_add": (ops.rmsnorm_add, (x, x, weight, 1e-6)),
+        "rmsnorm_add": (ops.rmsnorm_add, (x, x2, weight, 1e-6)),
         "bf16_gemm": (ops.bf16_gemm, (x[:1], w)),             # M = 1: split-K, partials per call
         "f8f8bf16_rowwise": (ops.f8f8bf16_rowwise, (xq, wq, xs, ws, bias)),
     }
@@ -137,23 +138,25 @@ def test_native_path_launches_on_the_current_stream_and_in_graphs():
 
     assert native.wait_until_loaded(120) is not None
     x = torch.randn(64, 4096, device="cuda", dtype=bf16)
-    src = torch.randn_like(x)
-    ops.silu_mul(x, x)                                      # the plan
+    y, src = torch.randn_like(x), torch.randn_like(x)
+    native.fast_op("silu_mul").clear()
+    ops.silu_mul(x, y)                                      # the plan
+    assert native.fast_op("silu_mul").plans() == 1
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         torch.cuda._sleep(50_000_000)                       # ~25 ms: a launch elsewhere would race ahead
         x.copy_(src)
-        out = ops.silu_mul(x, x)
+        out = ops.silu_mul(x, y)
     stream.synchronize()
-    assert torch.equal(out, silu_mul_ref(src, src))
+    assert torch.equal(out, silu_mul_ref(src, y))
     graph = torch.cuda.CUDAGraph()
     with jit.jit_disabled(), torch.cuda.graph(graph):
-        captured = ops.silu_mul(x, x)
+        captured = ops.silu_mul(x, y)
     x.copy_(src * 3)
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(captured, silu_mul_ref(x, x))
+    assert torch.equal(captured, silu_mul_ref(x, y))
 
 
 def test_a_miss_during_capture_raises_instead_of_compiling(tmp_path, monkeypatch):
