@@ -50,6 +50,8 @@ _EFFICIENCY = {256: 1.0, 128: 0.9, 64: 0.75}
 # brings the units up to about one per SM (1.1-1.3x faster), past that splitting only adds its
 # reduction. At M = 64 the unsplit 64-row tiles win.
 DECODE_M_MAX, DECODE_TILES_MIN, DECODE_SPLIT_K_MIN = 16, 48, 2048
+
+
 def _ceil_div(a, b):
     return -(-a // b)
 
@@ -60,19 +62,19 @@ def heuristic(problem, fp8):
     M <= 64 (decode) is bound by streaming the weight: 64-row tiles of the width that minimises
     the weight bytes on the busiest SM; for 16-bit inputs with M <= DECODE_M_MAX, 256-wide tiles,
     split-K up to about one unit per SM when there are few of them (see DECODE_TILES_MIN).
-    Larger M: 128-row tiles, the width that
-    minimises (tiles per SM) x (work per tile) / efficiency, and a 2x1 cluster once there are
-    two M tiles to share each weight tile. FP8 promotes every 4 k-tiles (accurate to well
-    below bf16 rounding), which needs a tile of at most 128 columns.
+    Larger M: 128-row tiles, the width that minimises (tiles per SM) x (work per tile) /
+    efficiency, and a 2x1 cluster once there are two M tiles to share each weight tile. FP8
+    promotes every 4 k-tiles (accurate to well below bf16 rounding), which needs a tile of at
+    most 128 columns.
     """
     m, n = problem["M"], problem["N"]
     tile_m = 64 if m <= 64 else 128
-    tiles_256 = _ceil_div(n, 256)
-    if m <= DECODE_M_MAX and not fp8 and tiles_256 < DECODE_TILES_MIN and problem.get("K", 0) >= DECODE_SPLIT_K_MIN:
-        split = max(s for s in (1, *SPLIT_K) if tiles_256 * s <= NUM_SMS)
-        return _config(64, 256, split_k=split)
-    if m <= DECODE_M_MAX and not fp8 and tiles_256 >= DECODE_TILES_MIN:
-        return _config(64, 256)
+    if m <= DECODE_M_MAX and not fp8:
+        tiles = _ceil_div(n, 256)
+        if tiles >= DECODE_TILES_MIN:
+            return _config(64, 256)
+        if problem.get("K", 0) >= DECODE_SPLIT_K_MIN:
+            return _config(64, 256, split_k=max(s for s in (1, *SPLIT_K) if tiles * s <= NUM_SMS))
     tiles_m = _ceil_div(m, tile_m)
 
     def cost(tile_n):

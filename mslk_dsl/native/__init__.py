@@ -16,8 +16,9 @@ mslk_dsl.native``, its own session: it finishes for the next process even if thi
 watched by a daemon thread started when mslk_dsl.ops is imported or at the first call, which
 loads the result; so no call waits for it and the build never holds this process's GIL.
 `mslk-dsl native` builds it ahead (with JIT off, MSLK_DSL_DISABLE_JIT=1, nothing is compiled at
-run time: only a prebuilt one is loaded). Where there is none (no compiler, no tvm_ffi, MSLK_DSL_NO_NATIVE=1) every call takes the Python path,
-which is correct and about 1.5x slower per call.
+run time: only a prebuilt one is loaded). Where there is none (no compiler, no tvm_ffi,
+MSLK_DSL_NO_NATIVE=1) every call takes the Python path, which is correct and about 1.5x
+slower per call.
 """
 from __future__ import annotations
 
@@ -192,16 +193,21 @@ def fast_op(name: str):
     return fast
 
 
-def remember(name: str, inputs: tuple, outputs: tuple, args: tuple, returns: tuple, kernel, held: tuple = ()) -> bool:
+def remember(name: str, inputs: tuple, outputs: tuple, args: tuple, returns: tuple, kernel,
+             held: tuple = ()) -> bool | None:
     """Add a launch plan to ``name``'s FastOp after a call validated and launched by Python:
     ``inputs`` as the op received them, ``outputs`` every tensor it allocated for the call (in
     the order ``returns`` indexes), ``args`` what the kernel was given, ``held`` the tensors the
     plan may keep and pass on every call (placeholders). Every tensor argument must be an input,
     an output or a view of one (same data pointer), or held; a scalar must be one of the inputs.
     A call that copied an input (a layout the kernel cannot take), or whose inputs share memory,
-    therefore adds no plan. Returns whether a plan was added."""
+    therefore adds no plan. Returns whether a plan was added, or None while the launcher is not
+    loaded but may still be (a caller that repeats the launch, like a cached Python plan, asks
+    again only then)."""
     fast = fast_op(name)
-    if fast is None or not hasattr(kernel, "__chandle__"):  # FlyDSL callables are not TVM-FFI
+    if fast is None:
+        return None if enabled() and not _failed and _serves_tvm_ffi_kernels() else False
+    if not hasattr(kernel, "__chandle__"):  # FlyDSL callables are not TVM-FFI functions
         return False
     import torch
 

@@ -97,7 +97,7 @@ class Plan:
     """
 
     __slots__ = ("op", "device", "sig_tail", "problem", "rows_aligned", "shape", "out_dtype", "scratch",
-                 "_kernels")
+                 "native_done", "_kernels")
 
     def __init__(self, op: KernelOp, device: torch.device, sig_tail: tuple, problem: tuple,
                  rows_aligned: bool | None, shape: tuple = (), out_dtype: torch.dtype | None = None,
@@ -106,6 +106,9 @@ class Plan:
         self.rows_aligned = rows_aligned  # None: the op's signature has no alignment part
         self.shape, self.out_dtype = shape, out_dtype  # of the output the op allocates
         self.scratch = scratch  # elements of the scratch buffer the chosen kernel takes (0: none)
+        # Whether the native launcher has had this layout offered (mslk_dsl.native.remember): a
+        # layout it refuses must not cost that check on every call of this path.
+        self.native_done = False
         self._kernels: dict = {}
 
     def kernel(self, pointers_aligned: bool = True):

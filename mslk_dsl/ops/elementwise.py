@@ -61,7 +61,8 @@ def silu_mul(x0: torch.Tensor, x1: torch.Tensor, *, config: dict | None = None) 
         out = torch.empty_like(x0)  # no shape, dtype or device arguments to parse
         kernel = plan.kernel(not (x0.data_ptr() | x1.data_ptr()) & 15)
         kernel(x0, x1, out)
-        native.remember("silu_mul", (x0, x1), (out,), (x0, x1, out), (0,), kernel)
+        if not plan.native_done:
+            plan.native_done = native.remember("silu_mul", (x0, x1), (out,), (x0, x1, out), (0,), kernel) is not None
         return out
     _pair("silu_mul", x0, x1)
     check.gpu("silu_mul", "x0", x0)
@@ -100,7 +101,9 @@ def quantize_fp8_row(x: torch.Tensor, scale_ub: torch.Tensor | None = None, *,
         scale = x.new_empty(plan.shape[0], dtype=torch.float32)
         kernel, ub = plan.kernel(not x.data_ptr() & 15), placeholder(x.device, torch.float32)
         kernel(x, ub, xq, scale)
-        native.remember(op, (x,), (xq, scale), (x, ub, xq, scale), (0, 1), kernel, held=(ub,))
+        if not plan.native_done:
+            plan.native_done = native.remember(op, (x,), (xq, scale), (x, ub, xq, scale), (0, 1), kernel,
+                                               held=(ub,)) is not None
         return xq, scale
     check.tensor(op, "x", x, check.FLOAT_DTYPES)
     check.nonempty_rows(op, "x", x)
@@ -143,7 +146,9 @@ def silu_mul_quant(x0: torch.Tensor, x1: torch.Tensor, scale_ub: torch.Tensor | 
         scale = x0.new_empty(plan.shape[0], dtype=torch.float32)
         kernel, ub = plan.kernel(not (x0.data_ptr() | x1.data_ptr()) & 15), placeholder(x0.device, torch.float32)
         kernel(x0, x1, ub, xq, scale)
-        native.remember(op, (x0, x1), (xq, scale), (x0, x1, ub, xq, scale), (0, 1), kernel, held=(ub,))
+        if not plan.native_done:
+            plan.native_done = native.remember(op, (x0, x1), (xq, scale), (x0, x1, ub, xq, scale), (0, 1), kernel,
+                                               held=(ub,)) is not None
         return xq, scale
     _pair(op, x0, x1)
     check.nonempty_rows(op, "x0", x0)

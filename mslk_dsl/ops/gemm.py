@@ -54,13 +54,10 @@ def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, config: dict | None = None) -
     if plan is not None and not (x.data_ptr() | w.data_ptr()) & 15:  # seen and validated before
         out = x.new_empty(plan.shape)  # no dtype or device arguments to parse
         kernel = plan.kernel()
-        if plan.scratch:
-            partials = x.new_empty(plan.scratch, dtype=torch.float32)
-            kernel(x, w, out, partials)
-            native.remember("bf16_gemm", (x, w), (out, partials), (x, w, out, partials), (0,), kernel)
-        else:
-            kernel(x, w, out)
-            native.remember("bf16_gemm", (x, w), (out,), (x, w, out), (0,), kernel)
+        outputs = (out, x.new_empty(plan.scratch, dtype=torch.float32)) if plan.scratch else (out,)
+        kernel(x, w, *outputs)
+        if not plan.native_done:
+            plan.native_done = native.remember("bf16_gemm", (x, w), outputs, (x, w, *outputs), (0,), kernel) is not None
         return out
     _operands("bf16_gemm", x, w, check.HALF_DTYPES)
     check.gpu("bf16_gemm", "x", x)
@@ -74,19 +71,15 @@ def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, config: dict | None = None) -
     a, b = _compact(x), _compact(w)
     kernel, chosen = _BF16_GEMM.selection(a.device, (dtype_name(a.dtype),), (M, N, K), config)
     # Split-K configs (decode-sized M) sum K ranges in an fp32 partials buffer [split_k, M, N].
-    scratch = chosen.get("split_k", 1) * M * N if chosen.get("split_k", 1) > 1 else 0
+    split = chosen.get("split_k", 1)
+    scratch = split * M * N if split > 1 else 0
     if scratch >= _MAX_PARTIALS:
-        raise ValueError(f"bf16_gemm: config split_k={chosen['split_k']} needs split_k * M * N < 2**31 "
+        raise ValueError(f"bf16_gemm: config split_k={split} needs split_k * M * N < 2**31 "
                          f"(M={M}, N={N}); split-K is for small M, use a config without it")
-    if scratch:
-        partials = torch.empty(scratch, dtype=torch.float32, device=a.device)
-        kernel(a, b, out, partials)
-        if config is None:
-            native.remember("bf16_gemm", (x, w), (out, partials), (a, b, out, partials), (0,), kernel)
-    else:
-        kernel(a, b, out)
-        if config is None:
-            native.remember("bf16_gemm", (x, w), (out,), (a, b, out), (0,), kernel)
+    outputs = (out, torch.empty(scratch, dtype=torch.float32, device=a.device)) if scratch else (out,)
+    kernel(a, b, *outputs)
+    if config is None:
+        native.remember("bf16_gemm", (x, w), outputs, (a, b, *outputs), (0,), kernel)
     if config is None and a is x and b is w:
         _BF16_GEMM_PLANS.add(key, Plan(_BF16_GEMM, a.device, (dtype_name(a.dtype),), (M, N, K), None, (M, N),
                                        scratch=scratch))
@@ -114,8 +107,10 @@ def f8f8bf16_rowwise(xq: torch.Tensor, wq: torch.Tensor, x_scale: torch.Tensor, 
         out = xq.new_empty(plan.shape, dtype=torch.bfloat16)
         kernel, no_bias = plan.kernel(), placeholder(xq.device, torch.bfloat16)
         kernel(xq, wq, x_scale, w_scale, no_bias, out)
-        native.remember(op, (xq, wq, x_scale, w_scale), (out,), (xq, wq, x_scale, w_scale, no_bias, out), (0,),
-                        kernel, held=(no_bias,))
+        if not plan.native_done:
+            plan.native_done = native.remember(op, (xq, wq, x_scale, w_scale), (out,),
+                                               (xq, wq, x_scale, w_scale, no_bias, out), (0,), kernel,
+                                               held=(no_bias,)) is not None
         return out
     _operands(op, xq, wq, check.FP8_DTYPES, names=("xq", "wq"))
     fp8 = fp8_dtype_for(xq.device)
@@ -144,8 +139,11 @@ def f8f8bf16_rowwise(xq: torch.Tensor, wq: torch.Tensor, x_scale: torch.Tensor, 
     bias_arg = bias.contiguous() if bias is not None else placeholder(a.device, torch.bfloat16)
     kernel(a, b, sa, sb, bias_arg, out)
     if config is None:
-        inputs, held = ((xq, wq, x_scale, w_scale), (bias_arg,)) if bias is None else ((xq, wq, x_scale, w_scale, bias), ())
-        native.remember(op, inputs, (out,), (a, b, sa, sb, bias_arg, out), (0,), kernel, held=held)
+        if bias is None:
+            native.remember(op, (xq, wq, x_scale, w_scale), (out,), (a, b, sa, sb, bias_arg, out), (0,), kernel,
+                            held=(bias_arg,))
+        else:
+            native.remember(op, (xq, wq, x_scale, w_scale, bias), (out,), (a, b, sa, sb, bias_arg, out), (0,), kernel)
     if config is None and bias is None and a is xq and b is wq and sa is x_scale and sb is w_scale:
         _F8F8BF16_ROWWISE_PLANS.add(key, Plan(_F8F8BF16_ROWWISE, a.device, (False,), (M, N, K), None, (M, N)))
     return out

@@ -45,7 +45,9 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
         y = torch.empty_like(x)  # no shape, dtype or device arguments to parse
         kernel = plan.kernel(not (x.data_ptr() | weight.data_ptr()) & 15)
         kernel(x, weight, y, eps)
-        native.remember("rmsnorm", (x, weight, eps), (y,), (x, weight, y, eps), (0,), kernel)
+        if not plan.native_done:
+            plan.native_done = native.remember("rmsnorm", (x, weight, eps), (y,), (x, weight, y, eps), (0,),
+                                               kernel) is not None
         return y
     _check("rmsnorm", x, weight, eps)
     check.gpu("rmsnorm", "x", x)
@@ -84,8 +86,9 @@ def rmsnorm_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
         aligned = not (x.data_ptr() | residual.data_ptr() | weight.data_ptr()) & 15
         kernel = plan.kernel(aligned)
         kernel(x, residual, weight, y, new_residual, eps)
-        native.remember(op, (x, residual, weight, eps), (y, new_residual), (x, residual, weight, y, new_residual, eps),
-                        (0, 1), kernel)
+        if not plan.native_done:
+            plan.native_done = native.remember(op, (x, residual, weight, eps), (y, new_residual),
+                                               (x, residual, weight, y, new_residual, eps), (0, 1), kernel) is not None
         return y, new_residual
     _check(op, x, weight, eps)
     check.tensor(op, "residual", residual, check.HALF_DTYPES)
