@@ -94,6 +94,8 @@ def build(path: str) -> None:
                *("-I" + d for d in cpp_extension.include_paths()),
                *("-L" + d for d in lib_dirs), *("-Wl,-rpath," + d for d in lib_dirs),
                "-ltvm_ffi", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+        if torch.version.cuda is not None:  # outputs allocated through libtorch_cuda directly
+            cmd += ["-DMSLK_WITH_CUDA", "-ltorch_cuda"]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"compiling the native launcher failed:\n{' '.join(cmd)}\n{result.stderr[-4000:]}")
