@@ -60,7 +60,8 @@ def heuristic(problem, fp8):
     """Default config for a call of size problem = {"M", "N", "K"}.
 
     M <= 64 (decode) is bound by streaming the weight: 64-row tiles of the width that minimises
-    the weight bytes on the busiest SM; for 16-bit inputs with M <= DECODE_M_MAX, 256-wide tiles,
+    the bytes the busiest SM streams (for 16-bit inputs the weight and, per tile, x's 64-row box;
+    for FP8 the weight); for 16-bit inputs with M <= DECODE_M_MAX, 256-wide tiles,
     split-K up to about one unit per SM when there are few of them (see DECODE_TILES_MIN).
     Larger M: 128-row tiles, the width that minimises (tiles per SM) x (work per tile) /
     efficiency, and a 2x1 cluster once there are two M tiles to share each weight tile. FP8
@@ -76,10 +77,15 @@ def heuristic(problem, fp8):
         if problem.get("K", 0) >= DECODE_SPLIT_K_MIN:
             return _config(64, 256, split_k=max(s for s in (1, *SPLIT_K) if tiles * s <= NUM_SMS))
     tiles_m = _ceil_div(m, tile_m)
+    # A 64-row tile streams its 64-row box of x along K beside the tile_n rows of w (the box is
+    # loaded whole however few rows M has), so narrow tiles pay for x again and again. Measured
+    # for 16-bit inputs at M = 32 and 64 (the FP8 64-row tiles keep the weight-only count, which
+    # they were measured with).
+    x_rows = 64 if tile_m == 64 and not fp8 else 0
 
     def cost(tile_n):
         waves = _ceil_div(tiles_m * _ceil_div(n, tile_n), NUM_SMS)
-        return waves * tile_n / (1.0 if tile_m == 64 else _EFFICIENCY[tile_n])
+        return waves * (tile_n + x_rows) / (1.0 if tile_m == 64 else _EFFICIENCY[tile_n])
 
     widths = (128, 64) if fp8 else (256, 128, 64)
     tile_n = min(widths, key=lambda t: (cost(t), -t if tile_m == 128 else t))

@@ -91,3 +91,19 @@ def test_decode_heuristic_splits_k_when_few_tiles_would_leave_sms_idle():
         assert "split_k" not in template.heuristic("sm90a", sig, {"M": m, "N": 8192, "K": 8192})
     (fp8,) = registry.get_templates(op="f8f8bf16_rowwise", backend="cute")
     assert not any("split_k" in c for c in fp8.all_configs())
+
+
+# The fastest 64-row width (or one within 1% of it) for bf16 at M = 32 and 64 on the H200, from
+# timing every config (docs/benchmarks.md, "GEMM at M = 32-512"): reloading x's 64-row box per tile makes
+# 64-wide tiles lose wherever wider ones take no more waves.
+BF16_BEST_WIDTH_AT_M_32_64 = {(8192, 8192): 64, (10240, 8192): 128, (57344, 8192): 256, (8192, 28672): 64,
+                              (4096, 4096): 64, (14336, 4096): 128}
+
+
+@pytest.mark.parametrize("m", [32, 64])
+def test_heuristic_widths_at_small_m_match_the_sweep(m):
+    (template,) = registry.get_templates(op="bf16_gemm", backend="cute")
+    for (n, k), width in BF16_BEST_WIDTH_AT_M_32_64.items():
+        config = template.heuristic("sm90a", {"dtype": "bfloat16"}, {"M": m, "N": n, "K": k})
+        assert (config["tile_m"], config["tile_n"]) == (64, width), (m, n, k, config)
+        assert "split_k" not in config

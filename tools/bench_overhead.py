@@ -3,13 +3,14 @@ layout is served by the native launcher, mslk_dsl.native), the same with the nat
 bypassed (the Python path), and the torch.ops path (torch.ops.mslk_dsl.<op>), next to
 torch.add(x, y, out=z) in the same run.
 
-Each figure is the median over --runs rounds of (wall time of --calls back-to-back calls) / calls,
+Each time is the median over --runs rounds of (wall time of --calls back-to-back calls) / calls,
 after a warm-up; tensors are tiny, so the GPU finishes each kernel before the host issues the next
 and the figure is the host cost of validation, kernel lookup and launch. Every round times
-torch.add and each path of the op in turn, and an op's ratios are to its own rounds' torch.add
-(the host's speed drifts by 10-30% over a run).
+torch.add and each path of the op in turn, and each ratio is the median over rounds of the path's
+time / that round's torch.add time (the host's speed drifts by 10-30% over a run, and by more
+between rounds than within one).
 
-  python tools/bench.py overhead [--calls 10000] [--runs 5] [--json PATH]
+  python tools/bench.py overhead [--calls 10000] [--runs 9] [--json PATH]
 """
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ import statistics
 import time
 
 
-def _rounds(fns, calls: int, runs: int) -> list[float]:
-    """Median us/call of each function; the functions take turns within each of ``runs`` rounds.
-    An entry may be (fn, context) to time fn inside ``context()``."""
+def _rounds(fns, calls: int, runs: int) -> list[tuple[float, float]]:
+    """(median us/call, median ratio to the first function's time in the same round) of each
+    function; the functions take turns within each of ``runs`` rounds. An entry may be
+    (fn, context) to time fn inside ``context()``."""
     import torch
 
     fns = [f if isinstance(f, tuple) else (f, contextlib.nullcontext) for f in fns]
@@ -40,7 +42,7 @@ def _rounds(fns, calls: int, runs: int) -> list[float]:
                     fn()
                 torch.cuda.synchronize()
                 out.append((time.perf_counter() - start) / calls * 1e6)
-    return [statistics.median(s) for s in samples]
+    return [(statistics.median(s), statistics.median(t / b for t, b in zip(s, samples[0]))) for s in samples]
 
 
 @contextlib.contextmanager
@@ -81,26 +83,39 @@ def cases():
 
 
 def _launch_floor(calls: int, runs: int, torch_add) -> dict:
-    """The pieces of silu_mul's eager path, each timed alone (taking turns with torch.add): the
-    native launcher's call, the compiled kernel called through TVM-FFI from Python with a
-    preallocated output (no checks, no lookup), and allocations of the output."""
+    """The pieces of the eager path of silu_mul (one output) and quantize_fp8_row (two), each timed
+    alone (taking turns with torch.add): the native launcher's call, the compiled kernel called
+    through TVM-FFI from Python with preallocated outputs (no checks, no lookup), and allocations
+    of an output."""
     import torch
 
     import mslk_dsl.ops as ops
     from mslk_dsl import native
     from mslk_dsl.ops import elementwise
+    from mslk_dsl.ops.dispatch import placeholder
 
     x, y = (torch.randn(1, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     out = torch.empty_like(x)
+    xq, scale = ops.quantize_fp8_row(x)
     ops.silu_mul(x, y)
-    (plan,) = [p for k, p in elementwise._SILU_MUL_PLANS.items() if k[0] == x.shape and k[3] == x.device]
-    kernel = plan.kernel(True)
+
+    def kernel_of(plans):
+        (plan,) = [p for k, p in plans.items() if k[0] == x.shape and k[3] == x.device]
+        return plan.kernel(True)
+
+    silu_mul, quantize = kernel_of(elementwise._SILU_MUL_PLANS), kernel_of(elementwise._QUANT_PLANS)
+    ub = placeholder(x.device, torch.float32)
     parts = {"torch.add(x, y, out=z)": torch_add, "eager ops.silu_mul (all of it)": lambda: ops.silu_mul(x, y)}
     fast = native.fast_op("silu_mul")
     if fast is not None:
-        parts["the native launcher's call alone (match, allocate, launch)"] = lambda: fast(x, y)
+        parts["silu_mul: the native launcher's call alone (match, allocate, launch)"] = lambda: fast(x, y)
+    parts["silu_mul: TVM-FFI kernel call from Python, output preallocated"] = lambda: silu_mul(x, y, out)
+    parts["eager ops.quantize_fp8_row (two outputs)"] = lambda: ops.quantize_fp8_row(x)
+    fast_quantize = native.fast_op("quantize_fp8_row")
+    if fast_quantize is not None:
+        parts["quantize_fp8_row: the native launcher's call alone"] = lambda: fast_quantize(x)
     parts.update({
-        "TVM-FFI kernel call from Python, output preallocated": lambda: kernel(x, y, out),
+        "quantize_fp8_row: TVM-FFI kernel call from Python, outputs preallocated": lambda: quantize(x, ub, xq, scale),
         "torch.empty(shape, dtype=, device=)": lambda: torch.empty((1, 256), dtype=x.dtype, device=x.device),
         "torch.empty_like(x)": lambda: torch.empty_like(x),
     })
@@ -114,7 +129,7 @@ def main(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog="bench.py overhead")
     p.add_argument("--calls", type=int, default=10000)
-    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--runs", type=int, default=9)
     p.add_argument("--json")
     args = p.parse_args(argv)
     a, b, z = (torch.randn(4096, device="cuda") for _ in range(3))
@@ -127,20 +142,20 @@ def main(argv: list[str]) -> int:
           "torch.ops us/call | x torch.add |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, (eager, via_ops) in cases().items():
-        add, e, p, o = _rounds([lambda: torch.add(a, b, out=z), eager, (eager, _python_path), via_ops],
-                               args.calls, args.runs)
+        (add, _), (e, er), (p, pr), (o, orr) = _rounds(
+            [lambda: torch.add(a, b, out=z), eager, (eager, _python_path), via_ops], args.calls, args.runs)
         rows.append({"op": name, "eager_us": e, "python_path_us": p, "torch_ops_us": o, "torch_add_us": add,
+                     "eager_ratio": er, "python_path_ratio": pr, "torch_ops_ratio": orr,
                      "native": launcher is not None})
-        print(f"| {name} | {add:.2f} | {e:.2f} | {e / add:.2f} | {p:.2f} | {p / add:.2f} | {o:.2f} | {o / add:.2f} |",
-              flush=True)
+        print(f"| {name} | {add:.2f} | {e:.2f} | {er:.2f} | {p:.2f} | {pr:.2f} | {o:.2f} | {orr:.2f} |", flush=True)
     floor = _launch_floor(args.calls, args.runs, lambda: torch.add(a, b, out=z))
-    baseline = floor["torch.add(x, y, out=z)"]
-    print("\nWhere silu_mul's eager time goes (same run):\n")
+    print("\nWhere the eager time goes (same run):\n")
     print("| part | us/call | x torch.add |")
     print("| --- | --- | --- |")
-    for part, us in floor.items():
-        print(f"| {part} | {us:.2f} | {us / baseline:.2f} |", flush=True)
+    for part, (us, ratio) in floor.items():
+        print(f"| {part} | {us:.2f} | {ratio:.2f} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch_add_us": baseline, "rows": rows, "silu_mul_parts_us": floor}, f, indent=1)
+            json.dump({"rows": rows, "eager_parts": {k: {"us": us, "ratio": r} for k, (us, r) in floor.items()}},
+                      f, indent=1)
     return 0

@@ -4,7 +4,8 @@
 # parallel, run the GPU tests, then the benchmarks named in $BENCH. Logs and JSON end up in
 # $OUT/results.tgz (few files come back from such machines), the test log also as $OUT/gpu_tests.log.
 #   OUT=/tmp/out BENCH="elementwise;norm" tools/gpu_session.sh [pytest args...]
-# (BENCH is ;-separated when a benchmark takes options: BENCH="overhead;gemm --tune")
+# (BENCH is ;-separated when a benchmark takes options: BENCH="overhead;gemm --tune"); AFTER, if
+# set, is one more command run last in the same environment (its output goes to $OUT/after.log).
 set -uo pipefail
 FINAL=${OUT:-/tmp/mslk-out}; OUT=$FINAL/work; mkdir -p "$OUT"
 trap 'tar czf "$FINAL/results.tgz" -C "$OUT" . ; cp "$OUT/gpu_tests.log" "$FINAL/" 2>/dev/null' EXIT
@@ -26,3 +27,6 @@ for b in "${benches[@]}"; do
   timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench.py "${argv[@]}" --json "$OUT/bench_$name.json" 2>&1 \
     | tee "$OUT/bench_$name.log" | tail -12
 done
+if [ -n "${AFTER:-}" ]; then
+  timeout "${BENCH_TIMEOUT:-300}" bash -c "$AFTER" 2>&1 | tee "$OUT/after.log" | tail -40
+fi
