@@ -60,8 +60,8 @@ def heuristic(problem, fp8):
     """Default config for a call of size problem = {"M", "N", "K"}.
 
     M <= 64 (decode) is bound by streaming the weight: 64-row tiles of the width that minimises
-    the bytes the busiest SM streams (for 16-bit inputs the weight and, per tile, x's 64-row box;
-    for FP8 the weight); for 16-bit inputs with M <= DECODE_M_MAX, 256-wide tiles,
+    the bytes the busiest SM streams (the weight and, per tile, x's 64-row box); for 16-bit
+    inputs with M <= DECODE_M_MAX, 256-wide tiles,
     split-K up to about one unit per SM when there are few of them (see DECODE_TILES_MIN).
     Larger M: 128-row tiles, the width that minimises (tiles per SM) x (work per tile) /
     efficiency, and a 2x1 cluster once there are two M tiles to share each weight tile. FP8
@@ -78,10 +78,9 @@ def heuristic(problem, fp8):
             return _config(64, 256, split_k=max(s for s in (1, *SPLIT_K) if tiles * s <= NUM_SMS))
     tiles_m = _ceil_div(m, tile_m)
     # A 64-row tile streams its 64-row box of x along K beside the tile_n rows of w (the box is
-    # loaded whole however few rows M has), so narrow tiles pay for x again and again. Measured
-    # for 16-bit inputs at M = 32 and 64 (the FP8 64-row tiles keep the weight-only count, which
-    # they were measured with).
-    x_rows = 64 if tile_m == 64 and not fp8 else 0
+    # loaded whole however few rows M has), so narrow tiles pay for x again and again (sweeps of
+    # every 64-row config at M = 1-64, both ops: docs/benchmarks.md).
+    x_rows = 64 if tile_m == 64 else 0
 
     def cost(tile_n):
         waves = _ceil_div(tiles_m * _ceil_div(n, tile_n), NUM_SMS)
