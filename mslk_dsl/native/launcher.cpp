@@ -6,8 +6,9 @@
 // the MISS sentinel and the Python op takes its full path (validation, kernel choice), which then
 // adds a plan. Inputs are read through the DLPack exchange API that torch publishes
 // (torch.Tensor.__dlpack_c_exchange_api__, which also gives the current stream); outputs are
-// allocated with at::empty and wrapped as Python tensors directly (the exchange API's allocator
-// round-trips through DLPack and costs ~3 us per output on the H200 host).
+// allocated by torch's allocator for their device without the dispatcher (NewOutput) and wrapped
+// as Python tensors directly (the exchange API's allocator round-trips through DLPack and costs
+// ~3 us per output on the H200 host).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <ATen/core/Tensor.h>
