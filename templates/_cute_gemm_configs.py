@@ -11,6 +11,12 @@ A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
   split_k         (bf16/fp16 decode tiles only; absent means 1) K is split into this many
                   ranges, each its own unit of work, summed by a second kernel: with few
                   output tiles (small M, N) it keeps every SM streaming the weight
+  stream_k        (bf16/fp16 128-row tiles only; absent means off) the tiles of the last,
+                  partial wave of the persistent grid are not given whole to some CTAs while
+                  the others idle: their k-tiles are shared out evenly between all CTAs (each
+                  range touches at most two tiles), the pieces go to an fp32 partials buffer
+                  and a second kernel adds them in a fixed order (CUTLASS's stream-K
+                  "data-parallel + one stream-K wave")
 Pipeline stages are derived from shared memory (as many A/B stages as fit beside the
 epilogue buffers). Every config is correct for every M >= 1; N and K must keep rows 16-byte
 aligned (the op layer checks).
@@ -19,9 +25,13 @@ aligned (the op layer checks).
 NUM_SMS = 132  # H100 / H200 SXM: the persistent grid size and the heuristic's waves
 
 
-def _config(tile_m, tile_n, cluster_m=1, raster="m", group=8, split_k=1):
+def _config(tile_m, tile_n, cluster_m=1, raster="m", group=8, split_k=1, stream_k=False):
     config = {"tile_m": tile_m, "tile_n": tile_n, "cluster_m": cluster_m, "raster": raster, "group": group}
-    return {**config, "split_k": split_k} if split_k > 1 else config
+    if split_k > 1:
+        config["split_k"] = split_k
+    if stream_k:
+        config["stream_k"] = 1
+    return config
 
 
 CONFIGS = (
@@ -33,7 +43,10 @@ CONFIGS = (
 # Decode tiles with split-K (16-bit only: the FP8 scale epilogue is not split).
 SPLIT_K = (2, 4, 8)
 SPLIT_CONFIGS = tuple(_config(64, tile_n, split_k=s) for tile_n in (128, 256) for s in SPLIT_K)
-BF16_CONFIGS = CONFIGS + SPLIT_CONFIGS
+# Stream-K variants of the 128-row tiles (16-bit only, like split-K).
+STREAM_K_CONFIGS = tuple(_config(128, tile_n, cluster_m, stream_k=True)
+                         for tile_n, cluster_m in ((256, 2), (256, 1), (128, 2), (128, 1), (64, 1)))
+BF16_CONFIGS = CONFIGS + SPLIT_CONFIGS + STREAM_K_CONFIGS
 # Promotion keeps a second set of accumulators: tiles of <= 64 fp32 registers per thread.
 _PROMOTED = [_config(128, 128, 2), _config(128, 128, 1), _config(128, 64, 2), _config(128, 64, 1),
              _config(64, 128), _config(64, 64)]
@@ -117,8 +130,40 @@ def k_range(split, k_tiles, split_k, minimum=min):
     return begin, minimum(begin + per_split, k_tiles) - begin
 
 
+def stream_k_tiles(tiles, ctas):
+    """Stream-K: (tiles done whole, tiles shared out by k-tiles) of ``tiles`` output tiles (of
+    clusters) on a persistent grid of ``ctas`` (clusters): the full waves, then the rest."""
+    shared = tiles % ctas
+    return tiles - shared, shared
+
+
+def stream_k_begin(cta, shared_tiles, k_tiles, ctas):
+    """Stream-K: the first of the shared tiles' k-tiles (numbered tile by tile, shared_tiles *
+    k_tiles in all) that CTA ``cta`` does; it does up to stream_k_begin(cta + 1, ...). Fewer
+    shared tiles than CTAs keeps every range shorter than one tile's K, so a range touches at
+    most STREAM_K_PIECES tiles."""
+    return cta * (shared_tiles * k_tiles) // ctas
+
+
+def stream_k_first_cta(k_tile, shared_tiles, k_tiles, ctas):
+    """Stream-K: the CTA whose range holds shared k-tile ``k_tile`` (the largest ``cta`` with
+    stream_k_begin(cta) <= k_tile)."""
+    total = shared_tiles * k_tiles
+    return ((k_tile + 1) * ctas + total - 1) // total - 1
+
+
+STREAM_K_PIECES = 2
+
+
+def stream_k_partials(config):
+    """Stream-K: fp32 elements of the partials buffer: a tile per CTA and piece."""
+    ctas = NUM_SMS // config["cluster_m"] * config["cluster_m"]
+    return ctas * STREAM_K_PIECES * config["tile_m"] * config["tile_n"]
+
+
 def kernel_args(config):
     """HopperGemm keyword arguments for a config."""
     return {"tile_mn": (config["tile_m"], config["tile_n"]), "cluster_m": config["cluster_m"],
             "raster_m": config["raster"] == "m", "group": config["group"],
-            "promote_every": config.get("promote", 0), "split_k": config.get("split_k", 1)}
+            "promote_every": config.get("promote", 0), "split_k": config.get("split_k", 1),
+            "stream_k": bool(config.get("stream_k", 0))}

@@ -19,7 +19,12 @@ templates need, with its own tile order and an epilogue hook:
     every SM streaming the weight): each output tile is ``split_k`` units of work over
     consecutive K ranges; a unit stores its fp32 sums (rows < M only) into a partials buffer
     [split_k, M, N], and a second kernel adds the split_k partials in a fixed order and
-    rounds once to the output dtype (deterministic, no atomics).
+    rounds once to the output dtype (deterministic, no atomics);
+  * stream-K (``stream_k``, for grids whose last wave would be partial): the full waves of
+    tiles run as above; the k-tiles of the remaining tiles are shared out evenly between all
+    CTAs (gemm_configs.stream_k_*: a CTA's range touches at most two tiles), each CTA stores
+    the fp32 sums of its (at most two) pieces into a partials buffer [CTA, piece, tile], and a
+    second kernel adds every tile's pieces in CTA order (deterministic) into D.
 TMA zero-fills loads past M / N / K, so the mainloop needs no predication: any M works, and
 any K and N that keep rows 16-byte aligned (what TMA requires of the row strides).
 """
@@ -57,6 +62,9 @@ class HopperGemm:
     split_k:      1, or the number of K ranges each output tile is split into (no cluster, no
                   epilogue hook); the call then takes an fp32 partials buffer of at least
                   split_k * M * N elements (16-byte aligned), and split_k * M * N < 2**31.
+    stream_k:     share the last partial wave's tiles out by k-tiles (no epilogue hook, no
+                  promotion); the call then takes an fp32 partials buffer of at least
+                  gemm_configs.stream_k_partials(config) elements (16-byte aligned).
     epilogue:     None, or an object built for this tile shape that sees every output tile:
         smem_words, num_regs                    fp32 words of shared memory / registers it needs
         prefetch(regs, epi_args, m0, n0, tidx)  at tile start: global loads whose latency the
@@ -69,13 +77,14 @@ class HopperGemm:
     """
 
     def __init__(self, tile_mn, cluster_m=1, raster_m=True, group=8, promote_every=0,
-                 split_k=1, epilogue=None):
+                 split_k=1, stream_k=False, epilogue=None):
         self.tile_m, self.tile_n = tile_mn
         assert self.tile_m in (64, 128) and self.tile_n in (64, 128, 256)
         assert cluster_m in (1, 2) and group >= 0
         assert split_k >= 1 and (split_k == 1 or (cluster_m == 1 and epilogue is None))
         self.cluster_m, self.raster_m, self.group = cluster_m, raster_m, group
-        self.split_k = split_k
+        assert not stream_k or (split_k == 1 and epilogue is None and promote_every == 0)
+        self.split_k, self.stream_k = split_k, stream_k
         self.promote_every, self.epilogue = promote_every, epilogue
         self.num_mma_wg = self.tile_m // 64
         self.num_mma_threads = 128 * self.num_mma_wg
@@ -112,7 +121,8 @@ class HopperGemm:
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, epi_args, stream,
                  partials: cute.Tensor = None):
-        """Launch D = A @ B^T; ``partials`` (fp32, 1-D) is the split-K buffer, only with split_k > 1."""
+        """Launch D = A @ B^T; ``partials`` (fp32, 1-D) is the split-K or stream-K buffer, only
+        with split_k > 1 or stream_k."""
         self._setup(a.element_type, b.element_type, d.element_type)
         tma_a, gA = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), a,
@@ -130,6 +140,8 @@ class HopperGemm:
         clusters_m = cute.ceil_div(cute.ceil_div(d.shape[0], self.tile_m), self.cluster_m)
         clusters_n = cute.ceil_div(d.shape[1], self.tile_n)
         num_clusters = cutlass.min(clusters_m * clusters_n * self.split_k, NUM_SMS // self.cluster_m)
+        if const_expr(self.stream_k):  # every CTA takes a share of the last wave
+            num_clusters = NUM_SMS // self.cluster_m
 
         @cute.struct
         class SharedStorage:
@@ -141,8 +153,8 @@ class HopperGemm:
 
         assert SharedStorage.size_in_bytes() <= _SMEM_BYTES, "shared memory plan overflows"
         self.shared_storage = SharedStorage
-        # Without split-K the kernel never reads the partials argument: D stands in for it.
-        mP = partials if const_expr(self.split_k > 1) else d
+        # Without split-K or stream-K the kernel never reads the partials argument: D stands in.
+        mP = partials if const_expr(self.split_k > 1 or self.stream_k) else d
         self.kernel(tma_a, gA, tma_b, gB, tma_d, gD, self.tiled_mma, self.tiled_mma_zero, self.a_smem,
                     self.b_smem, self.d_smem, clusters_m, clusters_n, epi_args, mP).launch(
             grid=(self.cluster_m, 1, num_clusters), block=(self.threads, 1, 1),
@@ -151,6 +163,15 @@ class HopperGemm:
             vectors = d.shape[0] * (d.shape[1] // 4)
             self.reduce_partials(partials, d).launch(
                 grid=((vectors + _REDUCE_THREADS - 1) // _REDUCE_THREADS, 1, 1),
+                block=(_REDUCE_THREADS, 1, 1), stream=stream)
+        if const_expr(self.stream_k):
+            ctas = NUM_SMS // self.cluster_m
+            _, shared = gemm_configs.stream_k_tiles(clusters_m * clusters_n, ctas)
+            k_tiles = (a.shape[1] + self.tile_k - 1) // self.tile_k
+            vectors = shared * self.cluster_m * (self.tile_m * self.tile_n // 4)
+            # (one block at least: a grid of none is a launch error; its threads then do nothing)
+            self.reduce_stream_k(partials, d, clusters_m, clusters_n, k_tiles).launch(
+                grid=(cutlass.max((vectors + _REDUCE_THREADS - 1) // _REDUCE_THREADS, 1), 1, 1),
                 block=(_REDUCE_THREADS, 1, 1), stream=stream)
 
     # -------------------------------------------------------------- device side
@@ -170,6 +191,16 @@ class HopperGemm:
         tile_m, tile_n = self._tile_coord(work - split * tiles, clusters_m, clusters_n, cta_m)
         k_begin, k_count = gemm_configs.k_range(split, k_tiles, self.split_k, cutlass.min)
         return tile_m, tile_n, split, k_begin, k_count
+
+    @cute.jit
+    def _stream_k_range(self, clusters_m: Int32, clusters_n: Int32, k_tiles: Int32):
+        """Stream-K: (tiles done whole, tiles shared, this CTA's first and end shared k-tile)."""
+        ctas = cute.arch.grid_dim()[2]
+        cta = cute.arch.block_idx()[2]
+        whole, shared = gemm_configs.stream_k_tiles(clusters_m * clusters_n, ctas)
+        begin = gemm_configs.stream_k_begin(cta, shared, k_tiles, ctas)
+        end = gemm_configs.stream_k_begin(cta + 1, shared, k_tiles, ctas)
+        return whole, shared, begin, end
 
     @cute.kernel
     def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom,
@@ -220,26 +251,45 @@ class HopperGemm:
             cute.arch.setmaxregister_decrease(_PRODUCER_REGS)
             if warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                units = clusters_m * clusters_n * self.split_k
+                if const_expr(self.stream_k):
+                    units, _, sk_begin, sk_end = self._stream_k_range(clusters_m, clusters_n, k_tiles)
                 work = cute.arch.block_idx()[2]
-                while work < clusters_m * clusters_n * self.split_k:
+                while work < units:
                     tile_m, tile_n, _, k_begin, k_count = self._work_unit(
                         work, clusters_m, clusters_n, cta_m, k_tiles)
-                    tAgA_t = tAgA[(None, tile_m, None)]
-                    tBgB_t = tBgB[(None, tile_n, None)]
-                    for k in cutlass.range(k_begin, k_begin + k_count, unroll=1):
-                        ab_pipeline.producer_acquire(state)
-                        bar = ab_pipeline.producer_get_barrier(state)
-                        cute.copy(tma_a, tAgA_t[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-                        cute.copy(tma_b, tBgB_t[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar,
-                                  mcast_mask=b_mcast_mask if const_expr(self.cluster_m > 1) else 0)
-                        ab_pipeline.producer_commit(state)
-                        state.advance()
+                    self._load(ab_pipeline, state, tma_a, tma_b, tAgA[(None, tile_m, None)], tAsA,
+                               tBgB[(None, tile_n, None)], tBsB, b_mcast_mask, k_begin, k_count)
                     work += cute.arch.grid_dim()[2]
+                if const_expr(self.stream_k):
+                    # This CTA's share of the last wave: pieces of one or two tiles.
+                    k = sk_begin
+                    while k < sk_end:
+                        tile = k // k_tiles
+                        k_begin = k - tile * k_tiles
+                        k_count = cutlass.min(k_tiles - k_begin, sk_end - k)
+                        tile_m, tile_n = self._tile_coord(units + tile, clusters_m, clusters_n, cta_m)
+                        self._load(ab_pipeline, state, tma_a, tma_b, tAgA[(None, tile_m, None)], tAsA,
+                                   tBgB[(None, tile_n, None)], tBsB, b_mcast_mask, k_begin, k_count)
+                        k += k_count
                 ab_pipeline.producer_tail(state)
         else:
             cute.arch.setmaxregister_increase(_CONSUMER_REGS)
             self._consume(ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, tma_d, mD, k_tiles,
                           tidx - 128, warp_idx, cta_m, clusters_m, clusters_n, epi_args, mP)
+
+    @cute.jit
+    def _load(self, ab_pipeline, state, tma_a, tma_b, tAgA_t, tAsA, tBgB_t, tBsB, b_mcast_mask,
+              k_begin: Int32, k_count: Int32):
+        """Producer: TMA loads of k-tiles [k_begin, k_begin + k_count) of one tile's A and B."""
+        for k in cutlass.range(k_begin, k_begin + k_count, unroll=1):
+            ab_pipeline.producer_acquire(state)
+            bar = ab_pipeline.producer_get_barrier(state)
+            cute.copy(tma_a, tAgA_t[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+            cute.copy(tma_b, tBgB_t[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar,
+                      mcast_mask=b_mcast_mask if const_expr(self.cluster_m > 1) else 0)
+            ab_pipeline.producer_commit(state)
+            state.advance()
 
     @cute.jit
     def _mma_k_tile(self, ab_pipeline, read_state, first_mma, tiled_mma, tCrA, tCrB, acc):
@@ -252,6 +302,26 @@ class HopperGemm:
             cute.gemm(first_mma if const_expr(kb == 0) else tiled_mma, acc,
                       tCrA[(None, None, kb, read_state.index)], tCrB[(None, None, kb, read_state.index)], acc)
         warpgroup.commit_group()
+
+    @cute.jit
+    def _mainloop(self, ab_pipeline, read_state, release_state, tiled_mma, tCrA, tCrB, acc, k_tiles: Int32):
+        """Sum k_tiles k-tiles into acc (from zero): one k-tile of wgmma stays in flight; a stage
+        is released once the wgmma that read it has retired (wait_group(1) after the next commit)."""
+        acc.fill(0.0)
+        prologue = cutlass.min(k_tiles, 1)
+        for k in cutlass.range(prologue, unroll=1):
+            self._mma_k_tile(ab_pipeline, read_state, tiled_mma, tiled_mma, tCrA, tCrB, acc)
+            read_state.advance()
+        for k in cutlass.range(prologue, k_tiles, unroll=1):
+            self._mma_k_tile(ab_pipeline, read_state, tiled_mma, tiled_mma, tCrA, tCrB, acc)
+            read_state.advance()
+            warpgroup.wait_group(1)
+            ab_pipeline.consumer_release(release_state)
+            release_state.advance()
+        warpgroup.wait_group(0)
+        for k in cutlass.range(prologue, unroll=1):
+            ab_pipeline.consumer_release(release_state)
+            release_state.advance()
 
     @cute.jit
     def _consume(self, ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, tma_d, mD, all_k_tiles,
@@ -290,31 +360,19 @@ class HopperGemm:
         read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         tiles_done = Int32(0)
+        units = clusters_m * clusters_n * self.split_k
+        if const_expr(self.stream_k):
+            units, _, sk_begin, sk_end = self._stream_k_range(clusters_m, clusters_n, all_k_tiles)
         work = cute.arch.block_idx()[2]
-        while work < clusters_m * clusters_n * self.split_k:
+        while work < units:
             tile_m, tile_n, split, _, k_tiles = self._work_unit(work, clusters_m, clusters_n, cta_m,
                                                                 all_k_tiles)
             if const_expr(self.epilogue is not None):
                 self.epilogue.prefetch(epi_regs, epi_args, tile_m * self.tile_m,
                                        tile_n * self.tile_n, mma_tidx)
-            # ---- mainloop: one k-tile of wgmma stays in flight; a stage is released once
-            # the wgmma that read it has retired (wait_group(1) after the next commit).
+            # ---- mainloop
             if const_expr(self.promote_every == 0):
-                acc.fill(0.0)
-                prologue = cutlass.min(k_tiles, 1)
-                for k in cutlass.range(prologue, unroll=1):
-                    self._mma_k_tile(ab_pipeline, read_state, tiled_mma, tiled_mma, tCrA, tCrB, acc)
-                    read_state.advance()
-                for k in cutlass.range(prologue, k_tiles, unroll=1):
-                    self._mma_k_tile(ab_pipeline, read_state, tiled_mma, tiled_mma, tCrA, tCrB, acc)
-                    read_state.advance()
-                    warpgroup.wait_group(1)
-                    ab_pipeline.consumer_release(release_state)
-                    release_state.advance()
-                warpgroup.wait_group(0)
-                for k in cutlass.range(prologue, unroll=1):
-                    ab_pipeline.consumer_release(release_state)
-                    release_state.advance()
+                self._mainloop(ab_pipeline, read_state, release_state, tiled_mma, tCrA, tCrB, acc, k_tiles)
             else:
                 # Chunks of promote_every k-tiles: the wgmma sum of a chunk starts from zero
                 # (scale-d = 0) in acc_tmp and is added into the fp32 acc once it has retired.
@@ -367,6 +425,19 @@ class HopperGemm:
                     self.epi_barrier.arrive_and_wait()
                 tiles_done += 1
             work += cute.arch.grid_dim()[2]
+        if const_expr(self.stream_k):
+            # This CTA's share of the last wave: the sums of its pieces (one or two tiles) go to
+            # its partials slots, piece by piece; reduce_stream_k adds them up.
+            k = sk_begin
+            piece = Int32(0)
+            slot0 = (cute.arch.block_idx()[2] * gemm_configs.STREAM_K_PIECES) * self.cluster_m + cta_m
+            while k < sk_end:
+                tile = k // all_k_tiles
+                k_count = cutlass.min(all_k_tiles - (k - tile * all_k_tiles), sk_end - k)
+                self._mainloop(ab_pipeline, read_state, release_state, tiled_mma, tCrA, tCrB, acc, k_count)
+                self._store_tile_partials(acc, thr_mma, mP, slot0 + piece * self.cluster_m)
+                k += k_count
+                piece += 1
         store_pipeline.producer_tail()
 
     @cute.jit
@@ -380,6 +451,57 @@ class HopperGemm:
             m, n = coords[i]
             if m0 + m < m_size and n0 + n < n_size:
                 mP[(base + m0 + m) * n_size + n0 + n] = acc[i]
+
+    @cute.jit
+    def _store_tile_partials(self, acc, thr_mma, mP, slot):
+        """Stream-K: this thread's fp32 sums to partials[slot, m, n] (a whole tile; the slot's
+        rows and columns past M / N are never read)."""
+        coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        base = slot * (self.tile_m * self.tile_n)
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            m, n = coords[i]
+            mP[base + m * self.tile_n + n] = acc[i]
+
+    @cute.kernel
+    def reduce_stream_k(self, mP: cute.Tensor, mD: cute.Tensor, clusters_m: Int32, clusters_n: Int32,
+                        k_tiles: Int32):
+        """Stream-K: D of each shared tile = the sum of its pieces, CTA by CTA in order, four
+        columns per thread (tile_n and N are multiples of 4)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        ctas = NUM_SMS // self.cluster_m
+        whole, shared = gemm_configs.stream_k_tiles(clusters_m * clusters_n, ctas)
+        vecs_per_tile = self.tile_m * self.tile_n // 4
+        i = bidx * _REDUCE_THREADS + tidx
+        if i < shared * self.cluster_m * vecs_per_tile:
+            unit = i // vecs_per_tile  # (shared tile, CTA of the cluster)
+            tile = unit // self.cluster_m
+            cta_m = unit - tile * self.cluster_m
+            v = i - unit * vecs_per_tile
+            m = v // (self.tile_n // 4)
+            n = (v - m * (self.tile_n // 4)) * 4
+            tile_m, tile_n = self._tile_coord(whole + tile, clusters_m, clusters_n, cta_m)
+            gm, gn = tile_m * self.tile_m + m, tile_n * self.tile_n + n
+            if gm < mD.shape[0] and gn < mD.shape[1]:
+                p_vecs = cute.zipped_divide(mP, (4,))
+                acc = cute.make_rmem_tensor((4,), Float32)
+                acc.fill(0.0)
+                part = cute.make_rmem_tensor((4,), Float32)
+                first = gemm_configs.stream_k_first_cta(tile * k_tiles, shared, k_tiles, ctas)
+                last = gemm_configs.stream_k_first_cta(tile * k_tiles + k_tiles - 1, shared, k_tiles, ctas)
+                for cta in cutlass.range(first, last + 1, unroll=1):
+                    begin = gemm_configs.stream_k_begin(cta, shared, k_tiles, ctas)
+                    # A CTA with an empty range (fewer shared k-tiles than CTAs) stored nothing.
+                    for _ in cutlass.range(cutlass.min(gemm_configs.stream_k_begin(cta + 1, shared, k_tiles, ctas)
+                                                       - begin, 1), unroll=1):
+                        piece = tile - begin // k_tiles  # 0: the range starts in this tile
+                        slot = (cta * gemm_configs.STREAM_K_PIECES + piece) * self.cluster_m + cta_m
+                        cute.autovec_copy(p_vecs[None, (slot * vecs_per_tile) + m * (self.tile_n // 4) + n // 4],
+                                          part)
+                        acc.store(acc.load() + part.load())
+                out = cute.make_rmem_tensor((4,), self.d_dtype)
+                out.store(acc.load().to(self.d_dtype))
+                cute.autovec_copy(out, cute.zipped_divide(mD[gm, None], (4,))[None, gn // 4])
 
     @cute.kernel
     def reduce_partials(self, mP: cute.Tensor, mD: cute.Tensor):

@@ -3,7 +3,8 @@
 Runtime args: kernel(x, w, out), all row-major and 16-byte aligned; M, N and K are dynamic, with
 K and N multiples of 8 (16-byte rows for TMA; the op layer rejects other sizes). Split-K configs
 (config["split_k"] = s > 1) take one more argument: kernel(x, w, out, partials), partials an fp32
-buffer of at least s * M * N elements (torch.empty; s * M * N < 2**31). The kernel is the
+buffer of at least s * M * N elements (torch.empty; s * M * N < 2**31); so do stream-K configs
+(config["stream_k"]), with gemm_configs.stream_k_partials(config) elements. The kernel is the
 persistent warp-specialized TMA + wgmma GEMM of ``_cute_gemm_sm90`` with no epilogue hook.
 Config space, heuristic and validity are shared with the FP8 GEMM (``_cute_gemm_configs``).
 """
@@ -31,7 +32,7 @@ def build(config, target, sig):
     args = [make_fake_compact_tensor(dtype, shape, stride_order=(1, 0), assumed_align=16)
             for shape in ((m, k), (n, k), (m, n))]
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
-    if config.get("split_k", 1) == 1:
+    if config.get("split_k", 1) == 1 and not config.get("stream_k"):
         @cute.jit
         def bf16_gemm(x: cute.Tensor, w: cute.Tensor, out: cute.Tensor, stream):
             gemm(x, w, out, (), stream)

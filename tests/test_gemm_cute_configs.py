@@ -148,3 +148,45 @@ def test_heuristic_picks_a_64_row_width_within_4_percent_of_the_sweeps_best():
         if "split_k" in config:  # bf16 decode sizes take split-K tiles (tested above)
             continue
         assert config["tile_m"] == 64 and us[config["tile_n"]] <= 1.04 * min(us.values()), (op, m, n, k, config)
+
+
+@pytest.mark.parametrize("ctas", [66, 132])
+def test_stream_k_pieces_cover_every_shared_k_tile_once(ctas):
+    """The kernel's walk (each CTA's range cut at tile edges into pieces) and the reduction's
+    lookup (first and last CTA of a tile, piece = tile - first tile of the CTA's range) agree:
+    every k-tile of every shared tile is summed exactly once, from at most two pieces per CTA."""
+    for tiles, k_tiles in itertools.product((1, 5, ctas - 1, ctas, ctas + 1, 2 * ctas + 34, 1024),
+                                            (1, 2, 3, 17, 128, 448)):
+        whole, shared = gemm_configs.stream_k_tiles(tiles, ctas)
+        assert whole % ctas == 0 and 0 <= shared < ctas and whole + shared == tiles
+        stored = {}  # (cta, piece) -> (tile, first k, count), as the consumer warps store them
+        for cta in range(ctas):
+            k, end = (gemm_configs.stream_k_begin(c, shared, k_tiles, ctas) for c in (cta, cta + 1))
+            piece = 0
+            while k < end:
+                tile = k // k_tiles
+                count = min(k_tiles - (k - tile * k_tiles), end - k)
+                stored[cta, piece] = (tile, k - tile * k_tiles, count)
+                k, piece = k + count, piece + 1
+            assert piece <= gemm_configs.STREAM_K_PIECES
+        for tile in range(shared):  # what reduce_stream_k adds up
+            first = gemm_configs.stream_k_first_cta(tile * k_tiles, shared, k_tiles, ctas)
+            last = gemm_configs.stream_k_first_cta(tile * k_tiles + k_tiles - 1, shared, k_tiles, ctas)
+            covered = []
+            for cta in range(first, last + 1):
+                begin = gemm_configs.stream_k_begin(cta, shared, k_tiles, ctas)
+                if gemm_configs.stream_k_begin(cta + 1, shared, k_tiles, ctas) == begin:
+                    assert (cta, 0) not in stored
+                    continue
+                piece_tile, k0, count = stored.pop((cta, tile - begin // k_tiles))
+                assert piece_tile == tile
+                covered += range(k0, k0 + count)
+            assert sorted(covered) == list(range(k_tiles)), (tiles, k_tiles, tile)
+        assert not stored  # no piece left unread
+
+
+def test_stream_k_partials_hold_every_slot():
+    for config in gemm_configs.STREAM_K_CONFIGS:
+        ctas = gemm_configs.NUM_SMS // config["cluster_m"]
+        last_slot = ((ctas - 1) * gemm_configs.STREAM_K_PIECES + 1) * config["cluster_m"] + config["cluster_m"] - 1
+        assert (last_slot + 1) * config["tile_m"] * config["tile_n"] == gemm_configs.stream_k_partials(config)

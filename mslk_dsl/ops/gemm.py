@@ -7,6 +7,7 @@ from mslk_dsl import native
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.dispatch import KernelOp, Plan, PlanCache, dtype_name, placeholder
 from mslk_dsl.ops.elementwise import fp8_dtype_for
+from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
 
 _BF16_GEMM = KernelOp("bf16_gemm", ("dtype",), ("M", "N", "K"))
 _F8F8BF16_ROWWISE = KernelOp("f8f8bf16_rowwise", ("has_bias",), ("M", "N", "K"))
@@ -70,9 +71,12 @@ def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, config: dict | None = None) -
         return out.zero_()
     a, b = _compact(x), _compact(w)
     kernel, chosen = _BF16_GEMM.selection(a.device, (dtype_name(a.dtype),), (M, N, K), config)
-    # Split-K configs (decode-sized M) sum K ranges in an fp32 partials buffer [split_k, M, N].
+    # Split-K configs (decode-sized M) sum K ranges in an fp32 partials buffer [split_k, M, N];
+    # stream-K configs sum the last wave's tile pieces in one of a fixed size per config.
     split = chosen.get("split_k", 1)
     scratch = split * M * N if split > 1 else 0
+    if chosen.get("stream_k"):
+        scratch = gemm_configs.stream_k_partials(chosen)
     if scratch >= _MAX_PARTIALS:
         raise ValueError(f"bf16_gemm: config split_k={split} needs split_k * M * N < 2**31 "
                          f"(M={M}, N={N}); split-K is for small M, use a config without it")

@@ -105,6 +105,21 @@ def test_bf16_gemm_split_k_is_deterministic_and_matches_unsplit():
             torch.testing.assert_close(ops.bf16_gemm(x, w, config=config), plain, atol=2e-2, rtol=1e-2)
 
 
+def test_bf16_gemm_stream_k_is_deterministic_and_matches_data_parallel():
+    """Stream-K configs on sizes with a partial last wave (and with fewer tiles than CTAs): repeat
+    calls are bit-identical and agree with the same tile's data-parallel kernel to rounding."""
+    from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
+
+    for m, n, k in ((2100, 2064, 4096), (256, 10240, 8192), (1000, 4096, 1040), (3, 400, 4104)):
+        x = randn(m, k, seed=m).to(torch.bfloat16)
+        w = randn(n, k, seed=n).to(torch.bfloat16)
+        for config in gemm_configs.STREAM_K_CONFIGS:
+            first, second = ops.bf16_gemm(x, w, config=config), ops.bf16_gemm(x, w, config=config)
+            assert torch.equal(first, second), (m, n, k, config)
+            plain = ops.bf16_gemm(x, w, config={c: v for c, v in config.items() if c != "stream_k"})
+            torch.testing.assert_close(first, plain, atol=2e-2, rtol=1e-2)
+
+
 def test_bf16_gemm_split_k_rejects_partials_past_int32():
     x = torch.zeros(65536, 16, device="cuda", dtype=torch.bfloat16)
     w = torch.zeros(4096, 16, device="cuda", dtype=torch.bfloat16)
