@@ -258,8 +258,8 @@ class HopperGemm:
                 while work < units:
                     tile_m, tile_n, _, k_begin, k_count = self._work_unit(
                         work, clusters_m, clusters_n, cta_m, k_tiles)
-                    self._load(ab_pipeline, state, tma_a, tma_b, tAgA[(None, tile_m, None)], tAsA,
-                               tBgB[(None, tile_n, None)], tBsB, b_mcast_mask, k_begin, k_count)
+                    state = self._load(ab_pipeline, state, tma_a, tma_b, tAgA[(None, tile_m, None)], tAsA,
+                                       tBgB[(None, tile_n, None)], tBsB, b_mcast_mask, k_begin, k_count)
                     work += cute.arch.grid_dim()[2]
                 if const_expr(self.stream_k):
                     # This CTA's share of the last wave: pieces of one or two tiles.
@@ -269,8 +269,8 @@ class HopperGemm:
                         k_begin = k - tile * k_tiles
                         k_count = cutlass.min(k_tiles - k_begin, sk_end - k)
                         tile_m, tile_n = self._tile_coord(units + tile, clusters_m, clusters_n, cta_m)
-                        self._load(ab_pipeline, state, tma_a, tma_b, tAgA[(None, tile_m, None)], tAsA,
-                                   tBgB[(None, tile_n, None)], tBsB, b_mcast_mask, k_begin, k_count)
+                        state = self._load(ab_pipeline, state, tma_a, tma_b, tAgA[(None, tile_m, None)], tAsA,
+                                           tBgB[(None, tile_n, None)], tBsB, b_mcast_mask, k_begin, k_count)
                         k += k_count
                 ab_pipeline.producer_tail(state)
         else:
@@ -281,7 +281,9 @@ class HopperGemm:
     @cute.jit
     def _load(self, ab_pipeline, state, tma_a, tma_b, tAgA_t, tAsA, tBgB_t, tBsB, b_mcast_mask,
               k_begin: Int32, k_count: Int32):
-        """Producer: TMA loads of k-tiles [k_begin, k_begin + k_count) of one tile's A and B."""
+        """Producer: TMA loads of k-tiles [k_begin, k_begin + k_count) of one tile's A and B.
+        Returns the advanced pipeline state: the caller assigns it, which is what makes the DSL
+        carry it through the caller's own loops (a state only passed to a method is not)."""
         for k in cutlass.range(k_begin, k_begin + k_count, unroll=1):
             ab_pipeline.producer_acquire(state)
             bar = ab_pipeline.producer_get_barrier(state)
@@ -290,6 +292,7 @@ class HopperGemm:
                       mcast_mask=b_mcast_mask if const_expr(self.cluster_m > 1) else 0)
             ab_pipeline.producer_commit(state)
             state.advance()
+        return state
 
     @cute.jit
     def _mma_k_tile(self, ab_pipeline, read_state, first_mma, tiled_mma, tCrA, tCrB, acc):
@@ -306,7 +309,8 @@ class HopperGemm:
     @cute.jit
     def _mainloop(self, ab_pipeline, read_state, release_state, tiled_mma, tCrA, tCrB, acc, k_tiles: Int32):
         """Sum k_tiles k-tiles into acc (from zero): one k-tile of wgmma stays in flight; a stage
-        is released once the wgmma that read it has retired (wait_group(1) after the next commit)."""
+        is released once the wgmma that read it has retired (wait_group(1) after the next commit).
+        Returns the advanced pipeline states (see _load: the caller must assign them)."""
         acc.fill(0.0)
         prologue = cutlass.min(k_tiles, 1)
         for k in cutlass.range(prologue, unroll=1):
@@ -322,6 +326,7 @@ class HopperGemm:
         for k in cutlass.range(prologue, unroll=1):
             ab_pipeline.consumer_release(release_state)
             release_state.advance()
+        return read_state, release_state
 
     @cute.jit
     def _consume(self, ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, tma_d, mD, all_k_tiles,
@@ -372,7 +377,8 @@ class HopperGemm:
                                        tile_n * self.tile_n, mma_tidx)
             # ---- mainloop
             if const_expr(self.promote_every == 0):
-                self._mainloop(ab_pipeline, read_state, release_state, tiled_mma, tCrA, tCrB, acc, k_tiles)
+                read_state, release_state = self._mainloop(ab_pipeline, read_state, release_state, tiled_mma,
+                                                           tCrA, tCrB, acc, k_tiles)
             else:
                 # Chunks of promote_every k-tiles: the wgmma sum of a chunk starts from zero
                 # (scale-d = 0) in acc_tmp and is added into the fp32 acc once it has retired.
@@ -434,7 +440,8 @@ class HopperGemm:
             while k < sk_end:
                 tile = k // all_k_tiles
                 k_count = cutlass.min(all_k_tiles - (k - tile * all_k_tiles), sk_end - k)
-                self._mainloop(ab_pipeline, read_state, release_state, tiled_mma, tCrA, tCrB, acc, k_count)
+                read_state, release_state = self._mainloop(ab_pipeline, read_state, release_state, tiled_mma,
+                                                           tCrA, tCrB, acc, k_count)
                 self._store_tile_partials(acc, thr_mma, mP, slot0 + piece * self.cluster_m)
                 k += k_count
                 piece += 1
