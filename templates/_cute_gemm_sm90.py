@@ -168,11 +168,11 @@ class HopperGemm:
             ctas = NUM_SMS // self.cluster_m
             _, shared = gemm_configs.stream_k_tiles(clusters_m * clusters_n, ctas)
             k_tiles = (a.shape[1] + self.tile_k - 1) // self.tile_k
-            vectors = shared * self.cluster_m * (self.tile_m * self.tile_n // 4)
-            # (one block at least: a grid of none is a launch error; its threads then do nothing)
-            self.reduce_stream_k(partials, d, clusters_m, clusters_n, k_tiles).launch(
-                grid=(cutlass.max((vectors + _REDUCE_THREADS - 1) // _REDUCE_THREADS, 1), 1, 1),
-                block=(_REDUCE_THREADS, 1, 1), stream=stream)
+            # One block per shared tile (and CTA of the cluster), one thread per consumer thread
+            # of the GEMM; at least one block: a grid of none is a launch error.
+            self.reduce_stream_k(self.tiled_mma, partials, d, clusters_m, clusters_n, k_tiles).launch(
+                grid=(cutlass.max(shared * self.cluster_m, 1), 1, 1),
+                block=(self.num_mma_threads, 1, 1), stream=stream)
 
     # -------------------------------------------------------------- device side
     @cute.jit
@@ -442,7 +442,7 @@ class HopperGemm:
                 k_count = cutlass.min(all_k_tiles - (k - tile * all_k_tiles), sk_end - k)
                 read_state, release_state = self._mainloop(ab_pipeline, read_state, release_state, tiled_mma,
                                                            tCrA, tCrB, acc, k_count)
-                self._store_tile_partials(acc, thr_mma, mP, slot0 + piece * self.cluster_m)
+                self._store_tile_partials(acc, mma_tidx, mP, slot0 + piece * self.cluster_m)
                 k += k_count
                 piece += 1
         store_pipeline.producer_tail()
@@ -460,55 +460,50 @@ class HopperGemm:
                 mP[(base + m0 + m) * n_size + n0 + n] = acc[i]
 
     @cute.jit
-    def _store_tile_partials(self, acc, thr_mma, mP, slot):
-        """Stream-K: this thread's fp32 sums to partials[slot, m, n] (a whole tile; the slot's
-        rows and columns past M / N are never read)."""
-        coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
-        base = slot * (self.tile_m * self.tile_n)
+    def _store_tile_partials(self, acc, mma_tidx, mP, slot):
+        """Stream-K: this thread's fp32 sums to partials slot ``slot`` in register order: value i
+        of thread t at i * threads + t, so each store instruction of a warp writes 128
+        contiguous bytes. reduce_stream_k reads them back in the same order."""
+        base = slot * (self.tile_m * self.tile_n) + mma_tidx
         for i in cutlass.range_constexpr(cute.size(acc)):
-            m, n = coords[i]
-            mP[base + m * self.tile_n + n] = acc[i]
+            mP[base + i * self.num_mma_threads] = acc[i]
 
     @cute.kernel
-    def reduce_stream_k(self, mP: cute.Tensor, mD: cute.Tensor, clusters_m: Int32, clusters_n: Int32,
-                        k_tiles: Int32):
-        """Stream-K: D of each shared tile = the sum of its pieces, CTA by CTA in order, four
-        columns per thread (tile_n and N are multiples of 4)."""
+    def reduce_stream_k(self, tiled_mma: cute.TiledMma, mP: cute.Tensor, mD: cute.Tensor, clusters_m: Int32,
+                        clusters_n: Int32, k_tiles: Int32):
+        """Stream-K: D of each shared tile = the sum of its pieces, CTA by CTA in order. Block b
+        takes shared tile b // cluster_m (CTA b % cluster_m of the cluster); thread t adds the
+        values consumer thread t stored (_store_tile_partials) and writes them where the MMA's
+        accumulator layout puts them."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         ctas = NUM_SMS // self.cluster_m
         whole, shared = gemm_configs.stream_k_tiles(clusters_m * clusters_n, ctas)
-        vecs_per_tile = self.tile_m * self.tile_n // 4
-        i = bidx * _REDUCE_THREADS + tidx
-        if i < shared * self.cluster_m * vecs_per_tile:
-            unit = i // vecs_per_tile  # (shared tile, CTA of the cluster)
-            tile = unit // self.cluster_m
-            cta_m = unit - tile * self.cluster_m
-            v = i - unit * vecs_per_tile
-            m = v // (self.tile_n // 4)
-            n = (v - m * (self.tile_n // 4)) * 4
+        if bidx < shared * self.cluster_m:
+            tile = bidx // self.cluster_m
+            cta_m = bidx - tile * self.cluster_m
             tile_m, tile_n = self._tile_coord(whole + tile, clusters_m, clusters_n, cta_m)
-            gm, gn = tile_m * self.tile_m + m, tile_n * self.tile_n + n
-            if gm < mD.shape[0] and gn < mD.shape[1]:
-                p_vecs = cute.zipped_divide(mP, (4,))
-                acc = cute.make_rmem_tensor((4,), Float32)
-                acc.fill(0.0)
-                part = cute.make_rmem_tensor((4,), Float32)
-                first = gemm_configs.stream_k_first_cta(tile * k_tiles, shared, k_tiles, ctas)
-                last = gemm_configs.stream_k_first_cta(tile * k_tiles + k_tiles - 1, shared, k_tiles, ctas)
-                for cta in cutlass.range(first, last + 1, unroll=1):
-                    begin = gemm_configs.stream_k_begin(cta, shared, k_tiles, ctas)
-                    # A CTA with an empty range (fewer shared k-tiles than CTAs) stored nothing.
-                    for _ in cutlass.range(cutlass.min(gemm_configs.stream_k_begin(cta + 1, shared, k_tiles, ctas)
-                                                       - begin, 1), unroll=1):
-                        piece = tile - begin // k_tiles  # 0: the range starts in this tile
-                        slot = (cta * gemm_configs.STREAM_K_PIECES + piece) * self.cluster_m + cta_m
-                        cute.autovec_copy(p_vecs[None, (slot * vecs_per_tile) + m * (self.tile_n // 4) + n // 4],
-                                          part)
-                        acc.store(acc.load() + part.load())
-                out = cute.make_rmem_tensor((4,), self.d_dtype)
-                out.store(acc.load().to(self.d_dtype))
-                cute.autovec_copy(out, cute.zipped_divide(mD[gm, None], (4,))[None, gn // 4])
+            coords = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+            acc = cute.make_rmem_tensor(coords.shape, Float32)
+            acc.fill(0.0)
+            first = gemm_configs.stream_k_first_cta(tile * k_tiles, shared, k_tiles, ctas)
+            last = gemm_configs.stream_k_first_cta(tile * k_tiles + k_tiles - 1, shared, k_tiles, ctas)
+            for cta in cutlass.range(first, last + 1, unroll=1):
+                begin = gemm_configs.stream_k_begin(cta, shared, k_tiles, ctas)
+                # A CTA with an empty range (fewer shared k-tiles than CTAs) stored nothing.
+                for _ in cutlass.range(cutlass.min(gemm_configs.stream_k_begin(cta + 1, shared, k_tiles, ctas)
+                                                   - begin, 1), unroll=1):
+                    piece = tile - begin // k_tiles  # 0: the range starts in this tile
+                    slot = (cta * gemm_configs.STREAM_K_PIECES + piece) * self.cluster_m + cta_m
+                    base = slot * (self.tile_m * self.tile_n) + tidx
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        acc[i] = acc[i] + mP[base + i * self.num_mma_threads]
+            m_size, n_size = mD.shape
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                m, n = coords[i]
+                gm, gn = tile_m * self.tile_m + m, tile_n * self.tile_n + n
+                if gm < m_size and gn < n_size:
+                    mD[gm, gn] = acc[i].to(self.d_dtype)
 
     @cute.kernel
     def reduce_partials(self, mP: cute.Tensor, mD: cute.Tensor):
