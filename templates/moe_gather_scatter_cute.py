@@ -224,6 +224,14 @@ def _device_code(op, config, sig):
             if p == 0:
                 first[tok] = i
 
+    def warp_inclusive_scan(x, lane):
+        """Inclusive prefix sum of x over the 32 lanes of a warp (every lane must take part)."""
+        incl = x
+        for d in (1, 2, 4, 8, 16):
+            up = cute.arch.shuffle_sync_up(incl, offset=d)
+            incl = cutlass.select_(lane >= d, incl + up, incl)
+        return incl
+
     @cute.kernel
     def scan_kernel(mWs: cute.Tensor, t: Int32, a: Int32):
         # One block: offsets = exclusive prefix sum of counts, offsets[t] = total. Tiles of
@@ -256,11 +264,7 @@ def _device_code(op, config, sig):
             cute.arch.sync_threads()
             if warp == 0:
                 w = s_warp[lane]
-                w_incl = w
-                for d in (1, 2, 4, 8, 16):
-                    up = cute.arch.shuffle_sync_up(w_incl, offset=d)
-                    if lane >= d:
-                        w_incl = w_incl + up
+                w_incl = warp_inclusive_scan(w, lane)
                 s_warp[lane] = w_incl - w
                 if lane == 31:
                     s_warp[SCAN_THREADS // 32] = w_incl
@@ -269,11 +273,7 @@ def _device_code(op, config, sig):
             for u in cutlass.range_constexpr(SCAN_ITEMS):
                 if u < items:   # the same for the whole block: no divergence around the shuffles
                     x = vals[u]
-                    incl = x
-                    for d in (1, 2, 4, 8, 16):
-                        up = cute.arch.shuffle_sync_up(incl, offset=d)
-                        if lane >= d:
-                            incl = incl + up
+                    incl = warp_inclusive_scan(x, lane)
                     if seg + u * 32 < t:
                         offsets[seg + u * 32] = run + incl - x
                     run = run + cute.arch.shuffle_sync(incl, offset=31)
