@@ -161,6 +161,15 @@ def stream_k_partials(config):
     return ctas * STREAM_K_PIECES * config["tile_m"] * config["tile_n"]
 
 
+def partials_elements(config, m, n):
+    """fp32 elements of the partials buffer a config's kernel takes for an M x N output (0: it
+    takes none): split_k * M * N for split-K, a fixed size for stream-K."""
+    if config.get("stream_k"):
+        return stream_k_partials(config)
+    split = config.get("split_k", 1)
+    return split * m * n if split > 1 else 0
+
+
 def kernel_args(config):
     """HopperGemm keyword arguments for a config."""
     return {"tile_mn": (config["tile_m"], config["tile_n"]), "cluster_m": config["cluster_m"],

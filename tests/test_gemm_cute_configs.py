@@ -190,3 +190,11 @@ def test_stream_k_partials_hold_every_slot():
         ctas = gemm_configs.NUM_SMS // config["cluster_m"]
         last_slot = ((ctas - 1) * gemm_configs.STREAM_K_PIECES + 1) * config["cluster_m"] + config["cluster_m"] - 1
         assert (last_slot + 1) * config["tile_m"] * config["tile_n"] == gemm_configs.stream_k_partials(config)
+
+
+def test_partials_elements_by_config_kind():
+    plain, split = gemm_configs._config(128, 256, 2), gemm_configs._config(64, 256, split_k=4)
+    stream = gemm_configs._config(128, 128, stream_k=True)
+    assert gemm_configs.partials_elements(plain, 1000, 4096) == 0
+    assert gemm_configs.partials_elements(split, 7, 4096) == 4 * 7 * 4096
+    assert gemm_configs.partials_elements(stream, 7, 4096) == gemm_configs.stream_k_partials(stream) > 0

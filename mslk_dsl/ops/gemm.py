@@ -73,11 +73,9 @@ def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, config: dict | None = None) -
     kernel, chosen = _BF16_GEMM.selection(a.device, (dtype_name(a.dtype),), (M, N, K), config)
     # Split-K configs (decode-sized M) sum K ranges in an fp32 partials buffer [split_k, M, N];
     # stream-K configs sum the last wave's tile pieces in one of a fixed size per config.
-    split = chosen.get("split_k", 1)
-    scratch = split * M * N if split > 1 else 0
-    if chosen.get("stream_k"):
-        scratch = gemm_configs.stream_k_partials(chosen)
+    scratch = gemm_configs.partials_elements(chosen, M, N)
     if scratch >= _MAX_PARTIALS:
+        split = chosen.get("split_k", 1)
         raise ValueError(f"bf16_gemm: config split_k={split} needs split_k * M * N < 2**31 "
                          f"(M={M}, N={N}); split-K is for small M, use a config without it")
     outputs = (out, torch.empty(scratch, dtype=torch.float32, device=a.device)) if scratch else (out,)
