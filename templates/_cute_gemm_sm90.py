@@ -58,7 +58,9 @@ class HopperGemm:
     group:        ... inside bands of ``group`` clusters (0: the whole dimension).
     promote_every: FP8: 0, or sum every ``promote_every`` k-tiles (128 deep each) in a
                   temporary that is then added into fp32 registers (CUTLASS's 2x accumulation,
-                  for Hopper's FP8 wgmma adds into its accumulator with ~13-bit precision).
+                  for Hopper's FP8 wgmma adds into its accumulator with ~13-bit precision);
+                  the second warpgroup's chunks are offset by half a chunk, so the warpgroups
+                  never wait for their wgmma to drain at the same time.
     split_k:      1, or the number of K ranges each output tile is split into (no cluster, no
                   epilogue hook); the call then takes an fp32 partials buffer of at least
                   split_k * M * N elements (16-byte aligned), and split_k * M * N < 2**31.
@@ -329,6 +331,26 @@ class HopperGemm:
         return read_state, release_state
 
     @cute.jit
+    def _promoted_chunk(self, ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_zero, tCrA, tCrB,
+                        acc, acc_tmp, count: Int32):
+        """FP8 promotion: sum the next ``count`` (>= 1) k-tiles into acc_tmp from zero, wait for
+        them to retire and add acc_tmp into acc. Returns the advanced pipeline states."""
+        self._mma_k_tile(ab_pipeline, read_state, tiled_mma_zero, tiled_mma, tCrA, tCrB, acc_tmp)
+        read_state.advance()
+        for k in cutlass.range(1, count, unroll=1):
+            self._mma_k_tile(ab_pipeline, read_state, tiled_mma, tiled_mma, tCrA, tCrB, acc_tmp)
+            read_state.advance()
+            warpgroup.wait_group(1)
+            ab_pipeline.consumer_release(release_state)
+            release_state.advance()
+        warpgroup.wait_group(0)
+        ab_pipeline.consumer_release(release_state)
+        release_state.advance()
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            acc[i] = acc[i] + acc_tmp[i]
+        return read_state, release_state
+
+    @cute.jit
     def _consume(self, ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, tma_d, mD, all_k_tiles,
                  mma_tidx, warp_idx, cta_m, clusters_m, clusters_n, epi_args, mP):
         """Consumer warpgroups: for each tile, the wgmma mainloop and then the epilogue."""
@@ -382,21 +404,20 @@ class HopperGemm:
             else:
                 # Chunks of promote_every k-tiles: the wgmma sum of a chunk starts from zero
                 # (scale-d = 0) in acc_tmp and is added into the fp32 acc once it has retired.
+                # That add waits for every wgmma of the warpgroup to retire; the warpgroups
+                # promote at different k-tiles (the second one's first chunk is shorter), so
+                # the other's wgmma keep the tensor cores busy meanwhile.
                 acc.fill(0.0)
-                for k0 in cutlass.range(0, k_tiles, self.promote_every, unroll=1):
-                    self._mma_k_tile(ab_pipeline, read_state, tiled_mma_zero, tiled_mma, tCrA, tCrB, acc_tmp)
-                    read_state.advance()
-                    for k in cutlass.range(k0 + 1, cutlass.min(k0 + self.promote_every, k_tiles), unroll=1):
-                        self._mma_k_tile(ab_pipeline, read_state, tiled_mma, tiled_mma, tCrA, tCrB, acc_tmp)
-                        read_state.advance()
-                        warpgroup.wait_group(1)
-                        ab_pipeline.consumer_release(release_state)
-                        release_state.advance()
-                    warpgroup.wait_group(0)
-                    ab_pipeline.consumer_release(release_state)
-                    release_state.advance()
-                    for i in cutlass.range_constexpr(cute.size(acc)):
-                        acc[i] = acc[i] + acc_tmp[i]
+                wg = cute.arch.make_warp_uniform(mma_tidx // 128)
+                head = cutlass.min(wg * (self.promote_every // self.num_mma_wg), k_tiles)
+                for _ in cutlass.range(cutlass.min(head, 1), unroll=1):
+                    read_state, release_state = self._promoted_chunk(
+                        ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_zero, tCrA, tCrB,
+                        acc, acc_tmp, head)
+                for k0 in cutlass.range(head, k_tiles, self.promote_every, unroll=1):
+                    read_state, release_state = self._promoted_chunk(
+                        ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_zero, tCrA, tCrB,
+                        acc, acc_tmp, cutlass.min(self.promote_every, k_tiles - k0))
 
             if const_expr(self.split_k > 1):
                 # ---- split-K epilogue: fp32 sums straight to this split's partials block.

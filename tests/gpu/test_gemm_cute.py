@@ -171,6 +171,16 @@ def test_f8f8bf16_rowwise_promotion_is_accurate():
             assert rel <= 4e-3, f"{config_name(config)}: relative Frobenius error {rel}"
 
 
+def test_f8f8bf16_rowwise_promotion_chunks_cover_k():
+    """The two warpgroups of a 128-row tile promote at different k-tiles (the second one's first
+    chunk is half a chunk): every k-tile count from 1 to 10 (the last one partial) sums each
+    k-tile exactly once in both halves of the tile."""
+    for config in _template("f8f8bf16_rowwise").valid_configs("sm90a", {"has_bias": False}):
+        if config["promote"] and config["tile_m"] == 128:
+            for k_tiles in range(1, 11):
+                _check_fp8(130, 144, 128 * k_tiles - 16, False, config)
+
+
 def test_f8f8bf16_rowwise_rejects_unaligned_sizes():
     xq = torch.zeros(4, 100, device="cuda", dtype=FP8)
     wq = torch.zeros(64, 100, device="cuda", dtype=FP8)
