@@ -102,6 +102,29 @@ def test_several_outputs_none_returned_and_scratch(launcher):
     assert out.tolist() == [2.0] * 4
 
 
+def test_calls_into_the_callers_out(launcher):
+    """out= calls: the caller's tensors are inputs the kernel writes; a later call whose out shares
+    memory with another input misses (the op's Python path raises), any other runs in place."""
+    def double(x, out):
+        as_torch(out, torch.float32).copy_(as_torch(x, torch.float32) * 2)
+
+    kernel = tvm_ffi.convert(double)
+    x, out = torch.randn(4, 8), torch.empty(4, 8)
+    kernel(x, out)
+    assert native.remember_into("test_double", (x,), (out,), (x, out), kernel)
+    assert native.fast_op("test_double.out").plans() == 1
+    x2, out2 = torch.randn(4, 8), torch.empty(4, 8)
+    assert native.run_into("test_double", (x2,), out2)
+    torch.testing.assert_close(out2, x2 * 2)
+    assert native.run_into("test_double", (x2,), (out2,))      # a tuple of outputs works the same
+    assert not native.run_into("test_double", (x2,), x2)        # out is x: overlap
+    buf = torch.randn(64)
+    assert not native.run_into("test_double", (buf[:32].view(4, 8),), buf[16:48].view(4, 8))  # partial overlap
+    assert native.run_into("test_double", (buf[:32].view(4, 8),), buf[32:].view(4, 8))  # adjacent: fine
+    torch.testing.assert_close(buf[32:], buf[:32] * 2)
+    assert not native.run_into("test_double", (x2,), torch.empty(4, 9))  # another layout
+
+
 def test_unsafe_launches_are_not_remembered(launcher):
     kernel = tvm_ffi.convert(lambda *args: None)
     x = torch.randn(4, 8)

@@ -153,3 +153,46 @@ def test_one_column_moe_inputs_run_as_two_columns_on_rocm(monkeypatch):
     monkeypatch.setenv("MSLK_DSL_TARGET", "sm90a")
     ops.gather_scale_dense_tokens(x, tokens, torch.zeros(4, dtype=torch.int32), scores)
     assert widths[-1] == 1
+
+
+# -- out=: the caller's output tensors (checked by one helper for every op) -------------------------
+def _outputs(out, inputs=None):
+    from mslk_dsl.ops import validate
+
+    x = inputs if inputs is not None else t(4, 8)
+    return validate.outputs("quantize_fp8_row", out, [(x.shape, fp8), (x.shape[:-1], f32)], x.device, {"x": x})
+
+
+OUT_CASES = [
+    ("not a tuple", lambda: _outputs(torch.empty(4, 8, dtype=fp8)), TypeError, ["out", "tuple of 2"]),
+    ("one tensor short", lambda: _outputs((torch.empty(4, 8, dtype=fp8),)), TypeError, ["out", "tuple of 2"]),
+    ("dtype", lambda: _outputs((torch.empty(4, 8, dtype=bf16), torch.empty(4))), TypeError, ["out[0]", "dtype"]),
+    ("shape", lambda: _outputs((torch.empty(4, 8, dtype=fp8), torch.empty(5))), ValueError, ["out[1]", "shape"]),
+    ("device", lambda: _outputs((torch.empty(4, 8, dtype=fp8), torch.empty(4, device="meta"))), ValueError,
+     ["out[1]", "meta"]),
+    ("not contiguous", lambda: _outputs((torch.empty(8, 4, dtype=fp8).t(), torch.empty(4))), ValueError,
+     ["out[0]", "contiguous"]),
+    ("overlaps an input", lambda: _outputs((torch.empty(4, 8, dtype=fp8), (x := t(4, 8)).view(-1).view(f32)[:4]), x),
+     ValueError, ["out[1]", "shares memory with x"]),
+    ("outputs overlap", lambda: _outputs(((b := torch.empty(64, dtype=torch.uint8))[:32].view(fp8).view(4, 8),
+                                          b[16:32].view(f32))), ValueError, ["out[1]", "shares memory with out[0]"]),
+]
+
+
+@pytest.mark.parametrize("call,exc,words", [c[1:] for c in OUT_CASES], ids=[c[0] for c in OUT_CASES])
+def test_bad_out_is_rejected_with_the_argument_named(call, exc, words):
+    with pytest.raises(exc) as err:
+        call()
+    for word in words:
+        assert word in str(err.value), f"{word!r} not in: {err.value}"
+
+
+def test_good_out_is_returned_and_none_allocates():
+    xq, scale = torch.empty(4, 8, dtype=fp8), torch.empty(4)
+    got = _outputs((xq, scale))
+    assert got[0] is xq and got[1] is scale
+    new = _outputs(None)
+    assert [(o.shape, o.dtype) for o in new] == [((4, 8), fp8), ((4,), f32)]
+    # Bytes next to each other but not shared (one buffer, two halves) are fine.
+    b = torch.empty(64, dtype=torch.uint8)
+    _outputs((b[:32].view(fp8).view(4, 8), b[32:48].view(f32)))

@@ -1,7 +1,8 @@
 """Per-call host time of each op on tiny tensors: the eager path (mslk_dsl.ops.<op>; a repeat
-layout is served by the native launcher, mslk_dsl.native), the same with the native launcher
-bypassed (the Python path), and the torch.ops path (torch.ops.mslk_dsl.<op>), next to
-torch.add(x, y, out=z) in the same run.
+layout is served by the native launcher, mslk_dsl.native), the eager path writing into
+preallocated outputs (out=, like the torch.add it is compared with), the eager path with the
+native launcher bypassed (the Python path), and the torch.ops path (torch.ops.mslk_dsl.<op>),
+next to torch.add(x, y, out=z) in the same run.
 
 Each time is the median over --runs rounds of (wall time of --calls back-to-back calls) / calls,
 after a warm-up; tensors are tiny, so the GPU finishes each kernel before the host issues the next
@@ -71,14 +72,25 @@ def cases():
     xq, xs = ops.quantize_fp8_row(x)
     wq, ws = ops.quantize_fp8_row(w)
     t = torch.ops.mslk_dsl
+    # out=: the outputs of one call, written again by every timed call.
+    o_silu, o_quant, o_smq = ops.silu_mul(x, y), ops.quantize_fp8_row(x), ops.silu_mul_quant(x, y)
+    o_norm, o_norm_add = ops.rmsnorm(x, weight, 1e-6), ops.rmsnorm_add(x, y, weight, 1e-6)
+    o_gemm, o_fp8 = ops.bf16_gemm(x, w), ops.f8f8bf16_rowwise(xq, wq, xs, ws)
     return {
-        "silu_mul": (lambda: ops.silu_mul(x, y), lambda: t.silu_mul(x, y)),
-        "quantize_fp8_row": (lambda: ops.quantize_fp8_row(x), lambda: t.quantize_fp8_row(x)),
-        "silu_mul_quant": (lambda: ops.silu_mul_quant(x, y), lambda: t.silu_mul_quant(x, y)),
-        "rmsnorm": (lambda: ops.rmsnorm(x, weight, 1e-6), lambda: t.rmsnorm(x, weight, 1e-6)),
-        "rmsnorm_add": (lambda: ops.rmsnorm_add(x, y, weight, 1e-6), lambda: t.rmsnorm_add(x, y, weight, 1e-6)),
-        "bf16_gemm": (lambda: ops.bf16_gemm(x, w), lambda: t.bf16_gemm(x, w)),
-        "f8f8bf16_rowwise": (lambda: ops.f8f8bf16_rowwise(xq, wq, xs, ws), lambda: t.f8f8bf16_rowwise(xq, wq, xs, ws)),
+        "silu_mul": (lambda: ops.silu_mul(x, y), lambda: t.silu_mul(x, y),
+                     lambda: ops.silu_mul(x, y, out=o_silu)),
+        "quantize_fp8_row": (lambda: ops.quantize_fp8_row(x), lambda: t.quantize_fp8_row(x),
+                             lambda: ops.quantize_fp8_row(x, out=o_quant)),
+        "silu_mul_quant": (lambda: ops.silu_mul_quant(x, y), lambda: t.silu_mul_quant(x, y),
+                           lambda: ops.silu_mul_quant(x, y, out=o_smq)),
+        "rmsnorm": (lambda: ops.rmsnorm(x, weight, 1e-6), lambda: t.rmsnorm(x, weight, 1e-6),
+                    lambda: ops.rmsnorm(x, weight, 1e-6, out=o_norm)),
+        "rmsnorm_add": (lambda: ops.rmsnorm_add(x, y, weight, 1e-6), lambda: t.rmsnorm_add(x, y, weight, 1e-6),
+                        lambda: ops.rmsnorm_add(x, y, weight, 1e-6, out=o_norm_add)),
+        "bf16_gemm": (lambda: ops.bf16_gemm(x, w), lambda: t.bf16_gemm(x, w),
+                      lambda: ops.bf16_gemm(x, w, out=o_gemm)),
+        "f8f8bf16_rowwise": (lambda: ops.f8f8bf16_rowwise(xq, wq, xs, ws), lambda: t.f8f8bf16_rowwise(xq, wq, xs, ws),
+                             lambda: ops.f8f8bf16_rowwise(xq, wq, xs, ws, out=o_fp8)),
     }
 
 
@@ -138,16 +150,17 @@ def main(argv: list[str]) -> int:
     launcher = native.wait_until_loaded(120)
     rows = []
     print(f"native launcher: {'loaded' if launcher is not None else 'UNAVAILABLE (eager = Python path)'}\n")
-    print("| op | torch.add us/call | eager us/call | x torch.add | Python path us/call | x torch.add | "
-          "torch.ops us/call | x torch.add |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name, (eager, via_ops) in cases().items():
-        (add, _), (e, er), (p, pr), (o, orr) = _rounds(
-            [lambda: torch.add(a, b, out=z), eager, (eager, _python_path), via_ops], args.calls, args.runs)
-        rows.append({"op": name, "eager_us": e, "python_path_us": p, "torch_ops_us": o, "torch_add_us": add,
-                     "eager_ratio": er, "python_path_ratio": pr, "torch_ops_ratio": orr,
-                     "native": launcher is not None})
-        print(f"| {name} | {add:.2f} | {e:.2f} | {er:.2f} | {p:.2f} | {pr:.2f} | {o:.2f} | {orr:.2f} |", flush=True)
+    print("| op | torch.add us/call | eager us/call | x torch.add | eager, out= given | x torch.add | "
+          "Python path us/call | x torch.add | torch.ops us/call | x torch.add |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, (eager, via_ops, eager_out) in cases().items():
+        (add, _), (e, er), (i, ir), (p, pr), (o, orr) = _rounds(
+            [lambda: torch.add(a, b, out=z), eager, eager_out, (eager, _python_path), via_ops], args.calls, args.runs)
+        rows.append({"op": name, "eager_us": e, "eager_out_us": i, "python_path_us": p, "torch_ops_us": o,
+                     "torch_add_us": add, "eager_ratio": er, "eager_out_ratio": ir, "python_path_ratio": pr,
+                     "torch_ops_ratio": orr, "native": launcher is not None})
+        print(f"| {name} | {add:.2f} | {e:.2f} | {er:.2f} | {i:.2f} | {ir:.2f} | {p:.2f} | {pr:.2f} | {o:.2f} | "
+              f"{orr:.2f} |", flush=True)
     floor = _launch_floor(args.calls, args.runs, lambda: torch.add(a, b, out=z))
     print("\nWhere the eager time goes (same run):\n")
     print("| part | us/call | x torch.add |")

@@ -196,14 +196,15 @@ def fast_op(name: str):
 
 
 def remember(name: str, inputs: tuple, outputs: tuple, args: tuple, returns: tuple, kernel,
-             held: tuple = ()) -> bool | None:
+             held: tuple = (), written: tuple = ()) -> bool | None:
     """Add a launch plan to ``name``'s FastOp after a call validated and launched by Python:
     ``inputs`` as the op received them, ``outputs`` every tensor it allocated for the call (in
     the order ``returns`` indexes), ``args`` what the kernel was given, ``held`` the tensors the
     plan may keep and pass on every call (placeholders). Every tensor argument must be an input,
     an output or a view of one (same data pointer), or held; a scalar must be one of the inputs.
     A call that copied an input (a layout the kernel cannot take), or whose inputs share memory,
-    therefore adds no plan. Returns whether a plan was added, or None while the launcher is not
+    therefore adds no plan. ``written`` indexes the inputs the kernel writes (see remember_into).
+    Returns whether a plan was added, or None while the launcher is not
     loaded but may still be (a caller that repeats the launch, like a cached Python plan, asks
     again only then)."""
     fast = fast_op(name)
@@ -225,4 +226,25 @@ def remember(name: str, inputs: tuple, outputs: tuple, args: tuple, returns: tup
                 return False
         elif not any(arg is i for i in inputs):
             return False
-    return fast.add(tuple(inputs), tuple(outputs), tuple(args), tuple(returns), kernel)
+    return fast.add(tuple(inputs), tuple(outputs), tuple(args), tuple(returns), kernel, tuple(written))
+
+
+def run_into(name: str, inputs: tuple, out) -> bool:
+    """Launch ``name``'s plan for a call that writes into the caller's ``out`` (a tensor or a
+    tuple of tensors; see remember_into). False when no plan matches: the op takes its Python
+    path (which also raises for an ``out`` that overlaps an input)."""
+    fast = fast_op(name + ".out")
+    if fast is None:
+        return False
+    return (fast(*inputs, *out) if type(out) is tuple else fast(*inputs, out)) is None
+
+
+def remember_into(name: str, inputs: tuple, out: tuple, args: tuple, kernel, held: tuple = (),
+                  scratch: tuple = ()) -> bool | None:
+    """remember() for a call that wrote into the caller's ``out`` tensors instead of allocating:
+    they are inputs of the plan that the kernel writes, so a later call in which one of them
+    shares memory with another input misses. ``scratch``: tensors the op allocated for the
+    kernel alone (allocated anew by every call, not returned)."""
+    first = len(inputs)
+    return remember(name + ".out", (*inputs, *out), scratch, args, (), kernel, held,
+                    written=tuple(range(first, first + len(out))))

@@ -73,6 +73,7 @@ struct Plan {
   KernelArg args[kMaxArgs];
   int n_returns;
   int8_t returns[kMaxOutputs];
+  uint32_t written;  // bit i: the kernel writes input i (a caller's out= tensor)
   PyObject* extras;  // tuple of the extra tensor arguments (e.g. placeholders), owned
   PyObject* func;    // the tvm_ffi.Function, owned
   TVMFFIObjectHandle func_handle;
@@ -167,6 +168,43 @@ at::Tensor NewOutput(const Plan& plan, int k) {
   }
 }
 
+// The bytes [begin, end) a tensor's elements span (empty when it has no elements).
+void ByteRange(const DLTensor& t, uintptr_t* begin, uintptr_t* end) {
+  *begin = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
+  int64_t last = 0;
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] == 0) {
+      *end = *begin;
+      return;
+    }
+    last += (t.shape[d] - 1) * (t.strides != nullptr ? t.strides[d] : 0);
+  }
+  if (t.strides == nullptr) {  // compact: the last element is numel - 1
+    last = 1;
+    for (int d = 0; d < t.ndim; ++d) last *= t.shape[d];
+    last -= 1;
+  }
+  *end = *begin + uintptr_t((last + 1) * ((t.dtype.bits * t.dtype.lanes + 7) / 8));
+}
+
+// A tensor the kernel writes (an out= argument) must not share memory with any other tensor
+// argument of the call: the kernel would read what it already overwrote. Such a call takes the
+// Python path, which raises.
+bool WrittenOverlaps(const Plan& plan, const DLTensor* dl, int n) {
+  for (int i = 0; i < n; ++i) {
+    if (!(plan.written >> i & 1u)) continue;
+    uintptr_t b0, e0;
+    ByteRange(dl[i], &b0, &e0);
+    for (int j = 0; j < n; ++j) {
+      if (j == i || !plan.inputs[j].is_tensor) continue;
+      uintptr_t b1, e1;
+      ByteRange(dl[j], &b1, &e1);
+      if (b0 < e1 && b1 < e0) return true;
+    }
+  }
+  return false;
+}
+
 void RaiseFFIError() {
   TVMFFIObjectHandle err = nullptr;
   TVMFFIErrorMoveFromRaised(&err);
@@ -238,7 +276,7 @@ PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, Py
       break;
     }
   }
-  if (plan == nullptr) return Py_NewRef(g_miss);
+  if (plan == nullptr || (plan->written != 0 && WrittenOverlaps(*plan, dl, int(n)))) return Py_NewRef(g_miss);
 
   // Outputs: allocated by torch's caching allocator, compact, on the plan's device.
   PyObject* outputs[kMaxOutputs] = {nullptr};
@@ -344,15 +382,16 @@ done:
 }
 
 // --------------------------------------------------------------------------- adding a plan
-// add(inputs, outputs, args, returns, func): `inputs` as the call passed them (tensors and
-// scalars); `outputs` the tensors the op allocated; `args` the kernel's arguments, each an
+// add(inputs, outputs, args, returns, func, written=()): `inputs` as the call passed them (tensors
+// and scalars); `outputs` the tensors the op allocated; `args` the kernel's arguments, each an
 // input, an output, a view of one (same data pointer), or anything else (an extra: kept and
-// passed as it is); `returns` the indices of the outputs the op returns.
+// passed as it is); `returns` the indices of the outputs the op returns; `written` the indices
+// of inputs the kernel writes (out= tensors: a later call where one overlaps another input misses).
 PyObject* FastOpAdd(PyObject* py_self, PyObject* argv) {
   FastOp* self = reinterpret_cast<FastOp*>(py_self);
-  PyObject *inputs, *outputs, *args, *returns, *func;
-  if (!PyArg_ParseTuple(argv, "O!O!O!O!O", &PyTuple_Type, &inputs, &PyTuple_Type, &outputs, &PyTuple_Type,
-                        &args, &PyTuple_Type, &returns, &func)) {
+  PyObject *inputs, *outputs, *args, *returns, *func, *written = nullptr;
+  if (!PyArg_ParseTuple(argv, "O!O!O!O!O|O!", &PyTuple_Type, &inputs, &PyTuple_Type, &outputs, &PyTuple_Type,
+                        &args, &PyTuple_Type, &returns, &func, &PyTuple_Type, &written)) {
     return nullptr;
   }
   Py_ssize_t n_in = PyTuple_GET_SIZE(inputs), n_out = PyTuple_GET_SIZE(outputs);
@@ -476,6 +515,15 @@ PyObject* FastOpAdd(PyObject* py_self, PyObject* argv) {
     }
     plan.returns[r] = int8_t(index);
   }
+  for (Py_ssize_t w = 0; written != nullptr && w < PyTuple_GET_SIZE(written); ++w) {
+    long index = PyLong_AsLong(PyTuple_GET_ITEM(written, w));
+    if (index < 0 || index >= n_in || !plan.inputs[index].is_tensor) {
+      Py_DECREF(extras);
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "FastOp.add: written index is not a tensor input");
+      return nullptr;
+    }
+    plan.written |= 1u << index;
+  }
   plan.used = true;
   plan.hash = h;
   plan.extras = extras;
@@ -553,7 +601,7 @@ PyObject* FastOpVectorcallEntry(PyObject* callable, PyObject* const* argv, size_
 }
 
 PyMethodDef kFastOpMethods[] = {
-    {"add", FastOpAdd, METH_VARARGS, "add(inputs, outputs, args, returns, func) -> bool: add a launch plan"},
+    {"add", FastOpAdd, METH_VARARGS, "add(inputs, outputs, args, returns, func, written=()) -> bool: add a launch plan"},
     {"clear", FastOpClear, METH_NOARGS, "drop every plan"},
     {"plans", FastOpLen, METH_NOARGS, "number of plans held"},
     {nullptr, nullptr, 0, nullptr},

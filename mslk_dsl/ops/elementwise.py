@@ -45,57 +45,72 @@ def _scale_ub(op: str, scale_ub, x: torch.Tensor, x_name: str) -> torch.Tensor |
     return scale_ub.reshape(1)
 
 
-def silu_mul(x0: torch.Tensor, x1: torch.Tensor, *, config: dict | None = None) -> torch.Tensor:
-    """silu(x0) * x1 elementwise (fp32 math, result in the input dtype); any leading dims."""
-    fast = native.fast_op("silu_mul") if config is None else None
-    if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
-        out = fast(x0, x1)
-        if out is not native.MISS:
+def silu_mul(x0: torch.Tensor, x1: torch.Tensor, *, out: torch.Tensor | None = None,
+             config: dict | None = None) -> torch.Tensor:
+    """silu(x0) * x1 elementwise (fp32 math, result in the input dtype); any leading dims.
+    ``out``: a contiguous tensor of x0's shape and dtype to write into instead of allocating."""
+    if out is not None:
+        if config is None and native.run_into("silu_mul", (x0, x1), out):
             return out
+    else:
+        fast = native.fast_op("silu_mul") if config is None else None
+        if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
+            y = fast(x0, x1)
+            if y is not native.MISS:
+                return y
     try:  # the layout of the inputs, for the plan cache
         key = (x0.shape, x0.stride(), x0.dtype, x0.device, x1.shape, x1.stride(), x1.dtype, x1.device)
     except AttributeError:  # not tensors: the checks below say so
         key = None
-    plan = _SILU_MUL_PLANS.get(key) if config is None else None
+    plan = _SILU_MUL_PLANS.get(key) if config is None and out is None else None
     if plan is not None:  # seen and validated before: launch
-        out = torch.empty_like(x0)  # no shape, dtype or device arguments to parse
+        y = torch.empty_like(x0)  # no shape, dtype or device arguments to parse
         kernel = plan.kernel(not (x0.data_ptr() | x1.data_ptr()) & 15)
-        kernel(x0, x1, out)
+        kernel(x0, x1, y)
         if not plan.native_done:
-            plan.native_done = native.remember("silu_mul", (x0, x1), (out,), (x0, x1, out), (0,), kernel) is not None
-        return out
+            plan.native_done = native.remember("silu_mul", (x0, x1), (y,), (x0, x1, y), (0,), kernel) is not None
+        return y
     _pair("silu_mul", x0, x1)
     check.gpu("silu_mul", "x0", x0)
-    out = torch.empty(x0.shape, dtype=x0.dtype, device=x0.device)
-    if out.numel() == 0:
-        return out
+    (y,) = check.outputs("silu_mul", out, [(x0.shape, x0.dtype)], x0.device, {"x0": x0, "x1": x1})
+    if y.numel() == 0:
+        return y
     a, b = check.rows(x0), check.rows(x1)
-    o = out.view(a.shape)
+    o = y.view(a.shape)
     sig = (check.aligned16(a, b, o), dtype_name(a.dtype))
     kernel = _SILU_MUL.kernel(a.device, sig, a.shape, config)
     kernel(a, b, o)
-    if config is None:
-        native.remember("silu_mul", (x0, x1), (out,), (a, b, o), (0,), kernel)
-    if config is None and a is x0 and b is x1 and check.compact_rows(a):
-        _SILU_MUL_PLANS.add(key, Plan(_SILU_MUL, a.device, sig[1:], a.shape, check.aligned16(o), tuple(a.shape)))
-    return out
+    if config is None and out is not None:
+        native.remember_into("silu_mul", (x0, x1), (y,), (a, b, o), kernel)
+    elif config is None:
+        native.remember("silu_mul", (x0, x1), (y,), (a, b, o), (0,), kernel)
+        if a is x0 and b is x1 and check.compact_rows(a):
+            _SILU_MUL_PLANS.add(key, Plan(_SILU_MUL, a.device, sig[1:], a.shape, check.aligned16(o), tuple(a.shape)))
+    return y
 
 
 def quantize_fp8_row(x: torch.Tensor, scale_ub: torch.Tensor | None = None, *,
+                     out: tuple[torch.Tensor, torch.Tensor] | None = None,
                      config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row absmax FP8 quantization. Returns (xq [..., K] fp8, scale [...] fp32) where
-    ``x ~= xq.float() * scale[..., None]``; rows of zeros give xq = 0 and a finite scale."""
+    ``x ~= xq.float() * scale[..., None]``; rows of zeros give xq = 0 and a finite scale.
+    ``out``: contiguous (xq, scale) tensors to write into instead of allocating."""
     op = "quantize_fp8_row"
-    fast = native.fast_op(op) if config is None else None
-    if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
-        result = fast(x) if scale_ub is None else fast(x, scale_ub)
-        if result is not native.MISS:
-            return result
+    inputs = (x,) if scale_ub is None else (x, scale_ub)
+    if out is not None:
+        if config is None and native.run_into(op, inputs, out):
+            return out
+    else:
+        fast = native.fast_op(op) if config is None else None
+        if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
+            result = fast(x) if scale_ub is None else fast(x, scale_ub)
+            if result is not native.MISS:
+                return result
     try:  # the layout of the inputs, for the plan cache
         key = (x.shape, x.stride(), x.dtype, x.device)
     except AttributeError:  # not tensors: the checks below say so
         key = None
-    plan = _QUANT_PLANS.get(key) if config is None and scale_ub is None else None
+    plan = _QUANT_PLANS.get(key) if config is None and scale_ub is None and out is None else None
     if plan is not None:  # seen and validated before: launch
         xq = torch.empty_like(x, dtype=plan.out_dtype)
         scale = x.new_empty(plan.shape[0], dtype=torch.float32)
@@ -109,38 +124,57 @@ def quantize_fp8_row(x: torch.Tensor, scale_ub: torch.Tensor | None = None, *,
     check.nonempty_rows(op, "x", x)
     ub = _scale_ub(op, scale_ub, x, "x")
     check.gpu(op, "x", x)
-    xq = torch.empty(x.shape, dtype=fp8_dtype_for(x.device), device=x.device)
-    scale = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    xq, scale = check.outputs(op, out, _quant_specs(x), x.device, {"x": x, "scale_ub": scale_ub})
     if x.numel() == 0:
         return xq, scale
     a = check.rows(x)
     q = xq.view(a.shape)
     sig = (check.aligned16(a, q), dtype_name(a.dtype), ub is not None)
-    inputs = (x,) if ub is None else (x, scale_ub)
     ub = ub if ub is not None else placeholder(a.device, torch.float32)
     kernel = _QUANT.kernel(a.device, sig, a.shape, config)
     kernel(a, ub, q, scale.view(-1))
-    if config is None:
-        native.remember(op, inputs, (xq, scale), (a, ub, q, scale.view(-1)), (0, 1), kernel, held=(ub,))
-    if config is None and scale_ub is None and a is x and check.compact_rows(a):
+    _remember_quant(op, config, inputs, out, (xq, scale), (a, ub, q, scale.view(-1)), kernel, ub)
+    if config is None and scale_ub is None and out is None and a is x and check.compact_rows(a):
         _QUANT_PLANS.add(key, Plan(_QUANT, a.device, sig[1:], a.shape, check.aligned16(q), tuple(a.shape), q.dtype))
     return xq, scale
 
 
+def _quant_specs(x: torch.Tensor) -> list:
+    """(shape, dtype) of quantize's outputs xq and scale for input ``x``."""
+    return [(x.shape, fp8_dtype_for(x.device)), (x.shape[:-1], torch.float32)]
+
+
+def _remember_quant(op, config, inputs, out, outputs, args, kernel, ub) -> None:
+    """Native plan for a quantizing call: into the caller's ``out``, or allocating (xq, scale)."""
+    if config is not None:
+        return
+    if out is not None:
+        native.remember_into(op, inputs, outputs, args, kernel, held=(ub,))
+    else:
+        native.remember(op, inputs, outputs, args, (0, 1), kernel, held=(ub,))
+
+
 def silu_mul_quant(x0: torch.Tensor, x1: torch.Tensor, scale_ub: torch.Tensor | None = None, *,
+                   out: tuple[torch.Tensor, torch.Tensor] | None = None,
                    config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """quantize_fp8_row(silu_mul(x0, x1), scale_ub), fused: one read of x0/x1, one write of xq."""
+    """quantize_fp8_row(silu_mul(x0, x1), scale_ub), fused: one read of x0/x1, one write of xq.
+    ``out``: contiguous (xq, scale) tensors to write into instead of allocating."""
     op = "silu_mul_quant"
-    fast = native.fast_op(op) if config is None else None
-    if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
-        result = fast(x0, x1) if scale_ub is None else fast(x0, x1, scale_ub)
-        if result is not native.MISS:
-            return result
+    inputs = (x0, x1) if scale_ub is None else (x0, x1, scale_ub)
+    if out is not None:
+        if config is None and native.run_into(op, inputs, out):
+            return out
+    else:
+        fast = native.fast_op(op) if config is None else None
+        if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
+            result = fast(x0, x1) if scale_ub is None else fast(x0, x1, scale_ub)
+            if result is not native.MISS:
+                return result
     try:  # the layout of the inputs, for the plan cache
         key = (x0.shape, x0.stride(), x0.dtype, x0.device, x1.shape, x1.stride(), x1.dtype, x1.device)
     except AttributeError:  # not tensors: the checks below say so
         key = None
-    plan = _SILU_MUL_QUANT_PLANS.get(key) if config is None and scale_ub is None else None
+    plan = _SILU_MUL_QUANT_PLANS.get(key) if config is None and scale_ub is None and out is None else None
     if plan is not None:  # seen and validated before: launch
         xq = torch.empty_like(x0, dtype=plan.out_dtype)
         scale = x0.new_empty(plan.shape[0], dtype=torch.float32)
@@ -154,20 +188,17 @@ def silu_mul_quant(x0: torch.Tensor, x1: torch.Tensor, scale_ub: torch.Tensor | 
     check.nonempty_rows(op, "x0", x0)
     ub = _scale_ub(op, scale_ub, x0, "x0")
     check.gpu(op, "x0", x0)
-    xq = torch.empty(x0.shape, dtype=fp8_dtype_for(x0.device), device=x0.device)
-    scale = torch.empty(x0.shape[:-1], dtype=torch.float32, device=x0.device)
+    xq, scale = check.outputs(op, out, _quant_specs(x0), x0.device, {"x0": x0, "x1": x1, "scale_ub": scale_ub})
     if x0.numel() == 0:
         return xq, scale
     a, b = check.rows(x0), check.rows(x1)
     q = xq.view(a.shape)
     sig = (check.aligned16(a, b, q), dtype_name(a.dtype), ub is not None)
-    inputs = (x0, x1) if ub is None else (x0, x1, scale_ub)
     ub = ub if ub is not None else placeholder(a.device, torch.float32)
     kernel = _SILU_MUL_QUANT.kernel(a.device, sig, a.shape, config)
     kernel(a, b, ub, q, scale.view(-1))
-    if config is None:
-        native.remember(op, inputs, (xq, scale), (a, b, ub, q, scale.view(-1)), (0, 1), kernel, held=(ub,))
-    if config is None and scale_ub is None and a is x0 and b is x1 and check.compact_rows(a):
+    _remember_quant(op, config, inputs, out, (xq, scale), (a, b, ub, q, scale.view(-1)), kernel, ub)
+    if config is None and scale_ub is None and out is None and a is x0 and b is x1 and check.compact_rows(a):
         plan = Plan(_SILU_MUL_QUANT, a.device, sig[1:], a.shape, check.aligned16(q), tuple(a.shape), q.dtype)
         _SILU_MUL_QUANT_PLANS.add(key, plan)
     return xq, scale

@@ -40,35 +40,51 @@ def _compact(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() and t.data_ptr() % _ALIGN_BYTES == 0 else t.contiguous()
 
 
-def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, config: dict | None = None) -> torch.Tensor:
-    """out = x @ w.T for bf16 or fp16 inputs (fp32 accumulation, output in the input dtype)."""
-    fast = native.fast_op("bf16_gemm") if config is None else None
-    if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
-        out = fast(x, w)
-        if out is not native.MISS:
+def _gemm_output(op: str, out, m: int, n: int, dtype: torch.dtype, device, inputs: dict):
+    """(the caller's checked ``out`` or a new [M, N] tensor, the tensor the kernel writes): a
+    caller's ``out`` whose start is not 16-byte aligned (TMA stores need it) gets an aligned
+    temporary, copied into ``out`` afterwards."""
+    (result,) = check.outputs(op, out, [((m, n), dtype)], device, inputs)
+    if out is None or result.data_ptr() % _ALIGN_BYTES == 0:
+        return result, result
+    return result, torch.empty((m, n), dtype=dtype, device=device)
+
+
+def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None,
+              config: dict | None = None) -> torch.Tensor:
+    """out = x @ w.T for bf16 or fp16 inputs (fp32 accumulation, output in the input dtype).
+    ``out``: a contiguous [M, N] tensor of x's dtype to write into instead of allocating."""
+    if out is not None:
+        if config is None and native.run_into("bf16_gemm", (x, w), out):
             return out
+    else:
+        fast = native.fast_op("bf16_gemm") if config is None else None
+        if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
+            y = fast(x, w)
+            if y is not native.MISS:
+                return y
     try:  # the layout of the inputs, for the plan cache
         key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device)
     except AttributeError:  # not tensors: the checks below say so
         key = None
-    plan = _BF16_GEMM_PLANS.get(key) if config is None else None
+    plan = _BF16_GEMM_PLANS.get(key) if config is None and out is None else None
     if plan is not None and not (x.data_ptr() | w.data_ptr()) & 15:  # seen and validated before
-        out = x.new_empty(plan.shape)  # no dtype or device arguments to parse
+        y = x.new_empty(plan.shape)  # no dtype or device arguments to parse
         kernel = plan.kernel()
-        outputs = (out, x.new_empty(plan.scratch, dtype=torch.float32)) if plan.scratch else (out,)
+        outputs = (y, x.new_empty(plan.scratch, dtype=torch.float32)) if plan.scratch else (y,)
         kernel(x, w, *outputs)
         if not plan.native_done:
             plan.native_done = native.remember("bf16_gemm", (x, w), outputs, (x, w, *outputs), (0,), kernel) is not None
-        return out
+        return y
     _operands("bf16_gemm", x, w, check.HALF_DTYPES)
     check.gpu("bf16_gemm", "x", x)
     M, K = x.shape
     N = w.shape[0]
-    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if out.numel() == 0:
-        return out
+    y, target = _gemm_output("bf16_gemm", out, M, N, x.dtype, x.device, {"x": x, "w": w})
+    if y.numel() == 0:
+        return y
     if K == 0:
-        return out.zero_()
+        return y.zero_()
     a, b = _compact(x), _compact(w)
     kernel, chosen = _BF16_GEMM.selection(a.device, (dtype_name(a.dtype),), (M, N, K), config)
     # Split-K configs (decode-sized M) sum K ranges in an fp32 partials buffer [split_k, M, N];
@@ -78,42 +94,53 @@ def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, config: dict | None = None) -
         split = chosen.get("split_k", 1)
         raise ValueError(f"bf16_gemm: config split_k={split} needs split_k * M * N < 2**31 "
                          f"(M={M}, N={N}); split-K is for small M, use a config without it")
-    outputs = (out, torch.empty(scratch, dtype=torch.float32, device=a.device)) if scratch else (out,)
-    kernel(a, b, *outputs)
-    if config is None:
-        native.remember("bf16_gemm", (x, w), outputs, (a, b, *outputs), (0,), kernel)
-    if config is None and a is x and b is w:
-        _BF16_GEMM_PLANS.add(key, Plan(_BF16_GEMM, a.device, (dtype_name(a.dtype),), (M, N, K), None, (M, N),
-                                       scratch=scratch))
-    return out
+    partials = (torch.empty(scratch, dtype=torch.float32, device=a.device),) if scratch else ()
+    kernel(a, b, target, *partials)
+    if target is not y:
+        y.copy_(target)
+    if config is None and out is not None:
+        native.remember_into("bf16_gemm", (x, w), (y,), (a, b, target, *partials), kernel, scratch=partials)
+    elif config is None:
+        native.remember("bf16_gemm", (x, w), (y, *partials), (a, b, y, *partials), (0,), kernel)
+        if a is x and b is w:
+            _BF16_GEMM_PLANS.add(key, Plan(_BF16_GEMM, a.device, (dtype_name(a.dtype),), (M, N, K), None, (M, N),
+                                           scratch=scratch))
+    return y
 
 
 def f8f8bf16_rowwise(xq: torch.Tensor, wq: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
-                     bias: torch.Tensor | None = None, *, config: dict | None = None) -> torch.Tensor:
+                     bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
+                     config: dict | None = None) -> torch.Tensor:
     """out = (xq @ wq.T) * x_scale[:, None] * w_scale[None, :] (+ bias), bf16 out; the scales are
-    the ones quantize_fp8_row returns."""
+    the ones quantize_fp8_row returns. ``out``: a contiguous [M, N] bf16 tensor to write into
+    instead of allocating."""
     op = "f8f8bf16_rowwise"
-    fast = native.fast_op(op) if config is None else None
-    if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
-        out = fast(xq, wq, x_scale, w_scale) if bias is None else fast(xq, wq, x_scale, w_scale, bias)
-        if out is not native.MISS:
+    inputs = (xq, wq, x_scale, w_scale) if bias is None else (xq, wq, x_scale, w_scale, bias)
+    if out is not None:
+        if config is None and native.run_into(op, inputs, out):
             return out
+    else:
+        fast = native.fast_op(op) if config is None else None
+        if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
+            y = fast(*inputs)
+            if y is not native.MISS:
+                return y
     try:  # the layout of the inputs, for the plan cache
         key = (xq.shape, xq.stride(), xq.dtype, xq.device, wq.shape, wq.stride(), wq.dtype, wq.device,
                x_scale.shape, x_scale.stride(), x_scale.dtype, x_scale.device,
                w_scale.shape, w_scale.stride(), w_scale.dtype, w_scale.device)
     except AttributeError:  # not tensors: the checks below say so
         key = None
-    plan = _F8F8BF16_ROWWISE_PLANS.get(key) if config is None and bias is None else None
+    plan = _F8F8BF16_ROWWISE_PLANS.get(key) if config is None and bias is None and out is None else None
     if plan is not None and not (xq.data_ptr() | wq.data_ptr()) & 15:  # seen and validated before
-        out = xq.new_empty(plan.shape, dtype=torch.bfloat16)
+        y = xq.new_empty(plan.shape, dtype=torch.bfloat16)
         kernel, no_bias = plan.kernel(), placeholder(xq.device, torch.bfloat16)
-        kernel(xq, wq, x_scale, w_scale, no_bias, out)
+        kernel(xq, wq, x_scale, w_scale, no_bias, y)
         if not plan.native_done:
-            plan.native_done = native.remember(op, (xq, wq, x_scale, w_scale), (out,),
-                                               (xq, wq, x_scale, w_scale, no_bias, out), (0,), kernel,
+            plan.native_done = native.remember(op, (xq, wq, x_scale, w_scale), (y,),
+                                               (xq, wq, x_scale, w_scale, no_bias, y), (0,), kernel,
                                                held=(no_bias,)) is not None
-        return out
+        return y
     _operands(op, xq, wq, check.FP8_DTYPES, names=("xq", "wq"))
     fp8 = fp8_dtype_for(xq.device)
     if xq.dtype != fp8:
@@ -130,22 +157,24 @@ def f8f8bf16_rowwise(xq: torch.Tensor, wq: torch.Tensor, x_scale: torch.Tensor, 
         check.shape(op, "bias", bias, (N,), "one bias per output column")
         check.same_device(op, "xq", xq, bias=bias)
     check.gpu(op, "xq", xq)
-    out = torch.empty((M, N), dtype=torch.bfloat16, device=xq.device)
-    if out.numel() == 0:
-        return out
+    y, target = _gemm_output(op, out, M, N, torch.bfloat16, xq.device,
+                             {"xq": xq, "wq": wq, "x_scale": x_scale, "w_scale": w_scale, "bias": bias})
+    if y.numel() == 0:
+        return y
     if K == 0:
-        return out.copy_(bias.expand(M, N)) if bias is not None else out.zero_()
+        return y.copy_(bias.expand(M, N)) if bias is not None else y.zero_()
     a, b = _compact(xq), _compact(wq)
     sa, sb = x_scale.contiguous(), w_scale.contiguous()
     kernel = _F8F8BF16_ROWWISE.kernel(a.device, (bias is not None,), (M, N, K), config)
     bias_arg = bias.contiguous() if bias is not None else placeholder(a.device, torch.bfloat16)
-    kernel(a, b, sa, sb, bias_arg, out)
-    if config is None:
-        if bias is None:
-            native.remember(op, (xq, wq, x_scale, w_scale), (out,), (a, b, sa, sb, bias_arg, out), (0,), kernel,
-                            held=(bias_arg,))
-        else:
-            native.remember(op, (xq, wq, x_scale, w_scale, bias), (out,), (a, b, sa, sb, bias_arg, out), (0,), kernel)
-    if config is None and bias is None and a is xq and b is wq and sa is x_scale and sb is w_scale:
-        _F8F8BF16_ROWWISE_PLANS.add(key, Plan(_F8F8BF16_ROWWISE, a.device, (False,), (M, N, K), None, (M, N)))
-    return out
+    kernel(a, b, sa, sb, bias_arg, target)
+    if target is not y:
+        y.copy_(target)
+    held = (bias_arg,) if bias is None else ()
+    if config is None and out is not None:
+        native.remember_into(op, inputs, (y,), (a, b, sa, sb, bias_arg, target), kernel, held=held)
+    elif config is None:
+        native.remember(op, inputs, (y,), (a, b, sa, sb, bias_arg, y), (0,), kernel, held=held)
+        if bias is None and a is xq and b is wq and sa is x_scale and sb is w_scale:
+            _F8F8BF16_ROWWISE_PLANS.add(key, Plan(_F8F8BF16_ROWWISE, a.device, (False,), (M, N, K), None, (M, N)))
+    return y

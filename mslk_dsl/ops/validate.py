@@ -81,3 +81,43 @@ def aligned16(*tensors: torch.Tensor) -> bool:
         if t.data_ptr() % 16 or (t.shape[-1] * t.element_size()) % 16:
             return False
     return True
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    if t.numel() == 0:
+        return 0, 0
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when the bytes a's elements span and b's intersect."""
+    (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
+    return a0 < b1 and b0 < a1
+
+
+def outputs(op: str, out, specs, device: torch.device, inputs: dict) -> tuple[torch.Tensor, ...]:
+    """The op's output tensors: new ones when ``out`` is None, else the caller's ``out`` (a
+    tensor for one output, a tuple for several) checked against ``specs``, one (shape, dtype)
+    per output: exact dtype and shape, the inputs' device, contiguous, and no memory shared
+    with an input (named in ``inputs``) or another output (the kernel reads its inputs while
+    it writes)."""
+    if out is None:
+        return tuple(torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs)
+    given = (out,) if len(specs) == 1 and isinstance(out, torch.Tensor) else out
+    if not isinstance(given, tuple) or len(given) != len(specs):
+        want = "a tensor" if len(specs) == 1 else f"a tuple of {len(specs)} tensors"
+        raise TypeError(f"{op}: out must be {want}, got {type(out).__name__}")
+    names = ["out"] if len(specs) == 1 else [f"out[{i}]" for i in range(len(specs))]
+    for i, (name, t, (shape, dtype)) in enumerate(zip(names, given, specs)):
+        tensor(op, name, t, (dtype,), min_ndim=0)
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+        if t.device != device:
+            raise ValueError(f"{op}: {name} is on {t.device} but the inputs are on {device}")
+        if not t.is_contiguous():
+            raise ValueError(f"{op}: {name} must be contiguous, got strides {t.stride()}")
+        for other, x in list(inputs.items()) + list(zip(names[:i], given[:i])):
+            if x is not None and overlap(t, x):
+                raise ValueError(f"{op}: {name} shares memory with {other}")
+    return given

@@ -132,6 +132,42 @@ def test_native_path_serves_repeat_calls_like_the_python_path(monkeypatch):
             assert torch.equal(b.view(torch.uint8), c.view(torch.uint8)), name
 
 
+def test_out_gives_the_allocating_calls_bytes_natively_too():
+    """out=: every op writes the allocating call's bytes into the caller's tensors and returns
+    them; the repeat call goes through the native launcher (its '.out' plans); an out that
+    overlaps an input raises even once a plan exists; a GEMM out that is not 16-byte aligned
+    still gets the right result (through an aligned temporary)."""
+    from mslk_dsl import native
+
+    assert native.wait_until_loaded(120) is not None
+    for name, (fn, args) in _native_cases().items():
+        expected = fn(*args)
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        native.fast_op(name + ".out").clear()
+        for call in range(2):
+            outs = tuple(torch.full_like(e, 7) if e.is_floating_point() and e.element_size() > 1
+                         else torch.empty_like(e) for e in expected)
+            given = outs if len(outs) > 1 else outs[0]
+            got = fn(*args, out=given)
+            got = got if isinstance(got, tuple) else (got,)
+            assert len(got) == len(outs) and all(g is o for g, o in zip(got, outs)), name
+            for e, o in zip(expected, outs):
+                assert torch.equal(e.view(torch.uint8), o.view(torch.uint8)), (name, call)
+            assert native.fast_op(name + ".out").plans() == 1, name
+        first = args[0]
+        if first.dtype == expected[0].dtype and first.shape == expected[0].shape:   # out aliasing x
+            bad = (first,) + tuple(torch.empty_like(e) for e in expected[1:])
+            with pytest.raises(ValueError, match="shares memory"):
+                fn(*args, out=bad if len(bad) > 1 else bad[0])
+    import mslk_dsl.ops as ops
+
+    x, w = (torch.randn(s, 256, device="cuda", dtype=bf16) for s in (5, 64))
+    buf = torch.empty(5 * 64 + 1, device="cuda", dtype=bf16)
+    out = buf[1:].view(5, 64)                                   # 2 bytes past an aligned start
+    assert ops.bf16_gemm(x, w, out=out) is out
+    torch.testing.assert_close(out, ops.bf16_gemm(x, w), rtol=0, atol=0)
+
+
 def test_native_path_launches_on_the_current_stream_and_in_graphs():
     import mslk_dsl.ops as ops
     from mslk_dsl import native
