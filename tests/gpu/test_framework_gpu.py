@@ -273,8 +273,9 @@ def test_fuzz_op_layer():
     @settings(max_examples=60, deadline=None, derandomize=False, database=None)
     @given(m=st.integers(0, 70), k=st.integers(0, 300), dtype=st.sampled_from([bf16, torch.float16, torch.float32,
                                                                                  torch.int32]),
-           layout=st.sampled_from(["contiguous", "row_strided", "col_strided", "cpu", "offset"]))
-    def check(m, k, dtype, layout):
+           layout=st.sampled_from(["contiguous", "row_strided", "col_strided", "cpu", "offset"]),
+           out_kind=st.sampled_from([None, "fresh", "offset", "is_x1", "float64"]))
+    def check(m, k, dtype, layout, out_kind):
         base = torch.randn(m, k + 3, device="cuda").to(dtype) if dtype != torch.int32 else \
             torch.randint(-3, 3, (m, k + 3), device="cuda", dtype=dtype)
         if layout == "contiguous":
@@ -288,11 +289,20 @@ def test_fuzz_op_layer():
         else:
             x0 = base[:, :k].cpu()
         x1 = torch.randn(x0.shape, device=x0.device).to(dtype) if dtype != torch.int32 else x0.clone()
+        # out=: none, a fresh tensor, one starting 1 element past an aligned address, x1 itself
+        # (must be refused: it is read while written), or the wrong dtype.
+        out = {None: None, "is_x1": x1,
+               "fresh": torch.empty(x0.shape, dtype=dtype, device=x0.device),
+               "offset": torch.empty(m * k + 1, dtype=dtype, device=x0.device)[1:].view(m, k),
+               "float64": torch.empty(x0.shape, dtype=torch.float64, device=x0.device)}[out_kind]
         try:
-            y = ops.silu_mul(x0, x1)
+            y = ops.silu_mul(x0, x1, out=out)
         except (ValueError, TypeError) as e:
-            assert dtype == torch.int32 or layout == "cpu" or (layout == "col_strided" and k > 1 and m > 1), e
+            assert (dtype == torch.int32 or layout == "cpu" or (layout == "col_strided" and k > 1 and m > 1)
+                    or out_kind == "float64" or (out_kind == "is_x1" and m * k > 0)), e
             return
+        assert out_kind != "float64" and not (out_kind == "is_x1" and m * k > 0), "bad out= accepted"
+        assert out is None or y is out
         torch.cuda.synchronize()
         ref = silu_mul_ref(x0, x1)
         torch.testing.assert_close(y.float(), ref.float(), rtol=1.6e-2, atol=1e-5)
