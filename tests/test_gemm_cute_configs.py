@@ -198,3 +198,27 @@ def test_partials_elements_by_config_kind():
     assert gemm_configs.partials_elements(plain, 1000, 4096) == 0
     assert gemm_configs.partials_elements(split, 7, 4096) == 4 * 7 * 4096
     assert gemm_configs.partials_elements(stream, 7, 4096) == gemm_configs.stream_k_partials(stream) > 0
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_x_rows_configs_serve_decode_only(op):
+    """Configs that load only x_rows rows of x: the heuristic picks them for M <= X_ROWS and never
+    above, the tuner offers them only for M <= x_rows, and the op refuses a larger M."""
+    from mslk_dsl import autotune
+    from mslk_dsl.ops import gemm
+
+    (template,) = registry.get_templates(op=op, backend="cute")
+    sig = OPS[op][0]
+    for m, (n, k) in itertools.product(M_VALUES, NK_VALUES):
+        config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
+        if m > gemm_configs.X_ROWS:
+            assert "x_rows" not in config, (m, n, k, config)
+        elif op == "f8f8bf16_rowwise" or config["tile_n"] == 256:
+            assert config.get("x_rows") == gemm_configs.X_ROWS, (m, n, k, config)
+        candidates = autotune._candidates(template, "sm90a", sig, {"M": m, "N": n, "K": k})
+        assert all(c.get("x_rows", m) >= m for c in candidates)
+        assert any("x_rows" in c for c in candidates) == (m <= gemm_configs.X_ROWS)
+    x_rows_config = next(c for c in template.valid_configs("sm90a", sig) if "x_rows" in c)
+    gemm._check_rows(op, x_rows_config, gemm_configs.X_ROWS)
+    with pytest.raises(ValueError, match="x_rows=16 serves M <= 16, got M=17"):
+        gemm._check_rows(op, x_rows_config, gemm_configs.X_ROWS + 1)

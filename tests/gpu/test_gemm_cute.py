@@ -55,8 +55,32 @@ def _case_id(case):
 def test_bf16_gemm_every_config(case):
     sig, config = case
     dtype = getattr(torch, sig["dtype"])
-    for m, n, k in CONFIG_SHAPES:
+    for m, n, k in _shapes_for(config):
         check_bf16(m, n, k, dtype, config)
+    _x_rows_rejects_larger_m("bf16_gemm", config, dtype)
+
+
+def _shapes_for(config):
+    """CONFIG_SHAPES, and for a decode config that loads only x_rows rows of x, the M <= x_rows
+    cases (every M from 1 to x_rows on two sizes, one with 3 waves of split-K units)."""
+    x_rows = config.get("x_rows")
+    if x_rows is None:
+        return CONFIG_SHAPES
+    return [s for s in CONFIG_SHAPES if s[0] <= x_rows] + [(m, 528, 1040) for m in range(1, x_rows + 1)] + \
+        [(x_rows, 8192 + 16, 2048)]
+
+
+def _x_rows_rejects_larger_m(op, config, dtype):
+    if "x_rows" not in config:
+        return
+    m = config["x_rows"] + 1
+    with pytest.raises(ValueError, match="x_rows"):
+        if op == "bf16_gemm":
+            ops.bf16_gemm(randn(m, 64, seed=1).to(dtype), randn(64, 64, seed=2).to(dtype), config=config)
+        else:
+            xq = torch.zeros(m, 128, device="cuda", dtype=FP8)
+            wq = torch.zeros(64, 128, device="cuda", dtype=FP8)
+            ops.f8f8bf16_rowwise(xq, wq, torch.ones(m, device="cuda"), torch.ones(64, device="cuda"), config=config)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -147,8 +171,9 @@ def _check_fp8(m, n, k, has_bias, config=None):
                          ids=_case_id)
 def test_f8f8bf16_rowwise_every_config(case):
     sig, config = case
-    for m, n, k in CONFIG_SHAPES:
+    for m, n, k in _shapes_for(config):
         _check_fp8(m, n, k, sig["has_bias"], config)
+    _x_rows_rejects_larger_m("f8f8bf16_rowwise", config, FP8)
 
 
 @pytest.mark.parametrize("has_bias", [True, False], ids=["bias", "nobias"])
@@ -166,8 +191,9 @@ def test_f8f8bf16_rowwise_promotion_is_accurate():
     ref = (xq.float() @ wq.float().T) * x_scale[:, None] * w_scale[None, :]
     for config in _template("f8f8bf16_rowwise").valid_configs("sm90a", {"has_bias": False}):
         if config["promote"]:
-            out = ops.f8f8bf16_rowwise(xq, wq, x_scale, w_scale, config=config)
-            rel = ((out.float() - ref).norm() / ref.norm()).item()
+            rows = config.get("x_rows", m)  # decode configs serve M <= x_rows
+            out = ops.f8f8bf16_rowwise(xq[:rows], wq, x_scale[:rows], w_scale, config=config)
+            rel = ((out.float() - ref[:rows]).norm() / ref[:rows].norm()).item()
             assert rel <= 4e-3, f"{config_name(config)}: relative Frobenius error {rel}"
 
 
