@@ -114,15 +114,15 @@ def test_calls_into_the_callers_out(launcher):
     assert native.remember_into("test_double", (x,), (out,), (x, out), kernel)
     assert native.fast_op("test_double.out").plans() == 1
     x2, out2 = torch.randn(4, 8), torch.empty(4, 8)
-    assert native.run_into("test_double", (x2,), out2)
+    assert native.run_into("test_double", (x2,), (out2,))
     torch.testing.assert_close(out2, x2 * 2)
-    assert native.run_into("test_double", (x2,), (out2,))      # a tuple of outputs works the same
-    assert not native.run_into("test_double", (x2,), x2)        # out is x: overlap
+    assert not native.run_into("test_double", (x2,), out2)     # outputs come as a tuple
+    assert not native.run_into("test_double", (x2,), (x2,))    # out is x: overlap
     buf = torch.randn(64)
-    assert not native.run_into("test_double", (buf[:32].view(4, 8),), buf[16:48].view(4, 8))  # partial overlap
-    assert native.run_into("test_double", (buf[:32].view(4, 8),), buf[32:].view(4, 8))  # adjacent: fine
+    assert not native.run_into("test_double", (buf[:32].view(4, 8),), (buf[16:48].view(4, 8),))  # partial overlap
+    assert native.run_into("test_double", (buf[:32].view(4, 8),), (buf[32:].view(4, 8),))  # adjacent: fine
     torch.testing.assert_close(buf[32:], buf[:32] * 2)
-    assert not native.run_into("test_double", (x2,), torch.empty(4, 9))  # another layout
+    assert not native.run_into("test_double", (x2,), (torch.empty(4, 9),))  # another layout
 
 
 def test_unsafe_launches_are_not_remembered(launcher):

@@ -196,3 +196,11 @@ def test_good_out_is_returned_and_none_allocates():
     # Bytes next to each other but not shared (one buffer, two halves) are fine.
     b = torch.empty(64, dtype=torch.uint8)
     _outputs((b[:32].view(fp8).view(4, 8), b[32:48].view(f32)))
+
+
+def test_one_output_takes_a_tensor_not_a_tuple():
+    from mslk_dsl.ops import validate
+
+    x = t(4, 8)
+    with pytest.raises(TypeError, match="out must be a tensor"):
+        validate.outputs("silu_mul", (torch.empty(4, 8, dtype=bf16),), [(x.shape, bf16)], x.device, {"x0": x})

@@ -229,14 +229,14 @@ def remember(name: str, inputs: tuple, outputs: tuple, args: tuple, returns: tup
     return fast.add(tuple(inputs), tuple(outputs), tuple(args), tuple(returns), kernel, tuple(written))
 
 
-def run_into(name: str, inputs: tuple, out) -> bool:
-    """Launch ``name``'s plan for a call that writes into the caller's ``out`` (a tensor or a
-    tuple of tensors; see remember_into). False when no plan matches: the op takes its Python
-    path (which also raises for an ``out`` that overlaps an input)."""
+def run_into(name: str, inputs: tuple, outs) -> bool:
+    """Launch ``name``'s plan for a call that writes into the caller's output tensors ``outs``
+    (a tuple, one per output; see remember_into). False when no plan matches or ``outs`` is not
+    a tuple: the op takes its Python path (which raises for a bad ``out``)."""
     fast = fast_op(name + ".out")
-    if fast is None:
+    if fast is None or type(outs) is not tuple:
         return False
-    return (fast(*inputs, *out) if type(out) is tuple else fast(*inputs, out)) is None
+    return fast(*inputs, *outs) is None
 
 
 def remember_into(name: str, inputs: tuple, out: tuple, args: tuple, kernel, held: tuple = (),

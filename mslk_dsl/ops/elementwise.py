@@ -50,7 +50,7 @@ def silu_mul(x0: torch.Tensor, x1: torch.Tensor, *, out: torch.Tensor | None = N
     """silu(x0) * x1 elementwise (fp32 math, result in the input dtype); any leading dims.
     ``out``: a contiguous tensor of x0's shape and dtype to write into instead of allocating."""
     if out is not None:
-        if config is None and native.run_into("silu_mul", (x0, x1), out):
+        if config is None and native.run_into("silu_mul", (x0, x1), (out,)):
             return out
     else:
         fast = native.fast_op("silu_mul") if config is None else None

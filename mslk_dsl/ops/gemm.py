@@ -62,7 +62,7 @@ def bf16_gemm(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = No
     """out = x @ w.T for bf16 or fp16 inputs (fp32 accumulation, output in the input dtype).
     ``out``: a contiguous [M, N] tensor of x's dtype to write into instead of allocating."""
     if out is not None:
-        if config is None and native.run_into("bf16_gemm", (x, w), out):
+        if config is None and native.run_into("bf16_gemm", (x, w), (out,)):
             return out
     else:
         fast = native.fast_op("bf16_gemm") if config is None else None
@@ -125,7 +125,7 @@ def f8f8bf16_rowwise(xq: torch.Tensor, wq: torch.Tensor, x_scale: torch.Tensor, 
     op = "f8f8bf16_rowwise"
     inputs = (xq, wq, x_scale, w_scale) if bias is None else (xq, wq, x_scale, w_scale, bias)
     if out is not None:
-        if config is None and native.run_into(op, inputs, out):
+        if config is None and native.run_into(op, inputs, (out,)):
             return out
     else:
         fast = native.fast_op(op) if config is None else None

@@ -34,7 +34,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out: to
     x's shape and dtype to write into instead of allocating."""
     plain = config is None and type(eps) is float and eps >= 0  # what native plans are kept for
     if out is not None:
-        if plain and native.run_into("rmsnorm", (x, weight, eps), out):
+        if plain and native.run_into("rmsnorm", (x, weight, eps), (out,)):
             return out
     else:
         fast = native.fast_op("rmsnorm") if plain else None

@@ -104,8 +104,11 @@ def outputs(op: str, out, specs, device: torch.device, inputs: dict) -> tuple[to
     it writes)."""
     if out is None:
         return tuple(torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs)
-    given = (out,) if len(specs) == 1 and isinstance(out, torch.Tensor) else out
-    if not isinstance(given, tuple) or len(given) != len(specs):
+    if len(specs) == 1 and isinstance(out, torch.Tensor):
+        given = (out,)
+    elif len(specs) > 1 and isinstance(out, tuple) and len(out) == len(specs):
+        given = out
+    else:
         want = "a tensor" if len(specs) == 1 else f"a tuple of {len(specs)} tensors"
         raise TypeError(f"{op}: out must be {want}, got {type(out).__name__}")
     names = ["out"] if len(specs) == 1 else [f"out[{i}]" for i in range(len(specs))]
