@@ -154,6 +154,9 @@ def test_out_gives_the_allocating_calls_bytes_natively_too():
             for e, o in zip(expected, outs):
                 assert torch.equal(e.view(torch.uint8), o.view(torch.uint8)), (name, call)
             assert native.fast_op(name + ".out").plans() == 1, name
+        if len(outs) == 1:   # one output: a tensor, not a 1-tuple, also once a plan exists
+            with pytest.raises(TypeError, match="out must be a tensor"):
+                fn(*args, out=outs)
         first = args[0]
         if first.dtype == expected[0].dtype and first.shape == expected[0].shape:   # out aliasing x
             bad = (first,) + tuple(torch.empty_like(e) for e in expected[1:])
