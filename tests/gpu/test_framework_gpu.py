@@ -296,7 +296,7 @@ def test_fuzz_op_layer():
         # (must be refused: it is read while written), or the wrong dtype.
         out = {None: None, "is_x1": x1,
                "fresh": torch.empty(x0.shape, dtype=dtype, device=x0.device),
-               "offset": torch.empty(m * k + 1, dtype=dtype, device=x0.device)[1:].view(m, k),
+               "offset": torch.empty(x0.numel() + 1, dtype=dtype, device=x0.device)[1:].view(x0.shape),
                "float64": torch.empty(x0.shape, dtype=torch.float64, device=x0.device)}[out_kind]
         try:
             y = ops.silu_mul(x0, x1, out=out)
