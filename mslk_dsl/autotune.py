@@ -89,13 +89,12 @@ SPLIT_K_MAX_M = 128
 def _candidates(template, target, sig, problem) -> list[dict]:
     """Every valid config, except that a precision knob (FP8 "promote": how often the tensor
     core's partial sums go to fp32) stays at the heuristic's value: tuning trades speed, never
-    accuracy; split-K configs only for M <= SPLIT_K_MAX_M; decode configs that load x_rows rows
-    of x only for M <= x_rows (they serve no larger M, so neither can the shape bucket)."""
+    accuracy; split-K configs only for M <= SPLIT_K_MAX_M; and only configs that serve the
+    problem (template.serves)."""
     default = template.heuristic(target, sig, problem)
-    m = problem.get("M", 0)
     return [c for c in template.valid_configs(target, sig)
             if ("promote" not in c or c["promote"] == default.get("promote"))
-            and ("split_k" not in c or m <= SPLIT_K_MAX_M) and c.get("x_rows", m) >= m]
+            and ("split_k" not in c or problem.get("M", 0) <= SPLIT_K_MAX_M) and template.serves(c, problem)]
 
 
 def _store(op, target, sig, problem, config, ms) -> None:

@@ -52,6 +52,9 @@ class Template:
                  cannot run (shared memory, vector width vs. alignment, ...).
     heuristic:   (target, sig, problem) -> config, the default choice for a problem
                  (a dict of the call's sizes). Must return a valid config.
+    serves:      (config, problem) -> bool, false for the sizes a config cannot run (e.g. a
+                 GEMM config that loads only 16 rows of x and so serves M <= 16); the op layer
+                 refuses such a config for the call and the tuner does not offer it.
     build:       (config, target, sig) -> (launcher, compile_args); see module docstring.
     name:        template name, unique per (op, backend); defaults to the module name.
     entry:       symbol name of the exported function (CuTe), defaults to the op name.
@@ -66,6 +69,7 @@ class Template:
     space: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     configs: Sequence[Config] = ()
     valid: Callable[[Config, str, Signature], bool] = lambda config, target, sig: True
+    serves: Callable[[Config, Mapping[str, int]], bool] = lambda config, problem: True
     name: str = ""
     # Filled in by the registry: the file the template came from (for the key's digest).
     source: str = ""
@@ -83,8 +87,10 @@ class Template:
     def valid_configs(self, target: str, sig: Signature) -> list[dict]:
         return [c for c in self.all_configs() if self.valid(c, target, sig)]
 
-    def check_config(self, config: Config, target: str, sig: Signature) -> dict:
-        """Validate an explicit config; raise ValueError naming what is wrong."""
+    def check_config(self, config: Config, target: str, sig: Signature,
+                     problem: Mapping[str, int] | None = None) -> dict:
+        """Validate an explicit config (for a call of sizes ``problem``, if given); raise
+        ValueError naming what is wrong."""
         config = dict(config)
         known = self.all_configs()
         if config not in known:
@@ -97,4 +103,7 @@ class Template:
         if not self.valid(config, target, sig):
             raise ValueError(f"{self.op}: config {config_name(config)} is not valid for target "
                              f"{target} and signature {dict(sig)}")
+        if problem is not None and not self.serves(config, problem):
+            raise ValueError(f"{self.op}: config {config_name(config)} does not serve a call of sizes "
+                             f"{dict(problem)}; use another config")
         return config

@@ -22,8 +22,8 @@ A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
                   the tuner offers it only there). A 64-row box of x holding M = 1-16 rows loads
                   slower than the 16-row one, though the rows past M are only zeros
 Pipeline stages are derived from shared memory (as many A/B stages as fit beside the
-epilogue buffers). Every config is correct for every M >= 1; N and K must keep rows 16-byte
-aligned (the op layer checks).
+epilogue buffers). Every config is correct for every M >= 1 (up to x_rows when it has one); N
+and K must keep rows 16-byte aligned (the op layer checks).
 """
 
 NUM_SMS = 132  # H100 / H200 SXM: the persistent grid size and the heuristic's waves
@@ -95,7 +95,7 @@ def heuristic(problem, fp8):
     """
     m, n = problem["M"], problem["N"]
     tile_m = 64 if m <= 64 else 128
-    decode_rows = X_ROWS if m <= X_ROWS else 0  # load only M's rows of x (1.0-1.04x bf16, 1.0-1.3x FP8)
+    decode_rows = X_ROWS if m <= X_ROWS else 0  # the 16-row x box (see the docstring)
     if m <= DECODE_M_MAX and not fp8:
         tiles = _ceil_div(n, 256)
         if tiles >= DECODE_TILES_MIN:
@@ -119,6 +119,13 @@ def heuristic(problem, fp8):
     if decode_rows and (fp8 or tile_n == 256):  # the tiles that have an x_rows variant
         config["x_rows"] = decode_rows
     return {**config, "promote": FP8_PROMOTE} if fp8 else config
+
+
+def serves(config, problem):
+    """Whether ``config`` can run a call of size problem = {"M", ...}: an x_rows config serves
+    M <= x_rows only. Tuning buckets round M up to a power of two and X_ROWS is one, so a
+    tuned x_rows config never meets a larger M either."""
+    return problem["M"] <= config.get("x_rows", problem["M"])
 
 
 def tile_of_work(work, clusters_m, clusters_n, raster_m, group, minimum=min):

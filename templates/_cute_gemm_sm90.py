@@ -25,8 +25,9 @@ templates need, with its own tile order and an epilogue hook:
     CTAs (gemm_configs.stream_k_*: a CTA's range touches at most two tiles), each CTA stores
     the fp32 sums of its (at most two) pieces into a partials buffer [CTA, piece, tile], and a
     second kernel adds every tile's pieces in CTA order (deterministic) into D.
-TMA zero-fills loads past M / N / K, so the mainloop needs no predication: any M works, and
-any K and N that keep rows 16-byte aligned (what TMA requires of the row strides).
+TMA zero-fills loads past M / N / K, so the mainloop needs no predication: any M works (up to
+x_rows with an x_rows box), and any K and N that keep rows 16-byte aligned (what TMA requires of
+the row strides).
 """
 import cutlass
 import cutlass.cute as cute

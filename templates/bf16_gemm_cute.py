@@ -47,4 +47,4 @@ def build(config, target, sig):
 
 TEMPLATE = Template(op="bf16_gemm", backend="cute", targets=("sm90a",),
                     signatures={"dtype": DTYPES}, configs=gemm_configs.BF16_CONFIGS,
-                    heuristic=_heuristic, build=build)
+                    heuristic=_heuristic, serves=gemm_configs.serves, build=build)

@@ -111,4 +111,4 @@ def build(config, target, sig):
 
 TEMPLATE = Template(op="f8f8bf16_rowwise", backend="cute", targets=("sm90a",),
                     signatures={"has_bias": (True, False)}, configs=gemm_configs.FP8_CONFIGS,
-                    heuristic=_heuristic, build=build)
+                    heuristic=_heuristic, serves=gemm_configs.serves, build=build)

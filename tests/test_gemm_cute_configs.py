@@ -201,7 +201,7 @@ def test_partials_elements_by_config_kind():
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_x_rows_configs_serve_decode_only(op):
+def test_x_rows_configs_serve_decode_only(op, monkeypatch):
     """Configs that load only x_rows rows of x: the heuristic picks them for M <= X_ROWS and never
     above, the tuner offers them only for M <= x_rows, and the op refuses a larger M."""
     from mslk_dsl import autotune
@@ -218,7 +218,16 @@ def test_x_rows_configs_serve_decode_only(op):
         candidates = autotune._candidates(template, "sm90a", sig, {"M": m, "N": n, "K": k})
         assert all(c.get("x_rows", m) >= m for c in candidates)
         assert any("x_rows" in c for c in candidates) == (m <= gemm_configs.X_ROWS)
+    # The op layer's choice (explicit config here) refuses an x_rows config for a larger M.
+    kernel_op = {"bf16_gemm": gemm._BF16_GEMM, "f8f8bf16_rowwise": gemm._F8F8BF16_ROWWISE}[op]
     x_rows_config = next(c for c in template.valid_configs("sm90a", sig) if "x_rows" in c)
-    gemm._check_rows(op, x_rows_config, gemm_configs.X_ROWS)
-    with pytest.raises(ValueError, match="x_rows=16 serves M <= 16, got M=17"):
-        gemm._check_rows(op, x_rows_config, gemm_configs.X_ROWS + 1)
+    signature = tuple(sig[f] for f in kernel_op.sig_fields)
+    assert kernel_op.choose("sm90a", signature, (gemm_configs.X_ROWS, 64, 64), x_rows_config)[1] == x_rows_config
+    with pytest.raises(ValueError, match=r"x_rows16 does not serve a call of sizes \{'M': 17"):
+        kernel_op.choose("sm90a", signature, (gemm_configs.X_ROWS + 1, 64, 64), x_rows_config)
+    # A stored tuning result that cannot serve the call is passed over for the heuristic.
+    from mslk_dsl import tuning
+
+    monkeypatch.setattr(tuning, "lookup", lambda *args: x_rows_config)
+    assert kernel_op.choose("sm90a", signature, (gemm_configs.X_ROWS, 64, 64), None)[1] == x_rows_config
+    assert "x_rows" not in kernel_op.choose("sm90a", signature, (gemm_configs.X_ROWS + 1, 64, 64), None)[1]

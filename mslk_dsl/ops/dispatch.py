@@ -71,15 +71,16 @@ class KernelOp:
         """(template, config, signature dict) for a call: explicit config, stored tuning, or heuristic."""
         template = self.template_for(target)
         sig = dict(zip(self.sig_fields, signature))
+        sizes = dict(zip(self.problem_fields, problem))
         if config is not None:
-            return template, template.check_config(config, target, sig), sig
+            return template, template.check_config(config, target, sig, sizes), sig
         from mslk_dsl import tuning
 
-        tuned = tuning.lookup(self.op, target, sig, dict(zip(self.problem_fields, problem)))
-        if tuned is not None and tuned in template.valid_configs(target, sig):
+        tuned = tuning.lookup(self.op, target, sig, sizes)
+        if tuned is not None and tuned in template.valid_configs(target, sig) and template.serves(tuned, sizes):
             return template, tuned, sig
-        chosen = template.heuristic(target, sig, dict(zip(self.problem_fields, problem)))
-        return template, template.check_config(chosen, target, sig), sig
+        chosen = template.heuristic(target, sig, sizes)
+        return template, template.check_config(chosen, target, sig, sizes), sig
 
     def _select(self, device, signature, problem, config):
         target = target_of(device)
