@@ -15,35 +15,19 @@ from mslk_dsl import registry, tuning
 from mslk_dsl.device import target_of
 
 
-def _gemm_inputs(problem, sig, fp8):
-    M, N, K = problem["M"], problem["N"], problem["K"]
-    x = torch.randn(M, K, device="cuda")
-    w = torch.randn(N, K, device="cuda")
-    if not fp8:
-        dtype = getattr(torch, sig.get("dtype", "bfloat16"))
-        return (x.to(dtype), w.to(dtype)), {}
-    import mslk_dsl.ops as ops
+def tunable_ops() -> list[str]:
+    """The declared ops the tuner can time: those whose declaration builds example inputs."""
+    from mslk_dsl.ops import declarations
 
-    xq, xs = ops.quantize_fp8_row(x.to(torch.bfloat16))
-    wq, ws = ops.quantize_fp8_row(w.to(torch.bfloat16))
-    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16) if sig.get("has_bias") else None
-    return (xq, wq, xs, ws, bias), {}
+    return [name for name, decl in declarations().items() if decl.example is not None and decl.composite is None]
 
 
-def _rows_inputs(problem, sig, count):
-    M, K = problem["M"], problem.get("K", problem.get("N"))
-    dtype = getattr(torch, sig.get("dtype", "bfloat16"))
-    return tuple(torch.randn(M, K, device="cuda", dtype=dtype) for _ in range(count)), {}
+def inputs_for(op: str, problem: dict, sig: dict, device="cuda") -> tuple:
+    """The arguments the tuner times ``op`` with: the op declaration's example for the problem
+    sizes and signature."""
+    from mslk_dsl.ops import declaration
 
-
-# op -> (function name in mslk_dsl.ops, input factory)
-INPUTS = {
-    "bf16_gemm": lambda p, s: _gemm_inputs(p, s, fp8=False),
-    "f8f8bf16_rowwise": lambda p, s: _gemm_inputs(p, s, fp8=True),
-    "silu_mul": lambda p, s: _rows_inputs(p, s, 2),
-    "quantize_fp8_row": lambda p, s: _rows_inputs(p, s, 1),
-    "silu_mul_quant": lambda p, s: _rows_inputs(p, s, 2),
-}
+    return declaration.get(op).example(problem, sig, torch.device(device))
 
 
 def tune(op: str, problems: list[dict], sig: dict | None = None, store: bool = True) -> list[tuple[dict, float]]:
@@ -52,8 +36,8 @@ def tune(op: str, problems: list[dict], sig: dict | None = None, store: bool = T
 
     import mslk_dsl.ops as ops
 
-    if op not in INPUTS:
-        raise ValueError(f"tuning {op!r} is not supported; supported: {sorted(INPUTS)}")
+    if op not in tunable_ops():
+        raise ValueError(f"tuning {op!r} is not supported; supported: {', '.join(tunable_ops())}")
     target = target_of(torch.device("cuda")).name
     template = registry.templates_for(op, target)[0]
     results = []
@@ -62,7 +46,7 @@ def tune(op: str, problems: list[dict], sig: dict | None = None, store: bool = T
         full_sig.update(sig or {})
         if "aligned" in full_sig:
             full_sig["aligned"] = True
-        args, kwargs = INPUTS[op](problem, full_sig)
+        args, kwargs = inputs_for(op, problem, full_sig), {}
         fn = getattr(ops, op)
         timings = []
         for config in _candidates(template, target, full_sig, problem):

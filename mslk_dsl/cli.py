@@ -28,6 +28,10 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("targets", help="list compile targets (arch/*.toml)")
     s.set_defaults(func=cmd_targets)
 
+    s = sub.add_parser("ops", help="list the declared ops: schema, signature parts, sizes, targets")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_ops)
+
     s = sub.add_parser("templates", help="list registered templates")
     s.add_argument("--op")
     s.add_argument("--json", action="store_true")
@@ -133,6 +137,21 @@ def cmd_targets(args) -> int:
         print(f"{t.name:8s} {t.vendor:7s} backend={t.backend:7s} arch={t.dsl_arch:8s} warp={t.warp_size} "
               f"smem={t.smem_per_block} fp8={t.fp8 or '-'}")
     return 0
+
+
+def cmd_ops(args) -> int:
+    from mslk_dsl import registry
+    from mslk_dsl.ops import declarations
+
+    rows = []
+    for name, decl in declarations().items():
+        targets = sorted({t for tpl in registry.get_templates(op=name) for t in tpl.targets})
+        rows.append({"op": name, "schema": f"{name}{decl.schema}", "signature": list(decl.signature),
+                     "problem": list(decl.problem), "targets": targets,
+                     "kind": "composite" if decl.composite is not None else "kernel"})
+    return _print_rows(rows, args.json, lambda r: f"{r['schema']}\n    {r['kind']}; signature: "
+                       f"{', '.join(r['signature']) or '-'}; sizes: {', '.join(r['problem']) or '-'}; "
+                       f"targets: {', '.join(r['targets']) or 'any device'}")
 
 
 def cmd_templates(args) -> int:

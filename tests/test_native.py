@@ -162,7 +162,7 @@ def test_plans_are_bounded(launcher):
 
 def test_op_layer_serves_repeat_calls_natively(launcher, monkeypatch):
     """silu_mul's second call with a layout skips the Python path (no validation runs)."""
-    from mslk_dsl.ops import elementwise, validate
+    from mslk_dsl.ops import call, declaration, elementwise, validate
 
     def silu_mul_kernel(x0, x1, out):
         a, b, o = (as_torch(t, torch.float32) for t in (x0, x1, out))
@@ -170,9 +170,9 @@ def test_op_layer_serves_repeat_calls_natively(launcher, monkeypatch):
 
     kernel = tvm_ffi.convert(silu_mul_kernel)
     monkeypatch.setattr(validate, "gpu", lambda *args: None)   # CPU tensors stand in for GPU ones
-    monkeypatch.setattr(elementwise._SILU_MUL, "kernel", lambda *args: kernel)
+    monkeypatch.setattr(declaration.get("silu_mul").kernels, "selection", lambda *args: (kernel, {}))
     native.fast_op("silu_mul").clear()
-    elementwise._SILU_MUL_PLANS.clear()
+    call.clear_python_plans()
     checked = []
     monkeypatch.setattr(validate, "tensor", lambda *args, **kw: checked.append(args[1]))
     x0, x1 = torch.randn(6, 16), torch.randn(6, 16)
@@ -182,22 +182,63 @@ def test_op_layer_serves_repeat_calls_natively(launcher, monkeypatch):
     assert checked == ["x0", "x1"]          # served by the plan: validation did not run again
     torch.testing.assert_close(first, second)
     torch.testing.assert_close(second, torch.nn.functional.silu(x0) * x1)
-    # silu_mul(x, x) adds no native plan (its inputs share memory); the Python plan it leaves
-    # offers the layout to the launcher once, not on every call.
+    # silu_mul(x, x) adds no plan of either kind (its inputs share memory: which kernel argument
+    # is which input would be ambiguous for a later call with two tensors), so it is not offered.
     native.fast_op("silu_mul").clear()
-    elementwise._SILU_MUL_PLANS.clear()
-    elementwise.silu_mul(x0, x0)
+    call.clear_python_plans()
     offered = []
     remember = native.remember
     monkeypatch.setattr(native, "remember", lambda *args, **kw: offered.append(args[0]) or remember(*args, **kw))
     for _ in range(3):
         torch.testing.assert_close(elementwise.silu_mul(x0, x0), torch.nn.functional.silu(x0) * x0)
-    assert offered == ["silu_mul"] and native.fast_op("silu_mul").plans() == 0
-    # A later call of that layout with two tensors is right.
+    assert offered == [] and native.fast_op("silu_mul").plans() == 0
+    # A later call of that layout with two tensors is right, and gets its plan.
     torch.testing.assert_close(elementwise.silu_mul(x0, x1), torch.nn.functional.silu(x0) * x1)
+    assert offered == ["silu_mul"] and native.fast_op("silu_mul").plans() == 1
     monkeypatch.undo()   # real validation again: another layout takes the Python path, which checks it
     with pytest.raises(TypeError, match="x1 has dtype torch.float64"):
         elementwise.silu_mul(x0, x1.double())
+
+
+def test_python_plans_serve_where_the_launcher_cannot(monkeypatch):
+    """Without the native launcher (ROCm's FlyDSL kernels are not TVM-FFI functions; or it is
+    still loading), a repeat layout is served by a Python plan: no validation, the same result,
+    views of inputs and outputs rebuilt for the new tensors, placeholders held, and an offer to
+    the launcher on each replay while it may still load."""
+    from mslk_dsl.ops import call, declaration, elementwise, validate
+
+    seen = []
+
+    def quantize_kernel(x, ub, xq, scale):   # stands in for the FlyDSL kernel: torch tensors in
+        seen.append((tuple(x.shape), tuple(xq.shape), ub.numel()))
+        ref_q, ref_s = elementwise._quantize_reference(x)
+        xq.copy_(ref_q), scale.copy_(ref_s)
+
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)
+    monkeypatch.setattr(declaration.get("quantize_fp8_row").kernels, "selection",
+                        lambda *args: (quantize_kernel, {}))
+    monkeypatch.setattr(native, "fast_op", lambda name: None)
+    offers = []
+    monkeypatch.setattr(native, "remember", lambda *args, **kw: offers.append(args[0]))  # None: "still loading"
+    call.clear_python_plans()
+    checked = []
+    tensor_check = validate.tensor
+    monkeypatch.setattr(validate, "tensor", lambda *a, **kw: checked.append(a[1]) or tensor_check(*a, **kw))
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    first = elementwise.quantize_fp8_row(x)
+    assert checked == ["x"] and offers == ["quantize_fp8_row"]
+    y = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    xq, scale = elementwise.quantize_fp8_row(y)
+    assert checked == ["x"]                                       # the plan served it
+    assert offers == ["quantize_fp8_row"] * 2                     # and offered it to the launcher again
+    assert seen == [((6, 64), (6, 64), 1)] * 2                    # the kernel saw [rows, K] views
+    ref_q, ref_s = elementwise._quantize_reference(y)
+    assert xq.shape == (2, 3, 64) and scale.shape == (2, 3)
+    assert torch.equal(xq.view(torch.uint8), ref_q.view(torch.uint8)) and torch.equal(scale, ref_s)
+    assert first[0].data_ptr() != xq.data_ptr()                   # fresh outputs per call
+    # Another layout is checked again.
+    elementwise.quantize_fp8_row(torch.randn(5, 64, dtype=torch.bfloat16))
+    assert checked == ["x", "x"]
 
 
 def test_disabled_by_env(monkeypatch):

@@ -7,52 +7,54 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import mslk_dsl.ops  # noqa: F401  (registers torch.ops.mslk_dsl.*)
 from mslk_dsl import registry
 
-bf16, f32, fp8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
-M, K, N, E = 5, 64, 32, 16
+from mslk_dsl.ops import declarations
 
-
-def fake_calls():
-    """(op name, call) pairs on fake CUDA tensors, with the expected output (shape, dtype)s."""
-    x = torch.empty(M, K, dtype=bf16, device="cuda")
-    w = torch.empty(N, K, dtype=bf16, device="cuda")
-    xq, wq = x.to(fp8), w.to(fp8)
-    xs, ws = torch.empty(M, dtype=f32, device="cuda"), torch.empty(N, dtype=f32, device="cuda")
-    hidden = torch.empty(K, dtype=bf16, device="cuda")
-    scores = torch.empty(M, E, dtype=f32, device="cuda")
-    tok = torch.empty(M * 2, dtype=torch.int32, device="cuda")
-    ops = torch.ops.mslk_dsl
-    return [
-        ("silu_mul", lambda: ops.silu_mul(x, x), [((M, K), bf16)]),
-        ("quantize_fp8_row", lambda: ops.quantize_fp8_row(x), [((M, K), fp8), ((M,), f32)]),
-        ("silu_mul_quant", lambda: ops.silu_mul_quant(x, x), [((M, K), fp8), ((M,), f32)]),
-        ("dequantize_fp8_row", lambda: ops.dequantize_fp8_row(xq, xs), [((M, K), bf16)]),
-        ("rmsnorm", lambda: ops.rmsnorm(x, hidden, 1e-6), [((M, K), bf16)]),
-        ("rmsnorm_add", lambda: ops.rmsnorm_add(x, x, hidden, 1e-6), [((M, K), bf16), ((M, K), bf16)]),
-        ("bf16_gemm", lambda: ops.bf16_gemm(x, w), [((M, N), bf16)]),
-        ("f8f8bf16_rowwise", lambda: ops.f8f8bf16_rowwise(xq, wq, xs, ws), [((M, N), bf16)]),
-        ("index_shuffling", lambda: ops.index_shuffling(scores, top_k=2),
-         [((E + 2,), torch.int32), ((M * 2,), torch.int32), ((M * 2,), torch.int32)]),
-        ("gather_scale_dense_tokens", lambda: ops.gather_scale_dense_tokens(x, tok, tok, scores),
-         [((M * 2, K), bf16)]),
-    ]
+bf16 = torch.bfloat16
+DECLARED = list(declarations())
 
 
 def test_every_template_op_is_a_torch_op():
     for op in registry.ops():
         if op == "scale_copy":  # the framework-test template is not a library op
             continue
+        assert op in DECLARED, f"{op} has templates but no op declaration"
         assert hasattr(torch.ops.mslk_dsl, op), f"{op} has templates but no torch op"
         assert getattr(torch.ops.mslk_dsl, op).__doc__, f"{op} has no docstring"
 
 
-@pytest.mark.parametrize("index", range(10))
-def test_fake_shapes_and_dtypes(index):
+def _small_args(decl, device: str):
+    """The declaration's example call at its small problem size (same values on any device)."""
+    torch.manual_seed(0)
+    return decl.example(dict(decl.small_problem), {}, torch.device(device))
+
+
+@pytest.mark.parametrize("name", DECLARED)
+def test_fake_matches_the_reference(name):
+    """The torch op's fake (from the declaration's outputs), traced on fake CUDA tensors, gives the
+    shapes and dtypes that the op's plain-torch reference computes on the same CPU inputs."""
+    decl = declarations()[name]
+    assert decl.example is not None and decl.reference is not None, f"{name}: declare example and reference"
     with FakeTensorMode():
-        name, call, expected = fake_calls()[index]
-        out = call()
-        outs = out if isinstance(out, tuple) else (out,)
-        assert [(tuple(o.shape), o.dtype) for o in outs] == expected, name
-        assert all(o.device.type == "cuda" for o in outs)
+        got = getattr(torch.ops.mslk_dsl, name)(*_small_args(decl, "cuda"))
+    args = _small_args(decl, "cpu")
+    want = decl.reference(*args)
+    if not decl.outputs(*args):   # in place: the reference returns the updated first argument
+        assert got is None
+        return
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    assert [(tuple(o.shape), o.dtype) for o in got] == [(tuple(o.shape), o.dtype) for o in want], name
+    assert all(o.device.type == "cuda" for o in got)
+
+
+def test_the_references_run_on_the_cpu():
+    """Each reference computes on real (CPU) tensors: the GPU tests and the fuzz test compare the
+    kernels against them."""
+    for name, decl in declarations().items():
+        args = decl.example(dict(decl.small_problem), {}, torch.device("cpu"))
+        result = decl.reference(*args)
+        results = result if isinstance(result, tuple) else (result,)
+        assert all(isinstance(r, torch.Tensor) and r.numel() > 0 for r in results), name
 
 
 def test_scatter_add_is_declared_as_mutating_its_output():

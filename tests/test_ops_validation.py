@@ -91,11 +91,11 @@ def test_dequantize_inverts_on_any_device():
 def test_scatter_allocates_its_workspace_only_for_the_sorted_method(method, monkeypatch):
     """The sorted method gets counts, offsets, positions, lists and first rows (3T + 1 + 2A
     int32); the atomic method gets the cached one-element placeholder (no allocation per call)."""
-    from mslk_dsl.ops import dispatch, moe, validate
+    from mslk_dsl.ops import declaration, dispatch, validate
 
     launched = []
     monkeypatch.setattr(validate, "gpu", lambda *args: None)   # CPU tensors stand in for GPU ones
-    monkeypatch.setattr(moe._SCATTER, "selection",
+    monkeypatch.setattr(declaration.get("scatter_add_dense_tokens").kernels, "selection",
                         lambda *args: (lambda *tensors: launched.append(tensors), {"method": method}))
     out, y, tok = t(5, 16), t(12, 16), torch.randint(0, 5, (12,), dtype=torch.int32)
     ops.scatter_add_dense_tokens(out, y, tok)
@@ -111,7 +111,7 @@ def test_one_column_moe_inputs_run_as_two_columns_on_rocm(monkeypatch):
     """FlyDSL kernels cannot take [rows, 1] tensors (unit strides on both dimensions): on a ROCm
     target the MoE ops pad them to two columns and return the first. Stand-in kernels, written
     in torch, check what they are given."""
-    from mslk_dsl.ops import moe, validate
+    from mslk_dsl.ops import declaration, validate
 
     monkeypatch.setenv("MSLK_DSL_TARGET", "gfx942")
     monkeypatch.setattr(validate, "gpu", lambda *args: None)   # CPU tensors stand in for GPU ones
@@ -134,8 +134,9 @@ def test_one_column_moe_inputs_run_as_two_columns_on_rocm(monkeypatch):
         expert_indices.copy_(e[order]), token_indices.copy_(order)
 
     kernels = {"gather_scale_dense_tokens": gather, "scatter_add_dense_tokens": scatter, "index_shuffling": route}
-    for op in (moe._GATHER, moe._SCATTER, moe._INDEX_SHUFFLING):
-        monkeypatch.setattr(op, "selection", lambda *args, op=op: (kernels[op.op], {"method": "atomic"}))
+    for name, kernel in kernels.items():
+        monkeypatch.setattr(declaration.get(name).kernels, "selection",
+                            lambda *args, kernel=kernel: (kernel, {"method": "atomic"}))
 
     tokens, x = torch.tensor([2, 0, 2, 1], dtype=torch.int32), t(3, 1)
     scores = torch.rand(3, 1)

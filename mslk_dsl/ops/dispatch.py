@@ -1,7 +1,7 @@
-"""Choosing and caching the kernel for one call: device -> target -> template -> config -> kernel.
+"""Choosing the kernel for one call: device -> target -> template -> config -> kernel.
 
 The first call for a (device, signature, problem, config) pays for the lookup (and maybe a
-compile); later calls are one dict lookup, so the per-call host cost stays near a native op.
+compile); later calls are one dict lookup. Launch plans (call.py, mslk_dsl.native) skip even that.
 """
 from __future__ import annotations
 
@@ -27,6 +27,11 @@ def placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     if t is None:
         t = _placeholders[(device, dtype)] = torch.zeros(1, dtype=dtype, device=device)
     return t
+
+
+def is_placeholder(t: torch.Tensor) -> bool:
+    """Whether ``t`` is one of the placeholders (a launch plan may hold it for every call)."""
+    return _placeholders.get((t.device, t.dtype)) is t
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -86,48 +91,3 @@ class KernelOp:
         target = target_of(device)
         template, config, sig = self.choose(target.name, signature, problem, config)
         return jit.get_kernel(template, config, target, sig), config
-
-
-class Plan:
-    """The kernels for one validated input layout (shapes, strides, dtypes, devices) of an op.
-
-    A repeat call with the same layout skips validation and kernel selection: it only checks the
-    data pointers' alignment and launches. ``rows_aligned`` says whether the rows are a multiple
-    of 16 bytes; the 16-byte-vector kernel is used when the pointers are aligned too. Each kernel
-    is looked up on first use.
-    """
-
-    __slots__ = ("op", "device", "sig_tail", "problem", "rows_aligned", "shape", "out_dtype", "scratch",
-                 "native_done", "_kernels")
-
-    def __init__(self, op: KernelOp, device: torch.device, sig_tail: tuple, problem: tuple,
-                 rows_aligned: bool | None, shape: tuple = (), out_dtype: torch.dtype | None = None,
-                 scratch: int = 0):
-        self.op, self.device, self.sig_tail, self.problem = op, device, sig_tail, problem
-        self.rows_aligned = rows_aligned  # None: the op's signature has no alignment part
-        self.shape, self.out_dtype = shape, out_dtype  # of the output the op allocates
-        self.scratch = scratch  # elements of the scratch buffer the chosen kernel takes (0: none)
-        # Whether the native launcher has had this layout offered (mslk_dsl.native.remember): a
-        # layout it refuses must not cost that check on every call of this path.
-        self.native_done = False
-        self._kernels: dict = {}
-
-    def kernel(self, pointers_aligned: bool = True):
-        aligned = bool(self.rows_aligned and pointers_aligned) if self.rows_aligned is not None else None
-        kernel = self._kernels.get(aligned)
-        if kernel is None:
-            sig = self.sig_tail if aligned is None else (aligned, *self.sig_tail)
-            kernel = self._kernels[aligned] = self.op.kernel(self.device, sig, self.problem, None)
-        return kernel
-
-
-class PlanCache(dict):
-    """Plans of one op keyed by the inputs' layout; bounded, since shapes vary in serving."""
-
-    MAX = 1024
-
-    def add(self, key, plan: Plan) -> Plan:
-        if len(self) >= self.MAX:
-            self.clear()
-        self[key] = plan
-        return plan

@@ -4,30 +4,27 @@ from __future__ import annotations
 
 import torch
 
-from mslk_dsl import native
 from mslk_dsl.device import target_of
 from mslk_dsl.ops import validate as check
-from mslk_dsl.ops.dispatch import KernelOp, Plan, PlanCache, dtype_name, placeholder
-
-_SILU_MUL = KernelOp("silu_mul", ("aligned", "dtype"), ("M", "K"))
-_QUANT = KernelOp("quantize_fp8_row", ("aligned", "dtype", "has_scale_ub"), ("M", "K"))
-_SILU_MUL_QUANT = KernelOp("silu_mul_quant", ("aligned", "dtype", "has_scale_ub"), ("M", "K"))
-
-_SILU_MUL_PLANS, _QUANT_PLANS, _SILU_MUL_QUANT_PLANS = PlanCache(), PlanCache(), PlanCache()
+from mslk_dsl.ops.declaration import Launch, OpDecl, declare
+from mslk_dsl.ops.dispatch import dtype_name, placeholder
 
 _FP8 = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
+FP8_AMAX_FLOOR = 1.0 / 512  # MSLK's EPS: a row's absmax is at least this
 
 
 def fp8_dtype_for(device: torch.device) -> torch.dtype:
     """The FP8 flavour of the device's target (e4m3fnuz on gfx942, e4m3fn elsewhere)."""
     try:
         return _FP8[target_of(device).fp8 or "e4m3fn"]
-    except (NotImplementedError, RuntimeError, AssertionError):
+    except (NotImplementedError, RuntimeError, AssertionError, ValueError):
         # No GPU to ask (tracing with fake/meta tensors on a CPU machine): the OCP flavour.
         return torch.float8_e4m3fn
 
 
-def _pair(op: str, x0, x1) -> None:
+# -- checks and outputs -----------------------------------------------------------------------------
+def _check_pair(op: str, x0, x1) -> None:
     check.tensor(op, "x0", x0, check.FLOAT_DTYPES)
     check.tensor(op, "x1", x1, check.FLOAT_DTYPES)
     check.same_dtype(op, "x1", x1, x0.dtype, "x0")
@@ -35,175 +32,127 @@ def _pair(op: str, x0, x1) -> None:
     check.same_device(op, "x0", x0, x1=x1)
 
 
-def _scale_ub(op: str, scale_ub, x: torch.Tensor, x_name: str) -> torch.Tensor | None:
+def _check_scale_ub(op: str, scale_ub, x: torch.Tensor, x_name: str) -> None:
     if scale_ub is None:
-        return None
+        return
     check.tensor(op, "scale_ub", scale_ub, (torch.float32,), min_ndim=0)
     if scale_ub.numel() != 1:
         raise ValueError(f"{op}: scale_ub must hold one element, got shape {tuple(scale_ub.shape)}")
     check.same_device(op, x_name, x, scale_ub=scale_ub)
-    return scale_ub.reshape(1)
 
 
-def silu_mul(x0: torch.Tensor, x1: torch.Tensor, *, out: torch.Tensor | None = None,
-             config: dict | None = None) -> torch.Tensor:
-    """silu(x0) * x1 elementwise (fp32 math, result in the input dtype); any leading dims.
-    ``out``: a contiguous tensor of x0's shape and dtype to write into instead of allocating."""
-    if out is not None:
-        if config is None and native.run_into("silu_mul", (x0, x1), (out,)):
-            return out
-    else:
-        fast = native.fast_op("silu_mul") if config is None else None
-        if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
-            y = fast(x0, x1)
-            if y is not native.MISS:
-                return y
-    try:  # the layout of the inputs, for the plan cache
-        key = (x0.shape, x0.stride(), x0.dtype, x0.device, x1.shape, x1.stride(), x1.dtype, x1.device)
-    except AttributeError:  # not tensors: the checks below say so
-        key = None
-    plan = _SILU_MUL_PLANS.get(key) if config is None and out is None else None
-    if plan is not None:  # seen and validated before: launch
-        y = torch.empty_like(x0)  # no shape, dtype or device arguments to parse
-        kernel = plan.kernel(not (x0.data_ptr() | x1.data_ptr()) & 15)
-        kernel(x0, x1, y)
-        if not plan.native_done:
-            plan.native_done = native.remember("silu_mul", (x0, x1), (y,), (x0, x1, y), (0,), kernel) is not None
-        return y
-    _pair("silu_mul", x0, x1)
-    check.gpu("silu_mul", "x0", x0)
-    (y,) = check.outputs("silu_mul", out, [(x0.shape, x0.dtype)], x0.device, {"x0": x0, "x1": x1})
+def _quant_outputs(x: torch.Tensor, *_) -> list:
+    """quantize's results: xq of x's shape in the device's FP8 flavour, one fp32 scale per row."""
+    return [(tuple(x.shape), fp8_dtype_for(x.device)), (tuple(x.shape[:-1]), torch.float32)]
+
+
+def _rows_example(count: int):
+    """``count`` N(0, 1) [M, K] inputs of the signature's dtype."""
+    def example(problem: dict, sig: dict, device) -> tuple:
+        dtype = getattr(torch, sig.get("dtype", "bfloat16"))
+        return tuple(torch.randn(problem["M"], problem["K"], device=device, dtype=dtype) for _ in range(count))
+    return example
+
+
+# -- references (fp32 math, MSLK's semantics) ---------------------------------------------------------
+def _silu_mul_reference(x0, x1):
+    return (torch.nn.functional.silu(x0.float()) * x1.float()).to(x0.dtype)
+
+
+def _quantize_reference(x, scale_ub=None):
+    """MSLK's Triton quantize_fp8_row in fp32: amax floored at 1/512 and capped by scale_ub,
+    scale = amax / fp8_max, xq = fp8(clamp(x / scale)) (tensor / tensor: IEEE division)."""
+    fp8 = fp8_dtype_for(x.device)
+    xf = x.float()
+    amax = torch.clamp(xf.abs().amax(dim=-1), min=FP8_AMAX_FLOOR)
+    if scale_ub is not None:
+        amax = torch.minimum(amax, scale_ub.float().reshape(()))
+    scale = amax / torch.full_like(amax, FP8_MAX[fp8])
+    xq = (xf / scale.unsqueeze(-1)).clamp(-FP8_MAX[fp8], FP8_MAX[fp8]).to(fp8)
+    return xq, scale
+
+
+# -- silu_mul -------------------------------------------------------------------------------------------
+def _prepare_silu_mul(select, outputs, x0, x1):
+    (y,) = outputs
     if y.numel() == 0:
-        return y
+        return None
     a, b = check.rows(x0), check.rows(x1)
     o = y.view(a.shape)
-    sig = (check.aligned16(a, b, o), dtype_name(a.dtype))
-    kernel = _SILU_MUL.kernel(a.device, sig, a.shape, config)
-    kernel(a, b, o)
-    if config is None and out is not None:
-        native.remember_into("silu_mul", (x0, x1), (y,), (a, b, o), kernel)
-    elif config is None:
-        native.remember("silu_mul", (x0, x1), (y,), (a, b, o), (0,), kernel)
-        if a is x0 and b is x1 and check.compact_rows(a):
-            _SILU_MUL_PLANS.add(key, Plan(_SILU_MUL, a.device, sig[1:], a.shape, check.aligned16(o), tuple(a.shape)))
-    return y
+    kernel, _ = select((check.aligned16(a, b, o), dtype_name(a.dtype)), tuple(a.shape))
+    return Launch(kernel, (a, b, o))
 
 
-def quantize_fp8_row(x: torch.Tensor, scale_ub: torch.Tensor | None = None, *,
-                     out: tuple[torch.Tensor, torch.Tensor] | None = None,
-                     config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row absmax FP8 quantization. Returns (xq [..., K] fp8, scale [...] fp32) where
-    ``x ~= xq.float() * scale[..., None]``; rows of zeros give xq = 0 and a finite scale.
-    ``out``: contiguous (xq, scale) tensors to write into instead of allocating."""
+silu_mul = declare(OpDecl(
+    name="silu_mul", schema="(Tensor x0, Tensor x1) -> Tensor",
+    doc="""silu(x0) * x1 elementwise (fp32 math, result in the input dtype); any leading dims.
+    ``out``: a contiguous tensor of x0's shape and dtype to write into instead of allocating.""",
+    check=lambda x0, x1: _check_pair("silu_mul", x0, x1),
+    outputs=lambda x0, x1: [(tuple(x0.shape), x0.dtype)],
+    prepare=_prepare_silu_mul, signature=("aligned", "dtype"), problem=("M", "K"),
+    example=_rows_example(2), reference=_silu_mul_reference, small_problem={"M": 5, "K": 64}))
+
+
+# -- quantize_fp8_row -------------------------------------------------------------------------------------
+def _check_quantize(x, scale_ub):
     op = "quantize_fp8_row"
-    inputs = (x,) if scale_ub is None else (x, scale_ub)
-    if out is not None:
-        if config is None and native.run_into(op, inputs, out):
-            return out
-    else:
-        fast = native.fast_op(op) if config is None else None
-        if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
-            result = fast(x) if scale_ub is None else fast(x, scale_ub)
-            if result is not native.MISS:
-                return result
-    try:  # the layout of the inputs, for the plan cache
-        key = (x.shape, x.stride(), x.dtype, x.device)
-    except AttributeError:  # not tensors: the checks below say so
-        key = None
-    plan = _QUANT_PLANS.get(key) if config is None and scale_ub is None and out is None else None
-    if plan is not None:  # seen and validated before: launch
-        xq = torch.empty_like(x, dtype=plan.out_dtype)
-        scale = x.new_empty(plan.shape[0], dtype=torch.float32)
-        kernel, ub = plan.kernel(not x.data_ptr() & 15), placeholder(x.device, torch.float32)
-        kernel(x, ub, xq, scale)
-        if not plan.native_done:
-            plan.native_done = native.remember(op, (x,), (xq, scale), (x, ub, xq, scale), (0, 1), kernel,
-                                               held=(ub,)) is not None
-        return xq, scale
     check.tensor(op, "x", x, check.FLOAT_DTYPES)
     check.nonempty_rows(op, "x", x)
-    ub = _scale_ub(op, scale_ub, x, "x")
-    check.gpu(op, "x", x)
-    xq, scale = check.outputs(op, out, _quant_specs(x), x.device, {"x": x, "scale_ub": scale_ub})
+    _check_scale_ub(op, scale_ub, x, "x")
+
+
+def _prepare_quantize(select, outputs, x, scale_ub):
+    xq, scale = outputs
     if x.numel() == 0:
-        return xq, scale
+        return None
     a = check.rows(x)
     q = xq.view(a.shape)
-    sig = (check.aligned16(a, q), dtype_name(a.dtype), ub is not None)
-    ub = ub if ub is not None else placeholder(a.device, torch.float32)
-    kernel = _QUANT.kernel(a.device, sig, a.shape, config)
-    kernel(a, ub, q, scale.view(-1))
-    _remember_quant(op, config, inputs, out, (xq, scale), (a, ub, q, scale.view(-1)), kernel, ub)
-    if config is None and scale_ub is None and out is None and a is x and check.compact_rows(a):
-        _QUANT_PLANS.add(key, Plan(_QUANT, a.device, sig[1:], a.shape, check.aligned16(q), tuple(a.shape), q.dtype))
-    return xq, scale
+    ub = scale_ub.reshape(1) if scale_ub is not None else placeholder(a.device, torch.float32)
+    kernel, _ = select((check.aligned16(a, q), dtype_name(a.dtype), scale_ub is not None), tuple(a.shape))
+    return Launch(kernel, (a, ub, q, scale.view(-1)))
 
 
-def _quant_specs(x: torch.Tensor) -> list:
-    """(shape, dtype) of quantize's outputs xq and scale for input ``x``."""
-    return [(x.shape, fp8_dtype_for(x.device)), (x.shape[:-1], torch.float32)]
+quantize_fp8_row = declare(OpDecl(
+    name="quantize_fp8_row", schema="(Tensor x, Tensor? scale_ub=None) -> (Tensor, Tensor)",
+    doc="""Per-row absmax FP8 quantization. Returns (xq [..., K] fp8, scale [...] fp32) where
+    ``x ~= xq.float() * scale[..., None]``; rows of zeros give xq = 0 and a finite scale.
+    ``out``: contiguous (xq, scale) tensors to write into instead of allocating.""",
+    check=_check_quantize, outputs=_quant_outputs, prepare=_prepare_quantize,
+    signature=("aligned", "dtype", "has_scale_ub"), problem=("M", "K"),
+    example=_rows_example(1), reference=_quantize_reference, small_problem={"M": 5, "K": 64}))
 
 
-def _remember_quant(op, config, inputs, out, outputs, args, kernel, ub) -> None:
-    """Native plan for a quantizing call: into the caller's ``out``, or allocating (xq, scale)."""
-    if config is not None:
-        return
-    if out is not None:
-        native.remember_into(op, inputs, outputs, args, kernel, held=(ub,))
-    else:
-        native.remember(op, inputs, outputs, args, (0, 1), kernel, held=(ub,))
-
-
-def silu_mul_quant(x0: torch.Tensor, x1: torch.Tensor, scale_ub: torch.Tensor | None = None, *,
-                   out: tuple[torch.Tensor, torch.Tensor] | None = None,
-                   config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """quantize_fp8_row(silu_mul(x0, x1), scale_ub), fused: one read of x0/x1, one write of xq.
-    ``out``: contiguous (xq, scale) tensors to write into instead of allocating."""
+# -- silu_mul_quant -----------------------------------------------------------------------------------------
+def _check_silu_mul_quant(x0, x1, scale_ub):
     op = "silu_mul_quant"
-    inputs = (x0, x1) if scale_ub is None else (x0, x1, scale_ub)
-    if out is not None:
-        if config is None and native.run_into(op, inputs, out):
-            return out
-    else:
-        fast = native.fast_op(op) if config is None else None
-        if fast is not None:  # a layout seen before: one native call (see mslk_dsl.native)
-            result = fast(x0, x1) if scale_ub is None else fast(x0, x1, scale_ub)
-            if result is not native.MISS:
-                return result
-    try:  # the layout of the inputs, for the plan cache
-        key = (x0.shape, x0.stride(), x0.dtype, x0.device, x1.shape, x1.stride(), x1.dtype, x1.device)
-    except AttributeError:  # not tensors: the checks below say so
-        key = None
-    plan = _SILU_MUL_QUANT_PLANS.get(key) if config is None and scale_ub is None and out is None else None
-    if plan is not None:  # seen and validated before: launch
-        xq = torch.empty_like(x0, dtype=plan.out_dtype)
-        scale = x0.new_empty(plan.shape[0], dtype=torch.float32)
-        kernel, ub = plan.kernel(not (x0.data_ptr() | x1.data_ptr()) & 15), placeholder(x0.device, torch.float32)
-        kernel(x0, x1, ub, xq, scale)
-        if not plan.native_done:
-            plan.native_done = native.remember(op, (x0, x1), (xq, scale), (x0, x1, ub, xq, scale), (0, 1), kernel,
-                                               held=(ub,)) is not None
-        return xq, scale
-    _pair(op, x0, x1)
+    _check_pair(op, x0, x1)
     check.nonempty_rows(op, "x0", x0)
-    ub = _scale_ub(op, scale_ub, x0, "x0")
-    check.gpu(op, "x0", x0)
-    xq, scale = check.outputs(op, out, _quant_specs(x0), x0.device, {"x0": x0, "x1": x1, "scale_ub": scale_ub})
+    _check_scale_ub(op, scale_ub, x0, "x0")
+
+
+def _prepare_silu_mul_quant(select, outputs, x0, x1, scale_ub):
+    xq, scale = outputs
     if x0.numel() == 0:
-        return xq, scale
+        return None
     a, b = check.rows(x0), check.rows(x1)
     q = xq.view(a.shape)
-    sig = (check.aligned16(a, b, q), dtype_name(a.dtype), ub is not None)
-    ub = ub if ub is not None else placeholder(a.device, torch.float32)
-    kernel = _SILU_MUL_QUANT.kernel(a.device, sig, a.shape, config)
-    kernel(a, b, ub, q, scale.view(-1))
-    _remember_quant(op, config, inputs, out, (xq, scale), (a, b, ub, q, scale.view(-1)), kernel, ub)
-    if config is None and scale_ub is None and out is None and a is x0 and b is x1 and check.compact_rows(a):
-        plan = Plan(_SILU_MUL_QUANT, a.device, sig[1:], a.shape, check.aligned16(q), tuple(a.shape), q.dtype)
-        _SILU_MUL_QUANT_PLANS.add(key, plan)
-    return xq, scale
+    ub = scale_ub.reshape(1) if scale_ub is not None else placeholder(a.device, torch.float32)
+    kernel, _ = select((check.aligned16(a, b, q), dtype_name(a.dtype), scale_ub is not None), tuple(a.shape))
+    return Launch(kernel, (a, b, ub, q, scale.view(-1)))
 
 
+silu_mul_quant = declare(OpDecl(
+    name="silu_mul_quant", schema="(Tensor x0, Tensor x1, Tensor? scale_ub=None) -> (Tensor, Tensor)",
+    doc="""quantize_fp8_row(silu_mul(x0, x1), scale_ub), fused: one read of x0/x1, one write of xq.
+    ``out``: contiguous (xq, scale) tensors to write into instead of allocating.""",
+    check=_check_silu_mul_quant, outputs=_quant_outputs, prepare=_prepare_silu_mul_quant,
+    signature=("aligned", "dtype", "has_scale_ub"), problem=("M", "K"),
+    example=_rows_example(2),
+    reference=lambda x0, x1, scale_ub=None: _quantize_reference(_silu_mul_reference(x0, x1), scale_ub),
+    small_problem={"M": 5, "K": 64}))
+
+
+# -- dequantize_fp8_row (plain torch) ---------------------------------------------------------------------------
 def dequantize_fp8_row(xq: torch.Tensor, scale: torch.Tensor,
                        out_dtype: torch.dtype | None = torch.bfloat16) -> torch.Tensor:
     """Inverse of quantize_fp8_row: xq.float() * scale[..., None], in ``out_dtype``."""
@@ -213,3 +162,16 @@ def dequantize_fp8_row(xq: torch.Tensor, scale: torch.Tensor,
     check.shape(op, "scale", scale, xq.shape[:-1], "one scale per row of xq")
     check.same_device(op, "xq", xq, scale=scale)
     return (xq.float() * scale.unsqueeze(-1)).to(out_dtype or torch.bfloat16)
+
+
+def _dequantize_example(problem: dict, sig: dict, device) -> tuple:
+    x = torch.randn(problem["M"], problem["K"], device=device, dtype=torch.bfloat16)
+    return _quantize_reference(x)
+
+
+declare(OpDecl(
+    name="dequantize_fp8_row", schema="(Tensor xq, Tensor scale, ScalarType? out_dtype=None) -> Tensor",
+    doc=dequantize_fp8_row.__doc__, composite=dequantize_fp8_row,
+    outputs=lambda xq, scale, out_dtype=None: [(tuple(xq.shape), out_dtype or torch.bfloat16)],
+    problem=("M", "K"), example=_dequantize_example, reference=dequantize_fp8_row,
+    small_problem={"M": 5, "K": 64}))

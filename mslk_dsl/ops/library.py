@@ -1,6 +1,7 @@
-"""Registers every op as ``torch.ops.mslk_dsl.<name>``: schema, GPU implementation (the eager
-Python function of the same name), a fake for tracing, and a CPU implementation that says why
-there is none.
+"""Registers every declared op as ``torch.ops.mslk_dsl.<name>``: its schema, the eager function as
+the CUDA implementation, a fake from the declaration's ``outputs`` (shapes and dtypes, for
+tracing), and a CPU implementation that says why there is none. Composite ops (plain torch) are
+registered for every device.
 
 ``torch.library.Library`` + ``impl`` costs about a microsecond over a direct call (custom_op
 costs ~10 us), so torch.ops is nearly as cheap as the eager functions in ``mslk_dsl.ops``.
@@ -10,11 +11,12 @@ from __future__ import annotations
 import torch
 
 from mslk_dsl.errors import UnsupportedDeviceError
-from mslk_dsl.ops import elementwise, gemm, moe, norm
+from mslk_dsl.ops.declaration import OpDecl
 from mslk_dsl.ops.validate import supported_targets
 
 NAMESPACE = "mslk_dsl"
-_LIB = torch.library.Library(NAMESPACE, "DEF")
+_LIB = torch.library.Library(NAMESPACE, "FRAGMENT")
+_registered: set[str] = set()
 
 
 def _cpu_impl(name: str):
@@ -24,58 +26,27 @@ def _cpu_impl(name: str):
     return refuse
 
 
-def register(fn, schema: str, fake, composite: bool = False) -> None:
-    """Define ``torch.ops.mslk_dsl.<fn name>`` with ``schema`` (arguments after the name).
-    ``composite`` ops are plain torch code and run on every device."""
-    name = fn.__name__
-    _LIB.define(f"{name}{schema}")
-    if composite:
-        _LIB.impl(name, fn, "CompositeExplicitAutograd")
+def _fake(decl: OpDecl):
+    """The op's fake: empty tensors of the shapes and dtypes its declaration says it returns."""
+    def fake(*args):
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        outs = tuple(torch.empty(shape, dtype=dtype, device=device) for shape, dtype in decl.outputs(*args))
+        if not outs:
+            return None
+        return outs[0] if len(outs) == 1 else outs
+    return fake
+
+
+def register(decl: OpDecl, eager) -> None:
+    """Define ``torch.ops.mslk_dsl.<decl.name>`` (once per process)."""
+    if decl.name in _registered:
+        return
+    _LIB.define(f"{decl.name}{decl.schema}")
+    if decl.composite is not None:
+        _LIB.impl(decl.name, eager, "CompositeExplicitAutograd")
     else:
-        _LIB.impl(name, fn, "CUDA")
-        _LIB.impl(name, _cpu_impl(name), "CPU")
-    torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIB)
-    getattr(torch.ops.mslk_dsl, name).__doc__ = fn.__doc__
-
-
-# -- fakes: output shapes and dtypes only -----------------------------------------------------------
-def _quant_outputs(x: torch.Tensor):
-    fp8 = elementwise.fp8_dtype_for(x.device)
-    return (torch.empty(x.shape, dtype=fp8, device=x.device),
-            torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device))
-
-
-register(elementwise.silu_mul, "(Tensor x0, Tensor x1) -> Tensor",
-         lambda x0, x1: torch.empty_like(x0))
-register(elementwise.quantize_fp8_row, "(Tensor x, Tensor? scale_ub=None) -> (Tensor, Tensor)",
-         lambda x, scale_ub=None: _quant_outputs(x))
-register(elementwise.silu_mul_quant, "(Tensor x0, Tensor x1, Tensor? scale_ub=None) -> (Tensor, Tensor)",
-         lambda x0, x1, scale_ub=None: _quant_outputs(x0))
-register(elementwise.dequantize_fp8_row, "(Tensor xq, Tensor scale, ScalarType? out_dtype=None) -> Tensor",
-         lambda xq, scale, out_dtype=None: torch.empty(xq.shape, dtype=out_dtype or torch.bfloat16,
-                                                       device=xq.device), composite=True)
-register(norm.rmsnorm, "(Tensor x, Tensor weight, float eps=1e-06) -> Tensor",
-         lambda x, weight, eps=1e-6: torch.empty_like(x))
-register(norm.rmsnorm_add, "(Tensor x, Tensor residual, Tensor weight, float eps=1e-06) -> (Tensor, Tensor)",
-         lambda x, residual, weight, eps=1e-6: (torch.empty_like(x), torch.empty_like(x)))
-register(gemm.bf16_gemm, "(Tensor x, Tensor w) -> Tensor",
-         lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
-register(gemm.f8f8bf16_rowwise,
-         "(Tensor xq, Tensor wq, Tensor x_scale, Tensor w_scale, Tensor? bias=None) -> Tensor",
-         lambda xq, wq, x_scale, w_scale, bias=None: torch.empty((xq.shape[0], wq.shape[0]),
-                                                                 dtype=torch.bfloat16, device=xq.device))
-register(moe.index_shuffling,
-         "(Tensor scores, int? expert_index_start=None, int? expert_index_end=None, "
-         "Tensor? valid_token_count=None, int top_k=1) -> (Tensor, Tensor, Tensor)",
-         lambda scores, expert_index_start=None, expert_index_end=None, valid_token_count=None, top_k=1: (
-             scores.new_empty((scores.shape[1] + 2,), dtype=torch.int32),
-             scores.new_empty((scores.shape[0] * top_k,), dtype=torch.int32),
-             scores.new_empty((scores.shape[0] * top_k,), dtype=torch.int32)))
-register(moe.gather_scale_dense_tokens,
-         "(Tensor x, Tensor token_indices, Tensor expert_indices, Tensor scores, "
-         "Tensor? valid_token_count=None) -> Tensor",
-         lambda x, token_indices, expert_indices, scores, valid_token_count=None:
-             x.new_empty((token_indices.shape[0], x.shape[1])))
-register(moe.scatter_add_dense_tokens,
-         "(Tensor(a!) out_tokens, Tensor in_tokens, Tensor token_indices, Tensor? valid_token_count=None) -> ()",
-         lambda out_tokens, in_tokens, token_indices, valid_token_count=None: None)
+        _LIB.impl(decl.name, eager, "CUDA")
+        _LIB.impl(decl.name, _cpu_impl(decl.name), "CPU")
+    torch.library.register_fake(f"{NAMESPACE}::{decl.name}", _fake(decl), lib=_LIB)
+    getattr(torch.ops.mslk_dsl, decl.name).__doc__ = decl.doc
+    _registered.add(decl.name)

@@ -1,17 +1,17 @@
 """MoE routing with MSLK's semantics: index_shuffling (top-k experts per token, tokens grouped by
 expert), gather_scale_dense_tokens and scatter_add_dense_tokens. The templates' docstrings give
-the kernels' exact contracts and the deliberate differences from MSLK."""
+the kernels' exact contracts and the deliberate differences from MSLK.
+
+None of them keeps launch plans: index_shuffling's outputs are sized by top_k's value, the
+routing indices are converted to int32 per call, and scatter writes an input in place."""
 from __future__ import annotations
 
 import torch
 
 from mslk_dsl.device import target_of
 from mslk_dsl.ops import validate as check
-from mslk_dsl.ops.dispatch import KernelOp, dtype_name, placeholder
-
-_INDEX_SHUFFLING = KernelOp("index_shuffling", ("has_valid_count", "score_dtype"), ("T", "E"))
-_GATHER = KernelOp("gather_scale_dense_tokens", ("aligned", "dtype", "has_valid_count", "score_dtype"), ("A", "D"))
-_SCATTER = KernelOp("scatter_add_dense_tokens", ("aligned", "dtype", "has_valid_count"), ("A", "D", "T"))
+from mslk_dsl.ops.declaration import Launch, OpDecl, declare
+from mslk_dsl.ops.dispatch import dtype_name, placeholder
 
 MAX_EXPERTS = 256
 MAX_TOP_K = 8
@@ -19,14 +19,20 @@ MAX_CHUNKS = 128  # index_shuffling's per-chunk histogram workspace: MAX_CHUNKS 
 SCORE_DTYPES = (torch.bfloat16, torch.float32)
 
 
-def _valid_count(op: str, valid_token_count, like: torch.Tensor, like_name: str):
+def _check_valid_count(op: str, valid_token_count, like: torch.Tensor, like_name: str) -> None:
     if valid_token_count is None:
-        return None
+        return
     check.tensor(op, "valid_token_count", valid_token_count, (torch.int32,), min_ndim=0)
     if valid_token_count.numel() != 1:
         raise ValueError(f"{op}: valid_token_count must hold one element, got shape "
                          f"{tuple(valid_token_count.shape)}")
     check.same_device(op, like_name, like, valid_token_count=valid_token_count)
+
+
+def _valid_arg(valid_token_count, device) -> torch.Tensor:
+    """The kernel's valid-count argument: the caller's one element, or the unread placeholder."""
+    if valid_token_count is None:
+        return placeholder(device, torch.int32)
     return valid_token_count.reshape(1)
 
 
@@ -42,21 +48,26 @@ def _two_columns(t: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
     return torch.cat([t, t.new_full((t.shape[0], 1), fill)], dim=1)
 
 
-def _indices(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
+def _check_indices(op: str, name: str, t) -> None:
     check.tensor(op, name, t, (torch.int32, torch.int64), ndim=1, unit_last_stride=False)
+
+
+def _int32(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.int32).contiguous()  # a no-op for contiguous int32 (the kernels take int32)
 
 
-def index_shuffling(scores: torch.Tensor, expert_index_start: int | None = None,
-                    expert_index_end: int | None = None, valid_token_count: torch.Tensor | None = None,
-                    top_k: int = 1, *, config: dict | None = None):
-    """Route each of T tokens to its top_k experts (by score, ties to the lower expert) and group
-    the (token, expert) pairs by expert. Returns (counts [E + 2] int32: per-expert counts, then T,
-    then the routed total; expert_indices [T * top_k] int32 (minus expert_index_start);
-    token_indices [T * top_k] int32). Only the first counts[E + 1] entries are meaningful."""
+def _routing_example(problem: dict, sig: dict, device) -> tuple:
+    """Scores for T tokens over E experts; top_k from the problem (default 2)."""
+    dtype = getattr(torch, sig.get("score_dtype", "float32"))
+    scores = torch.rand(problem["T"], problem["E"], device=device).to(dtype)
+    return scores, None, None, None, min(problem.get("top_k", 2), problem["E"])
+
+
+# -- index_shuffling ------------------------------------------------------------------------------------
+def _check_index_shuffling(scores, expert_index_start, expert_index_end, valid_token_count, top_k):
     op = "index_shuffling"
     check.tensor(op, "scores", scores, SCORE_DTYPES, ndim=2, unit_last_stride=False)
-    T, E = scores.shape
+    E = scores.shape[1]
     if not 1 <= E <= MAX_EXPERTS:
         raise ValueError(f"{op}: scores has E={E} experts; supported: 1..{MAX_EXPERTS}")
     if not 1 <= top_k <= min(MAX_TOP_K, E):
@@ -66,96 +77,198 @@ def index_shuffling(scores: torch.Tensor, expert_index_start: int | None = None,
     if not 0 <= start <= end <= E:
         raise ValueError(f"{op}: expert_index_start={start}, expert_index_end={end} must satisfy "
                          f"0 <= start <= end <= E={E}")
-    valid = _valid_count(op, valid_token_count, scores, "scores")
-    check.gpu(op, "scores", scores)
+    _check_valid_count(op, valid_token_count, scores, "scores")
+
+
+def _index_shuffling_outputs(scores, expert_index_start=None, expert_index_end=None, valid_token_count=None,
+                             top_k=1):
+    T, E = scores.shape
+    return [((E + 2,), torch.int32), ((T * top_k,), torch.int32), ((T * top_k,), torch.int32)]
+
+
+def _prepare_index_shuffling(select, outputs, scores, expert_index_start, expert_index_end, valid_token_count,
+                             top_k):
+    counts, expert_indices, token_indices = outputs
+    T, E = scores.shape
+    start = 0 if expert_index_start is None else int(expert_index_start)
+    end = E if expert_index_end is None else int(expert_index_end)
+    if T == 0:
+        counts.zero_()
+        return None
     if _one_column_needs_padding(scores):
         # A second expert scored -inf and outside [start, end): never chosen over expert 0
         # (ties go to the lower expert), never routed; its count is dropped.
-        counts, expert_indices, token_indices = index_shuffling(
-            _two_columns(scores, float("-inf")), start, end, valid, top_k, config=config)
-        return torch.cat([counts[:1], counts[2:]]), expert_indices, token_indices
+        padded_counts, padded_experts, padded_tokens = index_shuffling(
+            _two_columns(scores, float("-inf")), start, end, valid_token_count, top_k)
+        counts.copy_(torch.cat([padded_counts[:1], padded_counts[2:]]))
+        expert_indices.copy_(padded_experts)
+        token_indices.copy_(padded_tokens)
+        return None
     dev = scores.device
-    counts = torch.empty(E + 2, dtype=torch.int32, device=dev)
-    expert_indices = torch.empty(T * top_k, dtype=torch.int32, device=dev)
-    token_indices = torch.empty(T * top_k, dtype=torch.int32, device=dev)
-    if T == 0:
-        return counts.zero_(), expert_indices, token_indices
-    workspace_slots = torch.empty(T * top_k, dtype=torch.int32, device=dev)
-    workspace_hist = torch.empty(MAX_CHUNKS * E, dtype=torch.int32, device=dev)
-    sig = (valid is not None, dtype_name(scores.dtype))
-    kernel = _INDEX_SHUFFLING.kernel(dev, sig, (T, E), config)
-    kernel(scores, valid if valid is not None else placeholder(dev, torch.int32), counts, expert_indices,
-           token_indices, workspace_slots, workspace_hist, top_k, start, end)
-    return counts, expert_indices, token_indices
+    slots = torch.empty(T * top_k, dtype=torch.int32, device=dev)
+    histogram = torch.empty(MAX_CHUNKS * E, dtype=torch.int32, device=dev)
+    kernel, _ = select((valid_token_count is not None, dtype_name(scores.dtype)), (T, E))
+    return Launch(kernel, (scores, _valid_arg(valid_token_count, dev), counts, expert_indices, token_indices,
+                           slots, histogram, top_k, start, end), scratch=(slots, histogram))
 
 
-def gather_scale_dense_tokens(x: torch.Tensor, token_indices: torch.Tensor, expert_indices: torch.Tensor,
-                              scores: torch.Tensor, valid_token_count: torch.Tensor | None = None, *,
-                              config: dict | None = None) -> torch.Tensor:
-    """out[i] = x[token_indices[i]] * scores[token_indices[i], expert_indices[i]] for the first
-    valid_token_count (default: all) rows; later rows are left uninitialized, as in MSLK."""
+def _index_shuffling_reference(scores, expert_index_start=None, expert_index_end=None, valid_token_count=None,
+                               top_k=1):
+    """Top-k experts per token (ties to the lower expert), pairs grouped by expert, tokens in
+    order within an expert; the counts and indices of routed pairs (valid tokens, experts in
+    [start, end)), the indices padded with zeros to T * top_k (the op leaves that tail
+    unspecified)."""
+    T, E = scores.shape
+    start = 0 if expert_index_start is None else expert_index_start
+    end = E if expert_index_end is None else expert_index_end
+    valid = T if valid_token_count is None else int(valid_token_count.reshape(()))
+    experts = torch.topk(scores[:valid].float(), top_k, dim=1).indices
+    tokens = torch.arange(valid, device=scores.device).repeat_interleave(top_k)
+    experts = experts.reshape(-1)
+    keep = (experts >= start) & (experts < end)
+    experts, tokens = experts[keep], tokens[keep]
+    order = torch.argsort(experts * T + tokens)
+    counts = torch.bincount(experts, minlength=E).to(torch.int32)
+    routed = torch.tensor([T, experts.numel()], dtype=torch.int32, device=scores.device)
+    padding = T * top_k - experts.numel()
+    expert_indices = torch.nn.functional.pad((experts[order] - start).to(torch.int32), (0, padding))
+    token_indices = torch.nn.functional.pad(tokens[order].to(torch.int32), (0, padding))
+    return torch.cat([counts, routed]), expert_indices, token_indices
+
+
+index_shuffling = declare(OpDecl(
+    name="index_shuffling",
+    schema="(Tensor scores, int? expert_index_start=None, int? expert_index_end=None, "
+           "Tensor? valid_token_count=None, int top_k=1) -> (Tensor, Tensor, Tensor)",
+    doc="""Route each of T tokens to its top_k experts (by score, ties to the lower expert) and group
+    the (token, expert) pairs by expert. Returns (counts [E + 2] int32: per-expert counts, then T,
+    then the routed total; expert_indices [T * top_k] int32 (minus expert_index_start);
+    token_indices [T * top_k] int32). Only the first counts[E + 1] entries are meaningful.""",
+    check=_check_index_shuffling, outputs=_index_shuffling_outputs, prepare=_prepare_index_shuffling,
+    signature=("has_valid_count", "score_dtype"), problem=("T", "E"), example=_routing_example,
+    reference=_index_shuffling_reference, plannable=False, small_problem={"T": 5, "E": 16}))
+
+
+# -- gather_scale_dense_tokens --------------------------------------------------------------------------------
+def _check_gather(x, token_indices, expert_indices, scores, valid_token_count):
     op = "gather_scale_dense_tokens"
     check.tensor(op, "x", x, check.FLOAT_DTYPES, ndim=2)
-    tok = _indices(op, "token_indices", token_indices)
-    exp = _indices(op, "expert_indices", expert_indices)
-    check.shape(op, "expert_indices", exp, tok.shape, "one expert per gathered row")
+    _check_indices(op, "token_indices", token_indices)
+    _check_indices(op, "expert_indices", expert_indices)
+    check.shape(op, "expert_indices", expert_indices, token_indices.shape, "one expert per gathered row")
     check.tensor(op, "scores", scores, SCORE_DTYPES, ndim=2, unit_last_stride=False)
     if scores.shape[0] != x.shape[0]:
         raise ValueError(f"{op}: scores has {scores.shape[0]} rows but x has {x.shape[0]} tokens")
-    check.same_device(op, "x", x, token_indices=tok, expert_indices=exp, scores=scores)
-    valid = _valid_count(op, valid_token_count, x, "x")
-    check.gpu(op, "x", x)
-    A, D = tok.shape[0], x.shape[1]
-    out = torch.empty((A, D), dtype=x.dtype, device=x.device)
+    check.same_device(op, "x", x, token_indices=token_indices, expert_indices=expert_indices, scores=scores)
+    _check_valid_count(op, valid_token_count, x, "x")
+
+
+def _prepare_gather(select, outputs, x, token_indices, expert_indices, scores, valid_token_count):
+    (out,) = outputs
     if out.numel() == 0:
-        return out
+        return None
+    tok, exp = _int32(token_indices), _int32(expert_indices)
     if _one_column_needs_padding(x):
-        return gather_scale_dense_tokens(_two_columns(x), tok, exp, scores, valid, config=config)[:, :1].contiguous()
+        out.copy_(gather_scale_dense_tokens(_two_columns(x), tok, exp, scores, valid_token_count)[:, :1])
+        return None
     x = check.rows(x)
-    sig = (check.aligned16(x, out), dtype_name(x.dtype), valid is not None, dtype_name(scores.dtype))
-    kernel = _GATHER.kernel(x.device, sig, (A, D), config)
-    kernel(x, tok, exp, scores, valid if valid is not None else placeholder(x.device, torch.int32), out)
-    return out
+    A, D = tok.shape[0], x.shape[1]
+    sig = (check.aligned16(x, out), dtype_name(x.dtype), valid_token_count is not None, dtype_name(scores.dtype))
+    kernel, _ = select(sig, (A, D))
+    return Launch(kernel, (x, tok, exp, scores, _valid_arg(valid_token_count, x.device), out))
 
 
-def scatter_add_dense_tokens(out_tokens: torch.Tensor, in_tokens: torch.Tensor, token_indices: torch.Tensor,
-                             valid_token_count: torch.Tensor | None = None, *, config: dict | None = None) -> None:
-    """out_tokens[token_indices[i]] += in_tokens[i] for the first valid_token_count (default: all)
-    rows, in place. Large inputs are grouped by token and each token's rows summed in fp32 (one
-    rounding per out element); small ones use atomic adds, like MSLK. Either way the order of a
-    token's additions is unspecified, so results are order-independent only where the sums are
-    exact. Rows whose token index is outside [0, T) are skipped."""
+def _gather_example(problem: dict, sig: dict, device) -> tuple:
+    dtype = getattr(torch, sig.get("dtype", "bfloat16"))
+    T, D, A = problem.get("T", problem["A"]), problem["D"], problem["A"]
+    x = torch.randn(T, D, device=device, dtype=dtype)
+    token_indices = torch.randint(0, T, (A,), device=device, dtype=torch.int32)
+    expert_indices = torch.randint(0, 8, (A,), device=device, dtype=torch.int32)
+    return x, token_indices, expert_indices, torch.rand(T, 8, device=device), None
+
+
+def _gather_reference(x, token_indices, expert_indices, scores, valid_token_count=None):
+    tok, exp = token_indices.long(), expert_indices.long()
+    return (x[tok].float() * scores[tok, exp].float().unsqueeze(1)).to(x.dtype)
+
+
+gather_scale_dense_tokens = declare(OpDecl(
+    name="gather_scale_dense_tokens",
+    schema="(Tensor x, Tensor token_indices, Tensor expert_indices, Tensor scores, "
+           "Tensor? valid_token_count=None) -> Tensor",
+    doc="""out[i] = x[token_indices[i]] * scores[token_indices[i], expert_indices[i]] for the first
+    valid_token_count (default: all) rows; later rows are left uninitialized, as in MSLK.""",
+    check=_check_gather,
+    outputs=lambda x, token_indices, expert_indices, scores, valid_token_count=None: [
+        ((token_indices.shape[0], x.shape[1]), x.dtype)],
+    prepare=_prepare_gather, signature=("aligned", "dtype", "has_valid_count", "score_dtype"),
+    problem=("A", "D"), example=_gather_example, reference=_gather_reference, plannable=False,
+    small_problem={"A": 10, "D": 64}))
+
+
+# -- scatter_add_dense_tokens ------------------------------------------------------------------------------------
+def _check_scatter(out_tokens, in_tokens, token_indices, valid_token_count):
     op = "scatter_add_dense_tokens"
     check.tensor(op, "out_tokens", out_tokens, check.FLOAT_DTYPES, ndim=2)
     check.tensor(op, "in_tokens", in_tokens, check.FLOAT_DTYPES, ndim=2)
     check.same_dtype(op, "in_tokens", in_tokens, out_tokens.dtype, "out_tokens")
-    tok = _indices(op, "token_indices", token_indices)
+    _check_indices(op, "token_indices", token_indices)
     if in_tokens.shape[1] != out_tokens.shape[1]:
         raise ValueError(f"{op}: in_tokens has {in_tokens.shape[1]} columns but out_tokens has "
                          f"{out_tokens.shape[1]}")
-    check.shape(op, "token_indices", tok, in_tokens.shape[:1], "one destination token per input row")
+    check.shape(op, "token_indices", token_indices, in_tokens.shape[:1], "one destination token per input row")
     if not out_tokens.is_contiguous():
         raise ValueError(f"{op}: out_tokens is updated in place and must be contiguous, got strides "
                          f"{out_tokens.stride()}")
-    check.same_device(op, "out_tokens", out_tokens, in_tokens=in_tokens, token_indices=tok)
-    valid = _valid_count(op, valid_token_count, out_tokens, "out_tokens")
-    check.gpu(op, "out_tokens", out_tokens)
+    check.same_device(op, "out_tokens", out_tokens, in_tokens=in_tokens, token_indices=token_indices)
+    _check_valid_count(op, valid_token_count, out_tokens, "out_tokens")
+
+
+def _prepare_scatter(select, outputs, out_tokens, in_tokens, token_indices, valid_token_count):
     A, D = in_tokens.shape
     if A == 0 or D == 0 or out_tokens.shape[0] == 0:
         return None
+    tok = _int32(token_indices)
     if _one_column_needs_padding(out_tokens):
-        out2 = _two_columns(out_tokens)
-        scatter_add_dense_tokens(out2, _two_columns(in_tokens), tok, valid, config=config)
-        out_tokens.copy_(out2[:, :1])
+        padded = _two_columns(out_tokens)
+        scatter_add_dense_tokens(padded, _two_columns(in_tokens), tok, valid_token_count)
+        out_tokens.copy_(padded[:, :1])
         return None
     y = check.rows(in_tokens)
-    sig = (check.aligned16(out_tokens, y), dtype_name(y.dtype), valid is not None)
-    kernel, chosen = _SCATTER.selection(y.device, sig, (A, D, out_tokens.shape[0]), config)
+    sig = (check.aligned16(out_tokens, y), dtype_name(y.dtype), valid_token_count is not None)
+    kernel, chosen = select(sig, (A, D, out_tokens.shape[0]))
     # Per-token counts, offsets, positions, row lists and first rows, which only the sorted
     # method uses (see the CuTe template); the atomic method gets the cached placeholder.
     if chosen.get("method") == "sorted":
         workspace = torch.empty(3 * out_tokens.shape[0] + 1 + 2 * A, dtype=torch.int32, device=y.device)
     else:
         workspace = placeholder(y.device, torch.int32)
-    kernel(out_tokens, y, tok, valid if valid is not None else placeholder(y.device, torch.int32), workspace)
-    return None
+    return Launch(kernel, (out_tokens, y, tok, _valid_arg(valid_token_count, y.device), workspace))
+
+
+def _scatter_example(problem: dict, sig: dict, device) -> tuple:
+    dtype = getattr(torch, sig.get("dtype", "bfloat16"))
+    A, D, T = problem["A"], problem["D"], problem.get("T", problem["A"])
+    return (torch.randn(T, D, device=device, dtype=dtype), torch.randn(A, D, device=device, dtype=dtype),
+            torch.randint(0, T, (A,), device=device, dtype=torch.int32), None)
+
+
+def _scatter_reference(out_tokens, in_tokens, token_indices, valid_token_count=None):
+    """The updated out_tokens (the op itself updates in place and returns nothing)."""
+    valid = in_tokens.shape[0] if valid_token_count is None else int(valid_token_count.reshape(()))
+    tok = token_indices[:valid].long()
+    keep = (tok >= 0) & (tok < out_tokens.shape[0])
+    return out_tokens.float().index_add(0, tok[keep], in_tokens[:valid][keep].float()).to(out_tokens.dtype)
+
+
+scatter_add_dense_tokens = declare(OpDecl(
+    name="scatter_add_dense_tokens",
+    schema="(Tensor(a!) out_tokens, Tensor in_tokens, Tensor token_indices, Tensor? valid_token_count=None) -> ()",
+    doc="""out_tokens[token_indices[i]] += in_tokens[i] for the first valid_token_count (default: all)
+    rows, in place. Large inputs are grouped by token and each token's rows summed in fp32 (one
+    rounding per out element); small ones use atomic adds, like MSLK. Either way the order of a
+    token's additions is unspecified, so results are order-independent only where the sums are
+    exact. Rows whose token index is outside [0, T) are skipped.""",
+    check=_check_scatter, outputs=lambda *args: [], prepare=_prepare_scatter,
+    signature=("aligned", "dtype", "has_valid_count"), problem=("A", "D", "T"), example=_scatter_example,
+    reference=_scatter_reference, plannable=False, small_problem={"A": 10, "D": 64, "T": 5}))

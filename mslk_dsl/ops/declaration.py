@@ -1,0 +1,120 @@
+"""What an op is: one ``OpDecl`` per op, and the table of every declared op.
+
+A declaration says everything the framework needs to serve, register, trace, tune, benchmark
+and test an op; nothing else keeps a list of ops. The generic call path (``call.py``) runs every
+declared op the same way:
+
+    plan hit (native, then Python)  ->  check  ->  outputs  ->  prepare (choose kernel)
+        ->  launch  ->  remember the plan
+
+``prepare`` is the op's own part: it maps the validated inputs to the kernel's static signature
+and dynamic problem sizes, asks the framework for the kernel (``select``), and returns the
+launch arguments; it may also finish the call itself (empty sizes, a copy) and return None.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from mslk_dsl.errors import MslkDslError
+from mslk_dsl.ops.dispatch import KernelOp
+
+OutputSpec = tuple[tuple[int, ...], torch.dtype]  # (shape, dtype) of one output
+
+
+class Launch(NamedTuple):
+    """One kernel launch, as ``prepare`` builds it. ``args`` are the kernel's arguments, each an
+    input, an output, a view of one, a placeholder (``dispatch.placeholder``), a tensor of
+    ``scratch`` (allocated for this call only, never returned) or a scalar input. ``finish`` runs
+    after the launch (copying out of a temporary); a launch with one is never replayed from a
+    plan."""
+    kernel: Any
+    args: tuple
+    scratch: tuple = ()
+    finish: Callable[[], None] | None = None
+
+
+# select(signature, problem) -> (kernel, chosen config): the framework's kernel choice for a call.
+Select = Callable[[tuple, tuple], tuple[Any, dict]]
+
+
+@dataclasses.dataclass(frozen=True)
+class OpDecl:
+    """One op. Fields are hooks called with the op's arguments in schema order.
+
+    - ``schema``: torch's schema of the arguments and results, e.g. ``(Tensor x, float eps=1e-06)
+      -> Tensor``; the eager function, ``torch.ops.mslk_dsl.<name>`` and the fake follow from it.
+    - ``check(*args)``: argument checks; raise ValueError/TypeError naming the argument.
+    - ``outputs(*args)``: the (shape, dtype) of each result, in order (none for an in-place op).
+      Runs on fake tensors too: it is the op's fake.
+    - ``prepare(select, outputs, *args)``: see the module docstring; ``outputs`` are the result
+      tensors (new, or the caller's ``out=``).
+    - ``signature`` / ``problem``: the names of the static signature parts and dynamic sizes that
+      ``prepare`` passes to ``select`` (the template's signature keys and heuristic sizes).
+    - ``example(problem, signature, device)``: arguments for a call of those sizes and signature
+      (the autotuner, benchmarks and tests build inputs with it); ``problem`` holds the names in
+      ``problem``, ``signature`` a subset of the template's signature parts.
+    - ``reference(*args)``: the op in plain torch (fp32 math), the semantics the kernels match.
+    - ``plan_when``: a Python expression over the argument names that must hold for a launch plan
+      to serve a call: the plans match layouts (dtype, shape, strides, alignment, scalar types),
+      not values, so a value the checks restrict (a negative eps) must keep the checked path.
+    - ``plannable``: False where a plan could not replay the launch (outputs sized by a scalar's
+      value, inputs written in place).
+    - ``composite``: a plain torch function that is the whole op (no kernel).
+    """
+    name: str
+    schema: str
+    doc: str
+    check: Callable[..., None] | None = None
+    outputs: Callable[..., list[OutputSpec]] | None = None
+    prepare: Callable[..., Launch | None] | None = None
+    signature: tuple[str, ...] = ()
+    problem: tuple[str, ...] = ()
+    example: Callable[[dict, dict, torch.device], tuple] | None = None
+    reference: Callable[..., Any] | None = None
+    plan_when: str = "True"
+    plannable: bool = True
+    composite: Callable[..., Any] | None = None
+    # Sizes for the smallest interesting call (fake tests, smoke runs); names from ``problem``.
+    small_problem: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.composite is None and (self.prepare is None or self.outputs is None or self.check is None):
+            raise MslkDslError(f"op {self.name}: a kernel op declares check, outputs and prepare "
+                               f"(or is a composite)")
+
+    @property
+    def kernels(self) -> KernelOp:
+        """Kernel selection for this op (the templates registered under its name)."""
+        return _kernel_ops.setdefault(self.name, KernelOp(self.name, self.signature, self.problem))
+
+
+_kernel_ops: dict[str, KernelOp] = {}
+_declared: dict[str, OpDecl] = {}
+
+
+def declare(decl: OpDecl):
+    """Add ``decl`` to the table of ops, register ``torch.ops.mslk_dsl.<name>`` and return the
+    eager function (see call.eager_function)."""
+    from mslk_dsl.ops import call, library
+
+    if decl.name in _declared:
+        raise MslkDslError(f"op {decl.name} is declared twice")
+    _declared[decl.name] = decl
+    eager = call.eager_function(decl)
+    library.register(decl, eager)
+    return eager
+
+
+def declarations() -> dict[str, OpDecl]:
+    """Every declared op by name, in declaration order."""
+    return dict(_declared)
+
+
+def get(name: str) -> OpDecl:
+    try:
+        return _declared[name]
+    except KeyError:
+        raise MslkDslError(f"no op named {name!r}; declared ops: {', '.join(_declared)}") from None

@@ -1,0 +1,65 @@
+"""A new op is a declaration: the declaration alone (plus a kernel) makes it an eager function,
+a torch op with a fake, a row of `mslk-dsl ops` and an input of the autotuner. Runs on the CPU
+with a stand-in kernel; in a child process, so the throwaway op stays out of every other test."""
+from support import run_python
+
+THROWAWAY = r'''
+import io, contextlib, torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+import mslk_dsl
+from mslk_dsl import autotune, cli
+from mslk_dsl.ops import declaration, validate
+from mslk_dsl.ops.declaration import Launch, OpDecl
+
+def check(x, factor):
+    validate.tensor("scale_copy", "x", x, (torch.float32,), ndim=1)
+
+def prepare(select, outputs, x, factor):
+    kernel, _ = select((factor,), (x.shape[0],))
+    return Launch(kernel, (x, outputs[0]))
+
+scale_copy = declaration.declare(OpDecl(
+    name="scale_copy", schema="(Tensor x, float factor=2.0) -> Tensor", doc="out = x * factor",
+    check=check, outputs=lambda x, factor=2.0: [(tuple(x.shape), x.dtype)], prepare=prepare,
+    signature=("factor",), problem=("M",),
+    example=lambda problem, sig, device: (torch.randn(problem["M"], device=device), float(sig.get("factor", 2.0))),
+    reference=lambda x, factor=2.0: x * factor, small_problem={"M": 7}))
+
+# a stand-in for the template's compiled kernel: the choice the framework makes is recorded
+chosen = []
+def kernel(x, out):
+    out.copy_(x * 2.0)
+declaration.get("scale_copy").kernels.selection = lambda device, sig, problem, config: (
+    chosen.append((sig, problem)) or kernel, {})
+validate.gpu = lambda *args: None   # CPU tensors stand in for GPU ones
+
+# the eager function has the schema's parameters
+x = torch.arange(5.0)
+assert torch.equal(scale_copy(x), x * 2) and chosen == [((2.0,), (5,))]
+assert torch.equal(scale_copy(torch.arange(5.0) + 1), (x + 1) * 2) and len(chosen) == 1   # a Python plan served it
+try:
+    scale_copy(x.double())
+except TypeError as e:
+    assert "scale_copy: x has dtype torch.float64" in str(e)
+else:
+    raise AssertionError("the declared check did not run")
+# torch.ops and its fake
+assert torch.ops.mslk_dsl.scale_copy.__doc__ == "out = x * factor"
+with FakeTensorMode():
+    y = torch.ops.mslk_dsl.scale_copy(torch.empty(9, device="cuda"), 3.0)
+assert y.shape == (9,) and y.device.type == "cuda"
+# the CLI lists it
+text = io.StringIO()
+with contextlib.redirect_stdout(text):
+    assert cli.main(["ops"]) == 0
+assert "scale_copy(Tensor x, float factor=2.0) -> Tensor" in text.getvalue(), text.getvalue()
+# the autotuner builds its inputs
+assert "scale_copy" in autotune.tunable_ops()
+args = autotune.inputs_for("scale_copy", {"M": 11}, {"factor": 2.0}, device="cpu")
+assert args[0].shape == (11,) and args[1] == 2.0
+print("ok")
+'''
+
+
+def test_a_throwaway_op_through_a_declaration_alone():
+    assert run_python(THROWAWAY).stdout.strip().endswith("ok")
