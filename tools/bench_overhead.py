@@ -60,38 +60,25 @@ def _python_path():
 
 
 def cases():
+    """(eager, torch.ops, eager with out=) calls of every declared kernel op that keeps launch
+    plans, on its declaration's small example inputs (distinct tensors: a call whose inputs share
+    memory takes the checked path)."""
     import torch
 
     import mslk_dsl.ops as ops
+    from mslk_dsl.ops import declarations
 
-    dev, bf16 = "cuda", torch.bfloat16
-    # Two-input ops get two tensors: a call whose inputs share memory takes the Python path.
-    x, y = torch.randn(1, 256, device=dev, dtype=bf16), torch.randn(1, 256, device=dev, dtype=bf16)
-    w = torch.randn(128, 256, device=dev, dtype=bf16)
-    weight = torch.ones(256, device=dev, dtype=bf16)
-    xq, xs = ops.quantize_fp8_row(x)
-    wq, ws = ops.quantize_fp8_row(w)
-    t = torch.ops.mslk_dsl
-    # out=: the outputs of one call, written again by every timed call.
-    o_silu, o_quant, o_smq = ops.silu_mul(x, y), ops.quantize_fp8_row(x), ops.silu_mul_quant(x, y)
-    o_norm, o_norm_add = ops.rmsnorm(x, weight, 1e-6), ops.rmsnorm_add(x, y, weight, 1e-6)
-    o_gemm, o_fp8 = ops.bf16_gemm(x, w), ops.f8f8bf16_rowwise(xq, wq, xs, ws)
-    return {
-        "silu_mul": (lambda: ops.silu_mul(x, y), lambda: t.silu_mul(x, y),
-                     lambda: ops.silu_mul(x, y, out=o_silu)),
-        "quantize_fp8_row": (lambda: ops.quantize_fp8_row(x), lambda: t.quantize_fp8_row(x),
-                             lambda: ops.quantize_fp8_row(x, out=o_quant)),
-        "silu_mul_quant": (lambda: ops.silu_mul_quant(x, y), lambda: t.silu_mul_quant(x, y),
-                           lambda: ops.silu_mul_quant(x, y, out=o_smq)),
-        "rmsnorm": (lambda: ops.rmsnorm(x, weight, 1e-6), lambda: t.rmsnorm(x, weight, 1e-6),
-                    lambda: ops.rmsnorm(x, weight, 1e-6, out=o_norm)),
-        "rmsnorm_add": (lambda: ops.rmsnorm_add(x, y, weight, 1e-6), lambda: t.rmsnorm_add(x, y, weight, 1e-6),
-                        lambda: ops.rmsnorm_add(x, y, weight, 1e-6, out=o_norm_add)),
-        "bf16_gemm": (lambda: ops.bf16_gemm(x, w), lambda: t.bf16_gemm(x, w),
-                      lambda: ops.bf16_gemm(x, w, out=o_gemm)),
-        "f8f8bf16_rowwise": (lambda: ops.f8f8bf16_rowwise(xq, wq, xs, ws), lambda: t.f8f8bf16_rowwise(xq, wq, xs, ws),
-                             lambda: ops.f8f8bf16_rowwise(xq, wq, xs, ws, out=o_fp8)),
-    }
+    found = {}
+    for name, decl in declarations().items():
+        if decl.composite is not None or not decl.plannable or decl.example is None:
+            continue
+        torch.manual_seed(0)
+        args = decl.example(dict(decl.small_problem), {}, torch.device("cuda"))
+        eager, via_ops = getattr(ops, name), getattr(torch.ops.mslk_dsl, name)
+        given = eager(*args)   # out=: the outputs of one call, written again by every timed call
+        found[name] = (lambda e=eager, a=args: e(*a), lambda o=via_ops, a=args: o(*a),
+                       lambda e=eager, a=args, g=given: e(*a, out=g))
+    return found
 
 
 def _launch_floor(calls: int, runs: int, torch_add) -> dict:
@@ -103,19 +90,16 @@ def _launch_floor(calls: int, runs: int, torch_add) -> dict:
 
     import mslk_dsl.ops as ops
     from mslk_dsl import native
-    from mslk_dsl.ops import elementwise
+    from mslk_dsl.ops import declaration
     from mslk_dsl.ops.dispatch import placeholder
 
     x, y = (torch.randn(1, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     out = torch.empty_like(x)
     xq, scale = ops.quantize_fp8_row(x)
     ops.silu_mul(x, y)
-
-    def kernel_of(plans):
-        (plan,) = [p for k, p in plans.items() if k[0] == x.shape and k[3] == x.device]
-        return plan.kernel(True)
-
-    silu_mul, quantize = kernel_of(elementwise._SILU_MUL_PLANS), kernel_of(elementwise._QUANT_PLANS)
+    # the kernels those calls chose (aligned rows, bf16, no scale_ub)
+    silu_mul = declaration.get("silu_mul").kernels.kernel(x.device, (True, "bfloat16"), (1, 256))
+    quantize = declaration.get("quantize_fp8_row").kernels.kernel(x.device, (True, "bfloat16", False), (1, 256))
     ub = placeholder(x.device, torch.float32)
     parts = {"torch.add(x, y, out=z)": torch_add, "eager ops.silu_mul (all of it)": lambda: ops.silu_mul(x, y)}
     fast = native.fast_op("silu_mul")

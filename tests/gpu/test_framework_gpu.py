@@ -210,34 +210,77 @@ def test_a_miss_during_capture_raises_instead_of_compiling(tmp_path, monkeypatch
             jit.get_kernel(template, {"threads": 128}, "sm90a", {"factor": 3})(x, x)
 
 
+def _declared_calls(problem_scale: int = 1):
+    """(name, args) of every declared op: its declaration's example at its small problem size
+    (times ``problem_scale`` for the first size) on the GPU."""
+    from mslk_dsl.ops import declarations
+
+    calls = []
+    for name, decl in declarations().items():
+        torch.manual_seed(len(calls))
+        problem = dict(decl.small_problem)
+        first = decl.problem[0] if decl.problem else None
+        if first in problem:
+            problem[first] *= problem_scale
+        calls.append((name, decl.example(problem, {}, torch.device("cuda"))))
+    return calls
+
+
 def test_opcheck_every_op():
-    x = torch.randn(7, 256, device="cuda", dtype=bf16)
-    w = torch.randn(128, 256, device="cuda", dtype=bf16) / 16
-    weight = torch.randn(256, device="cuda", dtype=bf16)
-    xq, xs = torch.ops.mslk_dsl.quantize_fp8_row(x)
-    wq, ws = torch.ops.mslk_dsl.quantize_fp8_row(w)
-    cases = {
-        "silu_mul": (x, x),
-        "quantize_fp8_row": (x,),
-        "silu_mul_quant": (x, x),
-        "dequantize_fp8_row": (xq, xs),
-        "rmsnorm": (x, weight, 1e-6),
-        "rmsnorm_add": (x, x, weight, 1e-6),
-        "bf16_gemm": (x, w),
-        "f8f8bf16_rowwise": (xq, wq, xs, ws),
-        "index_shuffling": (torch.randn(7, 16, device="cuda"), None, None, None, 2),
-        "gather_scale_dense_tokens": (x, torch.arange(7, device="cuda", dtype=torch.int32),
-                                      torch.zeros(7, device="cuda", dtype=torch.int32),
-                                      torch.randn(7, 16, device="cuda")),
-        "scatter_add_dense_tokens": (x.clone(), x, torch.arange(7, device="cuda", dtype=torch.int32)),
-    }
-    for name, args in cases.items():
+    for name, args in _declared_calls():
         # torch's schema check compares inputs before and after the call with ops that have no
         # FP8 kernels, so ops taking FP8 tensors skip that one check (the others still run).
         fp8_in = any(isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args)
         utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic") if fp8_in else \
             ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
         torch.library.opcheck(getattr(torch.ops.mslk_dsl, name).default, args, test_utils=utils)
+
+
+def test_every_declared_op_matches_its_reference_and_replays_through_its_plans(monkeypatch):
+    """For each declared op on its example inputs (two sizes): the result matches the
+    declaration's plain-torch reference, and repeat calls (native plan, Python plan) give the
+    first call's bytes."""
+    from mslk_dsl import native
+    from mslk_dsl.ops import call, declarations
+
+    import mslk_dsl.ops as ops
+
+    native.wait_until_loaded(120)
+    for scale in (1, 37):
+        for name, args in _declared_calls(scale):
+            decl = declarations()[name]
+            fresh = lambda: tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)  # noqa: E731
+            first_args = fresh()
+            first = getattr(ops, name)(*first_args)
+            if not decl.outputs(*args):                      # in place: compare the updated input
+                first, want = first_args[0], decl.reference(*fresh())
+            else:
+                want = decl.reference(*fresh())
+            got_all = first if isinstance(first, tuple) else (first,)
+            want_all = want if isinstance(want, tuple) else (want,)
+            if name == "index_shuffling":                    # only the routed prefix is defined
+                routed = int(got_all[0][-1])
+                got_all = (got_all[0], got_all[1][:routed], got_all[2][:routed])
+                want_all = (want_all[0], want_all[1][:routed], want_all[2][:routed])
+            for g, w in zip(got_all, want_all):
+                assert g.shape == w.shape and g.dtype == w.dtype, name
+                if g.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+                    torch.testing.assert_close(g.float(), w.float(), rtol=0.07, atol=1e-3, msg=name)
+                elif g.dtype in (torch.int32, torch.int64):
+                    assert torch.equal(g, w), name
+                else:
+                    torch.testing.assert_close(g.float(), w.float(), rtol=2e-2, atol=2e-2, msg=name)
+            if not decl.plannable or decl.composite is not None:
+                continue
+            call.clear_python_plans()
+            for path in ("native", "python"):
+                with monkeypatch.context() as m:
+                    if path == "python":
+                        m.setattr(native, "fast_op", lambda op: None)
+                    getattr(ops, name)(*args)                # the plan
+                    again = getattr(ops, name)(*args)        # served by it
+                for a, b in zip(got_all, again if isinstance(again, tuple) else (again,)):
+                    assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (name, path)
 
 
 def test_bundle_serves_a_fresh_process_with_jit_off(tmp_path):
