@@ -264,3 +264,24 @@ def test_jit_off_loads_only_a_prebuilt_launcher(tmp_path, launcher):
     assert built.returncode == 0, built.stderr
     assert os.path.exists(built.stdout.strip())
     assert "module 'mslk_dsl._launcher'" in run_python(probe, env).stdout
+
+
+def test_none_inputs_are_part_of_the_layout(launcher):
+    """An optional input left out (None) is matched as such: a plan made with it absent serves
+    only calls where it is absent, and None is never passed to a kernel."""
+    def copy(x, out):
+        as_torch(out, torch.float32).copy_(as_torch(x, torch.float32))
+
+    kernel = tvm_ffi.convert(copy)
+    fast = native.fast_op("test_optional")
+    fast.clear()
+    x = torch.randn(4, 8)
+    out = torch.empty_like(x)
+    kernel(x, out)
+    assert native.remember("test_optional", (x, None), (out,), (x, out), (0,), kernel)
+    y = torch.randn(4, 8)
+    torch.testing.assert_close(fast(y, None), y)
+    assert fast(y, torch.randn(1)) is native.MISS
+    assert fast(y) is native.MISS
+    # a None kernel argument is refused (it could not be passed on)
+    assert not native.remember("test_optional", (x, None), (out,), (x, out, None), (0,), kernel)

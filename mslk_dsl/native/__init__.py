@@ -224,7 +224,7 @@ def remember(name: str, inputs: tuple, outputs: tuple, args: tuple, returns: tup
         if isinstance(arg, torch.Tensor):
             if not (arg.data_ptr() in pointers or any(arg is h for h in held)):
                 return False
-        elif not any(arg is i for i in inputs):
+        elif arg is None or not any(arg is i for i in inputs):
             return False
     return fast.add(tuple(inputs), tuple(outputs), tuple(args), tuple(returns), kernel, tuple(written))
 

@@ -99,7 +99,10 @@ bool IsTensor(FastOp* self, PyObject* obj) {
   return false;
 }
 
+// The kind of a non-tensor argument, part of the layout key; None (an optional input left out)
+// is a kind of its own, so a call with and one without that input never share a plan.
 int ScalarKind(PyObject* obj) {
+  if (obj == Py_None) return kTVMFFINone;
   if (PyBool_Check(obj)) return kTVMFFIBool;
   if (PyLong_CheckExact(obj)) return kTVMFFIInt;
   if (PyFloat_CheckExact(obj)) return kTVMFFIFloat;
@@ -461,7 +464,8 @@ PyObject* FastOpAdd(PyObject* py_self, PyObject* argv) {
     KernelArg& arg = plan.args[a];
     arg.source = kExtra;
     for (Py_ssize_t i = 0; i < n_in && arg.source == kExtra; ++i) {
-      if (PyTuple_GET_ITEM(inputs, i) == obj && !plan.inputs[i].is_tensor) {
+      if (PyTuple_GET_ITEM(inputs, i) == obj && !plan.inputs[i].is_tensor &&
+          plan.inputs[i].scalar_kind != kTVMFFINone) {
         arg.source = kInput;
         arg.index = int8_t(i);
       }
