@@ -189,10 +189,10 @@ def _schema(decl: OpDecl):
 
 
 _EAGER = '''\
-def {name}({params}, *, out=None, config=None):
+def {name}({params}, *, {out_param}config=None):
     inputs = ({args})
     if config is None and ({plan_when}):
-        if out is None:
+        if {allocating}:
             fast = native.fast_op({name!r})
             if fast is not None:
                 result = fast(*inputs)
@@ -201,21 +201,7 @@ def {name}({params}, *, out=None, config=None):
             return python_plan_call(DECL, inputs, None)
         if native.run_into({name!r}, inputs, out if type(out) is tuple else (out,)):
             return out
-    return checked_call(DECL, inputs, out, config)
-'''
-
-# An op with no results (in place): no out=.
-_EAGER_IN_PLACE = '''\
-def {name}({params}, *, config=None):
-    inputs = ({args})
-    if config is None and ({plan_when}):
-        fast = native.fast_op({name!r})
-        if fast is not None:
-            result = fast(*inputs)
-            if result is not native.MISS:
-                return result
-        return python_plan_call(DECL, inputs, None)
-    return checked_call(DECL, inputs, None, config)
+    return checked_call(DECL, inputs, {out}, config)
 '''
 
 
@@ -232,8 +218,10 @@ def eager_function(decl: OpDecl):
     defaults = tuple(a.default_value for a in schema.arguments if a.has_default_value())
     has_out = len(schema.returns) > 0
     plan_when = decl.plan_when if decl.plannable else "False"
-    source = (_EAGER if has_out else _EAGER_IN_PLACE).format(
-        name=decl.name, params=", ".join(names), args="".join(f"{n}, " for n in names), plan_when=plan_when)
+    # An op without results (in place) takes no out=: its calls always allocate nothing.
+    source = _EAGER.format(name=decl.name, params=", ".join(names), args="".join(f"{n}, " for n in names),
+                           plan_when=plan_when, out_param="out=None, " if has_out else "",
+                           allocating="out is None" if has_out else "True", out="out" if has_out else "None")
     namespace = {"native": native, "python_plan_call": python_plan_call, "checked_call": checked_call,
                  "DECL": decl}
     exec(compile(source, f"<mslk_dsl.ops.{decl.name}>", "exec"), namespace)

@@ -44,6 +44,17 @@ def _store_target(y: torch.Tensor) -> tuple[torch.Tensor, object]:
     return temporary, lambda: y.copy_(temporary)
 
 
+def _no_launch_needed(y: torch.Tensor, K: int, bias: torch.Tensor | None = None) -> bool:
+    """True when the result needs no kernel: nothing to compute, or K = 0 (zeros, or the bias
+    broadcast, as MSLK returns); ``y`` then holds it."""
+    if y.numel() == 0:
+        return True
+    if K == 0:
+        y.copy_(bias.expand(y.shape)) if bias is not None else y.zero_()
+        return True
+    return False
+
+
 def _gemm_example(fp8: bool):
     def example(problem: dict, sig: dict, device) -> tuple:
         M, N, K = problem["M"], problem["N"], problem["K"]
@@ -62,12 +73,8 @@ def _gemm_example(fp8: bool):
 # -- bf16_gemm ----------------------------------------------------------------------------------------
 def _prepare_bf16_gemm(select, outputs, x, w):
     (y,) = outputs
-    M, K = x.shape
-    N = w.shape[0]
-    if y.numel() == 0:
-        return None
-    if K == 0:
-        y.zero_()
+    (M, K), N = x.shape, w.shape[0]
+    if _no_launch_needed(y, K):
         return None
     a, b = _compact(x), _compact(w)
     kernel, chosen = select((dtype_name(a.dtype),), (M, N, K))
@@ -115,12 +122,8 @@ def _check_f8f8bf16_rowwise(xq, wq, x_scale, w_scale, bias):
 
 def _prepare_f8f8bf16_rowwise(select, outputs, xq, wq, x_scale, w_scale, bias):
     (y,) = outputs
-    M, K = xq.shape
-    N = wq.shape[0]
-    if y.numel() == 0:
-        return None
-    if K == 0:
-        y.copy_(bias.expand(M, N)) if bias is not None else y.zero_()
+    (M, K), N = xq.shape, wq.shape[0]
+    if _no_launch_needed(y, K, bias):
         return None
     a, b = _compact(xq), _compact(wq)
     kernel, _ = select((bias is not None,), (M, N, K))
