@@ -5,12 +5,18 @@ compile); later calls are one dict lookup. Launch plans (call.py, mslk_dsl.nativ
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from mslk_dsl import jit, registry
 from mslk_dsl.device import target_of
 from mslk_dsl.errors import UnsupportedDeviceError
-from mslk_dsl.template import Template
+
+if TYPE_CHECKING:
+    from mslk_dsl.template import Template
+
+# jit (the cache, file locks, keys) and registry (template discovery) are imported on the first
+# kernel choice, not with the op layer: `import mslk_dsl` stays cheap.
 
 _DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in (
     torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e4m3fnuz,
@@ -65,6 +71,8 @@ class KernelOp:
         return selected
 
     def template_for(self, target: str) -> Template:
+        from mslk_dsl import registry
+
         templates = registry.templates_for(self.op, target)
         if not templates:
             supported = sorted({t for tpl in registry.get_templates(op=self.op) for t in tpl.targets})
@@ -88,6 +96,8 @@ class KernelOp:
         return template, template.check_config(chosen, target, sig, sizes), sig
 
     def _select(self, device, signature, problem, config):
+        from mslk_dsl import jit
+
         target = target_of(device)
         template, config, sig = self.choose(target.name, signature, problem, config)
         return jit.get_kernel(template, config, target, sig), config
