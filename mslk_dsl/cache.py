@@ -11,6 +11,7 @@ vanishes under it was removed by someone else and counts as gone, never as an er
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -20,8 +21,6 @@ import socket
 import time
 import warnings
 from dataclasses import dataclass
-
-from filelock import FileLock
 
 from mslk_dsl import fs
 from mslk_dsl.errors import CacheError, DamagedEntryWarning
@@ -190,11 +189,18 @@ class KernelCache:
     def _lock_path(self, digest: str) -> str:
         return os.path.join(self.root, LOCKS, f"{digest}.lock")
 
-    def lock(self, key: KernelKey) -> FileLock:
+    @contextlib.contextmanager
+    def lock(self, key: KernelKey):
+        """Hold ``key``'s build lock (a store we cannot write raises CacheError, naming it)."""
         try:
-            return fs.lock(self._lock_path(key.digest))
+            held = fs.lock(self._lock_path(key.digest))
+            held.acquire()
         except OSError as e:
             raise _cache_error(self.root, "take a build lock", e) from None
+        try:
+            yield held
+        finally:
+            held.release()
 
     def staging_dir(self, key: KernelKey) -> str:
         """A fresh, private directory to compile ``key`` into (the caller holds its lock)."""

@@ -22,7 +22,7 @@ from importlib import metadata
 
 from mslk_dsl import env, fs
 from mslk_dsl.backends import get_backend
-from mslk_dsl.cache import Entry, KernelCache, disk_full_error, is_disk_full
+from mslk_dsl.cache import CorruptEntry, Entry, KernelCache, check_meta, disk_full_error, is_disk_full
 from mslk_dsl.errors import BackendUnavailableError, KernelNotPrebuiltError
 from mslk_dsl.keys import KernelKey, diff_parts
 from mslk_dsl.targets import Target, get_target
@@ -266,11 +266,11 @@ def nearest_entry(key: KernelKey) -> tuple[str, Entry, dict] | None:
         for meta_path in glob.glob(os.path.join(glob.escape(layer.root), "*", key.op, "*", "meta.json")):
             try:
                 with open(meta_path) as f:
-                    parts = json.load(f)["key"]
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-            if not isinstance(parts, dict):
-                continue  # a malformed meta.json: `cache verify` reports it
+                    meta = json.load(f)
+                check_meta(meta)
+            except (OSError, ValueError, CorruptEntry):
+                continue  # unreadable or malformed: `cache verify` reports it
+            parts = meta["key"]
             diff = diff_parts(key.parts(), parts)
             if best is None or len(diff) < len(best[2]):
                 best = (layer.root, Entry(os.path.dirname(meta_path), {"key": parts}), diff)
