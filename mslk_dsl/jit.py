@@ -15,6 +15,7 @@ import glob
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections import Counter
@@ -121,9 +122,10 @@ def jit_disabled():
 
 
 def _capturing() -> bool:
+    torch = sys.modules.get("torch")
+    if torch is None:  # a process that never imported torch captures no CUDA graph
+        return False
     try:
-        import torch
-
         return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
     except Exception:
         return False
