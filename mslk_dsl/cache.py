@@ -32,6 +32,8 @@ META = "meta.json"
 STAGING, TRASH, LOCKS = ".staging", ".trash", ".locks"
 # A staging directory whose key lock is free, or older than this, belongs to a build that died.
 STALE_STAGING_SECONDS = 3600
+# An atomic write takes milliseconds; a temp file this old belongs to a killed writer.
+STALE_TEMP_SECONDS = 600
 
 
 @dataclass
@@ -78,26 +80,26 @@ def check_meta(meta) -> None:
             raise CorruptEntry(f"meta.json names a file outside the entry: {name!r}")
 
 
-def disk_full_error(root: str, doing: str) -> CacheError:
-    err = CacheError(f"cannot {doing} in kernel cache {root}: the disk is full{fs.free_space_hint(root)}; "
-                     "free space (e.g. `mslk-dsl cache prune --max-size SIZE`) or set MSLK_DSL_CACHE_DIR "
-                     "to a directory on another disk")
+def disk_full_error(root: str, doing: str, elsewhere: str = "set MSLK_DSL_CACHE_DIR to") -> CacheError:
+    err = CacheError(f"cannot {doing} in {root}: the disk is full{fs.free_space_hint(root)}; free space "
+                     f"(e.g. `mslk-dsl cache prune --max-size SIZE`) or {elsewhere} a directory on another disk")
     err.errno = errno.ENOSPC
     return err
 
 
-def _cache_error(root: str, doing: str, e: OSError) -> CacheError:
-    """One line for an OS error on the store: what failed, where, and what to do about it."""
+def store_error(root: str, doing: str, e: OSError, elsewhere: str = "set MSLK_DSL_CACHE_DIR to") -> CacheError:
+    """One line for an OS error on a store: what failed, where, and what to do about it
+    (``elsewhere`` says how to choose another directory: an environment variable, an option)."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return disk_full_error(root, doing)
-    where = getattr(e, "filename", None) or root
+        return disk_full_error(root, doing, elsewhere)
+    where = f" ({e.filename})" if getattr(e, "filename", None) and e.filename != root else ""
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        fix = "it is not writable: fix its permissions or set MSLK_DSL_CACHE_DIR to a writable directory"
+        fix = f"it is not writable: fix its permissions or {elsewhere} a writable directory"
     elif e.errno in (errno.ENOTDIR, errno.EEXIST) or os.path.isfile(root):
-        fix = "a file is in the way of a directory: remove it or set MSLK_DSL_CACHE_DIR to a directory"
+        fix = f"a file is in the way of a directory: remove it or {elsewhere} a directory"
     else:
-        fix = f"{e.strerror or e}; set MSLK_DSL_CACHE_DIR to a usable directory"
-    err = CacheError(f"cannot {doing} in kernel cache {root} ({where}): {fix}")
+        fix = f"{e.strerror or e}; {elsewhere} a usable directory"
+    err = CacheError(f"cannot {doing} in {root}{where}: {fix}")
     err.errno = e.errno
     return err
 
@@ -196,11 +198,19 @@ class KernelCache:
             held = fs.lock(self._lock_path(key.digest))
             held.acquire()
         except OSError as e:
-            raise _cache_error(self.root, "take a build lock", e) from None
+            raise store_error(self.root, "take a build lock", e) from None
         try:
             yield held
         finally:
             held.release()
+
+    def ensure_writable(self, elsewhere: str = "set MSLK_DSL_CACHE_DIR to") -> None:
+        """Raise CacheError (one line, with the fix) unless files can be created in this store."""
+        try:
+            os.makedirs(os.path.join(self.root, LOCKS), exist_ok=True)
+            fs.atomic_write(os.path.join(self.root, LOCKS, ".writable"), "")
+        except OSError as e:
+            raise store_error(self.root, "write", e, elsewhere) from None
 
     def staging_dir(self, key: KernelKey) -> str:
         """A fresh, private directory to compile ``key`` into (the caller holds its lock)."""
@@ -208,7 +218,7 @@ class KernelCache:
         try:
             os.makedirs(path)
         except OSError as e:
-            raise _cache_error(self.root, "create a build directory", e) from None
+            raise store_error(self.root, "create a build directory", e) from None
         return path
 
     def publish(self, key: KernelKey, staging: str, info: dict) -> Entry:
@@ -236,7 +246,7 @@ class KernelCache:
         except BaseException as e:
             fs.remove_tree(staging)
             if isinstance(e, OSError) and not isinstance(e, CacheError):
-                raise _cache_error(self.root, f"publish {key.describe()}", e) from None
+                raise store_error(self.root, f"publish {key.describe()}", e) from None
             raise
         return Entry(final, meta)
 
@@ -255,7 +265,7 @@ class KernelCache:
         except BaseException as e:
             fs.remove_tree(staging)
             if isinstance(e, OSError) and not isinstance(e, CacheError):
-                raise _cache_error(self.root, f"copy {key.describe()}", e) from None
+                raise store_error(self.root, f"copy {key.describe()}", e) from None
             raise
         return Entry(self.entry_dir(key), entry.meta)
 
@@ -308,15 +318,16 @@ class KernelCache:
         A staging directory is stale when no process holds its key's lock or it is over an hour
         old; with ``stale_only`` a build still in progress is not listed."""
         out = []
+        for name in _listdir(self.root):  # e.g. manifest.json's temp file, if its writer was killed
+            path = os.path.join(self.root, name)
+            if fs.TEMP_MARK in name and _age(path) > STALE_TEMP_SECONDS:
+                out.append((path, "temporary file left by a process that died"))
         for name in _listdir(os.path.join(self.root, TRASH)):
             out.append((os.path.join(self.root, TRASH, name), "left over from an interrupted removal"))
         staging_root = os.path.join(self.root, STAGING)
         for name in _listdir(staging_root):
             path = os.path.join(staging_root, name)
-            try:
-                age = time.time() - os.path.getmtime(path)
-            except FileNotFoundError:
-                continue
+            age = _age(path)
             live = age < STALE_STAGING_SECONDS and fs.is_locked(self._lock_path(name.split("-")[0]))
             if not live:
                 out.append((path, "unfinished build left by a process that died"))
@@ -363,6 +374,14 @@ class KernelCache:
                 fs.remove_tree(os.path.join(self.root, name))
         self.sweep()
         return count
+
+
+def _age(path: str) -> float:
+    """Seconds since ``path`` was modified (0 when it is gone: not stale, nothing to remove)."""
+    try:
+        return time.time() - os.path.getmtime(path)
+    except FileNotFoundError:
+        return 0.0
 
 
 def _listdir(path: str) -> list[str]:

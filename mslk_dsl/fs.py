@@ -58,7 +58,8 @@ def publish_dir(staging: str, final: str) -> None:
 
 
 def remove_tree(path: str, trash_dir: str | None = None) -> bool:
-    """Remove ``path``; False when it was already gone (another process removed it first).
+    """Remove the directory (or file) ``path``; False when it was already gone (another process
+    removed it first).
 
     With ``trash_dir`` (on the same filesystem), the tree is renamed there first, so readers of
     ``path`` see it whole or absent, never half deleted."""
@@ -72,6 +73,12 @@ def remove_tree(path: str, trash_dir: str | None = None) -> bool:
             return False
     elif not os.path.lexists(path):
         return False
+    if os.path.islink(target) or not os.path.isdir(target):  # a file (a temp file, a lock)
+        try:
+            os.unlink(target)
+        except FileNotFoundError:
+            return False
+        return True
     # Files vanishing under rmtree are another remover's work, not an error.
     if sys.version_info >= (3, 12):
         shutil.rmtree(target, onexc=_ignore_vanished)

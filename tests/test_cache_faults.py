@@ -411,3 +411,45 @@ def test_backends_implement_the_protocol():
         for name in ("compile", "compile_many", "load"):
             assert callable(getattr(module, name)), (module.__name__, name)
     assert set(Backend.__dict__) >= {"compile", "compile_many", "load"}
+
+
+def test_read_only_aot_output_gives_one_clear_line(tmp_path):
+    out = tmp_path / "ro-out"
+    with tmpfs(out, "1m", read_only=True):
+        with pytest.raises(CacheError) as err:
+            runner.build(cute_jobs(), str(out), workers=1, progress=False)
+        assert "not writable" in str(err.value) and "--out" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_two_builds_writing_one_bundle_manifest_never_collide(fake, cache_dir, tmp_path):
+    assert served_ok(128, 2)
+    out = _fake_bundle(tmp_path / "b", cache_dir)
+    failures = []
+
+    def writer():
+        try:
+            for _ in range(50):
+                write_bundle_manifest(out)
+        except Exception as e:  # noqa: BLE001 - collected for the assertion
+            failures.append(repr(e))
+
+    threads = [threading.Thread(target=writer) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == [] and verify_bundle(out) == []
+    assert sorted(os.listdir(out)) == ["manifest.json", "sm90a"]
+
+
+def test_a_killed_writers_temp_file_is_swept(fake, cache_dir):
+    assert served_ok(128, 2)
+    temp = fs.temp_name(os.path.join(str(cache_dir), "manifest.json"))
+    open(temp, "w").close()
+    store = KernelCache(str(cache_dir))
+    assert store.leftovers() == []  # could still be being written
+    old = time.time() - 3600
+    os.utime(temp, (old, old))
+    assert [p for p, _ in store.leftovers()] == [temp]
+    store.prune(1 << 30)
+    assert not os.path.exists(temp)

@@ -15,8 +15,8 @@ import warnings
 
 import mslk_dsl
 from mslk_dsl import fs
-from mslk_dsl.cache import STAGING, CorruptEntry, KernelCache, check_meta, sha256_of
-from mslk_dsl.errors import CacheError, DamagedEntryWarning
+from mslk_dsl.cache import STAGING, CorruptEntry, KernelCache, check_meta, sha256_of, store_error
+from mslk_dsl.errors import DamagedEntryWarning
 
 MANIFEST = "manifest.json"
 
@@ -46,8 +46,7 @@ def write_bundle_manifest(root: str) -> dict:
     try:
         fs.atomic_write(path, json.dumps(manifest, indent=1, sort_keys=True))
     except OSError as e:
-        raise CacheError(f"cannot write {path}: {e.strerror or e}; the bundle directory must be writable "
-                         "(pass another --out)") from None
+        raise store_error(root, f"write {MANIFEST}", e, "choose (with --out) another,") from None
     return manifest
 
 

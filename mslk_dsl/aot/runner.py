@@ -22,6 +22,8 @@ from mslk_dsl.aot.manifest import Job
 from mslk_dsl.backends import die_with_parent
 from mslk_dsl.cache import CorruptEntry, KernelCache
 
+# How an error message tells the user to pick another output directory.
+OTHER_OUTPUT = "choose (with --out) another,"
 CUTE_JOBS_PER_TASK = 6
 FLYDSL_JOBS_PER_TASK = 24
 
@@ -89,6 +91,7 @@ def build(jobs: list[Job], out_root: str, workers: int = 1, progress: bool | Non
     """Compile every job missing from ``out_root``; ``progress`` None means "bar on a terminal"."""
     start = time.perf_counter()
     store = KernelCache(out_root, writable=True)
+    store.ensure_writable(OTHER_OUTPUT)
     report = BuildReport()
     todo = []
     for job in jobs:

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 
-from mslk_dsl import env
+from mslk_dsl import env, fs
 from mslk_dsl.errors import BackendUnavailableError, CompileError
 
 ARTIFACT = "artifact.pkl"
@@ -43,7 +43,7 @@ def rocm_path_with_lld() -> str:
     os.makedirs(bindir, exist_ok=True)
     link = os.path.join(bindir, "ld.lld")
     if os.path.realpath(link) != os.path.realpath(lld):
-        tmp = f"{link}.{os.getpid()}"
+        tmp = fs.temp_name(link)
         os.symlink(lld, tmp)
         os.replace(tmp, link)
     return shim
