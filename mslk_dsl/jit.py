@@ -31,6 +31,20 @@ from mslk_dsl.template import Template
 
 log = logging.getLogger(__name__)
 
+
+def _show_logs_if_asked() -> None:
+    """MSLK_DSL_LOG_LEVEL below WARNING (INFO, DEBUG) shows mslk-dsl's log lines on stderr. Only
+    then is a handler added: by default a program's own logging set-up decides, and warnings
+    about damaged entries reach users through ``warnings``."""
+    level = logging.getLevelName(env.log_level())
+    package_log = logging.getLogger("mslk_dsl")
+    if isinstance(level, int) and level < logging.WARNING and not package_log.handlers:
+        package_log.addHandler(logging.StreamHandler())
+        package_log.setLevel(level)
+
+
+_show_logs_if_asked()
+
 # What happened in this process: compiles, loads from bundles / cache, memo hits. Tests and
 # `mslk-dsl` report it; it is the only global state besides the memo.
 stats: Counter = Counter()
@@ -215,9 +229,10 @@ def build_batch(store: KernelCache, jobs: list[tuple[KernelKey, Template, Target
     """Build several keys of one backend into ``store`` (the AOT runner's unit of work): take
     every key's lock in one order (no deadlock between workers) -> look again -> compile the
     missing ones together -> publish each. Returns an Entry or the exception, per job."""
+    keys = {key.digest: key for key, _, _ in jobs}
     with contextlib.ExitStack() as held:
-        for digest in sorted({key.digest for key, _, _ in jobs}):
-            held.enter_context(store.lock(next(k for k, _, _ in jobs if k.digest == digest)))
+        for digest in sorted(keys):
+            held.enter_context(store.lock(keys[digest]))
         found = {key.digest: store.lookup(key) for key, _, _ in jobs}
         missing = [job for job in jobs if found[job[0].digest] is None]
         if missing:
