@@ -62,7 +62,7 @@ def compile(template, config, target, signature, out_dir) -> dict:
     launcher, args = template.build(dict(config), target.name, dict(signature))
     # Beside the staging directory and named after it, so the cache's sweep removes it with that
     # build's leftovers if this process is killed.
-    dump = f"{out_dir}-cute-dump"
+    dump = f"{os.path.normpath(out_dir)}-cute-dump"
     os.makedirs(dump)
     try:
         options = f"--gpu-arch {target.dsl_arch} --enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir {dump}"

@@ -72,7 +72,7 @@ def compile_many(items) -> list:
 def _work_dir(out_dir: str) -> str:
     """The compile's scratch directory, beside the first job's staging directory and named after
     it: the cache's sweep removes it with that build's leftovers if this process is killed."""
-    work = f"{out_dir}-flydsl-work"
+    work = f"{os.path.normpath(out_dir)}-flydsl-work"
     os.makedirs(work)
     return work
 
