@@ -196,7 +196,8 @@ def cmd_aot_build(args) -> int:
     by_op = Counter((j.key.op, j.key.target) for j in jobs if j.key.digest in set(report.built))
     for (op, target), n in sorted(by_op.items()):
         print(f"  built {n:4d}  {op} for {target}")
-    print(f"built {len(report.built)}, already present {len(report.skipped)}, failed {len(report.failed)} "
+    print(f"built {len(report.built)}, already present {len(report.skipped)}, copied from the cache or a "
+          f"bundle {len(report.copied)}, failed {len(report.failed)} "
           f"in {report.seconds:.1f}s")
     for error in report.failed.values():
         print(f"FAILED: {error}", file=sys.stderr)

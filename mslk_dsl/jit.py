@@ -1,9 +1,11 @@
 """From a KernelKey to a callable kernel: memo -> read-only bundles -> disk cache -> compile.
 
 The whole lifecycle is ``get_kernel``: look in memory, then in each read-only layer, then in the
-writable cache; if the kernel is nowhere, refuse when compiling is not allowed, else take the
-key's file lock, look once more (another process may have built it while we waited), compile into
-a staging directory, publish, and load. A damaged or unloadable entry is removed and rebuilt.
+writable cache; if the kernel is nowhere, ``build_and_load``: refuse when compiling is not
+allowed, else take the key's file lock, look once more (another process may have built it while
+we waited), compile into a staging directory, publish, and load. A damaged or unloadable entry is
+removed and rebuilt. This module is the only one that builds: the AOT runner hands its batches to
+``build_batch``.
 """
 from __future__ import annotations
 
@@ -13,24 +15,35 @@ import glob
 import json
 import logging
 import os
-import shutil
+import sys
 import threading
 import time
 from collections import Counter
 from importlib import metadata
 
-from mslk_dsl import env
+from mslk_dsl import env, fs
 from mslk_dsl.backends import get_backend
-from mslk_dsl.cache import Entry, KernelCache
+from mslk_dsl.cache import CorruptEntry, Entry, KernelCache, check_meta, disk_full_error, is_disk_full
 from mslk_dsl.errors import BackendUnavailableError, KernelNotPrebuiltError
 from mslk_dsl.keys import KernelKey, diff_parts
 from mslk_dsl.targets import Target, get_target
 from mslk_dsl.template import Template
 
-log = logging.getLogger("mslk_dsl")
-if not log.handlers:  # warnings about damaged entries must reach users without logging setup
-    log.addHandler(logging.StreamHandler())
-    log.setLevel(env.log_level())
+log = logging.getLogger(__name__)
+
+
+def _show_logs_if_asked() -> None:
+    """MSLK_DSL_LOG_LEVEL below WARNING (INFO, DEBUG) shows mslk-dsl's log lines on stderr. Only
+    then is a handler added: by default a program's own logging set-up decides, and warnings
+    about damaged entries reach users through ``warnings``."""
+    level = logging.getLevelName(env.log_level())
+    package_log = logging.getLogger("mslk_dsl")
+    if isinstance(level, int) and level < logging.WARNING and not package_log.handlers:
+        package_log.addHandler(logging.StreamHandler())
+        package_log.setLevel(level)
+
+
+_show_logs_if_asked()
 
 # What happened in this process: compiles, loads from bundles / cache, memo hits. Tests and
 # `mslk-dsl` report it; it is the only global state besides the memo.
@@ -123,9 +136,10 @@ def jit_disabled():
 
 
 def _capturing() -> bool:
+    torch = sys.modules.get("torch")
+    if torch is None:  # a process that never imported torch captures no CUDA graph
+        return False
     try:
-        import torch
-
         return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
     except Exception:
         return False
@@ -133,13 +147,15 @@ def _capturing() -> bool:
 
 # -- the lifecycle ----------------------------------------------------------------------------------
 def get_kernel(template: Template, config: dict, target: Target | str, signature: dict):
+    """The kernel for (template, config, target, signature): from memory, a bundle or the cache,
+    else compiled now (``build_and_load``)."""
     target = get_target(target) if isinstance(target, str) else target
     key = KernelKey.make(template, config, target.name, signature)
     kernel = _memo.get(key)
     if kernel is not None:
         stats["memo"] += 1
         return kernel
-    kernel = _load_existing(key) or _build_and_load(key, template, target)
+    kernel = _load_existing(key) or build_and_load(key, template, target)
     _memo[key] = kernel
     return kernel
 
@@ -163,6 +179,7 @@ def find_entry(key: KernelKey) -> tuple[KernelCache, Entry] | None:
 
 
 def _load_existing(key: KernelKey):
+    """Look in each layer in order; load the first entry that verifies and loads."""
     for layer in _layers():
         entry = layer.lookup(key)
         if entry is None:
@@ -185,55 +202,75 @@ def _try_load(layer: KernelCache, entry: Entry, key: KernelKey):
         return None
 
 
-def _build_and_load(key: KernelKey, template: Template, target: Target):
+def build_and_load(key: KernelKey, template: Template, target: Target):
+    """The one build path: refuse when compiling is not allowed -> take the key's lock -> look
+    again (another process may have built it while we waited) -> compile and publish -> load ->
+    prune to MSLK_DSL_CACHE_MAX_SIZE, never removing the entry just loaded."""
     if not jit_allowed() or _capturing():
         raise KernelNotPrebuiltError(not_prebuilt_message(key, capturing=_capturing()))
     store = cache()
     with _build_lock, store.lock(key):
-        entry = store.lookup(key)  # built by another process while we waited for the lock?
+        entry = store.lookup(key)
         if entry is None:
-            entry = build_entry(store, key, template, target)
+            outcome = compile_and_publish(store, [(key, template, target)])[0]
+            if isinstance(outcome, BaseException):
+                raise outcome
+            entry = outcome
         else:
             stats["disk"] += 1
         kernel = get_backend(key.backend).load(entry)
     limit = env.cache_max_size()
     if limit is not None:
-        store.prune(limit)
+        store.prune(limit, keep=(entry.path,))
     return kernel
 
 
-def build_entry(store: KernelCache, key: KernelKey, template: Template, target: Target) -> Entry:
-    """Compile ``key`` into a staging directory and publish it (caller holds the key's lock)."""
-    result = build_entries(store, [(key, template, target)])[0]
-    if isinstance(result, BaseException):
-        raise result
-    return result
+def build_batch(store: KernelCache, jobs: list[tuple[KernelKey, Template, Target]]) -> list:
+    """Build several keys of one backend into ``store`` (the AOT runner's unit of work): take
+    every key's lock in one order (no deadlock between workers) -> look again -> compile the
+    missing ones together -> publish each. Returns an Entry or the exception, per job."""
+    keys = {key.digest: key for key, _, _ in jobs}
+    with contextlib.ExitStack() as held:
+        for digest in sorted(keys):
+            held.enter_context(store.lock(keys[digest]))
+        found = {key.digest: store.lookup(key) for key, _, _ in jobs}
+        missing = [job for job in jobs if found[job[0].digest] is None]
+        if missing:
+            for (key, _, _), outcome in zip(missing, compile_and_publish(store, missing)):
+                found[key.digest] = outcome
+    return [found[key.digest] for key, _, _ in jobs]
 
 
-def build_entries(store: KernelCache, jobs: list[tuple[KernelKey, Template, Target]]) -> list:
-    """Compile several keys of one backend at once (the backend may share a compiler process
-    among them) and publish each; returns an Entry or the exception, per job. The caller holds
-    the keys' locks."""
+def compile_and_publish(store: KernelCache, jobs: list[tuple[KernelKey, Template, Target]]) -> list:
+    """Compile keys of one backend at once (the backend may share a compiler process among them)
+    into staging directories and publish each; an Entry or the exception, per job. The caller
+    holds the keys' locks. A failed job's staging directory is removed, whatever the failure."""
     backend = get_backend(jobs[0][0].backend)
-    stagings = [store.staging_dir(key) for key, _, _ in jobs]
-    start = time.perf_counter()
+    stagings: list[str] = []
     try:
+        for key, _, _ in jobs:
+            stagings.append(store.staging_dir(key))
+        start = time.perf_counter()
         infos = backend.compile_many([(template, key.config, target, key.signature, staging)
                                       for (key, template, target), staging in zip(jobs, stagings)])
     except BaseException:
         for staging in stagings:
-            shutil.rmtree(staging, ignore_errors=True)
+            fs.remove_tree(staging)
         raise
     seconds = (time.perf_counter() - start) / len(jobs)
-    results = []
+    results: list = []
     for (key, _, _), staging, info in zip(jobs, stagings, infos):
         if isinstance(info, BaseException):
-            shutil.rmtree(staging, ignore_errors=True)
-            results.append(info)
+            fs.remove_tree(staging)
+            results.append(disk_full_error(store.root, f"build {key.describe()}") if is_disk_full(info) else info)
+            continue
+        try:
+            results.append(store.publish(key, staging, {**info, "compile_seconds": round(seconds, 3)}))
+        except Exception as e:  # publish removed the staging directory
+            results.append(e)
             continue
         stats["compile"] += 1
         log.info("mslk-dsl: compiled %s (%.2fs)", key.describe(), seconds)
-        results.append(store.publish(key, staging, {**info, "compile_seconds": round(seconds, 3)}))
     return results
 
 
@@ -246,9 +283,11 @@ def nearest_entry(key: KernelKey) -> tuple[str, Entry, dict] | None:
         for meta_path in glob.glob(os.path.join(glob.escape(layer.root), "*", key.op, "*", "meta.json")):
             try:
                 with open(meta_path) as f:
-                    parts = json.load(f)["key"]
-            except (OSError, ValueError, KeyError):
-                continue
+                    meta = json.load(f)
+                check_meta(meta)
+            except (OSError, ValueError, CorruptEntry):
+                continue  # unreadable or malformed: `cache verify` reports it
+            parts = meta["key"]
             diff = diff_parts(key.parts(), parts)
             if best is None or len(diff) < len(best[2]):
                 best = (layer.root, Entry(os.path.dirname(meta_path), {"key": parts}), diff)

@@ -65,7 +65,7 @@ INSTRUMENT = textwrap.dedent("""
     timed(keys.KernelKey, "make", "key")
     timed(KernelCache, "lookup", "lookup")
     timed(jit, "_bundle_roots", "bundle wheels")
-    timed(jit, "build_entries", "compile")
+    timed(jit, "compile_and_publish", "compile")
     timed(jit, "_try_load", "load, rest")
 
     backend_of = jit.get_backend

@@ -11,9 +11,12 @@ import platform
 import shutil
 import socket
 import time
+import warnings
 
 import mslk_dsl
-from mslk_dsl.cache import CorruptEntry, KernelCache, sha256_of
+from mslk_dsl import fs
+from mslk_dsl.cache import STAGING, CorruptEntry, KernelCache, check_meta, sha256_of, store_error
+from mslk_dsl.errors import DamagedEntryWarning
 
 MANIFEST = "manifest.json"
 
@@ -39,16 +42,24 @@ def write_bundle_manifest(root: str) -> dict:
         "created_on": f"{socket.gethostname()} ({platform.platform()})",
         "kernels": sorted(kernels, key=lambda k: k["path"]),
     }
-    tmp = os.path.join(root, MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-    os.replace(tmp, os.path.join(root, MANIFEST))
+    path = os.path.join(root, MANIFEST)
+    try:
+        fs.atomic_write(path, json.dumps(manifest, indent=1, sort_keys=True))
+    except OSError as e:
+        raise store_error(root, f"write {MANIFEST}", e, "choose (with --out) another,") from None
     return manifest
 
 
 def read_bundle_manifest(root: str) -> dict:
-    with open(os.path.join(root, MANIFEST)) as f:
-        return json.load(f)
+    """The bundle's manifest; ValueError (naming the file) unless it is an object with a list of
+    kernel records."""
+    path = os.path.join(root, MANIFEST)
+    with open(path) as f:
+        manifest = json.load(f)
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("kernels", []), list):
+        raise ValueError(f"{path} is not a bundle manifest (an object with a 'kernels' list); "
+                         "rewrite it with `mslk-dsl aot build --out DIR` or `aot merge`")
+    return manifest
 
 
 def verify_bundle(root: str) -> list[str]:
@@ -61,9 +72,15 @@ def verify_bundle(root: str) -> list[str]:
         return [f"{MANIFEST}: unreadable ({e})"]
     listed = set()
     for record in manifest.get("kernels", []):
-        path = os.path.join(root, record["path"])
+        try:
+            path = os.path.join(root, record["path"])
+            files, digest = dict(record["files"]), record["digest"]
+            check_meta({"key": record["key"], "files": files})
+        except (KeyError, TypeError, ValueError, CorruptEntry) as e:
+            problems.append(f"{MANIFEST}: malformed kernel record {str(record)[:120]} ({e})")
+            continue
         listed.add(os.path.normpath(path))
-        for name, info in record["files"].items():
+        for name, info in files.items():
             file = os.path.join(path, name)
             if not os.path.isfile(file):
                 problems.append(f"{record['path']}/{name}: missing")
@@ -72,7 +89,7 @@ def verify_bundle(root: str) -> list[str]:
             elif sha256_of(file) != info["sha256"]:
                 problems.append(f"{record['path']}/{name}: sha256 mismatch")
         try:
-            KernelCache(root, writable=False)._verify(path, record["digest"])
+            KernelCache(root, writable=False)._verify(path, digest)
         except CorruptEntry as e:
             problems.append(f"{record['path']}: {e}")
     for path in KernelCache(root, writable=False)._entry_dirs():
@@ -81,18 +98,44 @@ def verify_bundle(root: str) -> list[str]:
     return sorted(set(problems))
 
 
-def merge_bundles(out: str, sources: list[str]) -> dict:
-    """Copy every verified entry of ``sources`` into ``out`` (existing entries are kept) and write
-    the merged manifest. Shards of one build merge into exactly the unsharded bundle."""
+def merge_bundles(out: str, sources: list[str], problems: list[str] | None = None) -> dict:
+    """Copy every verified entry of ``sources`` into ``out`` and write the merged manifest. Shards
+    of one build merge into exactly the unsharded bundle.
+
+    A damaged entry is never copied: a good copy from another source wins, and one already in
+    ``out`` is replaced by a good copy (or removed when no source has one), so the result always
+    passes ``verify_bundle``. Each damaged entry is reported (warned, and appended to
+    ``problems``)."""
     os.makedirs(out, exist_ok=True)
-    for source in sources:
-        for entry in KernelCache(source, writable=False).entries():
-            dest = os.path.join(out, os.path.relpath(entry.path, source))
-            if os.path.exists(os.path.join(dest, "meta.json")):
+    dest_store = KernelCache(out, writable=True)
+    found: set[str] = set()  # relative entry paths with a good copy in out
+    damaged: dict[str, str] = {}  # relative entry path -> why (damaged where it was found)
+    for root in [out, *sources]:
+        store = KernelCache(root, writable=False)
+        for path in store._entry_dirs():
+            rel = os.path.relpath(path, root)
+            try:
+                entry = store._verify(path, os.path.basename(path))
+            except CorruptEntry as e:
+                damaged.setdefault(rel, f"{path}: {e}")
                 continue
-            staging = dest + ".merging"
-            shutil.rmtree(staging, ignore_errors=True)
-            shutil.copytree(entry.path, staging)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            os.rename(staging, dest)
+            if rel in found:
+                continue
+            dest = os.path.join(out, rel)
+            if root != out:
+                staging = os.path.join(out, STAGING, f"{os.path.basename(rel)}-{os.getpid()}-merge")
+                fs.remove_tree(staging)
+                shutil.copytree(entry.path, staging)
+                fs.publish_dir(staging, dest)  # replaces a damaged copy already in out
+            found.add(rel)
+    for rel, why in sorted(damaged.items()):
+        fate = ("a good copy from another source was used" if rel in found
+                else "no source has a good copy; it is left out of the merged bundle")
+        message = f"damaged entry {why}: {fate}"
+        warnings.warn(f"mslk-dsl: {message}", DamagedEntryWarning, stacklevel=2)
+        if problems is not None:
+            problems.append(message)
+        if rel not in found:
+            fs.remove_tree(os.path.join(out, rel))
+    dest_store.sweep()
     return write_bundle_manifest(out)

@@ -4,20 +4,26 @@ Workers are spawned (never forked) with ``max_tasks_per_child=1``, so no compile
 import or FlyDSL target survives from one task to the next. CuTe jobs are grouped a few per task
 to amortize the seconds of ``import cutlass``; FlyDSL jobs of one target share one compiler child
 process per task. A failing job is reported with its key and the compiler's error; the rest still build.
+Locking, looking again, compiling and publishing are ``jit.build_batch``'s: a worker only plans.
+Kernels already in the user cache or a bundle are copied into the output, not compiled again.
+Workers die with this process, so killing `aot build` leaves no compiler running.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import multiprocessing
+import os
 import sys
 import time
 import traceback
 from dataclasses import dataclass, field
 
 from mslk_dsl.aot.manifest import Job
-from mslk_dsl.cache import KernelCache
+from mslk_dsl.backends import die_with_parent
+from mslk_dsl.cache import CorruptEntry, KernelCache
 
+# How an error message tells the user to pick another output directory.
+OTHER_OUTPUT = "choose (with --out) another,"
 CUTE_JOBS_PER_TASK = 6
 FLYDSL_JOBS_PER_TASK = 24
 
@@ -26,6 +32,7 @@ FLYDSL_JOBS_PER_TASK = 24
 class BuildReport:
     built: list[str] = field(default_factory=list)      # digests compiled now
     skipped: list[str] = field(default_factory=list)    # already in the output
+    copied: list[str] = field(default_factory=list)     # copied from the user cache or a bundle
     failed: dict[str, str] = field(default_factory=dict)  # digest -> "key: error"
     seconds: float = 0.0
 
@@ -35,8 +42,8 @@ class BuildReport:
 
 
 def _build_task(jobs: list[tuple[dict, str]], out_root: str) -> list[tuple[str, str | None, float]]:
-    """Worker: compile the jobs (key parts, template name) of one backend together; returns
-    (digest, error or None, seconds) per job."""
+    """Worker: compile the jobs (key parts, template name) of one backend together through
+    ``jit.build_batch``; returns (digest, error or None, seconds) per job."""
     from mslk_dsl import jit, registry
     from mslk_dsl.keys import KernelKey
     from mslk_dsl.targets import get_target
@@ -54,15 +61,9 @@ def _build_task(jobs: list[tuple[dict, str]], out_root: str) -> list[tuple[str, 
             todo.append((key, template, get_target(key.target)))
         except Exception as e:
             results.append((key.digest, f"{key.describe()}: {_one_line(e)}", 0.0))
-    with contextlib.ExitStack() as held:
-        for key, _, _ in sorted(todo, key=lambda job: job[0].digest):  # one order: no deadlock
-            held.enter_context(store.lock(key))
-        missing = [job for job in todo if store.lookup(job[0]) is None]
-        built = jit.build_entries(store, missing) if missing else []
+    outcomes = jit.build_batch(store, todo) if todo else []
     seconds = (time.perf_counter() - start) / max(1, len(todo))
-    done = {job[0].digest: outcome for job, outcome in zip(missing, built)}
-    for key, _, _ in todo:
-        outcome = done.get(key.digest)
+    for (key, _, _), outcome in zip(todo, outcomes):
         error = f"{key.describe()}: {_one_line(outcome)}" if isinstance(outcome, BaseException) else None
         results.append((key.digest, error, seconds))
     return results
@@ -90,11 +91,14 @@ def build(jobs: list[Job], out_root: str, workers: int = 1, progress: bool | Non
     """Compile every job missing from ``out_root``; ``progress`` None means "bar on a terminal"."""
     start = time.perf_counter()
     store = KernelCache(out_root, writable=True)
+    store.ensure_writable(OTHER_OUTPUT)
     report = BuildReport()
     todo = []
     for job in jobs:
         if store.lookup(job.key) is not None:
             report.skipped.append(job.key.digest)
+        elif _copy_existing(store, job.key):
+            report.copied.append(job.key.digest)
         else:
             todo.append(job)
     bar = _progress(len(todo), progress)
@@ -117,12 +121,39 @@ def build(jobs: list[Job], out_root: str, workers: int = 1, progress: bool | Non
     return report
 
 
+def _copy_existing(store: KernelCache, key) -> bool:
+    """Copy ``key``'s verified entry from the user cache or a bundle into ``store`` (an output
+    other than the cache) instead of compiling it again; False when no other layer has it."""
+    from mslk_dsl import jit
+
+    for layer in jit.bundle_layers() + [jit.cache()]:
+        if layer.root == store.root:
+            continue
+        entry = layer.lookup(key)
+        if entry is None:
+            continue
+        with store.lock(key):
+            if store.lookup(key) is None:
+                try:
+                    store.copy_entry(key, entry)
+                except CorruptEntry:  # damaged since it was checked: build it instead
+                    return False
+        return True
+    return False
+
+
+def pool(workers: int) -> cf.ProcessPoolExecutor:
+    """Spawned workers, one task each, that exit when this process dies (never orphans)."""
+    ctx = multiprocessing.get_context("spawn")
+    return cf.ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx, max_tasks_per_child=1,
+                                  initializer=die_with_parent, initargs=(os.getpid(),))
+
+
 def _run_round(tasks, out_root, workers, report, bar, labels) -> list[list[Job]]:
     """Run ``tasks`` in one pool; record results; return the tasks lost to a broken pool."""
     broken = []
-    ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx, max_tasks_per_child=1) as pool:
-        futures = {pool.submit(_build_task, [(j.key.parts(), j.template) for j in task], out_root): task
+    with pool(workers) as executor:
+        futures = {executor.submit(_build_task, [(j.key.parts(), j.template) for j in task], out_root): task
                    for task in tasks}
         for future in cf.as_completed(futures):
             try:

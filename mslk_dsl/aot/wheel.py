@@ -14,6 +14,7 @@ import os
 import re
 import zipfile
 
+from mslk_dsl import fs
 from mslk_dsl.aot.bundle import verify_bundle
 
 _EPOCH = (2020, 1, 1, 0, 0, 0)
@@ -36,8 +37,8 @@ def package_bundle(bundle: str, name: str, out_dir: str, version: str = "1.0.0")
         for n in sorted(names):
             p = os.path.join(dirpath, n)
             rel = os.path.relpath(p, bundle)
-            if rel.startswith(".") or "/." in rel:
-                continue  # locks, staging
+            if rel.startswith(".") or "/." in rel or fs.TEMP_MARK in n:
+                continue  # locks, staging, a killed writer's temp file
             with open(p, "rb") as f:
                 files[f"{package}/{rel}"] = f.read()
     files[f"{dist_info}/METADATA"] = (

@@ -7,6 +7,7 @@ runtime library, so a process that serves prebuilt kernels never pays for the co
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import functools
 import glob
@@ -14,8 +15,8 @@ import importlib.util
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
+import warnings
 
 from mslk_dsl import env
 from mslk_dsl.errors import BackendUnavailableError, CompileError
@@ -39,16 +40,35 @@ def _compiler_runtime_libs() -> tuple[str, ...]:
     return libs
 
 
+# Notes the DSL emits as Python warnings on every compile of a kernel whose block size is a
+# runtime value; they say nothing the kernel author can act on, and `aot build` printed one
+# block per kernel among its progress lines.
+BENIGN_DSL_WARNINGS = (r"Dynamic variable in block size .*, cannot auto-generate `nvvm\.reqntid`",)
+
+
+@contextlib.contextmanager
+def quiet_dsl_notes():
+    """Drop the DSL's benign per-compile notes; every other warning and error passes through."""
+    with warnings.catch_warnings():
+        for pattern in BENIGN_DSL_WARNINGS:
+            warnings.filterwarnings("ignore", message=pattern)
+        yield
+
+
 def compile(template, config, target, signature, out_dir) -> dict:
     import cutlass.cute as cute
 
     libs = _compiler_runtime_libs()
     launcher, args = template.build(dict(config), target.name, dict(signature))
-    dump = tempfile.mkdtemp(prefix="mslk-cute-dump-")
+    # Beside the staging directory and named after it, so the cache's sweep removes it with that
+    # build's leftovers if this process is killed.
+    dump = f"{os.path.normpath(out_dir)}-cute-dump"
+    os.makedirs(dump)
     try:
         options = f"--gpu-arch {target.dsl_arch} --enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir {dump}"
         try:
-            compiled = cute.compile(launcher, *args, options=options)
+            with quiet_dsl_notes():
+                compiled = cute.compile(launcher, *args, options=options)
         except Exception as e:  # the DSL raises many types; keep the message, name the config
             raise CompileError(f"CuTe DSL failed to compile {template.name} {config} for {target.name} "
                                f"{signature}: {type(e).__name__}: {e}") from e

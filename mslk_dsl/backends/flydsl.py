@@ -2,12 +2,15 @@
 
 FlyDSL fixes its target per process and shares MLIR bindings with nothing else, so compiles run in
 ``python -m mslk_dsl.backends.flydsl_child`` (one child per target and batch of jobs) with
-COMPILE_ONLY=1, ARCH=<target> and a private FlyDSL cache directory per job. The child calls the template's launcher on CPU placeholder tensors, which
+COMPILE_ONLY=1, ARCH=<target> and a private FlyDSL cache directory per job, in a scratch directory
+beside the batch's staging directory (swept with it if the build is killed); the child exits
+when its parent dies. The child calls the template's launcher on CPU placeholder tensors, which
 compiles and persists without touching a GPU. We keep the pickled artifact (host code with the
 code object embedded) and, with MSLK_DSL_KEEP_ISA=1, the final ISA text.
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import glob
 import json
@@ -16,8 +19,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 
-from mslk_dsl import env
+from mslk_dsl import env, fs
 from mslk_dsl.errors import BackendUnavailableError, CompileError
 
 ARTIFACT = "artifact.pkl"
@@ -39,7 +43,7 @@ def rocm_path_with_lld() -> str:
     os.makedirs(bindir, exist_ok=True)
     link = os.path.join(bindir, "ld.lld")
     if os.path.realpath(link) != os.path.realpath(lld):
-        tmp = f"{link}.{os.getpid()}"
+        tmp = fs.temp_name(link)
         os.symlink(lld, tmp)
         os.replace(tmp, link)
     return shim
@@ -65,9 +69,17 @@ def compile_many(items) -> list:
     return results
 
 
+def _work_dir(out_dir: str) -> str:
+    """The compile's scratch directory, beside the first job's staging directory and named after
+    it: the cache's sweep removes it with that build's leftovers if this process is killed."""
+    work = f"{os.path.normpath(out_dir)}-flydsl-work"
+    os.makedirs(work)
+    return work
+
+
 def _compile_same_target(items) -> list:
     target = items[0][2]
-    work = tempfile.mkdtemp(prefix="mslk-flydsl-")
+    work = _work_dir(items[0][4])
     try:
         jobs = [{"template": t.name, "config": dict(c), "target": target.name, "signature": dict(s),
                  "cache_dir": os.path.join(work, f"cache{i}"),
@@ -79,7 +91,7 @@ def _compile_same_target(items) -> list:
         child_env = {k: v for k, v in os.environ.items() if k not in ("ARCH", "FLYDSL_RUNTIME_RUN_ONLY")}
         child_env.update(COMPILE_ONLY="1", ARCH=target.dsl_arch, ROCM_PATH=rocm_path_with_lld(),
                          FLYDSL_RUNTIME_ENABLE_CACHE="1")
-        done = subprocess.run([sys.executable, "-m", "mslk_dsl.backends.flydsl_child", jobs_file],
+        done = subprocess.run([sys.executable, "-m", "mslk_dsl.backends.flydsl_child", jobs_file, str(os.getpid())],
                               env=child_env, capture_output=True, text=True)
         reported = {}
         for line in done.stdout.splitlines():
@@ -122,8 +134,13 @@ def _collect(job: dict, out_dir: str) -> dict:
 def load(entry):
     """Serve a compiled FlyDSL artifact on a ROCm GPU, without compiling.
 
-    The artifact is placed into a private FlyDSL run-only cache and the template's launcher is
-    called through it; FlyDSL then finds the compiled code instead of compiling.
+    FlyDSL serves compiled code only through the launcher it was compiled from: the artifact is
+    the compiled module, while the binding of call arguments (tensors, scalars, constexprs) is
+    done by the launcher's Python signature. So the template's launcher is built (Python only,
+    no compile) and its first call reads the artifact from a private FlyDSL run-only cache. FlyDSL
+    takes run-only mode and the cache directory from the environment at each call, so those two
+    variables are set only for the duration of that first call, under a lock, and restored: the
+    rest of the process (a user's own FlyDSL kernels) never sees them.
     """
     from mslk_dsl.device import is_rocm
 
@@ -133,12 +150,47 @@ def load(entry):
 
     info = entry.meta["load"]
     key = entry.meta["key"]
-    cache = os.path.join(tempfile.gettempdir(), f"mslk-flydsl-run-{os.getpid()}")
-    sub = os.path.join(cache, info["flydsl_cache_subdir"])
+    sub = os.path.join(_run_cache(), info["flydsl_cache_subdir"])
     os.makedirs(sub, exist_ok=True)
     shutil.copyfile(entry.file(info["artifact"]), os.path.join(sub, info["flydsl_cache_file"]))
-    os.environ["FLYDSL_RUNTIME_CACHE_DIR"] = cache
-    os.environ["FLYDSL_RUNTIME_RUN_ONLY"] = "1"
-    template = get_template(key["template"])
-    launcher, _ = template.build(key["config"], key["target"], key["signature"])
-    return launcher
+    launcher, _ = get_template(key["template"]).build(key["config"], key["target"], key["signature"])
+    return _RunOnlyLauncher(launcher, _run_cache())
+
+
+class _RunOnlyLauncher:
+    """The launcher, whose first call runs with FlyDSL's run-only variables (see ``load``); once
+    FlyDSL holds the compiled code in memory, later calls go straight through."""
+
+    def __init__(self, launcher, cache_dir: str):
+        self.launcher, self.cache_dir, self.ready = launcher, cache_dir, False
+
+    def __call__(self, *args, **kwargs):
+        if self.ready:
+            return self.launcher(*args, **kwargs)
+        with _env_lock:
+            saved = {k: os.environ.get(k) for k in _RUN_ONLY_ENV}
+            os.environ.update(FLYDSL_RUNTIME_CACHE_DIR=self.cache_dir, FLYDSL_RUNTIME_RUN_ONLY="1")
+            try:
+                result = self.launcher(*args, **kwargs)
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+            self.ready = True
+            return result
+
+
+_RUN_ONLY_ENV = ("FLYDSL_RUNTIME_CACHE_DIR", "FLYDSL_RUNTIME_RUN_ONLY")
+_env_lock = threading.Lock()
+_run_cache_path: list[str] = []
+
+
+def _run_cache() -> str:
+    """This process's private FlyDSL run-only cache, removed at exit."""
+    if not _run_cache_path:
+        path = tempfile.mkdtemp(prefix="mslk-flydsl-run-")
+        atexit.register(shutil.rmtree, path, True)
+        _run_cache_path.append(path)
+    return _run_cache_path[0]

@@ -1,6 +1,7 @@
 """Child process for FlyDSL compile jobs of one target (see backends/flydsl.py).
 
-argv[1] is a JSON file: a list of jobs {template, config, signature, cache_dir, isa_dir}. The
+argv[1] is a JSON file: a list of jobs {template, config, signature, cache_dir, isa_dir}; argv[2]
+the parent's pid (the child exits when it dies). The
 parent sets COMPILE_ONLY=1, ARCH and ROCM_PATH. For each job this sets the job's private FlyDSL
 cache directory and calls the launcher on the template's CPU placeholders, which compiles and
 persists without launching; with an isa_dir it compiles once more with the ISA dump on (FlyDSL
@@ -13,6 +14,10 @@ import traceback
 
 
 def main() -> int:
+    from mslk_dsl.backends import die_with_parent
+
+    if len(sys.argv) > 2:  # the compiling process: never compile on as an orphan
+        die_with_parent(int(sys.argv[2]))
     with open(sys.argv[1]) as f:
         jobs = json.load(f)
     from mslk_dsl.registry import get_template
