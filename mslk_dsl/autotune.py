@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from mslk_dsl import registry, tuning
+from mslk_dsl import fs, registry, tuning
 from mslk_dsl.device import target_of
 
 
@@ -82,11 +82,9 @@ def _candidates(template, target, sig, problem) -> list[dict]:
 
 
 def _store(op, target, sig, problem, config, ms) -> None:
-    from filelock import FileLock
-
     path = tuning.db_path()
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with FileLock(path + ".lock"):
+    with fs.lock(path + ".lock"):
         try:
             with open(path) as f:
                 db = json.load(f)
@@ -94,7 +92,4 @@ def _store(op, target, sig, problem, config, ms) -> None:
             db = {}
         db.setdefault("entries", {})[tuning.entry_key(op, target, sig, problem)] = {
             "config": config, "ms": ms, "problem": problem, "context": tuning.context()}
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(db, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        fs.atomic_write(path, json.dumps(db, indent=1, sort_keys=True))

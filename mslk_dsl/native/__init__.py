@@ -74,20 +74,20 @@ def library_path() -> str | None:
 def build(path: str) -> None:
     """Compile launcher.cpp into ``path`` (atomically; concurrent builders compile once)."""
     import tvm_ffi
-    from filelock import FileLock
+    from mslk_dsl import fs
 
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if compiler is None:
         raise RuntimeError("no C++ compiler found (set CXX)")
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with FileLock(path + ".lock"):
+    with fs.lock(path + ".lock"):
         if os.path.exists(path):
             return
         import torch
         from torch.utils import cpp_extension
 
         lib_dirs = [os.path.dirname(tvm_ffi.libinfo.find_libtvm_ffi()), *cpp_extension.library_paths()]
-        tmp = f"{path}.{os.getpid()}.tmp"
+        tmp = fs.temp_name(path)
         cmd = [compiler, "-O2", "-std=c++17", "-w", "-shared", "-fPIC", SOURCE, "-o", tmp,
                f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
                "-I" + sysconfig.get_paths()["include"], "-I" + tvm_ffi.libinfo.find_include_path(),
