@@ -80,10 +80,12 @@ def _source(a: torch.Tensor, inputs: tuple, made: tuple):
         for i, x in enumerate(pool):
             if x is a:
                 return kind, i, None
-    for kind, pool in ((_VIEW_OF_INPUT, inputs), (_VIEW_OF_OUTPUT, made)):
+    for kind, view_kind, pool in ((_INPUT, _VIEW_OF_INPUT, inputs), (_OUTPUT, _VIEW_OF_OUTPUT, made)):
         for i, x in enumerate(pool):
             if isinstance(x, torch.Tensor) and x.data_ptr() == a.data_ptr() and x.dtype == a.dtype:
-                return kind, i, (tuple(a.shape), tuple(a.stride()))
+                if x.shape == a.shape and x.stride() == a.stride():
+                    return kind, i, None  # the same memory, laid out the same: pass the tensor itself
+                return view_kind, i, (tuple(a.shape), tuple(a.stride()))
     if is_placeholder(a):
         return _HELD, a, None
     return None
@@ -199,7 +201,7 @@ def {name}({params}, *, {out_param}config=None):
                 if result is not native.MISS:
                     return result
             return python_plan_call(DECL, inputs, None)
-        if native.run_into({name!r}, inputs, out if type(out) is tuple else (out,)):
+        if {out_matches} and native.run_into({name!r}, inputs, {out_tuple}):
             return out
     return checked_call(DECL, inputs, {out}, config)
 '''
@@ -219,9 +221,14 @@ def eager_function(decl: OpDecl):
     has_out = len(schema.returns) > 0
     plan_when = decl.plan_when if decl.plannable else "False"
     # An op without results (in place) takes no out=: its calls always allocate nothing.
+    # out= is a tensor for one result, a tuple for several: anything else takes the checked path,
+    # which says what is wrong.
+    one = len(schema.returns) == 1
     source = _EAGER.format(name=decl.name, params=", ".join(names), args="".join(f"{n}, " for n in names),
                            plan_when=plan_when, out_param="out=None, " if has_out else "",
-                           allocating="out is None" if has_out else "True", out="out" if has_out else "None")
+                           allocating="out is None" if has_out else "True", out="out" if has_out else "None",
+                           out_matches="type(out) is not tuple" if one else "type(out) is tuple",
+                           out_tuple="(out,)" if one else "out")
     namespace = {"native": native, "python_plan_call": python_plan_call, "checked_call": checked_call,
                  "DECL": decl}
     exec(compile(source, f"<mslk_dsl.ops.{decl.name}>", "exec"), namespace)

@@ -57,6 +57,8 @@ class OpDecl:
       (the autotuner, benchmarks and tests build inputs with it); ``problem`` holds the names in
       ``problem``, ``signature`` a subset of the template's signature parts.
     - ``reference(*args)``: the op in plain torch (fp32 math), the semantics the kernels match.
+    - ``tolerance``: (rtol, atol) within which the kernels' floating-point results match
+      ``reference`` on ``example`` inputs (FP8 results are compared after dequantization).
     - ``plan_when``: a Python expression over the argument names that must hold for a launch plan
       to serve a call: the plans match layouts (dtype, shape, strides, alignment, scalar types),
       not values, so a value the checks restrict (a negative eps) must keep the checked path.
@@ -74,6 +76,7 @@ class OpDecl:
     problem: tuple[str, ...] = ()
     example: Callable[[dict, dict, torch.device], tuple] | None = None
     reference: Callable[..., Any] | None = None
+    tolerance: tuple[float, float] = (2e-2, 2e-2)
     plan_when: str = "True"
     plannable: bool = True
     composite: Callable[..., Any] | None = None

@@ -271,4 +271,5 @@ scatter_add_dense_tokens = declare(OpDecl(
     exact. Rows whose token index is outside [0, T) are skipped.""",
     check=_check_scatter, outputs=lambda *args: [], prepare=_prepare_scatter,
     signature=("aligned", "dtype", "has_valid_count"), problem=("A", "D", "T"), example=_scatter_example,
-    reference=_scatter_reference, plannable=False, small_problem={"A": 10, "D": 64, "T": 5}))
+    # bf16 atomic adds round after every addition (the small-input method), the reference once.
+    reference=_scatter_reference, tolerance=(2e-2, 8e-2), plannable=False, small_problem={"A": 10, "D": 64}))
