@@ -40,7 +40,7 @@ def resolve(op: str, target: str, sig: dict, config: str | None, problem: dict):
             raise ValueError(f"no config {config!r}; known: {[config_name(c) for c in template.all_configs()]}")
         chosen = matches[0]
     else:
-        chosen = template.heuristic(target, full_sig, {**DEFAULT_PROBLEM, **problem})
+        chosen = dict(template.heuristic(target, full_sig, {**DEFAULT_PROBLEM, **problem}))
         notes.append(f"config from the heuristic for {dict(DEFAULT_PROBLEM, **problem)}")
     return template, template.check_config(chosen, target, full_sig), full_sig, notes
 

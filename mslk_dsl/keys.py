@@ -259,17 +259,30 @@ def flydsl_declared_env() -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]] 
 
 
 def _package_source(package: str, relative: str) -> str | None:
-    try:
-        spec = importlib.util.find_spec(package)  # finds, does not import, a top-level package
-    except (ImportError, ValueError):
-        return None
-    for root in (spec.submodule_search_locations or []) if spec else []:
+    for root in _package_roots(package):
         try:
             with open(os.path.join(root, relative), encoding="utf-8") as f:
                 return f.read()
         except OSError:
             continue
     return None
+
+
+def _package_roots(package: str) -> list[str]:
+    roots = []
+    for name, below in ((package, ""), *_PACKAGE_HOMES.get(package, ())):
+        try:
+            spec = importlib.util.find_spec(name)  # finds, does not import, a top-level package
+        except (ImportError, ValueError):
+            continue
+        roots += [os.path.join(root, below) for root in (spec.submodule_search_locations or [])] if spec else []
+    return roots
+
+
+# Where a package lives when it is not importable by its own name: a CuTe serving install has the
+# DSL's files (nvidia-cutlass-dsl-libs-core) but not the .pth of the nvidia-cutlass-dsl
+# metapackage that puts ``cutlass`` on sys.path.
+_PACKAGE_HOMES = {"cutlass": (("nvidia_cutlass_dsl", "dsl_packages/cutlass"),)}
 
 
 # -- template digests -----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import importlib.util
 import os
 import sys
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 from mslk_dsl import env, template_index
 from mslk_dsl.errors import MslkDslError
@@ -167,6 +167,8 @@ def _import_template_module(directory: str, stem: str, builtin: bool):
     if package not in sys.modules:
         spec = importlib.util.spec_from_file_location(package, os.path.join(directory, "__init__.py"),
                                                       submodule_search_locations=[directory])
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import templates from {directory}")
         pkg = importlib.util.module_from_spec(spec)
         sys.modules[package] = pkg
         if os.path.exists(os.path.join(directory, "__init__.py")):

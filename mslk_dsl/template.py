@@ -19,8 +19,9 @@ for every template of an op), e.g. ``silu_mul``: ``kernel(x0, x1, out)``.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 Config = Mapping[str, Any]
 Signature = Mapping[str, Any]
