@@ -102,9 +102,17 @@ class Template:
             raise ValueError(f"{self.op}: template {self.name!r} does not support target {target!r} "
                              f"(supports {list(self.targets)})")
         if not self.valid(config, target, sig):
-            raise ValueError(f"{self.op}: config {config_name(config)} is not valid for target "
-                             f"{target} and signature {dict(sig)}")
+            raise ValueError(f"{self.op}: config {config_name(config)} of template {self.name!r} is not valid "
+                             f"for target {target} and signature {dict(sig)}")
         if problem is not None and not self.serves(config, problem):
-            raise ValueError(f"{self.op}: config {config_name(config)} does not serve a call of sizes "
-                             f"{dict(problem)}; use another config")
+            raise ValueError(f"{self.op}: config {config_name(config)} of template {self.name!r} does not serve "
+                             f"a call of sizes {dict(problem)}; use another config")
         return config
+
+
+def require(condition: bool, template: str, config: Config, why: str) -> None:
+    """A template's check of a config it is built with: ValueError naming the template and the
+    config when ``condition`` is false. Use it, not ``assert``, which ``python -O`` removes and
+    whose message names neither."""
+    if not condition:
+        raise ValueError(f"template {template!r}, config {config_name(config)}: {why}")

@@ -90,12 +90,20 @@ def test_template_api_configs_and_validation():
     assert len(t.all_configs()) == 4 and len(t.all_signatures()) == 2
     assert len(t.valid_configs("sm90a", {"dtype": "float32"})) == 2
     assert config_name({"vec": 8, "threads": 128, "tile": (128, 256)}) == "threads128_tile128x256_vec8"
-    with pytest.raises(ValueError, match="not valid"):
+    with pytest.raises(ValueError, match="config threads128_vec8 of template 'demo' is not valid"):
         t.check_config({"vec": 8, "threads": 128}, "sm90a", {"dtype": "float32"})
     with pytest.raises(ValueError, match="not in the space"):
         t.check_config({"vec": 2, "threads": 128}, "sm90a", {"dtype": "float32"})
     with pytest.raises(ValueError, match="does not support target"):
         t.check_config({"vec": 4, "threads": 128}, "gfx942", {"dtype": "float32"})
+
+
+def test_template_config_checks_name_the_template_and_config():
+    from mslk_dsl.template import require
+
+    require(True, "demo", {"vec": 8}, "never raised")
+    with pytest.raises(ValueError, match=r"template 'demo', config threads64_vec8: threads must be a multiple of 128"):
+        require(False, "demo", {"vec": 8, "threads": 64}, "threads must be a multiple of 128")
 
 
 def test_registry_discovers_builtin_and_user_templates():
