@@ -1,6 +1,7 @@
 # The two set-up commands of the README. Each creates .venv if missing, installs, and runs.
 #   make aot   compile every registered kernel config for sm90a, gfx942 and gfx950 into the cache
-#   make test  lint (ruff, mypy), then run the whole test suite (GPU tests skip with a reason where there is no GPU)
+#   make test  lint (ruff, mypy), then run the whole test suite (GPU tests skip with a reason where there is no GPU);
+#              the compile tests build a sample of the configs, MSLK_DSL_TEST_ALL_CONFIGS=1 builds them all
 PYTHON ?= python3
 VENV   ?= .venv
 # torch 2.13.0 is the CPU build verified here; the GPU machine brings its own torch (>= 2.11).
@@ -36,4 +37,4 @@ lint: setup
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q -rs --durations=15 tests
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -q -rs --durations=15 tests
