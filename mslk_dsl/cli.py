@@ -259,8 +259,12 @@ def cmd_aot_package(args) -> int:
 
 
 def _cache():
-    from mslk_dsl import jit
+    from mslk_dsl import env, jit
 
+    root = env.cache_dir()
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise ValueError(f"the kernel cache {root} is not a directory; point MSLK_DSL_CACHE_DIR at a directory "
+                         "(or unset it for the default)")
     return jit.cache()
 
 

@@ -201,3 +201,12 @@ def test_templates_reports_configs_no_signature_can_use(tmp_path, capsys, monkey
     finally:
         monkeypatch.undo()
         registry.reload()
+
+
+def test_cache_dir_that_is_a_file_is_an_error_not_an_empty_cache(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "a-file"
+    path.write_text("")
+    monkeypatch.setenv("MSLK_DSL_CACHE_DIR", str(path))
+    for argv in (["cache", "ls"], ["cache", "stats"], ["cache", "verify"]):
+        code, _, err = run_cli(capsys, *argv)
+        one_line_error(code, err, str(path), "MSLK_DSL_CACHE_DIR")
