@@ -103,12 +103,8 @@ def _store(op, target, sig, problem, config, ms) -> None:
     path = tuning.db_path()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with FileLock(path + ".lock"):
-        try:
-            with open(path) as f:
-                db = json.load(f)
-        except (OSError, ValueError):
-            db = {}
-        db.setdefault("entries", {})[tuning.entry_key(op, target, sig, problem)] = {
+        db = tuning.read_db(path)  # a malformed file is replaced (with a warning), not a crash
+        db["entries"][tuning.entry_key(op, target, sig, problem)] = {
             "config": config, "ms": ms, "problem": problem, "context": tuning.context()}
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:

@@ -79,3 +79,16 @@ def test_malformed_tuning_db_is_ignored_with_one_warning(cache_dir, recwarn):
         else:
             assert len(messages) == 1 and tuning.db_path() in messages[0], (content, messages)
     tuning._load.cache_clear()
+
+
+def test_storing_a_winner_replaces_a_malformed_db(cache_dir, recwarn):
+    from mslk_dsl import autotune
+
+    os.makedirs(cache_dir, exist_ok=True)
+    with open(tuning.db_path(), "w") as f:
+        f.write("[\"not\", \"a\", \"db\"]")
+    autotune._store("scale_copy", "sm90a", {"factor": 2}, {"M": 1000}, {"threads": 128}, 0.1)
+    tuning._load.cache_clear()
+    assert tuning.lookup("scale_copy", "sm90a", {"factor": 2}, {"M": 1000}) == {"threads": 128}
+    assert any("tuning database" in str(w.message) for w in recwarn)
+    tuning._load.cache_clear()
