@@ -309,6 +309,10 @@ def template_digest(source: str) -> str:
         if package:
             pending.extend(os.path.join(package, f"{m}.py") for m in absolute
                            if m.startswith("_") or folder != package)
+        if folder != package:
+            # Also a same-named private file of the template's own folder: a superset of what is
+            # imported is harmless (one more file in the digest), a subset would serve stale code.
+            pending.extend(os.path.join(folder, f"{m}.py") for m in absolute if m.startswith("_"))
     h = hashlib.sha256()
     for path in sorted(seen):
         # Files of the template's own folder by name (as always); package files it reaches from
