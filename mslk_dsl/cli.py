@@ -322,8 +322,10 @@ def cmd_explain(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from mslk_dsl import autotune
+    from mslk_dsl import autotune, registry
 
+    if args.op not in registry.ops():
+        raise ValueError(f"unknown op {args.op!r}; known: {', '.join(registry.ops())}")
     sig = {k: v[0] for k, v in _parse_pairs(args.sig).items()}
     problems = [{k: v[0] for k, v in _parse_pairs([s]).items()} for s in args.shapes.split(";") if s]
     for problem, (config, ms) in zip(problems, autotune.tune(args.op, problems, sig)):

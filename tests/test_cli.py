@@ -210,3 +210,8 @@ def test_cache_dir_that_is_a_file_is_an_error_not_an_empty_cache(tmp_path, capsy
     for argv in (["cache", "ls"], ["cache", "stats"], ["cache", "verify"]):
         code, _, err = run_cli(capsys, *argv)
         one_line_error(code, err, str(path), "MSLK_DSL_CACHE_DIR")
+
+
+def test_tune_refuses_an_unknown_op(capsys):
+    code, _, err = run_cli(capsys, "tune", "--op", "bf16_gemmm", "--shapes", "M=1,N=1,K=1")
+    one_line_error(code, err, "unknown op 'bf16_gemmm'", "bf16_gemm")
