@@ -32,8 +32,8 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class SettingError(MslkDslError, ValueError):
-    """An environment variable holds a value of the wrong form; the message names the variable,
-    the expected form and the value found."""
+    """A setting (an environment variable, or a command-line value parsed here) has the wrong
+    form; the message names the setting, the value found and the expected form."""
 
 
 # Warnings already given in this process (each bad setting is reported once, not per call).
