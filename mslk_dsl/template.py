@@ -102,11 +102,11 @@ class Template:
             raise ValueError(f"{self.op}: template {self.name!r} does not support target {target!r} "
                              f"(supports {list(self.targets)})")
         if not self.valid(config, target, sig):
-            raise ValueError(f"{self.op}: config {config_name(config)} of template {self.name!r} is not valid "
-                             f"for target {target} and signature {dict(sig)}")
+            raise ValueError(f"{self.op}: config {config_name(config)} is not valid for target {target} and "
+                             f"signature {dict(sig)} (template {self.name!r})")
         if problem is not None and not self.serves(config, problem):
-            raise ValueError(f"{self.op}: config {config_name(config)} of template {self.name!r} does not serve "
-                             f"a call of sizes {dict(problem)}; use another config")
+            raise ValueError(f"{self.op}: config {config_name(config)} does not serve a call of sizes "
+                             f"{dict(problem)} (template {self.name!r}); use another config")
         return config
 
 

@@ -90,7 +90,8 @@ def test_template_api_configs_and_validation():
     assert len(t.all_configs()) == 4 and len(t.all_signatures()) == 2
     assert len(t.valid_configs("sm90a", {"dtype": "float32"})) == 2
     assert config_name({"vec": 8, "threads": 128, "tile": (128, 256)}) == "threads128_tile128x256_vec8"
-    with pytest.raises(ValueError, match="config threads128_vec8 of template 'demo' is not valid"):
+    with pytest.raises(ValueError, match=r"config threads128_vec8 is not valid for target sm90a and signature "
+                                         r"\{'dtype': 'float32'\} \(template 'demo'\)"):
         t.check_config({"vec": 8, "threads": 128}, "sm90a", {"dtype": "float32"})
     with pytest.raises(ValueError, match="not in the space"):
         t.check_config({"vec": 2, "threads": 128}, "sm90a", {"dtype": "float32"})
