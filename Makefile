@@ -1,6 +1,7 @@
 # The two set-up commands of the README. Each creates .venv if missing, installs, and runs.
 #   make aot   compile every registered kernel config for sm90a, gfx942 and gfx950 into the cache
-#   make test  run the whole test suite (GPU tests skip with a reason where there is no GPU)
+#   make test  lint (ruff, mypy), then run the whole test suite (GPU tests skip with a reason where there is no GPU);
+#              the compile tests build a sample of the configs, MSLK_DSL_TEST_ALL_CONFIGS=1 builds them all
 PYTHON ?= python3
 VENV   ?= .venv
 # torch 2.13.0 is the CPU build verified here; the GPU machine brings its own torch (>= 2.11).
@@ -8,7 +9,7 @@ TORCH  ?= torch==2.13.0
 PYTEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 
-.PHONY: aot test setup lld
+.PHONY: aot test lint setup lld
 
 setup: $(VENV)/.installed lld
 
@@ -31,5 +32,9 @@ lld:
 aot: setup
 	$(BIN)/mslk-dsl aot build
 
-test: setup
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q -rs --durations=15 tests
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -q -rs --durations=15 tests

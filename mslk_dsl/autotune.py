@@ -85,11 +85,7 @@ def _store(op, target, sig, problem, config, ms) -> None:
     path = tuning.db_path()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with fs.lock(path + ".lock"):
-        try:
-            with open(path) as f:
-                db = json.load(f)
-        except (OSError, ValueError):
-            db = {}
-        db.setdefault("entries", {})[tuning.entry_key(op, target, sig, problem)] = {
+        db = tuning.read_db(path)  # a malformed file is replaced (with a warning), not a crash
+        db["entries"][tuning.entry_key(op, target, sig, problem)] = {
             "config": config, "ms": ms, "problem": problem, "context": tuning.context()}
         fs.atomic_write(path, json.dumps(db, indent=1, sort_keys=True))

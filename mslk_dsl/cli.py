@@ -7,6 +7,8 @@ import os
 import sys
 from collections import Counter
 
+from mslk_dsl.errors import MslkDslError
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
@@ -15,9 +17,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return args.func(args) or 0
-    except (ValueError, KeyError, FileNotFoundError) as e:
-        print(f"mslk-dsl: error: {e}", file=sys.stderr)
+        code = args.func(args) or 0
+        sys.stdout.flush()  # here, so a closed pipe is seen below and not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # The reader went away (`mslk-dsl cache ls | head`): stop quietly. Point stdout at
+        # /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (MslkDslError, ValueError, KeyError, OSError) as e:
+        # Errors raised on purpose carry what, where and how to fix; a file the command could
+        # not read or write (OSError) names its path. One line, never a traceback.
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"mslk-dsl: error: {message}", file=sys.stderr)
         return 2
 
 
@@ -45,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--config", action="append", help="only these config names (repeatable)")
     s.add_argument("--sig", action="append", default=[], metavar="PART=VALUE",
                    help="only signatures with this value (repeatable), e.g. --sig dtype=bfloat16")
-    s.add_argument("--workers", type=int, help="worker processes (default: MSLK_DSL_AOT_WORKERS or CPU count)")
+    s.add_argument("--workers", type=_positive_int, help="worker processes (default: MSLK_DSL_AOT_WORKERS or CPU count)")
     s.add_argument("--out", help="output bundle directory (default: the kernel cache)")
     s.add_argument("--shard", help="build only shard i of n (i/n, 1-based)")
     s.add_argument("--dry-run", action="store_true", help="list the jobs, compile nothing")
@@ -97,6 +109,16 @@ def _parser() -> argparse.ArgumentParser:
                                       "into the cache dir; serving with JIT off only loads a prebuilt one")
     s.set_defaults(func=cmd_native)
     return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
 
 
 def _parse_value(text: str):
@@ -158,13 +180,33 @@ def cmd_templates(args) -> int:
     from mslk_dsl import registry
     from mslk_dsl.template import config_name
 
+    if args.op and args.op not in registry.ops():
+        raise ValueError(f"unknown op {args.op!r}; known: {', '.join(registry.ops())}")
     rows = []
     for t in registry.get_templates(op=args.op):
         rows.append({"name": t.name, "op": t.op, "backend": t.backend, "targets": list(t.targets),
                      "signatures": {k: list(v) for k, v in t.signatures.items()},
-                     "configs": [config_name(c) for c in t.all_configs()], "source": t.source})
-    return _print_rows(rows, args.json, lambda r: f"{r['op']:24s} {r['backend']:7s} {r['name']:32s} "
-                       f"targets={','.join(r['targets'])} configs={len(r['configs'])} signatures={r['signatures']}")
+                     "configs": [config_name(c) for c in t.all_configs()], "source": t.source,
+                     "unusable_configs": unusable_configs(t)})
+
+    def line(r):
+        text = (f"{r['op']:24s} {r['backend']:7s} {r['name']:32s} targets={','.join(r['targets'])} "
+                f"configs={len(r['configs'])} signatures={r['signatures']}")
+        if r["unusable_configs"]:
+            text += (f"\n  {len(r['unusable_configs'])} config(s) no target and signature can use: "
+                     + ", ".join(r["unusable_configs"]))
+        return text
+    return _print_rows(rows, args.json, line)
+
+
+def unusable_configs(template) -> list[str]:
+    """Names of the template's configs that ``valid`` rejects for every target and signature
+    (dead entries of its space, which `aot build` never compiles)."""
+    from mslk_dsl.template import config_name
+
+    usable = {config_name(c) for target in template.targets for sig in template.all_signatures()
+              for c in template.valid_configs(target, sig)}
+    return [config_name(c) for c in template.all_configs() if config_name(c) not in usable]
 
 
 def cmd_aot_build(args) -> int:
@@ -179,8 +221,7 @@ def cmd_aot_build(args) -> int:
     jobs = manifest.expand(manifest.load_manifest(args.manifest), targets=args.target, ops=args.op,
                            overrides=overrides)
     if args.shard:
-        index, count = (int(x) for x in args.shard.split("/"))
-        jobs = manifest.shard(jobs, index, count)
+        jobs = manifest.shard(jobs, *manifest.parse_shard(args.shard))
     out = os.path.abspath(args.out or env.cache_dir())
     if args.dry_run:
         for j in jobs:
@@ -206,6 +247,10 @@ def cmd_aot_build(args) -> int:
 
 def cmd_aot_merge(args) -> int:
     from mslk_dsl.aot import merge_bundles
+    from mslk_dsl.aot.manifest import check_bundle_manifest
+
+    for source in args.sources:
+        check_bundle_manifest(source)
 
     manifest = merge_bundles(args.out, args.sources)
     print(f"merged {len(args.sources)} bundles into {args.out}: {len(manifest['kernels'])} kernels")
@@ -214,14 +259,15 @@ def cmd_aot_merge(args) -> int:
 
 def cmd_aot_verify(args) -> int:
     from mslk_dsl.aot import verify_bundle
-    from mslk_dsl.aot.bundle import read_bundle_manifest
+    from mslk_dsl.aot.manifest import check_bundle_manifest
 
+    manifest = check_bundle_manifest(args.dir)
     problems = verify_bundle(args.dir)
     for p in problems:
         print(f"BAD {p}")
     if problems:
         return 1
-    print(f"ok: {len(read_bundle_manifest(args.dir)['kernels'])} kernels verify")
+    print(f"ok: {len(manifest['kernels'])} kernels verify")
     return 0
 
 
@@ -233,8 +279,12 @@ def cmd_aot_package(args) -> int:
 
 
 def _cache():
-    from mslk_dsl import jit
+    from mslk_dsl import env, jit
 
+    root = env.cache_dir()
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise ValueError(f"the kernel cache {root} is not a directory; point MSLK_DSL_CACHE_DIR at a directory "
+                         "(or unset it for the default)")
     return jit.cache()
 
 
@@ -274,7 +324,7 @@ def cmd_cache_clear(args) -> int:
 def cmd_cache_prune(args) -> int:
     from mslk_dsl.env import parse_size
 
-    removed = _cache().prune(parse_size(args.max_size))
+    removed = _cache().prune(parse_size(args.max_size, "--max-size"))
     print(f"removed {len(removed)} entries ({sum(e.size for e in removed) / 2**20:.1f} MiB)")
     return 0
 
@@ -286,13 +336,16 @@ def cmd_explain(args) -> int:
     if args.dtype:
         sig["dtype"] = args.dtype
     problem = {k: v[0] for k, v in _parse_pairs([args.problem]).items()} if args.problem else {}
-    print(explain(args.op, args.target, sig, args.config, problem))
-    return 0
+    text, hit = explain(args.op, args.target, sig, args.config, problem)
+    print(text)
+    return 0 if hit else 1
 
 
 def cmd_tune(args) -> int:
-    from mslk_dsl import autotune
+    from mslk_dsl import autotune, registry
 
+    if args.op not in registry.ops():
+        raise ValueError(f"unknown op {args.op!r}; known: {', '.join(registry.ops())}")
     sig = {k: v[0] for k, v in _parse_pairs(args.sig).items()}
     problems = [{k: v[0] for k, v in _parse_pairs([s]).items()} for s in args.shapes.split(";") if s]
     for problem, (config, ms) in zip(problems, autotune.tune(args.op, problems, sig)):

@@ -6,6 +6,9 @@ late. The README lists each variable; keep that table in sync with ``VARIABLES``
 from __future__ import annotations
 
 import os
+import warnings
+
+from mslk_dsl.errors import MslkDslError
 
 # name -> one-line description (the README's table is generated from the same text).
 VARIABLES = {
@@ -25,13 +28,22 @@ VARIABLES = {
     "MSLK_DSL_NO_NATIVE": "1: never build or use the native launch path (mslk_dsl/native); every call takes the Python path",
 }
 
-# Environment variables of the DSLs that change generated code: their values are part of every
-# KernelKey of that backend. Paths, logging and dump switches are left out on purpose.
-CODEGEN_ENV = {
-    "cute": ("CUTE_DSL_ARCH", "CUTE_DSL_OPT_LEVEL", "CUTE_DSL_ENABLE_TVM_FFI", "CUTE_DSL_LINEINFO",
-             "CUTE_DSL_DISABLE_FAST_MATH"),
-    "flydsl": ("FLYDSL_COMPILE_OPT_LEVEL", "FLYDSL_COMPILE_FLAGS"),
-}
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class SettingError(MslkDslError, ValueError):
+    """A setting (an environment variable, or a command-line value parsed here) has the wrong
+    form; the message names the setting, the value found and the expected form."""
+
+
+# Warnings already given in this process (each bad setting is reported once, not per call).
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, stacklevel=3)
 
 
 def _get(name: str, default: str = "") -> str:
@@ -52,7 +64,24 @@ def cache_dir() -> str:
 
 
 def aot_paths() -> list[str]:
-    return [os.path.abspath(p) for p in _get("MSLK_DSL_AOT_PATH").split(os.pathsep) if p]
+    """MSLK_DSL_AOT_PATH's directories; one that does not exist is kept (it may appear later) and
+    reported once, since a typo there otherwise only shows as kernels that are not found."""
+    paths = [os.path.abspath(p) for p in _get("MSLK_DSL_AOT_PATH").split(os.pathsep) if p]
+    for path in paths:
+        if not os.path.isdir(path):
+            _warn_once(f"mslk-dsl: MSLK_DSL_AOT_PATH names {path}, which is not a directory; "
+                       "fix the path or remove it from MSLK_DSL_AOT_PATH")
+    return paths
+
+
+def describe_aot_path() -> str:
+    """One line on where bundles were looked for, for a kernel that was not found: each
+    MSLK_DSL_AOT_PATH entry, the missing ones marked."""
+    paths = [os.path.abspath(p) for p in _get("MSLK_DSL_AOT_PATH").split(os.pathsep) if p]
+    if not paths:
+        return "MSLK_DSL_AOT_PATH is not set (no bundle directories besides the installed ones)"
+    shown = [p if os.path.isdir(p) else f"{p} (does not exist)" for p in paths]
+    return "bundle directories searched (MSLK_DSL_AOT_PATH): " + ", ".join(shown)
 
 
 def no_native() -> bool:
@@ -64,12 +93,28 @@ def jit_disabled() -> bool:
 
 
 def aot_workers() -> int:
-    value = _get("MSLK_DSL_AOT_WORKERS")
-    return int(value) if value else (os.cpu_count() or 1)
+    value = _get("MSLK_DSL_AOT_WORKERS").strip()
+    if not value:
+        return os.cpu_count() or 1
+    try:
+        workers = int(value)
+    except ValueError:
+        workers = 0
+    if workers < 1:
+        raise SettingError(f"MSLK_DSL_AOT_WORKERS={value!r}: expected a positive whole number of worker "
+                           "processes (e.g. MSLK_DSL_AOT_WORKERS=4); unset it to use one per CPU")
+    return workers
 
 
 def log_level() -> str:
-    return _get("MSLK_DSL_LOG_LEVEL", "WARNING").upper()
+    """MSLK_DSL_LOG_LEVEL, or WARNING (with one warning) when it names no level: a typo in a
+    logging switch must not stop the package from importing."""
+    value = _get("MSLK_DSL_LOG_LEVEL", "WARNING").strip().upper()
+    if value not in LOG_LEVELS:
+        _warn_once(f"mslk-dsl: MSLK_DSL_LOG_LEVEL={value!r} is not a log level; expected one of "
+                   f"{', '.join(LOG_LEVELS)}; using WARNING")
+        return "WARNING"
+    return value
 
 
 def template_paths() -> list[str]:
@@ -82,7 +127,7 @@ def forced_target() -> str:
 
 def cache_max_size() -> int | None:
     value = _get("MSLK_DSL_CACHE_MAX_SIZE")
-    return parse_size(value) if value else None
+    return parse_size(value, "MSLK_DSL_CACHE_MAX_SIZE") if value else None
 
 
 def cute_runtime_lib() -> str:
@@ -106,14 +151,21 @@ def use_bundled() -> bool:
     return not _flag("MSLK_DSL_NO_BUNDLED")
 
 
-def codegen_env(backend: str) -> dict[str, str]:
-    return {k: os.environ[k] for k in CODEGEN_ENV.get(backend, ()) if k in os.environ}
+def values_of(names) -> dict[str, str]:
+    """The values of those of ``names`` that are set (the DSL variables a KernelKey records;
+    keys.py says which)."""
+    return {k: os.environ[k] for k in names if k in os.environ}
 
 
-def parse_size(text: str) -> int:
-    """'512M', '2G', '1.5GiB', '4096' -> bytes."""
+def parse_size(text: str, what: str = "size") -> int:
+    """'512M', '2G', '1.5GiB', '4096' -> bytes; SettingError naming ``what`` otherwise."""
     t = text.strip().upper().removesuffix("IB").removesuffix("B")
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    if t and t[-1] in units:
-        return int(float(t[:-1]) * units[t[-1]])
-    return int(t)
+    try:
+        size = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise SettingError(f"{what} {text!r}: expected a size in bytes, optionally with a unit K, M, G or T "
+                           "(e.g. 4096, 500M, 2G, 1.5GiB)")
+    return size

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from mslk_dsl import jit, registry
-from mslk_dsl.keys import KernelKey
+from mslk_dsl import env, jit, registry
+from mslk_dsl.keys import KernelKey, package_set_difference
+from mslk_dsl.targets import get_target
 from mslk_dsl.template import config_name
 
 DEFAULT_PROBLEM = {"M": 4096, "N": 4096, "K": 4096, "T": 4096}
@@ -13,10 +14,16 @@ DEFAULT_PROBLEM = {"M": 4096, "N": 4096, "K": 4096, "T": 4096}
 
 def resolve(op: str, target: str, sig: dict, config: str | None, problem: dict):
     """(template, config dict, full signature, notes) for an explain/build request."""
+    if op not in registry.ops():
+        raise ValueError(f"unknown op {op!r}; known: {', '.join(registry.ops())}")
+    get_target(target)  # an unknown target is an error naming the known ones
     templates = registry.templates_for(op, target)
     if not templates:
         raise ValueError(f"no template for op {op!r} on target {target!r}")
     template = templates[0]
+    unknown = sorted(set(sig) - set(template.signatures))
+    if unknown:
+        raise ValueError(f"unknown signature part(s) {unknown} for {template.name}; known: {sorted(template.signatures)}")
     notes = []
     full_sig = {}
     for part, allowed in template.signatures.items():
@@ -33,12 +40,14 @@ def resolve(op: str, target: str, sig: dict, config: str | None, problem: dict):
             raise ValueError(f"no config {config!r}; known: {[config_name(c) for c in template.all_configs()]}")
         chosen = matches[0]
     else:
-        chosen = template.heuristic(target, full_sig, {**DEFAULT_PROBLEM, **problem})
+        chosen = dict(template.heuristic(target, full_sig, {**DEFAULT_PROBLEM, **problem}))
         notes.append(f"config from the heuristic for {dict(DEFAULT_PROBLEM, **problem)}")
     return template, template.check_config(chosen, target, full_sig), full_sig, notes
 
 
-def explain(op: str, target: str, sig: dict, config: str | None = None, problem: dict | None = None) -> str:
+def explain(op: str, target: str, sig: dict, config: str | None = None,
+            problem: dict | None = None) -> tuple[str, bool]:
+    """The report, and whether the kernel is served (a bundle or the cache holds it)."""
     template, chosen, full_sig, notes = resolve(op, target, sig, config, problem or {})
     key = KernelKey.make(template, chosen, target, full_sig)
     lines = [f"{op} on {target}: template {template.name} ({template.source})", *[f"  note: {n}" for n in notes],
@@ -50,9 +59,11 @@ def explain(op: str, target: str, sig: dict, config: str | None = None, problem:
         layer, entry = found
         kind = "read-only bundle" if not layer.writable else "cache"
         lines.append(f"HIT in {kind} {layer.root}: {entry.path}")
-        return "\n".join(lines)
+        return "\n".join(lines), True
     lines.append("MISS: no bundle or cache entry has this key")
+    lines.append(f"  {env.describe_aot_path()}")
     near = jit.nearest_entry(key)
+    packages = ""
     if near is None:
         lines.append(f"  no entry for {op} on {target} exists at all")
     else:
@@ -61,5 +72,10 @@ def explain(op: str, target: str, sig: dict, config: str | None = None, problem:
         for part, (wanted, found_value) in diff.items():
             lines.append(f"    {part}: wanted {json.dumps(wanted, sort_keys=True)}, "
                          f"found {json.dumps(found_value, sort_keys=True)}")
-    lines.append(f"  build it with: {jit.build_command(key)}")
-    return "\n".join(lines)
+        if "dsl_versions" in diff:
+            packages = package_set_difference(*diff["dsl_versions"])
+    if packages:
+        lines.append(f"  the cause is the installed packages: {packages}")
+    else:
+        lines.append(f"  build it with: {jit.build_command(key)}")
+    return "\n".join(lines), False

@@ -7,8 +7,7 @@ index (template_index.py) says which file defines which templates, and a folder 
 index is imported whole, as a full discovery does. Either way the answer is the same, in the same
 order: folders in order, files sorted by name, templates in the order a file declares them.
 
-A template's digest covers its file and the private ``_*.py`` modules of the same folder that it
-imports, transitively, so editing shared device code invalidates every user of it.
+Template digests (what of a template's source goes into its kernels' keys) live in keys.py.
 """
 from __future__ import annotations
 
@@ -18,12 +17,19 @@ import hashlib
 import importlib
 import importlib.util
 import os
-import re
 import sys
-from typing import Callable
+import warnings
+from collections.abc import Callable
 
 from mslk_dsl import env, template_index
+from mslk_dsl.errors import MslkDslError
+from mslk_dsl.keys import template_digest
 from mslk_dsl.template import Template
+
+
+class DuplicateTemplateError(MslkDslError, RuntimeError):
+    """Two template files define a template of the same name."""
+
 
 # Each folder's index, once loaded or built in this process (see _index).
 _indexes: dict[str, template_index.Index] = {}
@@ -46,7 +52,22 @@ def ops() -> list[str]:
 
 
 def templates_for(op: str, target: str) -> list[Template]:
-    return [t for t in get_templates(op=op) if target in t.targets]
+    """The templates of ``op`` for ``target`` in discovery order; the op layer uses the first."""
+    found = [t for t in get_templates(op=op) if target in t.targets]
+    if len(found) > 1 and (op, target) not in _warned_shadowed:
+        # A second template for the same op and target (typically a user template for a built-in
+        # op) is compiled by `aot build` but never called: say so once.
+        _warned_shadowed.add((op, target))
+        ignored = ", ".join(f"{t.name!r} ({t.source})" for t in found[1:])
+        warnings.warn(f"mslk-dsl: op {op!r} on {target} is served by template {found[0].name!r} "
+                      f"({found[0].source}); {ignored} also implement(s) it and will be ignored for "
+                      f"{target} (templates are tried in discovery order: built-in first, then "
+                      "MSLK_DSL_TEMPLATE_PATH in order)", stacklevel=2)
+    return found
+
+
+# (op, target) pairs already warned about in this process.
+_warned_shadowed: set[tuple[str, str]] = set()
 
 
 def reload() -> None:
@@ -79,13 +100,20 @@ def _find(wanted: Callable[[str, str, str], bool]) -> list[Template]:
 
 def _identities() -> list[tuple[str, str, str]]:
     """(op, backend, name) of every template, from the folders' indexes (no file imported when
-    they are current); raises if two templates share one."""
-    identities = [identity for directory, builtin in _folders()
-                  for of_file in _index(directory, builtin).values() for identity in of_file]
-    duplicates = {i for i in identities if identities.count(i) > 1}
-    if duplicates:
-        raise RuntimeError(f"duplicate template names: {sorted(duplicates)}")
-    return identities
+    they are current); raises if two templates share a name (a kernel key and the compile
+    workers find a template by its name alone)."""
+    where: dict[str, list[tuple[tuple[str, str, str], str]]] = {}
+    for directory, builtin in _folders():
+        for stem, of_file in _index(directory, builtin).items():
+            for identity in of_file:
+                where.setdefault(identity[2], []).append((identity, os.path.join(directory, stem + ".py")))
+    clashes = {name: found for name, found in where.items() if len(found) > 1}
+    if clashes:
+        raise DuplicateTemplateError("; ".join(
+            f"template name {name!r} is defined by both {' and '.join(file for _, file in found)}"
+            for name, found in sorted(clashes.items()))
+            + ": rename one (Template(name=...) or its file) or take its folder off MSLK_DSL_TEMPLATE_PATH")
+    return [identity for found in where.values() for identity, _ in found]
 
 
 def _folders() -> list[tuple[str, bool]]:
@@ -139,6 +167,8 @@ def _import_template_module(directory: str, stem: str, builtin: bool):
     if package not in sys.modules:
         spec = importlib.util.spec_from_file_location(package, os.path.join(directory, "__init__.py"),
                                                       submodule_search_locations=[directory])
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import templates from {directory}")
         pkg = importlib.util.module_from_spec(spec)
         sys.modules[package] = pkg
         if os.path.exists(os.path.join(directory, "__init__.py")):
@@ -158,87 +188,3 @@ def _templates_of(module) -> list[Template]:
         name = t.name or (stem if len(declared) == 1 else f"{stem}.{t.op}")
         out.append(dataclasses.replace(t, name=name, source=module.__file__))
     return out
-
-
-# -- digests --------------------------------------------------------------------------------------
-@functools.cache
-def template_digest(source: str) -> str:
-    """sha256 over the template file and the private sibling modules it imports (transitively)."""
-    directory = os.path.dirname(source)
-    seen: dict[str, bytes] = {}
-    pending = [source]
-    while pending:
-        path = pending.pop()
-        if path in seen or not os.path.exists(path):
-            continue
-        with open(path, "rb") as f:
-            seen[path] = f.read()
-        pending.extend(os.path.join(directory, f"{m}.py") for m in _local_imports(seen[path]))
-    h = hashlib.sha256()
-    for path in sorted(seen):
-        h.update(os.path.basename(path).encode() + b"\0" + seen[path] + b"\0")
-    return h.hexdigest()
-
-
-def _local_imports(source: bytes) -> set[str]:
-    """Names of private sibling modules (``_x``) imported as ``from . import _x``, ``from ._x import``,
-    ``from mslk_dsl.templates import _x`` or ``import mslk_dsl.templates._x``.
-
-    Read from the text, not with ``ast``: this runs on the first call of every op, and parsing
-    the larger templates cost tens of milliseconds. Text that merely looks like such an import
-    (a line of a docstring) counts too: that can only add a file to the digest, never leave an
-    imported one out. tests/test_cache.py checks that the result equals the syntax tree's
-    reading for every template file.
-    """
-    names = set()
-    for level, module, imported in _import_statements(source.decode("utf-8", errors="replace")):
-        if module is None:  # import a.b, c
-            names.update(n.split(".")[2] for n in imported if n.startswith("mslk_dsl.templates."))
-        elif level and not module:
-            names.update(imported)
-        elif level:
-            names.add(module.split(".")[0])
-        elif module == "mslk_dsl.templates":
-            names.update(imported)
-        elif module.startswith("mslk_dsl.templates."):
-            names.add(module.split(".")[2])
-    return {n for n in names if n.startswith("_")}
-
-
-# Statements are found from their ``import`` keyword: a pattern that starts with a literal is
-# scanned for at memchr speed, ten times faster than one that tries every line start.
-_IMPORT_KEYWORD = re.compile(r"import\b")
-_FROM_HEAD = re.compile(r"[ \t]*from\b[ \t]*(\.*)[ \t]*([\w.]*)[ \t]*")
-# The name list: to the end of the line (backslash continuations included), or in parentheses.
-_NAME_LIST = re.compile(r"[ \t]*(\([^)]*\)|(?:[^\n;#\\]|\\\n)*)")
-
-
-def _import_statements(text: str):
-    """(level, module, names) of each ``from <dots><module> import <names>`` statement, and
-    (0, None, names) of each ``import <names>``, in the order they appear."""
-    for keyword in _IMPORT_KEYWORD.finditer(text):
-        at = keyword.start()
-        if at and (text[at - 1].isalnum() or text[at - 1] == "_"):
-            continue  # the end of a longer word
-        head = text[_statement_start(text, at):at].replace("\\\n", " ")
-        names = _imported_names(_NAME_LIST.match(text, keyword.end()).group(1))
-        if not head.strip(" \t"):
-            yield 0, None, names
-        elif (from_head := _FROM_HEAD.fullmatch(head)) is not None:
-            yield len(from_head[1]), from_head[2], names
-
-
-def _statement_start(text: str, at: int) -> int:
-    """Where the statement around ``at`` starts: its line (joined to the lines before it that end
-    in a backslash), after the last ";" or ":" on it before ``at``."""
-    line = text.rfind("\n", 0, at) + 1
-    while line >= 2 and text[line - 2] == "\\":
-        line = text.rfind("\n", 0, line - 2) + 1
-    return max(line, text.rfind(";", line, at) + 1, text.rfind(":", line, at) + 1)
-
-
-def _imported_names(name_list: str) -> list[str]:
-    """The imported names of an import's name list: 'a as b, c' -> ['a', 'c'] (also in
-    parentheses over several lines, with comments, or with backslash continuations)."""
-    name_list = re.sub(r"#[^\n]*", "", name_list).replace("\\\n", " ").strip("() \t\n")
-    return [item.split()[0] for item in name_list.split(",") if item.strip()]

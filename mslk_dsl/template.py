@@ -19,8 +19,9 @@ for every template of an op), e.g. ``silu_mul``: ``kernel(x0, x1, out)``.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 Config = Mapping[str, Any]
 Signature = Mapping[str, Any]
@@ -101,9 +102,17 @@ class Template:
             raise ValueError(f"{self.op}: template {self.name!r} does not support target {target!r} "
                              f"(supports {list(self.targets)})")
         if not self.valid(config, target, sig):
-            raise ValueError(f"{self.op}: config {config_name(config)} is not valid for target "
-                             f"{target} and signature {dict(sig)}")
+            raise ValueError(f"{self.op}: config {config_name(config)} is not valid for target {target} and "
+                             f"signature {dict(sig)} (template {self.name!r})")
         if problem is not None and not self.serves(config, problem):
             raise ValueError(f"{self.op}: config {config_name(config)} does not serve a call of sizes "
-                             f"{dict(problem)}; use another config")
+                             f"{dict(problem)} (template {self.name!r}); use another config")
         return config
+
+
+def require(condition: bool, template: str, config: Config, why: str) -> None:
+    """A template's check of a config it is built with: ValueError naming the template and the
+    config when ``condition`` is false. Use it, not ``assert``, which ``python -O`` removes and
+    whose message names neither."""
+    if not condition:
+        raise ValueError(f"template {template!r}, config {config_name(config)}: {why}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import warnings
 
 from mslk_dsl import env
 
@@ -25,13 +26,34 @@ def entry_key(op: str, target: str, sig: dict, problem: dict) -> str:
     return f"{op}|{target}|{json.dumps(sig, sort_keys=True)}|{bucket(problem)}"
 
 
-@functools.cache
-def _load(path: str, mtime: float) -> dict:
+def read_db(path: str) -> dict:
+    """The database at ``path`` as {"entries": {key: record}}; empty where the file is missing.
+    A file that is not such a JSON object (hand-edited, or written by something else) is
+    ignored with one warning: tuning only ever picks among valid configs, so the heuristic
+    serves instead, and the next ``mslk-dsl tune`` replaces it."""
     try:
         with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
+            data = json.load(f)
+    except FileNotFoundError:
+        return {"entries": {}}
+    except (OSError, ValueError) as e:
+        return _malformed(path, f"cannot be read as JSON ({e})")
+    entries = data.get("entries", {}) if isinstance(data, dict) else None
+    if not isinstance(entries, dict):
+        return _malformed(path, f"holds a {type(data).__name__}, not an object with an \"entries\" object")
+    return {**data, "entries": {k: r for k, r in entries.items()
+                                if isinstance(r, dict) and isinstance(r.get("config"), dict)}}
+
+
+def _malformed(path: str, why: str) -> dict:
+    warnings.warn(f"mslk-dsl: ignoring the tuning database {path}: it {why}; delete it (or rerun "
+                  "`mslk-dsl tune`, which rewrites it) to silence this", stacklevel=4)
+    return {"entries": {}}
+
+
+@functools.cache
+def _load(path: str, mtime: float) -> dict:
+    return read_db(path)  # once per version of the file: the warning, too, comes once
 
 
 def lookup(op: str, target: str, sig: dict, problem: dict) -> dict | None:
@@ -40,8 +62,7 @@ def lookup(op: str, target: str, sig: dict, problem: dict) -> dict | None:
         mtime = os.path.getmtime(path)
     except OSError:
         return None
-    db = _load(path, mtime)
-    record = db.get("entries", {}).get(entry_key(op, target, sig, problem))
+    record = _load(path, mtime)["entries"].get(entry_key(op, target, sig, problem))
     if not record or record.get("context") != context():
         return None
     return record["config"]

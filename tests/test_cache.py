@@ -61,7 +61,7 @@ def test_key_changes_with_dsl_version(monkeypatch):
 
 def test_key_changes_with_codegen_env(monkeypatch):
     base = key().digest
-    monkeypatch.setenv("CUTE_DSL_OPT_LEVEL", "1")
+    monkeypatch.setenv("CUTE_DSL_LINEINFO", "1")
     assert key().digest != base
 
 
@@ -71,20 +71,20 @@ def test_key_changes_with_template_source_and_local_imports(tmp_path):
     (folder / "_helpers.py").write_text("SCALE = 1\n")
     main = folder / "thing.py"
     main.write_text("from mslk_dsl.templates import _helpers\nX = 1\n")
-    first = registry.template_digest(str(main))
-    registry.template_digest.cache_clear()
+    first = keys.template_digest(str(main))
+    keys.template_digest.cache_clear()
     (folder / "_helpers.py").write_text("SCALE = 2\n")
-    assert registry.template_digest(str(main)) != first, "editing an imported helper must change the key"
-    registry.template_digest.cache_clear()
-    second = registry.template_digest(str(main))
+    assert keys.template_digest(str(main)) != first, "editing an imported helper must change the key"
+    keys.template_digest.cache_clear()
+    second = keys.template_digest(str(main))
     main.write_text("from mslk_dsl.templates import _helpers\nX = 2\n")
-    registry.template_digest.cache_clear()
-    assert registry.template_digest(str(main)) != second
-    registry.template_digest.cache_clear()
+    keys.template_digest.cache_clear()
+    assert keys.template_digest(str(main)) != second
+    keys.template_digest.cache_clear()
 
 
 def _local_imports_by_syntax_tree(source: bytes) -> set[str]:
-    """The reference reading of registry._local_imports: the syntax tree's import statements."""
+    """The reference reading of keys._local_imports: the syntax tree's import statements."""
     names = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom):
@@ -113,7 +113,7 @@ def test_local_imports_read_from_text_match_the_syntax_tree(path):
     """The digest finds a template's helpers with regular expressions (fast); they must find
     exactly what the syntax tree says, so digests (and existing bundles' keys) do not change."""
     source = open(path, "rb").read()
-    assert registry._local_imports(source) == _local_imports_by_syntax_tree(source)
+    assert keys._local_imports(source) == _local_imports_by_syntax_tree(source)
     # ... and so the digest is the one computed from the syntax tree.
     seen, pending = {}, [path]
     while pending:
@@ -124,8 +124,8 @@ def test_local_imports_read_from_text_match_the_syntax_tree(path):
     h = hashlib.sha256()
     for p in sorted(seen):
         h.update(os.path.basename(p).encode() + b"\0" + seen[p] + b"\0")
-    registry.template_digest.cache_clear()
-    assert registry.template_digest(path) == h.hexdigest()
+    keys.template_digest.cache_clear()
+    assert keys.template_digest(path) == h.hexdigest()
 
 
 def test_local_imports_read_from_text_handle_every_import_form():
@@ -157,13 +157,13 @@ def test_local_imports_read_from_text_handle_every_import_form():
                 "_cont_b", "_dotted", "_after_semicolon", "_after_colon", "_nested", "_no_space",
                 "_continued_head"}
     assert _local_imports_by_syntax_tree(source) == expected
-    assert registry._local_imports(source) == expected
+    assert keys._local_imports(source) == expected
 
 
 def test_key_never_contains_sizes():
     parts = key().parts()
     assert set(parts) == {"op", "backend", "template", "template_digest", "config", "target", "signature",
-                          "framework_version", "dsl_versions", "codegen_env"}
+                          "framework_version", "dsl_versions", "codegen_env", "target_spec", "compile_options"}
 
 
 # -- cache + JIT ----------------------------------------------------------------------------------

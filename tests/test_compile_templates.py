@@ -1,16 +1,25 @@
-"""Every registered template compiles for every target it declares, in every config and dtype.
+"""Every registered template compiles for every target it declares, one test per
+(template, config, target, signature), so ``pytest -k`` selects one, e.g.
+``-k "silu_mul_cute and threads128_vec8 and sm90a and bfloat16"``.
 
-The selection (built from the registry, so a new template or config is picked up with no edit
-here): every config x target x dtype, with the other signature parts at their first value that the
-config accepts, plus the heuristic's config for every full signature. CuTe and FlyDSL build in
-separate tests (separate processes); each then checks the code it produced and that a second,
-fresh process finds every kernel in the cache and compiles nothing.
+The cases come from the registry (a new template or config is picked up with no edit here):
+  * every template x target x full signature with its default config (the heuristic's choice),
+    so every dtype is compiled;
+  * a bounded, deterministic sample of the other configs: per template and target, the fewest
+    configs (taken in the order of a hash of their names) that use every value of every config
+    parameter at least once, each with the first signature of each dtype it accepts.
+``MSLK_DSL_TEST_ALL_CONFIGS=1`` compiles every config x target x dtype instead (what ``make aot``
+covers as well). The selected cases of a backend are compiled together, once (FlyDSL shares its
+compiler child among them); each case then checks its own kernel. A fresh process then finds
+every kernel in the cache and compiles nothing.
 """
+import hashlib
 import json
 import os
 import re
 import subprocess
 import textwrap
+from dataclasses import dataclass
 
 import pytest
 from support import have_lld, run_python
@@ -18,6 +27,7 @@ from support import have_lld, run_python
 from mslk_dsl import aot, registry
 from mslk_dsl.cache import KernelCache
 from mslk_dsl.keys import KernelKey
+from mslk_dsl.template import config_name
 
 # Instructions the code must contain, by op. Regexes over PTX (CuTe) or the final ISA (FlyDSL,
 # gfx942, kept with MSLK_DSL_KEEP_ISA=1).
@@ -45,42 +55,131 @@ ISA_EXPECT_GFX942 = {
 }
 ISA_VECTOR = r"(global|buffer)_(load|store)_dwordx4"
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+DEFAULT_PROBLEM = {"M": 4096, "N": 4096, "K": 4096, "T": 4096}
+ALL_CONFIGS = os.environ.get("MSLK_DSL_TEST_ALL_CONFIGS", "") == "1"
 
 
-def selection(backend: str) -> list[aot.Job]:
-    jobs = {}
+@dataclass(frozen=True)
+class Case:
+    """One kernel to compile: its id names template, config, target and signature values."""
+
+    id: str
+    job: aot.Job
+
+
+def _case(template, config, target, sig) -> Case:
+    key = KernelKey.make(template, config, target, sig)
+    values = "_".join(str(v) for _, v in sorted(sig.items())) or "nosig"
+    return Case(f"{template.name}-{config_name(config)}-{target}-{values}", aot.Job(key, template.name))
+
+
+def _stable_order(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def _covering_sample(template, target, taken: set[str]) -> list[dict]:
+    """The fewest configs, in hash order, that use every value of every config parameter that the
+    configs already ``taken`` (by name) leave unused."""
+    valid = [c for c in template.all_configs() if any(template.valid(c, target, s) for s in template.all_signatures())]
+    unused = {(k, repr(v)) for c in valid for k, v in c.items()}
+    unused -= {(k, repr(v)) for c in valid if config_name(c) in taken for k, v in c.items()}
+    picked = []
+    for config in sorted(valid, key=lambda c: _stable_order(config_name(c))):
+        if not unused:
+            break
+        new = {(k, repr(v)) for k, v in config.items()} & unused
+        if new:
+            picked.append(config)
+            unused -= new
+    return picked
+
+
+def cases(backend: str) -> list[Case]:
+    found: dict[str, Case] = {}
     for t in registry.get_templates(backend=backend):
         sigs = t.all_signatures()
         for target in t.targets:
-            for config in t.all_configs():
+            defaults = {config_name(t.heuristic(target, sig, DEFAULT_PROBLEM)): None for sig in sigs}
+            for sig in sigs:
+                case = _case(t, t.heuristic(target, sig, DEFAULT_PROBLEM), target, sig)
+                found.setdefault(case.job.key.digest, case)
+            others = t.all_configs() if ALL_CONFIGS else _covering_sample(t, target, set(defaults))
+            for config in others:
                 for dtype in {s.get("dtype") for s in sigs}:
                     sig = next((s for s in sigs if s.get("dtype") == dtype and t.valid(config, target, s)), None)
                     if sig is not None:
-                        key = KernelKey.make(t, config, target, sig)
-                        jobs[key.digest] = aot.Job(key, t.name)
-            for sig in sigs:
-                config = t.heuristic(target, sig, {"M": 4096, "N": 4096, "K": 4096, "T": 4096})
-                key = KernelKey.make(t, config, target, sig)
-                jobs[key.digest] = aot.Job(key, t.name)
-    return sorted(jobs.values(), key=lambda j: j.key.digest)
+                        case = _case(t, config, target, sig)
+                        found.setdefault(case.job.key.digest, case)
+    return sorted(found.values(), key=lambda c: c.id)
 
 
-def _build_and_recheck(backend, out, env=None):
-    jobs = selection(backend)
-    assert jobs, f"no {backend} templates registered"
-    report = aot.build(jobs, str(out), workers=1, progress=False)
+def selection(backend: str) -> list[aot.Job]:
+    """The jobs of every case of ``backend`` (also planned again by the fresh process)."""
+    return [c.job for c in cases(backend)]
+
+
+def _selected(request, backend: str) -> list[aot.Job]:
+    """The jobs of the cases of ``backend`` this run will execute (after -k and the like)."""
+    jobs = {}
+    for item in request.session.items:
+        case = getattr(item, "callspec", None) and item.callspec.params.get(f"{backend}_case")
+        if case is not None:
+            jobs[case.job.key.digest] = case.job
+    return list(jobs.values())
+
+
+def _build(request, backend, out, env=None) -> dict:
+    """Compile the selected cases of ``backend`` into ``out`` at once: digest -> Entry, or the
+    error text of a job that failed."""
+    jobs = _selected(request, backend)
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        report = aot.build(jobs, str(out), workers=1, progress=False)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     print(f"{backend}: {len(report.built)} kernels compiled in {report.seconds:.0f}s")
-    assert report.ok, "failed to compile:\n" + "\n".join(report.failed.values())
-    # A fresh process plans the same jobs and finds every one of them: it compiles nothing.
+    store = KernelCache(str(out))
+    return {j.key.digest: report.failed.get(j.key.digest) or store.lookup(j.key) for j in jobs}
+
+
+def _entry(built: dict, case: Case):
+    entry = built[case.job.key.digest]
+    if entry is None or isinstance(entry, str):
+        pytest.fail(f"{case.id} failed to compile:\n{entry}")
+    return entry
+
+
+@pytest.fixture(scope="module")
+def cute_built(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cute")
+    return out, _build(request, "cute", out)
+
+
+@pytest.fixture(scope="module")
+def flydsl_built(request, tmp_path_factory):
+    if not have_lld():
+        pytest.skip("FlyDSL needs ld.lld (apt-get install -y lld-19)")
+    out = tmp_path_factory.mktemp("flydsl")
+    return out, _build(request, "flydsl", out, env={"MSLK_DSL_KEEP_ISA": "gfx942"})
+
+
+def _fresh_process_compiles_nothing(backend, out, built, env=None):
+    jobs = [j for j in selection(backend) if j.key.digest in built]
     done = run_python(textwrap.dedent(f"""
         import json
         from mslk_dsl import aot
         from test_compile_templates import selection
-        report = aot.build(selection({backend!r}), {str(out)!r}, workers=1, progress=False)
+        wanted = set({sorted(built)!r})
+        jobs = [j for j in selection({backend!r}) if j.key.digest in wanted]
+        report = aot.build(jobs, {str(out)!r}, workers=1, progress=False)
         print(json.dumps({{"built": len(report.built), "skipped": len(report.skipped)}}))
     """), env={"PYTHONPATH": os.path.dirname(__file__), **(env or {})})
     assert json.loads(done.stdout.splitlines()[-1]) == {"built": 0, "skipped": len(jobs)}
-    return {j.key.digest: KernelCache(str(out)).lookup(j.key) for j in jobs}
 
 
 def _moves_16_bytes(key: dict) -> bool:
@@ -89,53 +188,56 @@ def _moves_16_bytes(key: dict) -> bool:
     return sig.get("aligned") is True and "vec" in config and config["vec"] * esize == 16
 
 
-def _check_code(entries, filename, expect_by_op, vector_pattern, targets):
-    checked = 0
-    for entry in entries.values():
-        key = entry.key_parts
-        if key["target"] not in targets:
-            continue
-        text = open(entry.file(filename)).read()
-        patterns = list(expect_by_op.get(key["op"], []))
-        if _moves_16_bytes(key):
-            patterns.append(vector_pattern)
-        for pattern in patterns:
-            assert re.search(pattern, text), f"{key['template']} {key['config']} {key['signature']}: no {pattern}"
-            checked += 1
-    assert checked, "no instruction was checked"
+def _patterns(key: dict, expect_by_op: dict, vector_pattern: str) -> list[str]:
+    patterns = list(expect_by_op.get(key["op"], []))
+    if _moves_16_bytes(key):
+        patterns.append(vector_pattern)
+    return patterns
 
 
-def test_every_cute_template_compiles_for_its_targets(tmp_path):
-    entries = _build_and_recheck("cute", tmp_path / "cute")
-    for entry in entries.values():
-        ptx = open(entry.file("kernel.ptx")).read()
-        arch = entry.key_parts["target"].replace("sm", "sm_")
-        assert re.search(rf"\.target\s+{arch}", ptx), entry.path
-        assert os.path.getsize(entry.file("kernel.so")) > 0
-    _check_code(entries, "kernel.ptx", PTX_EXPECT, PTX_VECTOR, {"sm90a"})
-    _check_sorted_scatter(entries)
-    nvdisasm = _nvdisasm()
-    for entry in entries.values():
-        key = entry.key_parts
-        if key["target"] != "sm90a" or key["op"] not in SASS_EXPECT:
-            continue
-        sass = subprocess.run([nvdisasm, entry.file("kernel.cubin")], capture_output=True, text=True,
+@pytest.mark.xdist_group("compile-cute")
+@pytest.mark.parametrize("cute_case", cases("cute"), ids=lambda c: c.id)
+def test_cute_template_compiles(cute_case, cute_built):
+    entry = _entry(cute_built[1], cute_case)
+    key = entry.key_parts
+    ptx = open(entry.file("kernel.ptx")).read()
+    assert re.search(rf"\.target\s+{key['target'].replace('sm', 'sm_')}", ptx), entry.path
+    assert os.path.getsize(entry.file("kernel.so")) > 0
+    if key["target"] == "sm90a":
+        for pattern in _patterns(key, PTX_EXPECT, PTX_VECTOR):
+            assert re.search(pattern, ptx), f"{cute_case.id}: no {pattern} in the PTX"
+    if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") == "sorted":
+        # The sorted scatter counts with integer atomics and adds the data without atomics.
+        assert re.search(r"atom\.global(\.\w+)*\.add\.u32", ptx), entry.path
+        assert not re.search(r"(red|atom)\.global(\.\w+)*\.add(\.noftz)?(\.v\d)?\.(bf16|f16|f32)", ptx), entry.path
+    if key["target"] == "sm90a" and key["op"] in SASS_EXPECT:
+        sass = subprocess.run([_nvdisasm(), entry.file("kernel.cubin")], capture_output=True, text=True,
                               check=True).stdout
         for pattern in SASS_EXPECT[key["op"]]:
-            assert re.search(pattern, sass), f"{key['template']} {key['config']}: no {pattern} in the SASS"
+            assert re.search(pattern, sass), f"{cute_case.id}: no {pattern} in the SASS"
 
 
-def _check_sorted_scatter(entries):
-    """The sorted scatter counts with integer atomics and adds the data without atomics."""
-    checked = 0
-    for entry in entries.values():
-        key = entry.key_parts
-        if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") == "sorted":
-            ptx = open(entry.file("kernel.ptx")).read()
-            assert re.search(r"atom\.global(\.\w+)*\.add\.u32", ptx), entry.path
-            assert not re.search(r"(red|atom)\.global(\.\w+)*\.add(\.noftz)?(\.v\d)?\.(bf16|f16|f32)", ptx), entry.path
-            checked += 1
-    assert checked, "no sorted scatter was compiled"
+@pytest.mark.xdist_group("compile-cute")
+def test_cute_kernels_are_found_by_a_fresh_process(cute_built):
+    out, built = cute_built
+    _fresh_process_compiles_nothing("cute", out, {d for d, e in built.items() if not isinstance(e, str)})
+
+
+def test_the_sample_covers_every_dtype_and_config_value():
+    """Every template x target x dtype has its default config, and every value of every config
+    parameter that some signature can use is compiled for each template and target."""
+    for backend in ("cute", "flydsl"):
+        chosen = cases(backend)
+        for t in registry.get_templates(backend=backend):
+            for target in t.targets:
+                mine = [c.job.key for c in chosen if c.job.template == t.name and c.job.key.target == target]
+                for sig in t.all_signatures():
+                    default = t.heuristic(target, sig, DEFAULT_PROBLEM)
+                    assert any(k.signature == sig and k.config == default for k in mine), (t.name, target, sig)
+                usable = {(k, repr(v)) for c in t.all_configs() for k, v in c.items()
+                          if any(t.valid(c, target, s) for s in t.all_signatures())}
+                assert usable <= {(k, repr(v)) for key in mine for k, v in key.config.items()}, (t.name, target)
+    assert len({c.id for c in cases("cute")}) == len(cases("cute")), "case ids must be unique"
 
 
 def _nvdisasm() -> str:
@@ -153,35 +255,38 @@ def _nvdisasm() -> str:
     return found
 
 
-@pytest.mark.skipif(not have_lld(), reason="FlyDSL needs ld.lld (apt-get install -y lld-19)")
-def test_every_flydsl_template_compiles_for_gfx942_and_gfx950(tmp_path, monkeypatch):
-    monkeypatch.setenv("MSLK_DSL_KEEP_ISA", "gfx942")  # the ISA costs a second compile: one target
-    entries = _build_and_recheck("flydsl", tmp_path / "flydsl", env={"MSLK_DSL_KEEP_ISA": "gfx942"})
-    targets = {e.key_parts["target"] for e in entries.values()}
-    assert {"gfx942", "gfx950"} <= targets
-    _check_code(entries, "kernel.s", ISA_EXPECT_GFX942, ISA_VECTOR, {"gfx942"})
-    for entry in (e for e in entries.values() if e.key_parts["target"] == "gfx942"):
-        isa = open(entry.file("kernel.s")).read()
-        assert re.search(rf'\.amdgcn_target "amdgcn-amd-amdhsa-\w*-{entry.key_parts["target"]}', isa), entry.path
-    _check_sorted_scatter_isa(entries)
-    _check_run_time_block_sizes(entries)
+@pytest.mark.xdist_group("compile-flydsl")
+@pytest.mark.parametrize("flydsl_case", cases("flydsl"), ids=lambda c: c.id)
+def test_flydsl_template_compiles(flydsl_case, flydsl_built):
+    entry = _entry(flydsl_built[1], flydsl_case)
+    key = entry.key_parts
+    assert os.path.getsize(entry.file("artifact.pkl")) > 0
+    if key["target"] != "gfx942":  # the ISA is kept for gfx942 only (it costs a second compile)
+        return
+    isa = open(entry.file("kernel.s")).read()
+    assert re.search(rf'\.amdgcn_target "amdgcn-amd-amdhsa-\w*-{key["target"]}', isa), entry.path
+    for pattern in _patterns(key, ISA_EXPECT_GFX942, ISA_VECTOR):
+        assert re.search(pattern, isa), f"{flydsl_case.id}: no {pattern} in the ISA"
+    if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") == "sorted":
+        _check_sorted_scatter_isa(key, isa)
+    if key["op"] in ("gather_scale_dense_tokens", "scatter_add_dense_tokens"):
+        _check_run_time_block_sizes(key, isa)
 
 
-def _check_run_time_block_sizes(entries):
+@pytest.mark.xdist_group("compile-flydsl")
+def test_flydsl_kernels_are_found_by_a_fresh_process(flydsl_built):
+    out, built = flydsl_built
+    _fresh_process_compiles_nothing("flydsl", out, {d for d, e in built.items() if not isinstance(e, str)},
+                                    env={"MSLK_DSL_KEEP_ISA": "gfx942"})
+
+
+def _check_run_time_block_sizes(key, isa):
     """MoE row kernels take their block size at launch (up to 1024 work-items): their code objects
     must declare max_flat_workgroup_size 1024 (with no declaration it is 256)."""
-    checked = 0
-    for entry in entries.values():
-        key = entry.key_parts
-        if key["target"] != "gfx942" or key["op"] not in ("gather_scale_dense_tokens", "scatter_add_dense_tokens"):
-            continue
-        isa = open(entry.file("kernel.s")).read()
-        sizes = dict((name, int(n)) for n, name in
-                     re.findall(r"\.max_flat_workgroup_size:\s+(\d+)\s*\n\s*\.name:\s+(\S+)", isa))
-        rows = {name: n for name, n in sizes.items() if re.search(r"_(gather|scatter|reduce)$", name)}
-        assert rows and set(rows.values()) == {1024}, f"{key['template']} {key['config']}: {sizes}"
-        checked += 1
-    assert checked, "no MoE row kernel was compiled for gfx942"
+    sizes = dict((name, int(n)) for n, name in
+                 re.findall(r"\.max_flat_workgroup_size:\s+(\d+)\s*\n\s*\.name:\s+(\S+)", isa))
+    rows = {name: n for name, n in sizes.items() if re.search(r"_(gather|scatter|reduce)$", name)}
+    assert rows and set(rows.values()) == {1024}, f"{key['template']} {key['config']}: {sizes}"
 
 
 def _isa_kernels(isa: str) -> dict[str, str]:
@@ -190,26 +295,17 @@ def _isa_kernels(isa: str) -> dict[str, str]:
             for m in re.finditer(r"^(\w+):\n(.*?)^\.Lfunc_end", isa, re.M | re.S)}
 
 
-def _check_sorted_scatter_isa(entries):
+def _check_sorted_scatter_isa(key, isa):
     """The sorted scatter (gfx942) counts with int32 atomics that return the old value, adds the
     data without atomics (no float atomic, no compare-and-swap loop), and its reduce kernel moves
     16 bytes per load on aligned rows."""
-    checked = 0
-    for entry in entries.values():
-        key = entry.key_parts
-        if (key["op"] != "scatter_add_dense_tokens" or key["config"].get("method") != "sorted"
-                or key["target"] != "gfx942"):
-            continue
-        isa = open(entry.file("kernel.s")).read()
-        kernels = _isa_kernels(isa)
-        what = f"{key['template']} {key['config']} {key['signature']}"
-        count = [code for name, code in kernels.items() if name.endswith("_count")]
-        reduce = [code for name, code in kernels.items() if name.endswith("_reduce")]
-        assert len(count) == 1 and len(reduce) == 1, f"{what}: kernels {sorted(kernels)}"
-        # sc0 (glc before gfx940) on an atomic: it returns the old value (the row's position).
-        assert re.search(r"\b(global|buffer)_atomic_add(_u32)?\s+v\d+,[^\n]*\b(sc0|glc)\b", count[0]), what
-        assert not re.search(r"_atomic_(pk_)?add_(f16|bf16|f32|f64)|_atomic_cmpswap", isa), what
-        if key["signature"]["aligned"]:
-            assert re.search(r"\b(global|buffer)_load_dwordx4\b", reduce[0]), what
-        checked += 1
-    assert checked, "no sorted scatter was compiled for gfx942"
+    kernels = _isa_kernels(isa)
+    what = f"{key['template']} {key['config']} {key['signature']}"
+    count = [code for name, code in kernels.items() if name.endswith("_count")]
+    reduce = [code for name, code in kernels.items() if name.endswith("_reduce")]
+    assert len(count) == 1 and len(reduce) == 1, f"{what}: kernels {sorted(kernels)}"
+    # sc0 (glc before gfx940) on an atomic: it returns the old value (the row's position).
+    assert re.search(r"\b(global|buffer)_atomic_add(_u32)?\s+v\d+,[^\n]*\b(sc0|glc)\b", count[0]), what
+    assert not re.search(r"_atomic_(pk_)?add_(f16|bf16|f32|f64)|_atomic_cmpswap", isa), what
+    if key["signature"]["aligned"]:
+        assert re.search(r"\b(global|buffer)_load_dwordx4\b", reduce[0]), what

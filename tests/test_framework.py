@@ -90,12 +90,21 @@ def test_template_api_configs_and_validation():
     assert len(t.all_configs()) == 4 and len(t.all_signatures()) == 2
     assert len(t.valid_configs("sm90a", {"dtype": "float32"})) == 2
     assert config_name({"vec": 8, "threads": 128, "tile": (128, 256)}) == "threads128_tile128x256_vec8"
-    with pytest.raises(ValueError, match="not valid"):
+    with pytest.raises(ValueError, match=r"config threads128_vec8 is not valid for target sm90a and signature "
+                                         r"\{'dtype': 'float32'\} \(template 'demo'\)"):
         t.check_config({"vec": 8, "threads": 128}, "sm90a", {"dtype": "float32"})
     with pytest.raises(ValueError, match="not in the space"):
         t.check_config({"vec": 2, "threads": 128}, "sm90a", {"dtype": "float32"})
     with pytest.raises(ValueError, match="does not support target"):
         t.check_config({"vec": 4, "threads": 128}, "gfx942", {"dtype": "float32"})
+
+
+def test_template_config_checks_name_the_template_and_config():
+    from mslk_dsl.template import require
+
+    require(True, "demo", {"vec": 8}, "never raised")
+    with pytest.raises(ValueError, match=r"template 'demo', config threads64_vec8: threads must be a multiple of 128"):
+        require(False, "demo", {"vec": 8, "threads": 64}, "threads must be a multiple of 128")
 
 
 def test_registry_discovers_builtin_and_user_templates():
@@ -249,9 +258,27 @@ def test_duplicate_template_names_are_refused(tmp_path):
     second.mkdir()
     (second / "a.py").write_text(_template_file("alpha"))
     for _ in range(2):  # without and with indexes
-        with pytest.raises(AssertionError, match="duplicate template names"):
+        with pytest.raises(AssertionError, match="DuplicateTemplateError: template name 'a' is defined by both ") as err:
             _child("from mslk_dsl import registry; registry.get_templates('alpha')", tmp_path,
                    os.pathsep.join([first, str(second)]))
+        assert os.path.join(first, "a.py") in str(err.value) and str(second / "a.py") in str(err.value)
+
+
+def test_a_second_template_for_an_op_and_target_is_named_as_ignored(tmp_path):
+    """Two templates (other names) for one op and target: the op uses the first; the warning
+    says which template serves and which is ignored."""
+    first = _user_folder(tmp_path, {"a.py": _template_file("alpha")})
+    second = tmp_path / "second"
+    second.mkdir()
+    (second / "b.py").write_text(_template_file("alpha"))
+    done = run_python("import warnings; warnings.simplefilter('always')\n"
+                      "from mslk_dsl import registry\n"
+                      "print(registry.templates_for('alpha', 'sm90a')[0].name)\n"
+                      "registry.templates_for('alpha', 'sm90a')",
+                      env={"MSLK_DSL_TEMPLATE_PATH": os.pathsep.join([first, str(second)])})
+    assert done.stdout.strip() == "a"
+    assert done.stderr.count("is served by template 'a'") == 1, done.stderr
+    assert "'b' (" in done.stderr and "will be ignored" in done.stderr
 
 
 def test_index_is_written_like_bytecode(tmp_path, monkeypatch):

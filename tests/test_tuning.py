@@ -57,3 +57,38 @@ def test_autotuner_times_split_k_only_for_decode_sizes():
     assert any("split_k" in c for c in candidates(autotune.SPLIT_K_MAX_M))
     large = candidates(autotune.SPLIT_K_MAX_M + 1)
     assert large and not any("split_k" in c for c in large)
+
+
+def test_malformed_tuning_db_is_ignored_with_one_warning(cache_dir, recwarn):
+    """A tuning.json holding a list (or anything but the expected object) must not break op
+    calls: the heuristic serves, and one warning names the file."""
+    op = KernelOp("scale_copy", ("factor",), ("M",))
+    heuristic = op.choose("sm90a", (2,), (1000,), None)[1]
+    os.makedirs(cache_dir, exist_ok=True)
+    for content in ("[1, 2, 3]", "{\"entries\": [1]}", "{not json", "{\"entries\": {\"k\": 5}}"):
+        tuning._load.cache_clear()
+        recwarn.clear()
+        with open(tuning.db_path(), "w") as f:
+            f.write(content)
+        for _ in range(3):
+            assert op.choose("sm90a", (2,), (1000,), None)[1] == heuristic
+            assert tuning.lookup("scale_copy", "sm90a", {"factor": 2}, {"M": 1000}) is None
+        messages = [str(w.message) for w in recwarn if "tuning database" in str(w.message)]
+        if content.startswith("{\"entries\": {"):
+            assert messages == []  # a well-formed file with one bad record: that record is skipped
+        else:
+            assert len(messages) == 1 and tuning.db_path() in messages[0], (content, messages)
+    tuning._load.cache_clear()
+
+
+def test_storing_a_winner_replaces_a_malformed_db(cache_dir, recwarn):
+    from mslk_dsl import autotune
+
+    os.makedirs(cache_dir, exist_ok=True)
+    with open(tuning.db_path(), "w") as f:
+        f.write("[\"not\", \"a\", \"db\"]")
+    autotune._store("scale_copy", "sm90a", {"factor": 2}, {"M": 1000}, {"threads": 128}, 0.1)
+    tuning._load.cache_clear()
+    assert tuning.lookup("scale_copy", "sm90a", {"factor": 2}, {"M": 1000}) == {"threads": 128}
+    assert any("tuning database" in str(w.message) for w in recwarn)
+    tuning._load.cache_clear()
