@@ -247,10 +247,10 @@ def cmd_aot_build(args) -> int:
 
 def cmd_aot_merge(args) -> int:
     from mslk_dsl.aot import merge_bundles
-    from mslk_dsl.aot.manifest import check_bundle_manifest
+    from mslk_dsl.aot.bundle import read_bundle_manifest
 
     for source in args.sources:
-        check_bundle_manifest(source)
+        read_bundle_manifest(source)
 
     manifest = merge_bundles(args.out, args.sources)
     print(f"merged {len(args.sources)} bundles into {args.out}: {len(manifest['kernels'])} kernels")
@@ -259,9 +259,9 @@ def cmd_aot_merge(args) -> int:
 
 def cmd_aot_verify(args) -> int:
     from mslk_dsl.aot import verify_bundle
-    from mslk_dsl.aot.manifest import check_bundle_manifest
+    from mslk_dsl.aot.bundle import read_bundle_manifest
 
-    manifest = check_bundle_manifest(args.dir)
+    manifest = read_bundle_manifest(args.dir)
     problems = verify_bundle(args.dir)
     for p in problems:
         print(f"BAD {p}")

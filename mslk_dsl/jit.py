@@ -301,17 +301,29 @@ def build_command(key: KernelKey) -> str:
 
 
 def not_prebuilt_message(key: KernelKey, capturing: bool = False) -> str:
+    """What a KernelNotPrebuiltError says: the key, why nothing was compiled, where bundles were
+    looked for, and the fix: the build command, or, when the closest entry was built with other
+    DSL packages, the package set to install (compiling would not help a serving install)."""
+    from mslk_dsl import env
+    from mslk_dsl.keys import package_set_difference
+
     why = ("a CUDA graph is being captured (run the op once before capture so it is loaded)"
            if capturing else "JIT compilation is disabled (MSLK_DSL_DISABLE_JIT=1 or mslk_dsl.jit_disabled())")
     lines = [f"kernel not prebuilt: {key.describe()} (backend {key.backend}, key {key.digest}); {why}.",
-             f"Build it with: {build_command(key)}  and add DIR to MSLK_DSL_AOT_PATH."]
+             env.describe_aot_path() + "."]
     near = nearest_entry(key)
+    packages = ""
     if near is not None:
         _, entry, diff = near
-        shown = {k: v for k, v in diff.items()}
-        lines.append(f"Closest entry: {entry.path} differs in {', '.join(shown)}: "
-                     + "; ".join(f"{k}: wanted {w!r}, found {f!r}" for k, (w, f) in shown.items()))
-        if "dsl_versions" in diff or "framework_version" in diff:
-            lines.append("The bundle was built with another DSL/framework version; kernels are only "
-                         "served to the toolchain that built them. Rebuild the bundle with this one.")
+        lines.append(f"Closest entry: {entry.path} differs in {', '.join(diff)}: "
+                     + "; ".join(f"{k}: wanted {w!r}, found {f!r}" for k, (w, f) in diff.items()))
+        if "dsl_versions" in diff:
+            packages = package_set_difference(*diff["dsl_versions"])
+        elif "framework_version" in diff:
+            lines.append("The bundle was built with another mslk-dsl version; kernels are only served to "
+                         "the version that built them. Rebuild the bundle with this one.")
+    if packages:
+        lines.append(packages[0].upper() + packages[1:] + ".")
+    else:
+        lines.append(f"Build it with: {build_command(key)}  and add DIR to MSLK_DSL_AOT_PATH.")
     return "\n".join(lines)

@@ -34,8 +34,8 @@ DSL_PACKAGES = {
 }
 
 # The options each backend gives the DSL compiler beyond the target's arch (backends/cute.py's
-# cute.compile options, backends/flydsl.py's compile-child environment). tests/test_keys.py
-# checks that the backends still pass exactly these.
+# cute.compile options, backends/flydsl.py's compile-child environment), which take them from here.
+# A key covers exactly what the compilers were given.
 COMPILE_OPTIONS = {
     "cute": ("--enable-tvm-ffi",),
     "flydsl": ("COMPILE_ONLY=1", "FLYDSL_RUNTIME_ENABLE_CACHE=1"),

@@ -16,7 +16,7 @@ import warnings
 import mslk_dsl
 from mslk_dsl import fs
 from mslk_dsl.cache import STAGING, CorruptEntry, KernelCache, check_meta, sha256_of, store_error
-from mslk_dsl.errors import DamagedEntryWarning
+from mslk_dsl.errors import DamagedEntryWarning, MslkDslError
 
 MANIFEST = "manifest.json"
 
@@ -50,15 +50,26 @@ def write_bundle_manifest(root: str) -> dict:
     return manifest
 
 
+class BundleManifestError(MslkDslError, ValueError):
+    """A bundle's manifest.json is missing or not of the bundle manifest's form."""
+
+
 def read_bundle_manifest(root: str) -> dict:
-    """The bundle's manifest; ValueError (naming the file) unless it is an object with a list of
-    kernel records."""
+    """The bundle's manifest: an object with a "kernels" list of objects; BundleManifestError (a
+    ValueError naming the file and the fix) otherwise."""
     path = os.path.join(root, MANIFEST)
-    with open(path) as f:
-        manifest = json.load(f)
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("kernels", []), list):
-        raise ValueError(f"{path} is not a bundle manifest (an object with a 'kernels' list); "
-                         "rewrite it with `mslk-dsl aot build --out DIR` or `aot merge`")
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except FileNotFoundError as e:
+        raise BundleManifestError(f"{path} does not exist: {root} is not a bundle (build one with "
+                                  "`mslk-dsl aot build --out DIR`)") from e
+    except (OSError, ValueError) as e:
+        raise BundleManifestError(f"{path}: cannot be read as JSON ({e}); rebuild the bundle") from e
+    kernels = manifest.get("kernels", []) if isinstance(manifest, dict) else None
+    if not isinstance(kernels, list) or not all(isinstance(k, dict) for k in kernels):
+        raise BundleManifestError(f"{path} is not a bundle manifest (an object with a \"kernels\" list of "
+                                  f"objects); rebuild the bundle (`mslk-dsl aot build --out {root}` or `aot merge`)")
     return manifest
 
 

@@ -110,25 +110,6 @@ def _is_str_list(value) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
-def check_bundle_manifest(root: str) -> dict:
-    """A bundle's manifest.json, read and checked for form (an object with a "kernels" list of
-    objects); ManifestError naming the file otherwise."""
-    path = os.path.join(root, "manifest.json")
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError as e:
-        raise ManifestError(f"{path} does not exist: {root} is not a bundle (build one with "
-                            "`mslk-dsl aot build --out DIR`)") from e
-    except (OSError, ValueError) as e:
-        raise ManifestError(f"{path}: cannot be read as JSON ({e}); rebuild the bundle") from e
-    kernels = data.get("kernels") if isinstance(data, dict) else None
-    if not isinstance(kernels, list) or not all(isinstance(k, dict) for k in kernels):
-        raise ManifestError(f"{path}: expected an object with a \"kernels\" list of objects, got "
-                            f"{type(data).__name__}; rebuild the bundle (`mslk-dsl aot build --out {root}`)")
-    return data
-
-
 def expand(manifest: dict, targets: list[str] | None = None, ops: list[str] | None = None,
            overrides: dict | None = None) -> list[Job]:
     """Jobs of a manifest, optionally narrowed to ``targets`` / ``ops``. ``overrides`` replaces

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from mslk_dsl.aot.manifest import Job
 from mslk_dsl.backends import die_with_parent
 from mslk_dsl.cache import CorruptEntry, KernelCache
+from mslk_dsl.compile_errors import describe_compile_error
 
 # How an error message tells the user to pick another output directory.
 OTHER_OUTPUT = "choose (with --out) another,"
@@ -64,7 +65,8 @@ def _build_task(jobs: list[tuple[dict, str]], out_root: str) -> list[tuple[str, 
     outcomes = jit.build_batch(store, todo) if todo else []
     seconds = (time.perf_counter() - start) / max(1, len(todo))
     for (key, _, _), outcome in zip(todo, outcomes):
-        error = f"{key.describe()}: {_one_line(outcome)}" if isinstance(outcome, BaseException) else None
+        # a compile error names the template file and line it came from (DSL frames trimmed)
+        error = f"{key.describe()}: {describe_compile_error(outcome)}" if isinstance(outcome, BaseException) else None
         results.append((key.digest, error, seconds))
     return results
 

@@ -55,6 +55,15 @@ def quiet_dsl_notes():
         yield
 
 
+def compile_options(dsl_arch: str, dump_dir: str) -> str:
+    """cute.compile's options: the target, the codegen options every key records
+    (keys.COMPILE_OPTIONS), and where to keep the PTX and cubin (not codegen)."""
+    from mslk_dsl.keys import COMPILE_OPTIONS
+
+    return " ".join(["--gpu-arch", dsl_arch, *COMPILE_OPTIONS["cute"], "--keep-ptx", "--keep-cubin",
+                     "--dump-dir", dump_dir])
+
+
 def compile(template, config, target, signature, out_dir) -> dict:
     import cutlass.cute as cute
 
@@ -65,7 +74,7 @@ def compile(template, config, target, signature, out_dir) -> dict:
     dump = f"{os.path.normpath(out_dir)}-cute-dump"
     os.makedirs(dump)
     try:
-        options = f"--gpu-arch {target.dsl_arch} --enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir {dump}"
+        options = compile_options(target.dsl_arch, dump)
         try:
             with quiet_dsl_notes():
                 compiled = cute.compile(launcher, *args, options=options)

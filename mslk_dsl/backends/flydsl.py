@@ -49,6 +49,18 @@ def rocm_path_with_lld() -> str:
     return shim
 
 
+def child_environment(dsl_arch: str, rocm_path: str) -> dict:
+    """The compile child's environment: this one, less what would change the target or forbid
+    compiling, plus the target, ld.lld's ROCm folder and the codegen switches every key records
+    (keys.COMPILE_OPTIONS, as NAME=VALUE)."""
+    from mslk_dsl.keys import COMPILE_OPTIONS
+
+    child_env = {k: v for k, v in os.environ.items() if k not in ("ARCH", "FLYDSL_RUNTIME_RUN_ONLY")}
+    child_env.update(option.split("=", 1) for option in COMPILE_OPTIONS["flydsl"])
+    child_env.update(ARCH=dsl_arch, ROCM_PATH=rocm_path)
+    return child_env
+
+
 def compile(template, config, target, signature, out_dir) -> dict:
     result = compile_many([(template, config, target, signature, out_dir)])[0]
     if isinstance(result, BaseException):
@@ -88,9 +100,7 @@ def _compile_same_target(items) -> list:
         jobs_file = os.path.join(work, "jobs.json")
         with open(jobs_file, "w") as f:
             json.dump(jobs, f)
-        child_env = {k: v for k, v in os.environ.items() if k not in ("ARCH", "FLYDSL_RUNTIME_RUN_ONLY")}
-        child_env.update(COMPILE_ONLY="1", ARCH=target.dsl_arch, ROCM_PATH=rocm_path_with_lld(),
-                         FLYDSL_RUNTIME_ENABLE_CACHE="1")
+        child_env = child_environment(target.dsl_arch, rocm_path_with_lld())
         done = subprocess.run([sys.executable, "-m", "mslk_dsl.backends.flydsl_child", jobs_file, str(os.getpid())],
                               env=child_env, capture_output=True, text=True)
         reported = {}
