@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from mslk_dsl import jit, registry
+from mslk_dsl import jit, registry, resources
 from mslk_dsl.keys import KernelKey
 from mslk_dsl.template import config_name
 
@@ -50,6 +50,7 @@ def explain(op: str, target: str, sig: dict, config: str | None = None, problem:
         layer, entry = found
         kind = "read-only bundle" if not layer.writable else "cache"
         lines.append(f"HIT in {kind} {layer.root}: {entry.path}")
+        lines.extend(resources.explain_lines(entry))
         return "\n".join(lines)
     lines.append("MISS: no bundle or cache entry has this key")
     near = jit.nearest_entry(key)

@@ -13,6 +13,7 @@ import socket
 import time
 
 import mslk_dsl
+from mslk_dsl import resources
 from mslk_dsl.cache import CorruptEntry, KernelCache, sha256_of
 
 MANIFEST = "manifest.json"
@@ -31,6 +32,7 @@ def write_bundle_manifest(root: str) -> dict:
             "toolchain": entry.meta.get("toolchain", {}),
             "build_host": entry.meta.get("build_host", ""),
             "built_at": entry.meta.get("built_at", ""),
+            "resources": resources.summary(entry),
         })
     manifest = {
         "format": 1,

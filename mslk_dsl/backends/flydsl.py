@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-from mslk_dsl import env
+from mslk_dsl import env, resources
 from mslk_dsl.errors import BackendUnavailableError, CompileError
 
 ARTIFACT = "artifact.pkl"
@@ -116,7 +116,8 @@ def _collect(job: dict, out_dir: str) -> dict:
                 with open(path) as f:
                     out.write(f.read())
     return {"load": {"artifact": ARTIFACT, "flydsl_cache_subdir": os.path.basename(os.path.dirname(pickles[0])),
-                     "flydsl_cache_file": os.path.basename(pickles[0])}}
+                     "flydsl_cache_file": os.path.basename(pickles[0])},
+            "resources": resources.safe_report("flydsl", out_dir)}
 
 
 def load(entry):

@@ -1,0 +1,521 @@
+"""What a compiled kernel asks of the GPU, read from its artifact, and what the target gives.
+
+A kernel that needs more registers, shared memory / LDS or threads per block than a GPU has
+fails only at launch, and one that spills or fits few warps per SM runs slowly; neither shows
+on a machine without that GPU. So every compiled kernel gets a resource report, read from the
+code the GPU would load:
+
+* CuTe (NVIDIA): the cubin's ``.nv.info`` attributes (registers, stack frame = local memory,
+  required threads per block) and its ``.nv.shared.<kernel>`` section (static shared memory);
+  the dynamic shared memory and block size a launch asks for are constants in the host code
+  (the launch config the DSL lowers), read from the compiled host IR at compile time.
+* FlyDSL (AMD): the code object (an ELF embedded in the artifact's host MLIR): its
+  NT_AMDGPU_METADATA note (msgpack: VGPRs, AGPRs, SGPRs, scratch, LDS, work-group size) and each
+  kernel's descriptor (``<kernel>.kd``), whose granulated register counts are what the hardware
+  allocates (they can exceed the metadata's counts).
+
+The report is stored in the cache entry's meta.json (``resources``); ``occupancy`` turns it and
+the target's ``[limits]`` (arch/*.toml) into resident warps / waves, and ``problems`` checks it
+against the template's declarations (spills, occupancy floor) and the target's limits.
+"""
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import re
+import struct
+import zlib
+
+from mslk_dsl.targets import Target, get_target
+
+# -- ELF ----------------------------------------------------------------------------------------
+SHT_SYMTAB, SHT_NOTE = 2, 7
+NT_AMDGPU_METADATA = 32
+
+
+def _elf_headers(data: bytes) -> list[dict]:
+    """Every section header of a little-endian ELF64 file, by index, with its name."""
+    if data[:4] != b"\x7fELF" or data[4] != 2:
+        raise ValueError("not an ELF64 file")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    headers = []
+    for i in range(shnum):
+        name, kind, _, addr, offset, size, link, info, _, _ = struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+        headers.append({"name": name, "type": kind, "addr": addr, "offset": offset, "size": size, "link": link})
+    names = headers[shstrndx]["offset"]
+    for h in headers:
+        h["name"] = _cstring(data, names + h["name"])
+    return headers
+
+
+def _elf_sections(data: bytes) -> dict[str, dict]:
+    return {h["name"]: h for h in _elf_headers(data)}
+
+
+def _section_bytes(data: bytes, header: dict) -> bytes:
+    return data[header["offset"]:header["offset"] + header["size"]]
+
+
+def _cstring(data: bytes, offset: int) -> str:
+    return data[offset:data.index(b"\0", offset)].decode()
+
+
+def _elf_symbols(data: bytes) -> list[tuple[str, int, int]]:
+    """[(name, section index, value)] from .symtab, in symbol-index order."""
+    headers = _elf_headers(data)
+    symtab = next((h for h in headers if h["type"] == SHT_SYMTAB), None)
+    if symtab is None:
+        return []
+    strtab = headers[symtab["link"]]["offset"]
+    out = []
+    for i in range(symtab["size"] // 24):
+        st_name, _, _, st_shndx, st_value, _ = struct.unpack_from("<IBBHQQ", data, symtab["offset"] + 24 * i)
+        out.append((_cstring(data, strtab + st_name), st_shndx, st_value))
+    return out
+
+
+# -- AMD code objects -----------------------------------------------------------------------------
+def flydsl_code_objects(artifact_path: str) -> list[bytes]:
+    """The code objects inside a FlyDSL artifact.pkl, read without importing flydsl.
+
+    The artifact pickles a CompiledArtifact whose state holds ``ir_zlib``: the host MLIR, in
+    which ``gpu.binary`` carries each code object as an MLIR string (``bin = "..."``)."""
+    with open(artifact_path, "rb") as f:
+        state = _StateOnly(f).load().state
+    ir = zlib.decompress(state["ir_zlib"]).decode("latin-1")
+    return [_mlir_string_bytes(m.group(1)) for m in re.finditer(r'\bbin = "((?:[^"\\]|\\.)*)"', ir)]
+
+
+class _Stub:
+    def __setstate__(self, state):
+        self.state = state
+
+
+class _StateOnly(pickle.Unpickler):
+    """Unpickles any object as a stub keeping its state: no class of the pickle is imported."""
+
+    def find_class(self, module, name):
+        return _Stub
+
+
+def _mlir_string_bytes(text: str) -> bytes:
+    """Bytes of an MLIR string literal's body: ``\\XX`` is a hex byte, ``\\\\`` a backslash."""
+    out = bytearray()
+    i = 0
+    while i < len(text):
+        if text[i] != "\\":
+            out.append(ord(text[i]))
+            i += 1
+        elif text[i + 1] in '\\"':
+            out.append(ord(text[i + 1]))
+            i += 2
+        else:
+            out.append(int(text[i + 1:i + 3], 16))
+            i += 3
+    return bytes(out)
+
+
+def amdgpu_metadata(code_object: bytes) -> dict:
+    """The NT_AMDGPU_METADATA note of a code object, decoded (msgpack)."""
+    import msgpack
+
+    for header in _elf_headers(code_object):
+        if header["type"] != SHT_NOTE:
+            continue
+        p, end = header["offset"], header["offset"] + header["size"]
+        while p + 12 <= end:
+            namesz, descsz, note_type = struct.unpack_from("<III", code_object, p)
+            p += 12
+            name = code_object[p:p + namesz].rstrip(b"\0")
+            p += (namesz + 3) & ~3
+            desc = code_object[p:p + descsz]
+            p += (descsz + 3) & ~3
+            if name == b"AMDGPU" and note_type == NT_AMDGPU_METADATA:
+                return msgpack.unpackb(desc)
+    raise ValueError("the code object has no AMDGPU metadata note")
+
+
+def _kernel_descriptors(code_object: bytes) -> dict[str, dict]:
+    """{symbol of a kernel descriptor (``name.kd``): what the hardware allocates for it}."""
+    headers = _elf_headers(code_object)
+    out = {}
+    for name, shndx, value in _elf_symbols(code_object):
+        if not name.endswith(".kd") or not 0 < shndx < len(headers):
+            continue
+        section = headers[shndx]
+        start = section["offset"] + value - section["addr"]
+        kd = code_object[start:start + 64]
+        rsrc3, rsrc1 = struct.unpack_from("<II", kd, 44)
+        out[name] = {"vgprs_allocated": ((rsrc1 & 0x3F) + 1) * 8,   # gfx90a+: granules of 8
+                     "accum_offset": ((rsrc3 & 0x3F) + 1) * 4}
+    return out
+
+
+def amd_kernels(code_object: bytes) -> list[dict]:
+    """One record per kernel of a code object (see module docstring)."""
+    meta = amdgpu_metadata(code_object)
+    descriptors = _kernel_descriptors(code_object)
+    out = []
+    for k in meta.get("amdhsa.kernels", []):
+        reqd = k.get(".reqd_workgroup_size")
+        record = {
+            "name": k[".name"],
+            "threads": math.prod(reqd) if reqd else None,
+            "max_threads": k.get(".max_flat_workgroup_size"),
+            "wavefront_size": k.get(".wavefront_size"),
+            "vgprs": k.get(".vgpr_count", 0),
+            "agprs": k.get(".agpr_count", 0),
+            "sgprs": k.get(".sgpr_count", 0),
+            "vgpr_spills": k.get(".vgpr_spill_count", 0),
+            "sgpr_spills": k.get(".sgpr_spill_count", 0),
+            "scratch_bytes": k.get(".private_segment_fixed_size", 0),
+            "shared_bytes": k.get(".group_segment_fixed_size", 0),
+        }
+        record.update(descriptors.get(k.get(".symbol", ""), {}))
+        out.append(record)
+    return out
+
+
+# -- cubins -------------------------------------------------------------------------------------
+# .nv.info attributes (format byte 4 = a u16 size and that many bytes of value).
+EIATTR_MAX_THREADS, EIATTR_REQNTID, EIATTR_FRAME_SIZE, EIATTR_REGCOUNT = 0x05, 0x10, 0x11, 0x2F
+EIFMT_NVAL, EIFMT_BVAL, EIFMT_HVAL, EIFMT_SVAL = 1, 2, 3, 4
+
+
+def _nv_info(blob: bytes) -> list[tuple[int, bytes | int | None]]:
+    out, p = [], 0
+    while p + 2 <= len(blob):
+        fmt, attr = blob[p], blob[p + 1]
+        p += 2
+        if fmt == EIFMT_SVAL:
+            size, = struct.unpack_from("<H", blob, p)
+            value = blob[p + 2:p + 2 + size]
+            p += 2 + size
+        elif fmt == EIFMT_HVAL:
+            value, = struct.unpack_from("<H", blob, p)
+            p += 2
+        elif fmt == EIFMT_BVAL:
+            value = blob[p]
+            p += 2  # a byte value is padded to a half-word
+        else:
+            value = None
+        out.append((attr, value))
+    return out
+
+
+def cubin_kernels(cubin: bytes) -> list[dict]:
+    """One record per kernel (entry function) of a cubin."""
+    sections = _elf_sections(cubin)
+    symbols = [name for name, _, _ in _elf_symbols(cubin)]
+    per_symbol: dict[str, dict] = {}
+    info = sections.get(".nv.info")
+    for attr, value in _nv_info(_section_bytes(cubin, info)) if info else []:
+        if attr in (EIATTR_REGCOUNT, EIATTR_FRAME_SIZE) and isinstance(value, bytes) and len(value) == 8:
+            index, amount = struct.unpack("<II", value)
+            field = "registers" if attr == EIATTR_REGCOUNT else "scratch_bytes"
+            per_symbol.setdefault(symbols[index], {})[field] = amount
+    out = []
+    for section, header in sorted(sections.items()):
+        if not section.startswith(".nv.info."):
+            continue
+        name = section[len(".nv.info."):]
+        record = {"name": name, "threads": None, "max_threads": None, "registers": 0, "scratch_bytes": 0,
+                  **per_symbol.get(name, {})}
+        for attr, value in _nv_info(_section_bytes(cubin, header)):
+            if attr in (EIATTR_REQNTID, EIATTR_MAX_THREADS) and isinstance(value, bytes) and len(value) == 12:
+                threads = math.prod(struct.unpack("<III", value))
+                record["max_threads"] = threads
+                if attr == EIATTR_REQNTID:
+                    record["threads"] = threads
+        shared = sections.get(f".nv.shared.{name}")
+        record["static_shared_bytes"] = shared["size"] if shared else 0
+        out.append(record)
+    return out
+
+
+# The CUDA launch config the DSL lowers into the host code: {grid, block, dynamic smem, ...}.
+_LAUNCH_CONFIG = "!llvm.struct<(array<3 x i32>, array<3 x i32>, i64, ptr, ptr, i32)>"
+
+
+def cute_launches(host_ir: str) -> dict[str, dict]:
+    """{kernel name: {"threads", "dynamic_shared_bytes"}} from the compiled host IR (LLVM
+    dialect), for the launches whose values are constants (None where they are not)."""
+    out: dict[str, dict] = {}
+    for body in re.split(r"\n\s*llvm\.func ", host_ir):
+        constants = {m.group(1): int(m.group(2))
+                     for m in re.finditer(r"(%\w+) = llvm\.mlir\.constant\((-?\d+) : i\d+\)", body)}
+        configs = re.findall(r"(%\w+) = llvm\.alloca %\w+ x " + re.escape(_LAUNCH_CONFIG), body)
+        kernels = re.findall(r"llvm\.mlir\.addressof @kernels_(\w+) : !llvm\.ptr\s*\n\s*%\w+ = llvm\.load[^\n]*\n"
+                             r"\s*%\w+ = llvm\.call @_cudaLaunchKernelEx", body)
+        for config, kernel in zip(configs, kernels):
+            fields = {}
+            for m in re.finditer(rf"(%\w+) = llvm\.getelementptr {re.escape(config)}\[0, ([\d, ]+)\]", body):
+                stored = re.search(rf"llvm\.store (%\w+), {re.escape(m.group(1))} ", body)
+                fields[m.group(2)] = constants.get(stored.group(1)) if stored else None
+            block = [fields.get(f"1, {i}") for i in range(3)]
+            out[kernel] = {"threads": math.prod(block) if None not in block else None,
+                           "dynamic_shared_bytes": fields.get("2")}
+    return out
+
+
+# -- reports --------------------------------------------------------------------------------------
+def cute_report(cubin_path: str, host_ir: str | None = None) -> dict:
+    """The report of a CuTe kernel from its cubin (and host IR, when compiling)."""
+    with open(cubin_path, "rb") as f:
+        kernels = cubin_kernels(f.read())
+    launches = cute_launches(host_ir) if host_ir else {}
+    for k in kernels:
+        launch = launches.get(k["name"], {})
+        k["threads"] = k["threads"] or launch.get("threads")
+        k["dynamic_shared_bytes"] = launch.get("dynamic_shared_bytes")
+        k["shared_bytes"] = k["static_shared_bytes"] + (k["dynamic_shared_bytes"] or 0)
+    return {"kernels": kernels}
+
+
+def flydsl_report(artifact_path: str) -> dict:
+    return {"kernels": [k for co in flydsl_code_objects(artifact_path) for k in amd_kernels(co)]}
+
+
+def report_for(backend: str, out_dir: str, host_ir: str | None = None) -> dict:
+    """The report of the kernel just compiled into ``out_dir`` (called by the backends)."""
+    if backend == "cute":
+        return cute_report(os.path.join(out_dir, "kernel.cubin"), host_ir)
+    return flydsl_report(os.path.join(out_dir, "artifact.pkl"))
+
+
+def safe_report(backend: str, out_dir: str, host_ir: str | None = None) -> dict:
+    """``report_for``, with a failure to read the artifact kept in the report (as ``error``,
+    which the checks flag) rather than failing the compile."""
+    try:
+        return report_for(backend, out_dir, host_ir)
+    except Exception as e:  # noqa: BLE001 - an unreadable artifact is the report's finding
+        return {"kernels": [], "error": f"{type(e).__name__}: {e}"}
+
+
+def report_of_entry(entry) -> dict:
+    """An entry's report: the one stored at publish, else read from its files now (an entry
+    built before reports existed; a CuTe launch's dynamic shared memory is then unknown)."""
+    if "resources" in entry.meta:
+        return entry.meta["resources"]
+    backend = entry.key_parts["backend"]
+    if backend == "cute" and not os.path.exists(entry.file("kernel.cubin")):
+        return {"kernels": []}
+    return report_for(backend, entry.path)
+
+
+# -- occupancy ----------------------------------------------------------------------------------
+def occupancy(kernel: dict, target: Target, threads: int | None = None) -> dict:
+    """Blocks (work-groups) resident per SM (CU), the fraction of the SM's (CU's) warp (wave)
+    slots they fill, and what limits them. ``threads`` overrides the kernel's block size."""
+    threads = threads or kernel.get("threads") or kernel.get("max_threads")
+    if not threads:
+        return {"blocks": None, "occupancy": None, "limited_by": "unknown block size"}
+    lim = target.limits
+    warp = target.warp_size
+    warps = math.ceil(threads / warp)
+    if target.vendor == "nvidia":
+        slots = lim["max_warps_per_sm"]
+        per_warp = _round_up(max(kernel.get("registers", 0), 1) * warp, lim["register_alloc_unit"])
+        smem = kernel.get("shared_bytes") or 0
+        smem_per_block = _round_up(smem + lim["shared_memory_reserved_per_block"], lim["shared_memory_alloc_unit"])
+        bounds = {"warps": slots // warps, "blocks": lim["max_blocks_per_sm"],
+                  "registers": lim["registers_per_sm"] // per_warp // warps,
+                  "shared memory": lim["shared_memory_per_sm"] // smem_per_block}
+    else:
+        simds = lim["simds_per_cu"]
+        slots = simds * lim["max_waves_per_simd"]
+        vgprs = kernel.get("vgprs_allocated") or _round_up(_unified_vgprs(kernel), lim["vgpr_alloc_unit"])
+        sgprs = _round_up(max(kernel.get("sgprs", 0), 1), lim["sgpr_alloc_unit"])
+        waves_per_simd = min(lim["max_waves_per_simd"], lim["vgprs_per_simd"] // vgprs,
+                             lim["sgprs_per_simd"] // sgprs)
+        lds = kernel.get("shared_bytes") or 0
+        # A work-group's waves spread over the SIMDs; one of more than one wave holds a barrier.
+        bounds = {"waves": slots // warps,
+                  "registers": simds * waves_per_simd // warps if math.ceil(warps / simds) <= waves_per_simd else 0,
+                  "workgroups": lim["max_workgroups_per_cu"] if warps > 1 else slots,
+                  "LDS": lim["lds_per_cu"] // _round_up(lds, lim["lds_alloc_unit"]) if lds else slots}
+    limited_by = min(bounds, key=bounds.get)
+    blocks = bounds[limited_by]
+    return {"blocks": blocks, "occupancy": round(blocks * warps / slots, 4), "limited_by": limited_by}
+
+
+def _unified_vgprs(kernel: dict) -> int:
+    """VGPRs + AGPRs in the unified file (AGPRs start at a multiple of 4)."""
+    agprs = kernel.get("agprs", 0)
+    return _round_up(kernel.get("vgprs", 0), 4) + agprs if agprs else max(kernel.get("vgprs", 0), 1)
+
+
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+# -- checks -------------------------------------------------------------------------------------
+def block_threads(template, config) -> int | None:
+    """Threads per block a config launches: the template's declaration, else its ``threads``."""
+    if template.block_threads is not None:
+        return template.block_threads(config)
+    threads = config.get("threads")
+    return threads if isinstance(threads, int) else None
+
+
+def launch_problem(template, config, target_name: str) -> str | None:
+    """Why a GPU of the target would refuse to launch the config, or None (used by the
+    template's validity check, before anything is compiled)."""
+    threads = block_threads(template, config)
+    limit = get_target(target_name).limits.get("max_threads_per_block")
+    if threads and limit and threads > limit:
+        return f"{threads} threads per block, over the target's {limit}"
+    return None
+
+
+def problems(report: dict, target: Target, spills_allowed: bool = False, occupancy_floor: float = 0.0,
+             threads: int | None = None) -> list[str]:
+    """What a GPU of ``target`` would refuse (launch limits) or punish (spills, occupancy under
+    the floor) in a report; empty when the kernels are fine."""
+    lim = target.limits
+    shared_limit = target.smem_per_block
+    out = [f"the resource report could not be read: {report['error']}"] if report.get("error") else []
+    for k in report.get("kernels", []):
+        name = k["name"]
+        block = k.get("threads") or threads or k.get("max_threads")
+        if block and block > lim.get("max_threads_per_block", block):
+            out.append(f"{name}: {block} threads per block, over the target's {lim['max_threads_per_block']}")
+        if k.get("shared_bytes", 0) > shared_limit:
+            out.append(f"{name}: {k['shared_bytes']} bytes of shared memory / LDS, over the target's {shared_limit}")
+        spilled = k.get("scratch_bytes", 0) or k.get("vgpr_spills", 0) or k.get("sgpr_spills", 0)
+        if spilled and not spills_allowed:
+            out.append(f"{name}: spills ({k.get('scratch_bytes', 0)} bytes of scratch per thread); "
+                       f"declare spills_allowed=True on the template if intended")
+        occ = occupancy(k, target, k.get("threads") or threads)
+        if occ["occupancy"] is not None and occ["occupancy"] < occupancy_floor:
+            out.append(f"{name}: occupancy {occ['occupancy']:.3f} (limited by {occ['limited_by']}) is under "
+                       f"the template's floor {occupancy_floor}")
+    return out
+
+
+def entry_problems(entry) -> list[str]:
+    """``problems`` of a cache entry, against its template's declarations."""
+    from mslk_dsl.registry import get_template
+
+    key = entry.key_parts
+    template = get_template(key["template"])
+    return [f"{key['template']} {key['config']} {key['signature']} on {key['target']}: {p}"
+            for p in problems(report_of_entry(entry), get_target(key["target"]), template.spills_allowed,
+                              template.occupancy_floor, block_threads(template, key["config"]))]
+
+
+# -- tables -------------------------------------------------------------------------------------
+COLUMNS = ["op", "target", "config", "kernel", "threads", "registers", "shared", "scratch", "occupancy",
+           "limited by"]
+
+
+def rows(entries) -> list[dict]:
+    """One row per kernel of each entry, for ``mslk-dsl resources`` and docs/resources.md."""
+    out = []
+    for entry in entries:
+        key = entry.key_parts
+        target = get_target(key["target"])
+        for k in report_of_entry(entry).get("kernels", []):
+            occ = occupancy(k, target)
+            if target.vendor == "amd":
+                regs = f"{k['vgprs']}v+{k['agprs']}a/{k.get('vgprs_allocated', '?')} {k['sgprs']}s"
+            else:
+                regs = str(k.get("registers"))
+            shared = k.get("shared_bytes")
+            if target.vendor == "nvidia" and k.get("dynamic_shared_bytes") is None and k.get("static_shared_bytes") == 0:
+                shared = "?"
+            out.append({"op": key["op"], "target": key["target"], "config": _config_text(key["config"]),
+                        "signature": key["signature"], "kernel": _short_name(k["name"]),
+                        "threads": k.get("threads") or k.get("max_threads"), "registers": regs,
+                        "shared": shared, "scratch": k.get("scratch_bytes", 0),
+                        "occupancy": occ["occupancy"], "limited by": occ["limited_by"]})
+    return sorted(out, key=lambda r: (r["op"], r["target"], r["config"], r["kernel"]))
+
+
+def _config_text(config: dict) -> str:
+    from mslk_dsl.template import config_name
+
+    return config_name(config)
+
+
+def _short_name(name: str) -> str:
+    """Kernel symbols of CuTe embed the whole argument list: keep their head."""
+    return name if len(name) <= 40 else name[:37] + "..."
+
+
+def markdown(table: list[dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    for r in table:
+        cells = [f"{r[c]:.0%}" if c == "occupancy" and r[c] is not None else str(r[c] if r[c] is not None else "-")
+                 for c in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary(entry) -> dict:
+    """A few numbers per entry, for a bundle's manifest.json: the worst over its kernels."""
+    report = report_of_entry(entry)
+    kernels = report.get("kernels", [])
+    target = get_target(entry.key_parts["target"])
+    occupancies = [o for o in (occupancy(k, target)["occupancy"] for k in kernels) if o is not None]
+    return {"kernels": len(kernels),
+            "registers": max((k.get("vgprs_allocated") or k.get("registers") or k.get("vgprs") or 0
+                              for k in kernels), default=0),
+            "shared_bytes": max((k.get("shared_bytes") or 0 for k in kernels), default=0),
+            "scratch_bytes": max((k.get("scratch_bytes") or 0 for k in kernels), default=0),
+            "min_occupancy": min(occupancies, default=None),
+            **({"error": report["error"]} if report.get("error") else {})}
+
+
+def explain_lines(entry) -> list[str]:
+    """The report of a cache entry, as ``mslk-dsl explain`` prints it."""
+    report = report_of_entry(entry)
+    target = get_target(entry.key_parts["target"])
+    lines = ["resources:"]
+    if report.get("error"):
+        lines.append(f"  (unreadable: {report['error']})")
+    for k in report.get("kernels", []):
+        occ = occupancy(k, target)
+        fields = {f: k[f] for f in ("threads", "max_threads", "registers", "vgprs", "agprs", "vgprs_allocated",
+                                    "sgprs", "shared_bytes", "static_shared_bytes", "dynamic_shared_bytes",
+                                    "scratch_bytes", "vgpr_spills", "sgpr_spills") if f in k}
+        lines.append(f"  {_short_name(k['name'])}: " + " ".join(f"{f}={v}" for f, v in fields.items()))
+        occupancy_text = "-" if occ["occupancy"] is None else f"{occ['occupancy']:.0%}"
+        lines.append(f"    occupancy {occupancy_text} ({occ['blocks']} blocks per "
+                     f"{'SM' if target.vendor == 'nvidia' else 'CU'}, limited by {occ['limited_by']})")
+    return lines
+
+
+def command(ops: list[str] | None, targets: list[str] | None, as_json: bool = False,
+            as_markdown: bool = False, check: bool = False) -> int:
+    """``mslk-dsl resources``: the table over every entry of the cache and bundles."""
+    import json
+
+    from mslk_dsl import jit
+
+    seen, entries = set(), []
+    for layer in jit._layers():
+        for entry in layer.entries():
+            key = entry.key_parts
+            if entry.meta["digest"] in seen or (ops and key["op"] not in ops) or (targets and key["target"] not in targets):
+                continue
+            seen.add(entry.meta["digest"])
+            entries.append(entry)
+    table = rows(entries)
+    if as_json:
+        print(json.dumps(table, indent=1))
+    elif as_markdown:
+        print(markdown(table))
+    else:
+        widths = {c: max([len(c)] + [len(str(r[c])) for r in table]) for c in COLUMNS}
+        print("  ".join(c.ljust(widths[c]) for c in COLUMNS))
+        for r in table:
+            print("  ".join(str(r[c] if r[c] is not None else "-").ljust(widths[c]) for c in COLUMNS))
+    if check:
+        found = [p for entry in entries for p in entry_problems(entry)]
+        for p in found:
+            print(f"PROBLEM {p}")
+        return 1 if found else 0
+    return 0
