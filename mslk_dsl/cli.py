@@ -89,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("--markdown", action="store_true")
     s.add_argument("--check", action="store_true", help="exit 1 if a kernel breaks a limit or its template's floor")
+    s.add_argument("--defaults", action="store_true",
+                   help="the default config of every op and target (sm90a, gfx942, gfx950), compiled if missing")
     s.set_defaults(func=cmd_resources)
 
     s = sub.add_parser("tune", help="benchmark configs on this GPU and store the winners")
@@ -281,7 +283,7 @@ def cmd_explain(args) -> int:
 def cmd_resources(args) -> int:
     from mslk_dsl import resources
 
-    return resources.command(args.op, args.target, args.json, args.markdown, args.check)
+    return resources.command(args.op, args.target, args.json, args.markdown, args.check, args.defaults)
 
 
 def cmd_tune(args) -> int:

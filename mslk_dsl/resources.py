@@ -20,11 +20,13 @@ against the template's declarations (spills, occupancy floor) and the target's l
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import pickle
 import re
 import struct
+import sys
 import zlib
 
 from mslk_dsl.targets import Target, get_target
@@ -488,18 +490,52 @@ def explain_lines(entry) -> list[str]:
     return lines
 
 
+DEFAULT_TARGETS = ("sm90a", "gfx942", "gfx950")
+
+
+def default_jobs(ops: list[str] | None = None, targets: list[str] | None = None) -> list:
+    """The default kernel of every op on every target: the first template's heuristic config
+    for its first signature, at ``mslk-dsl explain``'s default sizes."""
+    from mslk_dsl import registry
+    from mslk_dsl.aot import Job
+    from mslk_dsl.explain import resolve
+    from mslk_dsl.keys import KernelKey
+
+    jobs = {}
+    for target in targets or DEFAULT_TARGETS:
+        for op in sorted({t.op for t in registry.get_templates()}):
+            if (ops and op not in ops) or not registry.templates_for(op, target):
+                continue
+            template, config, sig, _ = resolve(op, target, {}, None, {})
+            key = KernelKey.make(template, config, target, sig)
+            jobs[key.digest] = Job(key, template.name)
+    return list(jobs.values())
+
+
 def command(ops: list[str] | None, targets: list[str] | None, as_json: bool = False,
-            as_markdown: bool = False, check: bool = False) -> int:
-    """``mslk-dsl resources``: the table over every entry of the cache and bundles."""
+            as_markdown: bool = False, check: bool = False, defaults: bool = False) -> int:
+    """``mslk-dsl resources``: the table over every entry of the cache and bundles, or with
+    ``defaults`` over the default kernel of every op and target (compiled into the cache if
+    missing)."""
     import json
 
-    from mslk_dsl import jit
+    from mslk_dsl import aot, env, jit
 
+    wanted = None
+    if defaults:
+        jobs = default_jobs(ops, targets)
+        with contextlib.redirect_stdout(sys.stderr):  # progress lines stay out of the table
+            report = aot.build(jobs, env.cache_dir(), workers=1, progress=False)
+        if not report.ok:
+            raise ValueError("failed to compile:\n" + "\n".join(report.failed.values()))
+        wanted = {j.key.digest for j in jobs}
     seen, entries = set(), []
     for layer in jit._layers():
         for entry in layer.entries():
             key = entry.key_parts
             if entry.meta["digest"] in seen or (ops and key["op"] not in ops) or (targets and key["target"] not in targets):
+                continue
+            if wanted is not None and entry.meta["digest"] not in wanted:
                 continue
             seen.add(entry.meta["digest"])
             entries.append(entry)

@@ -15,7 +15,7 @@ import textwrap
 import pytest
 from support import have_lld, run_python
 
-from mslk_dsl import aot, registry
+from mslk_dsl import aot, registry, resources
 from mslk_dsl.cache import KernelCache
 from mslk_dsl.keys import KernelKey
 
@@ -80,7 +80,11 @@ def _build_and_recheck(backend, out, env=None):
         print(json.dumps({{"built": len(report.built), "skipped": len(report.skipped)}}))
     """), env={"PYTHONPATH": os.path.dirname(__file__), **(env or {})})
     assert json.loads(done.stdout.splitlines()[-1]) == {"built": 0, "skipped": len(jobs)}
-    return {j.key.digest: KernelCache(str(out)).lookup(j.key) for j in jobs}
+    entries = {j.key.digest: KernelCache(str(out)).lookup(j.key) for j in jobs}
+    # What a GPU would refuse or punish, from each kernel's resource report (mslk_dsl.resources).
+    problems = [p for entry in entries.values() for p in resources.entry_problems(entry)]
+    assert not problems, "resource problems:\n" + "\n".join(problems)
+    return entries
 
 
 def _moves_16_bytes(key: dict) -> bool:
