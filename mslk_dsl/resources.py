@@ -380,21 +380,32 @@ def problems(report: dict, target: Target, spills_allowed: bool = False, occupan
     shared_limit = target.smem_per_block
     out = [f"the resource report could not be read: {report['error']}"] if report.get("error") else []
     for k in report.get("kernels", []):
-        name = k["name"]
+        name = _short_name(k["name"])
         block = k.get("threads") or threads or k.get("max_threads")
         if block and block > lim.get("max_threads_per_block", block):
             out.append(f"{name}: {block} threads per block, over the target's {lim['max_threads_per_block']}")
         if k.get("shared_bytes", 0) > shared_limit:
             out.append(f"{name}: {k['shared_bytes']} bytes of shared memory / LDS, over the target's {shared_limit}")
-        spilled = k.get("scratch_bytes", 0) or k.get("vgpr_spills", 0) or k.get("sgpr_spills", 0)
-        if spilled and not spills_allowed:
-            out.append(f"{name}: spills ({k.get('scratch_bytes', 0)} bytes of scratch per thread); "
-                       f"declare spills_allowed=True on the template if intended")
+        spills = _spills(k)
+        if spills and not spills_allowed:
+            out.append(f"{name}: spills ({spills}); declare spills_allowed=True on the template if intended")
         occ = occupancy(k, target, k.get("threads") or threads)
         if occ["occupancy"] is not None and occ["occupancy"] < occupancy_floor:
             out.append(f"{name}: occupancy {occ['occupancy']:.3f} (limited by {occ['limited_by']}) is under "
                        f"the template's floor {occupancy_floor}")
     return out
+
+
+def _spills(kernel: dict) -> str:
+    """What a kernel spills, in words ("" for nothing): scratch (local / private memory per
+    thread) and, on AMD, the registers spilled (SGPRs usually into VGPR lanes)."""
+    parts = []
+    if kernel.get("scratch_bytes"):
+        parts.append(f"{kernel['scratch_bytes']} bytes of scratch per thread")
+    for kind in ("vgpr", "sgpr"):
+        if kernel.get(f"{kind}_spills"):
+            parts.append(f"{kernel[f'{kind}_spills']} {kind.upper()}s spilled")
+    return ", ".join(parts)
 
 
 def entry_problems(entry) -> list[str]:
@@ -443,8 +454,12 @@ def _config_text(config: dict) -> str:
 
 
 def _short_name(name: str) -> str:
-    """Kernel symbols of CuTe embed the whole argument list: keep their head."""
-    return name if len(name) <= 40 else name[:37] + "..."
+    """A kernel's name for a table: CuTe symbols (``kernel_cutlass_<function>_<argument
+    types>_0``) by their function, long FlyDSL ones by head and tail."""
+    cute = re.match(r"kernel_cutlass_(\w+?)_(tensor|mslk_dsl|object|[A-Z])", name)
+    if cute:
+        return cute.group(1)
+    return name if len(name) <= 40 else f"{name[:24]}...{name[-13:]}"
 
 
 def markdown(table: list[dict]) -> str:

@@ -79,7 +79,9 @@ def test_problems_name_each_limit():
     found = resources.problems(report, sm90a, occupancy_floor=0.25)
     assert any("2048 threads per block" in p for p in found)
     assert any("300000 bytes of shared memory" in p for p in found)
-    assert any("spills (16 bytes" in p for p in found)
+    assert any("spills (16 bytes of scratch per thread)" in p for p in found)
+    assert "spills (3 SGPRs spilled)" in resources.problems(
+        {"kernels": [{"name": "k", "threads": 64, "vgprs": 8, "sgprs": 100, "sgpr_spills": 3}]}, get_target("gfx942"))[0]
     assert resources.problems({"kernels": [], "error": "ValueError: x"}, sm90a) == [
         "the resource report could not be read: ValueError: x"]
     fine = {"kernels": [{"name": "k", "threads": 256, "registers": 32, "shared_bytes": 0, "scratch_bytes": 0}]}
