@@ -82,11 +82,14 @@ def _elf_symbols(data: bytes) -> list[tuple[str, int, int]]:
 def flydsl_code_objects(artifact_path: str) -> list[bytes]:
     """The code objects inside a FlyDSL artifact.pkl, read without importing flydsl.
 
-    The artifact pickles a CompiledArtifact whose state holds ``ir_zlib``: the host MLIR, in
-    which ``gpu.binary`` carries each code object as an MLIR string (``bin = "..."``)."""
+    The artifact pickles a CompiledArtifact whose state holds ``ir_zlib`` (``ir_text`` before
+    FlyDSL 0.4): the host MLIR, in which ``gpu.binary`` carries each code object as an MLIR string (``bin = "..."``)."""
     with open(artifact_path, "rb") as f:
         state = _StateOnly(f).load().state
-    ir = zlib.decompress(state["ir_zlib"]).decode("latin-1")
+    if "ir_zlib" in state:
+        ir = zlib.decompress(state["ir_zlib"]).decode("latin-1")
+    else:  # FlyDSL before 0.4 kept the text uncompressed
+        ir = state["ir_text"]
     return [_mlir_string_bytes(m.group(1)) for m in re.finditer(r'\bbin = "((?:[^"\\]|\\.)*)"', ir)]
 
 
