@@ -14,7 +14,7 @@ import subprocess
 import pytest
 from support import have_lld
 
-from mslk_dsl import aot, jit, registry, resources
+from mslk_dsl import aot, binaries, jit, registry, resources
 from mslk_dsl.cache import KernelCache
 from mslk_dsl.keys import KernelKey
 from mslk_dsl.targets import get_target
@@ -43,7 +43,7 @@ def resource_templates(monkeypatch):
 
 # -- pure functions -------------------------------------------------------------------------------
 def test_mlir_string_bytes_decodes_every_escape():
-    assert resources._mlir_string_bytes(r'\7FELF\00a\\b\22') == b'\x7fELF\x00a\\b"'
+    assert binaries._mlir_string_bytes(r'\7FELF\00a\\b\22') == b'\x7fELF\x00a\\b"'
 
 
 def test_occupancy_nvidia_registers_and_shared_memory():
