@@ -145,6 +145,10 @@ def test_a_spilling_config_is_reported_and_rejected(tmp_path, resource_templates
     sass = subprocess.run([_nvdisasm(), capped.file("kernel.cubin")], capture_output=True, text=True).stdout
     assert re.search(r"\bSTL\b", sass) and re.search(r"\bLDL\b", sass)
     assert resources.entry_problems(free) == []
+    # 64 registers x 1024 threads: one block, half the SM's warps; a floor above that is broken.
+    assert resources.problems(free.meta["resources"], get_target("sm90a"), occupancy_floor=0.5) == []
+    assert "occupancy 0.500 (limited by registers)" in resources.problems(
+        free.meta["resources"], get_target("sm90a"), occupancy_floor=0.75)[0]
     assert any("spills" in p for p in resources.entry_problems(capped))
     assert resources.problems(capped.meta["resources"], get_target("sm90a"), spills_allowed=True) == []
 
