@@ -60,7 +60,7 @@ class Template:
                  ``threads`` value is taken. A config over the target's limit is not valid.
     occupancy_floor: the lowest occupancy (resident warps / waves over the SM's / CU's maximum)
                  its compiled kernels may have; checked over every compiled kernel.
-    spills_allowed: its compiled kernels may use scratch (local / private) memory.
+    spills_allowed: its compiled kernels may spill (scratch memory, or AMD registers spilled).
     name:        template name, unique per (op, backend); defaults to the module name.
     entry:       symbol name of the exported function (CuTe), defaults to the op name.
     """
