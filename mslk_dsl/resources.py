@@ -94,11 +94,13 @@ def occupancy(kernel: dict, target: Target, threads: int | None = None) -> dict:
                              lim["sgprs_per_simd"] // sgprs)
         lds = kernel.get("shared_bytes") or 0
         # A work-group's waves spread over the SIMDs; one of more than one wave holds a barrier.
+        # LDS comes before registers: where LDS caps occupancy, LLVM lets the kernel allocate
+        # the registers that occupancy leaves free, so a tie means LDS is the cause.
         bounds = {"waves": slots // warps,
-                  "registers": simds * waves_per_simd // warps if math.ceil(warps / simds) <= waves_per_simd else 0,
                   "workgroups": lim["max_workgroups_per_cu"] if warps > 1 else slots,
-                  "LDS": lim["lds_per_cu"] // _round_up(lds, lim["lds_alloc_unit"]) if lds else slots}
-    limited_by = min(bounds, key=bounds.get)
+                  "LDS": lim["lds_per_cu"] // _round_up(lds, lim["lds_alloc_unit"]) if lds else slots,
+                  "registers": simds * waves_per_simd // warps if math.ceil(warps / simds) <= waves_per_simd else 0}
+    limited_by = min(bounds, key=bounds.get)  # the first of equal bounds
     blocks = bounds[limited_by]
     return {"blocks": blocks, "occupancy": round(blocks * warps / slots, 4), "limited_by": limited_by}
 

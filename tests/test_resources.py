@@ -62,7 +62,11 @@ def test_occupancy_amd_uses_the_allocated_registers():
     # What the kernel descriptor allocates wins over the metadata's count: 264 VGPRs leave one
     # wave per SIMD, so one 4-wave work-group per CU (4 of 32 wave slots).
     kernel = {"threads": 256, "vgprs": 102, "agprs": 0, "sgprs": 38, "shared_bytes": 0}
-    assert resources.occupancy({**kernel, "vgprs_allocated": 264}, gfx942)["occupancy"] == 0.125
+    assert resources.occupancy({**kernel, "vgprs_allocated": 264}, gfx942) == {
+        "blocks": 1, "occupancy": 0.125, "limited_by": "registers"}
+    # With 48 KiB of LDS too, LDS is named: it is why LLVM allocated that many registers.
+    assert resources.occupancy({**kernel, "vgprs_allocated": 264, "shared_bytes": 49152}, gfx942)[
+        "limited_by"] == "LDS"
     assert resources.occupancy({**kernel, "vgprs_allocated": 104}, gfx942) == {
         "blocks": 4, "occupancy": 0.5, "limited_by": "registers"}
     # 48 KiB of LDS of the CU's 64: one work-group.
