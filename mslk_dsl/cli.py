@@ -99,6 +99,16 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--problem", default="", help="sizes for the heuristic, e.g. M=4096,K=8192")
     s.set_defaults(func=cmd_explain)
 
+    s = sub.add_parser("resources", help="registers, shared memory / LDS, spills and occupancy of compiled kernels")
+    s.add_argument("--op", action="append", help="only these ops (repeatable)")
+    s.add_argument("--target", action="append", help="only these targets (repeatable)")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--markdown", action="store_true")
+    s.add_argument("--check", action="store_true", help="exit 1 if a kernel breaks a limit or its template's floor")
+    s.add_argument("--defaults", action="store_true",
+                   help="the default config of every op and target (sm90a, gfx942, gfx950), compiled if missing")
+    s.set_defaults(func=cmd_resources)
+
     s = sub.add_parser("tune", help="benchmark configs on this GPU and store the winners")
     s.add_argument("--op", required=True)
     s.add_argument("--shapes", required=True, help="problems, e.g. 'M=128,N=8192,K=8192;M=4096,N=8192,K=8192'")
@@ -339,6 +349,12 @@ def cmd_explain(args) -> int:
     text, hit = explain(args.op, args.target, sig, args.config, problem)
     print(text)
     return 0 if hit else 1
+
+
+def cmd_resources(args) -> int:
+    from mslk_dsl import resources
+
+    return resources.command(args.op, args.target, args.json, args.markdown, args.check, args.defaults)
 
 
 def cmd_tune(args) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from mslk_dsl import env, jit, registry
+from mslk_dsl import env, jit, registry, resources
 from mslk_dsl.keys import KernelKey, package_set_difference
 from mslk_dsl.targets import get_target
 from mslk_dsl.template import config_name
@@ -59,6 +59,7 @@ def explain(op: str, target: str, sig: dict, config: str | None = None,
         layer, entry = found
         kind = "read-only bundle" if not layer.writable else "cache"
         lines.append(f"HIT in {kind} {layer.root}: {entry.path}")
+        lines.extend(resources.explain_lines(entry))
         return "\n".join(lines), True
     lines.append("MISS: no bundle or cache entry has this key")
     lines.append(f"  {env.describe_aot_path()}")

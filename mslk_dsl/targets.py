@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 
 
@@ -20,6 +20,8 @@ class Target:
     smem_per_block: int
     fp8: str               # "e4m3fn" | "e4m3fnuz" | "" (no FP8)
     matrix_instructions: tuple[str, ...]
+    # [limits]: what an SM / CU holds, for mslk_dsl.resources (occupancy and launch checks).
+    limits: dict = field(default_factory=dict, compare=False)
 
     @property
     def fp8_dtype_name(self) -> str:

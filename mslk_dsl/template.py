@@ -57,6 +57,11 @@ class Template:
                  GEMM config that loads only 16 rows of x and so serves M <= 16); the op layer
                  refuses such a config for the call and the tuner does not offer it.
     build:       (config, target, sig) -> (launcher, compile_args); see module docstring.
+    block_threads: (config) -> threads per block the config launches; without it a config's
+                 ``threads`` value is taken. A config over the target's limit is not valid.
+    occupancy_floor: the lowest occupancy (resident warps / waves over the SM's / CU's maximum)
+                 its compiled kernels may have; checked over every compiled kernel.
+    spills_allowed: its compiled kernels may spill (scratch memory, or AMD registers spilled).
     name:        template name, unique per (op, backend); defaults to the module name.
     entry:       symbol name of the exported function (CuTe), defaults to the op name.
     """
@@ -71,6 +76,9 @@ class Template:
     configs: Sequence[Config] = ()
     valid: Callable[[Config, str, Signature], bool] = lambda config, target, sig: True
     serves: Callable[[Config, Mapping[str, int]], bool] = lambda config, problem: True
+    block_threads: Callable[[Config], int] | None = None
+    occupancy_floor: float = 0.0
+    spills_allowed: bool = False
     name: str = ""
     # Filled in by the registry: the file the template came from (for the key's digest).
     source: str = ""
@@ -86,7 +94,13 @@ class Template:
         return [dict(zip(keys, vals)) for vals in itertools.product(*(self.signatures[k] for k in keys))]
 
     def valid_configs(self, target: str, sig: Signature) -> list[dict]:
-        return [c for c in self.all_configs() if self.valid(c, target, sig)]
+        return [c for c in self.all_configs() if self.valid(c, target, sig) and not self.launch_problem(c, target)]
+
+    def launch_problem(self, config: Config, target: str) -> str | None:
+        """Why a GPU of ``target`` would refuse to launch ``config`` (block size), or None."""
+        from mslk_dsl import resources
+
+        return resources.launch_problem(self, config, target)
 
     def check_config(self, config: Config, target: str, sig: Signature,
                      problem: Mapping[str, int] | None = None) -> dict:
@@ -104,6 +118,10 @@ class Template:
         if not self.valid(config, target, sig):
             raise ValueError(f"{self.op}: config {config_name(config)} is not valid for target {target} and "
                              f"signature {dict(sig)} (template {self.name!r})")
+        problem_text = self.launch_problem(config, target)
+        if problem_text:
+            raise ValueError(f"{self.op}: config {config_name(config)} cannot launch on {target}: {problem_text} "
+                             f"(template {self.name!r})")
         if problem is not None and not self.serves(config, problem):
             raise ValueError(f"{self.op}: config {config_name(config)} does not serve a call of sizes "
                              f"{dict(problem)} (template {self.name!r}); use another config")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import pytest
 from support import have_lld, run_python
 
-from mslk_dsl import aot, registry
+from mslk_dsl import aot, registry, resources
 from mslk_dsl.cache import KernelCache
 from mslk_dsl.keys import KernelKey
 from mslk_dsl.template import config_name
@@ -148,9 +148,14 @@ def _build(request, backend, out, env=None) -> dict:
 
 
 def _entry(built: dict, case: Case):
+    """The case's compiled entry, checked for what a GPU would refuse or punish (its resource
+    report: spills, shared memory / LDS and block size over the target's limits, occupancy under
+    the template's floor; mslk_dsl.resources)."""
     entry = built[case.job.key.digest]
     if entry is None or isinstance(entry, str):
         pytest.fail(f"{case.id} failed to compile:\n{entry}")
+    problems = resources.entry_problems(entry)
+    assert not problems, f"{case.id}: resource problems:\n" + "\n".join(problems)
     return entry
 
 

@@ -14,7 +14,7 @@ import time
 import warnings
 
 import mslk_dsl
-from mslk_dsl import fs
+from mslk_dsl import fs, resources
 from mslk_dsl.cache import STAGING, CorruptEntry, KernelCache, check_meta, sha256_of, store_error
 from mslk_dsl.errors import DamagedEntryWarning, MslkDslError
 
@@ -34,6 +34,7 @@ def write_bundle_manifest(root: str) -> dict:
             "toolchain": entry.meta.get("toolchain", {}),
             "build_host": entry.meta.get("build_host", ""),
             "built_at": entry.meta.get("built_at", ""),
+            "resources": resources.summary(entry),
         })
     manifest = {
         "format": 1,

@@ -18,7 +18,7 @@ import subprocess
 import threading
 import warnings
 
-from mslk_dsl import env
+from mslk_dsl import env, resources
 from mslk_dsl.errors import BackendUnavailableError, CompileError
 
 LIBRARY = "kernel.so"
@@ -96,9 +96,10 @@ def compile(template, config, target, signature, out_dir) -> dict:
             found = sorted(glob.glob(os.path.join(dump, "**", pattern), recursive=True))
             if found:
                 shutil.copyfile(found[-1], os.path.join(out_dir, name))
+        report = resources.safe_report("cute", out_dir, str(getattr(compiled, "ir_module", "") or ""))
     finally:
         shutil.rmtree(dump, ignore_errors=True)
-    return {"load": {"library": LIBRARY, "symbol": symbol}}
+    return {"load": {"library": LIBRARY, "symbol": symbol}, "resources": report}
 
 
 def compile_many(items) -> list:

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 
-from mslk_dsl import env, fs
+from mslk_dsl import env, fs, resources
 from mslk_dsl.errors import BackendUnavailableError, CompileError
 
 ARTIFACT = "artifact.pkl"
@@ -138,7 +138,8 @@ def _collect(job: dict, out_dir: str) -> dict:
                 with open(path) as f:
                     out.write(f.read())
     return {"load": {"artifact": ARTIFACT, "flydsl_cache_subdir": os.path.basename(os.path.dirname(pickles[0])),
-                     "flydsl_cache_file": os.path.basename(pickles[0])}}
+                     "flydsl_cache_file": os.path.basename(pickles[0])},
+            "resources": resources.safe_report("flydsl", out_dir)}
 
 
 def load(entry):

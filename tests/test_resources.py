@@ -1,0 +1,184 @@
+"""Resource reports read from compiled kernels, occupancy, and the checks built on them.
+
+The kernels here are small test-only templates (tests/fixtures/resource_templates): a CuTe kernel
+that spills when its registers are capped and a FlyDSL copy whose block size is its config. The
+check over every compiled kernel of the registered templates runs in test_compile_templates.py,
+on the kernels that test builds anyway.
+"""
+import importlib.util
+import json
+import os
+import re
+import subprocess
+
+import pytest
+from support import have_lld
+
+from mslk_dsl import aot, binaries, jit, registry, resources
+from mslk_dsl.cache import KernelCache
+from mslk_dsl.keys import KernelKey
+from mslk_dsl.targets import get_target
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESOURCE_TEMPLATES = os.path.join(HERE, "fixtures", "resource_templates")
+
+
+def _template_file(stem: str):
+    spec = importlib.util.spec_from_file_location(stem, os.path.join(RESOURCE_TEMPLATES, f"{stem}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.TEMPLATE
+
+
+@pytest.fixture
+def resource_templates(monkeypatch):
+    """The registry (here and in compile children) sees the resource test templates too."""
+    paths = os.environ.get("MSLK_DSL_TEMPLATE_PATH", "")
+    monkeypatch.setenv("MSLK_DSL_TEMPLATE_PATH", os.pathsep.join(p for p in (paths, RESOURCE_TEMPLATES) if p))
+    registry.reload()
+    yield
+    monkeypatch.undo()
+    registry.reload()
+
+
+# -- pure functions -------------------------------------------------------------------------------
+def test_mlir_string_bytes_decodes_every_escape():
+    assert binaries._mlir_string_bytes(r'\7FELF\00a\\b\22') == b'\x7fELF\x00a\\b"'
+
+
+def test_occupancy_nvidia_registers_and_shared_memory():
+    sm90a = get_target("sm90a")
+    # 168 registers x 384 threads: 1 block (12 warps of 64) by registers; 225 KiB also allows 1.
+    gemm = {"threads": 384, "registers": 168, "shared_bytes": 231424}
+    assert resources.occupancy(gemm, sm90a) == {"blocks": 1, "occupancy": 0.1875, "limited_by": "registers"}
+    # 32 registers x 256 threads: registers allow 8 blocks, warps 8 (64 / 8 warps), shared memory
+    # 48 KiB + 1 KiB reserved per block: 4 blocks.
+    small = {"threads": 256, "registers": 32, "shared_bytes": 48 * 1024}
+    assert resources.occupancy(small, sm90a) == {"blocks": 4, "occupancy": 0.5, "limited_by": "shared memory"}
+
+
+def test_occupancy_amd_uses_the_allocated_registers():
+    gfx942 = get_target("gfx942")
+    # What the kernel descriptor allocates wins over the metadata's count: 264 VGPRs leave one
+    # wave per SIMD, so one 4-wave work-group per CU (4 of 32 wave slots).
+    kernel = {"threads": 256, "vgprs": 102, "agprs": 0, "sgprs": 38, "shared_bytes": 0}
+    assert resources.occupancy({**kernel, "vgprs_allocated": 264}, gfx942) == {
+        "blocks": 1, "occupancy": 0.125, "limited_by": "registers"}
+    # With 48 KiB of LDS too, LDS is named: it is why LLVM allocated that many registers.
+    assert resources.occupancy({**kernel, "vgprs_allocated": 264, "shared_bytes": 49152}, gfx942)[
+        "limited_by"] == "LDS"
+    assert resources.occupancy({**kernel, "vgprs_allocated": 104}, gfx942) == {
+        "blocks": 4, "occupancy": 0.5, "limited_by": "registers"}
+    # 48 KiB of LDS of the CU's 64: one work-group.
+    assert resources.occupancy({**kernel, "vgprs_allocated": 40, "shared_bytes": 49152}, gfx942) == {
+        "blocks": 1, "occupancy": 0.125, "limited_by": "LDS"}
+    # Without a descriptor: VGPRs and AGPRs share one file, AGPRs from a multiple of 4.
+    assert resources._unified_vgprs({"vgprs": 102, "agprs": 128}) == 232
+
+
+def test_problems_name_each_limit():
+    sm90a = get_target("sm90a")
+    report = {"kernels": [{"name": "k", "threads": 2048, "registers": 40, "shared_bytes": 300000,
+                           "scratch_bytes": 16}]}
+    found = resources.problems(report, sm90a, occupancy_floor=0.25)
+    assert any("2048 threads per block" in p for p in found)
+    assert any("300000 bytes of shared memory" in p for p in found)
+    assert any("spills (16 bytes of scratch per thread)" in p for p in found)
+    assert "spills (3 SGPRs spilled)" in resources.problems(
+        {"kernels": [{"name": "k", "threads": 64, "vgprs": 8, "sgprs": 100, "sgpr_spills": 3}]}, get_target("gfx942"))[0]
+    assert resources.problems({"kernels": [], "error": "ValueError: x"}, sm90a) == [
+        "the resource report could not be read: ValueError: x"]
+    fine = {"kernels": [{"name": "k", "threads": 256, "registers": 32, "shared_bytes": 0, "scratch_bytes": 0}]}
+    assert resources.problems(fine, sm90a, occupancy_floor=1.0) == []
+    assert "under the template's floor" in resources.problems(
+        {"kernels": [{**fine["kernels"][0], "registers": 128}]}, sm90a, occupancy_floor=0.5)[0]
+
+
+# -- the 2048-thread config ----------------------------------------------------------------------
+def test_a_block_over_the_targets_limit_is_not_a_valid_config():
+    template = _template_file("wide_block_flydsl")
+    assert template.valid_configs("gfx942", {}) == [{"threads": 256}]
+    with pytest.raises(ValueError, match="2048 threads per block, over the target's 1024"):
+        template.check_config({"threads": 2048}, "gfx942", {})
+
+
+def test_every_registered_config_launches_on_its_targets():
+    """The check holds for the shipped templates: no config they offer exceeds a block limit."""
+    for t in registry.get_templates():
+        for target in t.targets:
+            for config in t.all_configs():
+                if any(t.valid(config, target, s) for s in t.all_signatures()):
+                    assert t.launch_problem(config, target) is None, (t.name, config, target)
+
+
+@pytest.mark.skipif(not have_lld(), reason="FlyDSL needs ld.lld (apt-get install -y lld-19)")
+def test_flydsl_code_object_report(tmp_path, resource_templates):
+    """The report comes from the code object inside artifact.pkl; the 2048-thread config, forced
+    past the validity check, compiles, and its report is what flags it."""
+    template = registry.get_template("wide_block_flydsl")
+    jobs = [aot.Job(KernelKey.make(template, {"threads": n}, "gfx942", {}), template.name) for n in (256, 2048)]
+    report = aot.build(jobs, str(tmp_path), workers=1, progress=False)
+    assert report.ok, report.failed
+    small, wide = (KernelCache(str(tmp_path)).lookup(j.key) for j in jobs)
+    [kernel] = small.meta["resources"]["kernels"]
+    assert kernel["threads"] == 256 and kernel["max_threads"] == 256 and kernel["wavefront_size"] == 64
+    assert 0 < kernel["vgprs"] <= kernel["vgprs_allocated"] and kernel["sgprs"] > 0
+    assert kernel["scratch_bytes"] == 0 and kernel["shared_bytes"] == 0
+    assert resources.entry_problems(small) == []
+    # The code object of the wide config promises no more than 1024 work-items.
+    [kernel] = wide.meta["resources"]["kernels"]
+    assert kernel["max_threads"] <= 1024
+    assert any("2048 threads per block" in p for p in resources.entry_problems(wide))
+
+
+# -- a config that spills -------------------------------------------------------------------------
+def test_a_spilling_config_is_reported_and_rejected(tmp_path, resource_templates):
+    template = registry.get_template("spill_cute")
+    jobs = {capped: aot.Job(KernelKey.make(template, {"capped": capped}, "sm90a", {}), template.name)
+            for capped in (False, True)}
+    report = aot.build(list(jobs.values()), str(tmp_path), workers=1, progress=False)
+    assert report.ok, report.failed
+    store = KernelCache(str(tmp_path))
+    free, capped = store.lookup(jobs[False].key), store.lookup(jobs[True].key)
+    [k_free], [k_capped] = free.meta["resources"]["kernels"], capped.meta["resources"]["kernels"]
+    assert k_free["scratch_bytes"] == 0 and k_free["threads"] == 1024
+    assert k_capped["registers"] <= 32 < k_free["registers"] and k_capped["scratch_bytes"] > 0
+    # It truly spills: the SASS stores registers to local memory and loads them back.
+    from test_compile_templates import _nvdisasm
+
+    sass = subprocess.run([_nvdisasm(), capped.file("kernel.cubin")], capture_output=True, text=True).stdout
+    assert re.search(r"\bSTL\b", sass) and re.search(r"\bLDL\b", sass)
+    assert resources.entry_problems(free) == []
+    # 64 registers x 1024 threads: one block, half the SM's warps; a floor above that is broken.
+    assert resources.problems(free.meta["resources"], get_target("sm90a"), occupancy_floor=0.5) == []
+    assert "occupancy 0.500 (limited by registers)" in resources.problems(
+        free.meta["resources"], get_target("sm90a"), occupancy_floor=0.75)[0]
+    assert any("spills" in p for p in resources.entry_problems(capped))
+    assert resources.problems(capped.meta["resources"], get_target("sm90a"), spills_allowed=True) == []
+
+
+# -- where reports show ---------------------------------------------------------------------------
+def test_reports_reach_meta_json_explain_the_resources_command_and_bundles(cache_dir, capsys):
+    from mslk_dsl.aot import bundle
+    from mslk_dsl.cli import main
+    from mslk_dsl.explain import explain
+
+    template = registry.get_template("scale_copy_cute")
+    key = KernelKey.make(template, {"threads": 128}, "sm90a", {"factor": 2})
+    assert aot.build([aot.Job(key, template.name)], str(cache_dir), workers=1, progress=False).ok
+    entry = jit.cache().lookup(key)
+    [kernel] = entry.meta["resources"]["kernels"]
+    assert kernel["threads"] == 128 and kernel["registers"] > 0 and kernel["dynamic_shared_bytes"] == 0
+
+    text = explain("scale_copy", "sm90a", {"factor": 2}, "threads128")
+    assert re.search(r"occupancy \d+% \(\d+ blocks per SM, limited by \w+", text), text
+
+    capsys.readouterr()
+    assert main(["resources", "--op", "scale_copy", "--json", "--check"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["op"], r["target"], r["threads"]) for r in rows] == [("scale_copy", "sm90a", 128)]
+
+    manifest = bundle.write_bundle_manifest(str(cache_dir))
+    [record] = manifest["kernels"]
+    assert record["resources"]["kernels"] == 1 and record["resources"]["registers"] == kernel["registers"]
+    assert record["resources"]["min_occupancy"] > 0
