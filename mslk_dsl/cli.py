@@ -262,8 +262,12 @@ def cmd_aot_merge(args) -> int:
     for source in args.sources:
         read_bundle_manifest(source)
 
-    manifest = merge_bundles(args.out, args.sources)
-    print(f"merged {len(args.sources)} bundles into {args.out}: {len(manifest['kernels'])} kernels")
+    problems: list[str] = []
+    manifest = merge_bundles(args.out, args.sources, problems)
+    for problem in problems:
+        print(f"DAMAGED {problem}")
+    print(f"merged {len(args.sources)} bundles into {args.out}: {len(manifest['kernels'])} kernels"
+          + (f"; {len(problems)} damaged entries not copied (see above)" if problems else ""))
     return 0
 
 
@@ -315,6 +319,11 @@ def cmd_cache_stats(args) -> int:
     print(f"cache {store.root}: {len(entries)} entries, {sum(e.size for e in entries) / 2**20:.1f} MiB")
     for (target, op), n in sorted(by.items()):
         print(f"  {target:7s} {op:24s} {n}")
+    leftovers = store.leftovers()
+    if leftovers:  # unfinished or killed builds; `cache prune` and `cache verify --repair` sweep them
+        print(f"  {len(leftovers)} leftovers of unfinished builds (swept by `cache prune` / `cache verify --repair`):")
+        for path, why in leftovers:
+            print(f"    {path}: {why}")
     return 0
 
 

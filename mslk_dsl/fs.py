@@ -15,8 +15,10 @@ import os
 import shutil
 import sys
 import uuid
+from typing import TYPE_CHECKING
 
-from filelock import FileLock
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 # Leftovers of a killed writer carry this mark so sweeps can recognise them.
 TEMP_MARK = ".tmp-"
@@ -94,12 +96,16 @@ def _ignore_vanished(function, path, exc) -> None:
 
 def lock(path: str, timeout: float = -1) -> FileLock:
     """An inter-process lock on ``path`` (its directory is created); use it as a context manager."""
+    from filelock import FileLock  # imported here: template discovery writes files without it
+
     os.makedirs(os.path.dirname(path), exist_ok=True)
     return FileLock(path, timeout=timeout)
 
 
 def is_locked(path: str) -> bool:
     """Whether another holder has ``path``'s lock right now (a free or absent lock is False)."""
+    from filelock import FileLock
+
     if not os.path.exists(path):
         return False
     probe = FileLock(path, timeout=0)

@@ -23,6 +23,7 @@ import os
 import sys
 
 import mslk_dsl
+from mslk_dsl import fs
 
 # Bump when the registry changes how it names templates or what an index entry holds.
 FORMAT = 1
@@ -71,17 +72,8 @@ def save(directory: str, stamp_before_import: str, index: Index) -> None:
     try:
         target = path(directory)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        # Created like bytecode (0666 less the umask), so other users of an installation can read it.
-        staging = f"{target}.{os.getpid()}.{os.urandom(4).hex()}"
-        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        # Created like bytecode (0666 less the umask), so other users of an installation can read
+        # it; readers see the old index or the new one, never half of one.
+        fs.atomic_write(target, json.dumps({"stamp": stamp_before_import, "files": index}))
     except (OSError, NotImplementedError):  # read-only, or an interpreter without bytecode caching
         return
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"stamp": stamp_before_import, "files": index}, f)
-        os.replace(staging, target)  # readers see the old index or the new one, never half of one
-    except OSError:
-        try:
-            os.unlink(staging)
-        except OSError:
-            pass
