@@ -453,3 +453,22 @@ def test_a_killed_writers_temp_file_is_swept(fake, cache_dir):
     assert [p for p, _ in store.leftovers()] == [temp]
     store.prune(1 << 30)
     assert not os.path.exists(temp)
+
+
+# -- what the command line shows of it ---------------------------------------------------------------
+def test_cache_stats_lists_leftovers_and_merge_names_damaged_entries(fake, cache_dir, tmp_path, capsys):
+    from mslk_dsl import cli
+
+    assert served_ok(128, 2) and served_ok(256, 3)
+    dead = _dead_build(str(cache_dir), key(256, 2).digest, age=7200)
+    assert cli.main(["cache", "stats"]) == 0
+    out = capsys.readouterr().out
+    assert "leftovers of unfinished builds" in out and dead in out
+    a = _fake_bundle(tmp_path / "a", cache_dir)
+    damaged = os.path.relpath(KernelCache(str(cache_dir)).lookup(key(128, 2)).path, str(cache_dir))
+    with open(os.path.join(a, damaged, fake_backend.ARTIFACT), "w") as f:
+        f.write("flipped")
+    with pytest.warns(DamagedEntryWarning):
+        assert cli.main(["aot", "merge", str(tmp_path / "out"), a]) == 0
+    out = capsys.readouterr().out
+    assert "DAMAGED" in out and damaged in out and "1 damaged entries not copied" in out
