@@ -27,7 +27,10 @@ def inputs_for(op: str, problem: dict, sig: dict, device="cuda") -> tuple:
     sizes and signature."""
     from mslk_dsl.ops import declaration
 
-    return declaration.get(op).example(problem, sig, torch.device(device))
+    example = declaration.get(op).example
+    if example is None:
+        raise ValueError(f"op {op} declares no example inputs; the tuner cannot time it")
+    return example(problem, sig, torch.device(device))
 
 
 def tune(op: str, problems: list[dict], sig: dict | None = None, store: bool = True) -> list[tuple[dict, float]]:
@@ -46,12 +49,12 @@ def tune(op: str, problems: list[dict], sig: dict | None = None, store: bool = T
         full_sig.update(sig or {})
         if "aligned" in full_sig:
             full_sig["aligned"] = True
-        args, kwargs = inputs_for(op, problem, full_sig), {}
+        args = inputs_for(op, problem, full_sig)
         fn = getattr(ops, op)
         timings = []
         for config in _candidates(template, target, full_sig, problem):
             try:
-                ms = do_bench(lambda: fn(*args, config=config, **kwargs), warmup=10, rep=50)
+                ms = do_bench(lambda: fn(*args, config=config), warmup=10, rep=50)
             except Exception as e:  # a config that fails to build or run here is skipped, loudly
                 print(f"  skip {config}: {type(e).__name__}: {e}")
                 continue

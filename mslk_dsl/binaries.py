@@ -178,10 +178,12 @@ EIFMT_NVAL, EIFMT_BVAL, EIFMT_HVAL, EIFMT_SVAL = 1, 2, 3, 4
 
 
 def _nv_info(blob: bytes) -> list[tuple[int, bytes | int | None]]:
-    out, p = [], 0
+    out: list[tuple[int, bytes | int | None]] = []
+    p = 0
     while p + 2 <= len(blob):
         fmt, attr = blob[p], blob[p + 1]
         p += 2
+        value: bytes | int | None
         if fmt == EIFMT_SVAL:
             size, = struct.unpack_from("<H", blob, p)
             value = blob[p + 2:p + 2 + size]

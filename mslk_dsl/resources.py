@@ -100,7 +100,7 @@ def occupancy(kernel: dict, target: Target, threads: int | None = None) -> dict:
                   "workgroups": lim["max_workgroups_per_cu"] if warps > 1 else slots,
                   "LDS": lim["lds_per_cu"] // _round_up(lds, lim["lds_alloc_unit"]) if lds else slots,
                   "registers": simds * waves_per_simd // warps if math.ceil(warps / simds) <= waves_per_simd else 0}
-    limited_by = min(bounds, key=bounds.get)  # the first of equal bounds
+    limited_by = min(bounds, key=lambda name: bounds[name])  # the first of equal bounds
     blocks = bounds[limited_by]
     return {"blocks": blocks, "occupancy": round(blocks * warps / slots, 4), "limited_by": limited_by}
 

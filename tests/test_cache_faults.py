@@ -377,8 +377,8 @@ def test_cute_compile_notes_are_silenced_and_other_warnings_pass():
         warnings.simplefilter("always")
         with cute.quiet_dsl_notes():
             warnings.warn("Dynamic variable in block size 128, 1, 1, cannot auto-generate `nvvm.reqntid`",
-                          UserWarning)
-            warnings.warn("something the author must see", UserWarning)
+                          UserWarning, stacklevel=1)
+            warnings.warn("something the author must see", UserWarning, stacklevel=1)
     assert [str(w.message) for w in seen] == ["something the author must see"]
     # The DSL still words the note this way (read from its source, without importing it).
     spec = importlib.util.find_spec("nvidia_cutlass_dsl")

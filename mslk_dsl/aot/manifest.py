@@ -18,7 +18,6 @@ that no template has is refused with the known names, rather than silently build
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import tomllib
 from dataclasses import dataclass

@@ -11,7 +11,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
+from collections.abc import Callable, Sequence
 
 BACKENDS = ("cute", "flydsl")
 

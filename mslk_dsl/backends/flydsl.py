@@ -56,7 +56,9 @@ def child_environment(dsl_arch: str, rocm_path: str) -> dict:
     from mslk_dsl.keys import COMPILE_OPTIONS
 
     child_env = {k: v for k, v in os.environ.items() if k not in ("ARCH", "FLYDSL_RUNTIME_RUN_ONLY")}
-    child_env.update(option.split("=", 1) for option in COMPILE_OPTIONS["flydsl"])
+    for option in COMPILE_OPTIONS["flydsl"]:
+        name, value = option.split("=", 1)
+        child_env[name] = value
     child_env.update(ARCH=dsl_arch, ROCM_PATH=rocm_path)
     return child_env
 

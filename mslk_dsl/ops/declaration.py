@@ -14,7 +14,8 @@ launch arguments; it may also finish the call itself (empty sizes, a copy) and r
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Callable
 
 import torch
 
@@ -38,6 +39,11 @@ class Launch(NamedTuple):
 
 # select(signature, problem) -> (kernel, chosen config): the framework's kernel choice for a call.
 Select = Callable[[tuple, tuple], tuple[Any, dict]]
+
+
+def _not_declared(*args, **kwargs):
+    """The hook a composite op (plain torch) leaves out: it is never called."""
+    raise MslkDslError("this op is a composite: it has no kernel hooks")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,9 +75,9 @@ class OpDecl:
     name: str
     schema: str
     doc: str
-    check: Callable[..., None] | None = None
-    outputs: Callable[..., list[OutputSpec]] | None = None
-    prepare: Callable[..., Launch | None] | None = None
+    check: Callable[..., None] = _not_declared
+    outputs: Callable[..., list[OutputSpec]] = _not_declared
+    prepare: Callable[..., Launch | None] = _not_declared
     signature: tuple[str, ...] = ()
     problem: tuple[str, ...] = ()
     example: Callable[[dict, dict, torch.device], tuple] | None = None
@@ -84,7 +90,8 @@ class OpDecl:
     small_problem: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        if self.composite is None and (self.prepare is None or self.outputs is None or self.check is None):
+        hooks = (self.check, self.outputs, self.prepare)
+        if self.composite is None and any(hook is _not_declared for hook in hooks):
             raise MslkDslError(f"op {self.name}: a kernel op declares check, outputs and prepare "
                                f"(or is a composite)")
 
