@@ -361,9 +361,76 @@ def cmd_explain(args) -> int:
 
 
 def cmd_resources(args) -> int:
-    from mslk_dsl import resources
+    return _resources_table(args.op, args.target, args.json, args.markdown, args.check, args.defaults)
 
-    return resources.command(args.op, args.target, args.json, args.markdown, args.check, args.defaults)
+
+RESOURCE_TARGETS = ("sm90a", "gfx942", "gfx950")  # mslk-dsl resources --defaults
+
+
+def resource_default_jobs(ops: list[str] | None = None, targets: list[str] | None = None) -> list:
+    """The default kernel of every op on every target: the first template's heuristic config
+    for its first signature, at ``mslk-dsl explain``'s default sizes."""
+    from mslk_dsl import registry
+    from mslk_dsl.aot import Job
+    from mslk_dsl.explain import resolve
+    from mslk_dsl.keys import KernelKey
+
+    jobs = {}
+    for target in targets or RESOURCE_TARGETS:
+        for op in sorted({t.op for t in registry.get_templates()}):
+            if (ops and op not in ops) or not registry.templates_for(op, target):
+                continue
+            template, config, sig, _ = resolve(op, target, {}, None, {})
+            key = KernelKey.make(template, config, target, sig)
+            jobs[key.digest] = Job(key, template.name)
+    return list(jobs.values())
+
+
+def _resources_table(ops: list[str] | None, targets: list[str] | None, as_json: bool = False,
+            as_markdown: bool = False, check: bool = False, defaults: bool = False) -> int:
+    """``mslk-dsl resources``: the table over every entry of the cache and bundles, or with
+    ``defaults`` over the default kernel of every op and target (compiled into the cache if
+    missing)."""
+    import contextlib
+    import json
+
+    from mslk_dsl import aot, env, jit
+    from mslk_dsl.resources import COLUMNS, entry_problems, markdown, rows
+
+    wanted = None
+    if defaults:
+        jobs = resource_default_jobs(ops, targets)
+        with contextlib.redirect_stdout(sys.stderr):  # progress lines stay out of the table
+            report = aot.build(jobs, env.cache_dir(), workers=1, progress=False)
+        if not report.ok:
+            raise ValueError("failed to compile:\n" + "\n".join(report.failed.values()))
+        wanted = {j.key.digest for j in jobs}
+    seen, entries = set(), []
+    for layer in jit._layers():
+        for entry in layer.entries():
+            key = entry.key_parts
+            if entry.meta["digest"] in seen or (ops and key["op"] not in ops) or (targets and key["target"] not in targets):
+                continue
+            if wanted is not None and entry.meta["digest"] not in wanted:
+                continue
+            seen.add(entry.meta["digest"])
+            entries.append(entry)
+    table = rows(entries)
+    if as_json:
+        print(json.dumps(table, indent=1))
+    elif as_markdown:
+        print(markdown(table))
+    else:
+        widths = {c: max([len(c)] + [len(str(r[c])) for r in table]) for c in COLUMNS}
+        print("  ".join(c.ljust(widths[c]) for c in COLUMNS))
+        for r in table:
+            print("  ".join(str(r[c] if r[c] is not None else "-").ljust(widths[c]) for c in COLUMNS))
+    if check:
+        found = [p for entry in entries for p in entry_problems(entry)]
+        for p in found:
+            print(f"PROBLEM {p}")
+        return 1 if found else 0
+    return 0
 
 
 def cmd_tune(args) -> int:

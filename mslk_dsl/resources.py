@@ -12,11 +12,9 @@ against the template's declarations (spills, occupancy floor) and the target's l
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
-import sys
 
 from mslk_dsl.binaries import amd_kernels, cubin_kernels, cute_launches, flydsl_code_objects
 from mslk_dsl.targets import Target, get_target
@@ -116,24 +114,6 @@ def _round_up(n: int, unit: int) -> int:
 
 
 # -- checks -------------------------------------------------------------------------------------
-def block_threads(template, config) -> int | None:
-    """Threads per block a config launches: the template's declaration, else its ``threads``."""
-    if template.block_threads is not None:
-        return template.block_threads(config)
-    threads = config.get("threads")
-    return threads if isinstance(threads, int) else None
-
-
-def launch_problem(template, config, target_name: str) -> str | None:
-    """Why a GPU of the target would refuse to launch the config, or None (used by the
-    template's validity check, before anything is compiled)."""
-    threads = block_threads(template, config)
-    limit = get_target(target_name).limits.get("max_threads_per_block")
-    if threads and limit and threads > limit:
-        return f"{threads} threads per block, over the target's {limit}"
-    return None
-
-
 def problems(report: dict, target: Target, spills_allowed: bool = False, occupancy_floor: float = 0.0,
              threads: int | None = None) -> list[str]:
     """What a GPU of ``target`` would refuse (launch limits) or punish (spills, occupancy under
@@ -178,7 +158,7 @@ def entry_problems(entry) -> list[str]:
     template = get_template(key["template"])
     return [f"{key['template']} {key['config']} {key['signature']} on {key['target']}: {p}"
             for p in problems(report_of_entry(entry), get_target(key["target"]), template.spills_allowed,
-                              template.occupancy_floor, block_threads(template, key["config"]))]
+                              template.occupancy_floor, template.threads_of(key["config"]))]
 
 
 # -- tables -------------------------------------------------------------------------------------
@@ -265,70 +245,3 @@ def explain_lines(entry) -> list[str]:
         lines.append(f"    occupancy {occupancy_text} ({occ['blocks']} blocks per "
                      f"{'SM' if target.vendor == 'nvidia' else 'CU'}, limited by {occ['limited_by']})")
     return lines
-
-
-DEFAULT_TARGETS = ("sm90a", "gfx942", "gfx950")
-
-
-def default_jobs(ops: list[str] | None = None, targets: list[str] | None = None) -> list:
-    """The default kernel of every op on every target: the first template's heuristic config
-    for its first signature, at ``mslk-dsl explain``'s default sizes."""
-    from mslk_dsl import registry
-    from mslk_dsl.aot import Job
-    from mslk_dsl.explain import resolve
-    from mslk_dsl.keys import KernelKey
-
-    jobs = {}
-    for target in targets or DEFAULT_TARGETS:
-        for op in sorted({t.op for t in registry.get_templates()}):
-            if (ops and op not in ops) or not registry.templates_for(op, target):
-                continue
-            template, config, sig, _ = resolve(op, target, {}, None, {})
-            key = KernelKey.make(template, config, target, sig)
-            jobs[key.digest] = Job(key, template.name)
-    return list(jobs.values())
-
-
-def command(ops: list[str] | None, targets: list[str] | None, as_json: bool = False,
-            as_markdown: bool = False, check: bool = False, defaults: bool = False) -> int:
-    """``mslk-dsl resources``: the table over every entry of the cache and bundles, or with
-    ``defaults`` over the default kernel of every op and target (compiled into the cache if
-    missing)."""
-    import json
-
-    from mslk_dsl import aot, env, jit
-
-    wanted = None
-    if defaults:
-        jobs = default_jobs(ops, targets)
-        with contextlib.redirect_stdout(sys.stderr):  # progress lines stay out of the table
-            report = aot.build(jobs, env.cache_dir(), workers=1, progress=False)
-        if not report.ok:
-            raise ValueError("failed to compile:\n" + "\n".join(report.failed.values()))
-        wanted = {j.key.digest for j in jobs}
-    seen, entries = set(), []
-    for layer in jit._layers():
-        for entry in layer.entries():
-            key = entry.key_parts
-            if entry.meta["digest"] in seen or (ops and key["op"] not in ops) or (targets and key["target"] not in targets):
-                continue
-            if wanted is not None and entry.meta["digest"] not in wanted:
-                continue
-            seen.add(entry.meta["digest"])
-            entries.append(entry)
-    table = rows(entries)
-    if as_json:
-        print(json.dumps(table, indent=1))
-    elif as_markdown:
-        print(markdown(table))
-    else:
-        widths = {c: max([len(c)] + [len(str(r[c])) for r in table]) for c in COLUMNS}
-        print("  ".join(c.ljust(widths[c]) for c in COLUMNS))
-        for r in table:
-            print("  ".join(str(r[c] if r[c] is not None else "-").ljust(widths[c]) for c in COLUMNS))
-    if check:
-        found = [p for entry in entries for p in entry_problems(entry)]
-        for p in found:
-            print(f"PROBLEM {p}")
-        return 1 if found else 0
-    return 0

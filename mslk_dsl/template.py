@@ -96,11 +96,24 @@ class Template:
     def valid_configs(self, target: str, sig: Signature) -> list[dict]:
         return [c for c in self.all_configs() if self.valid(c, target, sig) and not self.launch_problem(c, target)]
 
-    def launch_problem(self, config: Config, target: str) -> str | None:
-        """Why a GPU of ``target`` would refuse to launch ``config`` (block size), or None."""
-        from mslk_dsl import resources
+    def threads_of(self, config: Config) -> int | None:
+        """Threads per block ``config`` launches: the template's ``block_threads``, else the
+        config's ``threads`` (None where neither says)."""
+        if self.block_threads is not None:
+            return self.block_threads(config)
+        threads = config.get("threads")
+        return threads if isinstance(threads, int) else None
 
-        return resources.launch_problem(self, config, target)
+    def launch_problem(self, config: Config, target: str) -> str | None:
+        """Why a GPU of ``target`` would refuse to launch ``config`` (more threads per block than
+        it takes), or None: checked with validity, before anything is compiled."""
+        from mslk_dsl.targets import get_target
+
+        threads = self.threads_of(config)
+        limit = get_target(target).limits.get("max_threads_per_block")
+        if threads and limit and threads > limit:
+            return f"{threads} threads per block, over the target's {limit}"
+        return None
 
     def check_config(self, config: Config, target: str, sig: Signature,
                      problem: Mapping[str, int] | None = None) -> dict:

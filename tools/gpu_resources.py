@@ -70,10 +70,11 @@ def main() -> int:
     from cuda.bindings import driver
 
     from mslk_dsl import aot, env, jit, resources
+    from mslk_dsl.cli import resource_default_jobs
     from mslk_dsl.targets import get_target
 
     # Compile first (in worker processes), then bring the driver up in this one.
-    jobs = resources.default_jobs(targets=["sm90a"])
+    jobs = resource_default_jobs(targets=["sm90a"])
     build = aot.build(jobs, env.cache_dir(), workers=1, progress=False)
     results = [{"job": digest, "error": error} for digest, error in build.failed.items()]
     _ok(driver.cuInit(0))
