@@ -170,7 +170,8 @@ def test_reports_reach_meta_json_explain_the_resources_command_and_bundles(cache
     [kernel] = entry.meta["resources"]["kernels"]
     assert kernel["threads"] == 128 and kernel["registers"] > 0 and kernel["dynamic_shared_bytes"] == 0
 
-    text = explain("scale_copy", "sm90a", {"factor": 2}, "threads128")
+    text, hit = explain("scale_copy", "sm90a", {"factor": 2}, "threads128")
+    assert hit, text
     assert re.search(r"occupancy \d+% \(\d+ blocks per SM, limited by \w+", text), text
 
     capsys.readouterr()
