@@ -49,7 +49,8 @@ CASES = [
     ("rmsnorm_add residual shape", lambda: ops.rmsnorm_add(t(4, 8), t(5, 8), t(8)), ValueError, ["residual"]),
     ("rmsnorm_add residual dtype", lambda: ops.rmsnorm_add(t(4, 8), t(4, 8, dtype=torch.float16), t(8)),
      TypeError, ["residual", "dtype"]),
-    ("bf16_gemm rank", lambda: ops.bf16_gemm(t(2, 4, 8), t(16, 8)), ValueError, ["x", "2-D"]),
+    ("bf16_gemm rank", lambda: ops.bf16_gemm(t(8), t(16, 8)), ValueError, ["x", "at least 2"]),
+    ("bf16_gemm weight rank", lambda: ops.bf16_gemm(t(4, 8), t(2, 16, 8)), ValueError, ["w", "2-D"]),
     ("bf16_gemm K mismatch", lambda: ops.bf16_gemm(t(4, 16), t(16, 8)), ValueError, ["w", "[N, K]"]),
     ("bf16_gemm K alignment", lambda: ops.bf16_gemm(t(4, 12), t(16, 12)), ValueError, ["K=12", "multiple of 8"]),
     ("bf16_gemm N alignment", lambda: ops.bf16_gemm(t(4, 16), t(12, 16)), ValueError, ["N=12"]),
@@ -205,3 +206,48 @@ def test_one_output_takes_a_tensor_not_a_tuple():
     x = t(4, 8)
     with pytest.raises(TypeError, match="out must be a tensor"):
         validate.outputs("silu_mul", (torch.empty(4, 8, dtype=bf16),), [(x.shape, bf16)], x.device, {"x0": x})
+
+
+def test_gemm_leading_dims_zero_sizes_and_n_multiple_of_8(monkeypatch):
+    """MSLK's GEMM contract on the CPU with a stand-in kernel: x / xq [..., M, K] -> [..., M, N]
+    (the kernel sees [M_total, K]), x_scale as xq.shape[:-1] or flattened, N any multiple of 8,
+    and M, N or K of 0 answered without a launch (K = 0: zeros, or the bias)."""
+    from mslk_dsl.ops import declaration, validate
+
+    seen = []
+
+    def gemm(a, b, *rest):
+        seen.append((tuple(a.shape), tuple(b.shape)))
+        out = rest[-1] if len(rest) in (1, 5) else rest[0]
+        if len(rest) == 4:   # fp8: x_scale, w_scale, bias, out
+            xs, ws, _, out = rest
+            out.copy_(((a.float() @ b.float().T) * xs[:, None] * ws[None, :]).to(out.dtype))
+        else:
+            out.copy_((a.float() @ b.float().T).to(out.dtype))
+
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)
+    for name in ("bf16_gemm", "f8f8bf16_rowwise"):
+        monkeypatch.setattr(declaration.get(name).kernels, "selection", lambda *args: (gemm, {}))
+    x, w = t(2, 3, 16), t(24, 16)                       # N = 24: a multiple of 8, not of 16
+    y = ops.bf16_gemm(x, w)
+    assert y.shape == (2, 3, 24) and seen[-1] == ((6, 16), (24, 16))
+    torch.testing.assert_close(y.float(), (x.float() @ w.float().T), rtol=1e-2, atol=1e-2)
+    xq, wq = t(2, 3, 32).to(fp8), t(24, 32).to(fp8)
+    xs, ws = torch.rand(2, 3) + 0.5, torch.rand(24) + 0.5
+    for x_scale in (xs, xs.reshape(6)):
+        y = ops.f8f8bf16_rowwise(xq, wq, x_scale, ws)
+        assert y.shape == (2, 3, 24) and y.dtype == bf16
+        ref = (xq.float() @ wq.float().T) * xs[..., None] * ws
+        torch.testing.assert_close(y.float(), ref, rtol=1e-2, atol=1e-2)
+    with pytest.raises(ValueError, match="x_scale has shape"):
+        ops.f8f8bf16_rowwise(xq, wq, xs.reshape(3, 2), ws)
+    calls = len(seen)
+    assert ops.bf16_gemm(t(0, 16), w).shape == (0, 24)                      # M = 0
+    assert ops.bf16_gemm(t(5, 16), t(0, 16)).shape == (5, 0)               # N = 0
+    assert torch.equal(ops.bf16_gemm(t(5, 0), t(24, 0)), torch.zeros(5, 24, dtype=bf16))  # K = 0
+    bias = t(24)
+    k0 = ops.f8f8bf16_rowwise(t(5, 0).to(fp8), t(24, 0).to(fp8), torch.ones(5), torch.ones(24), bias)
+    assert torch.equal(k0, bias.expand(5, 24))
+    assert len(seen) == calls                                               # none launched
+    with pytest.raises(ValueError, match="N=20"):
+        ops.bf16_gemm(t(4, 16), t(20, 16))

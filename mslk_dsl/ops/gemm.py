@@ -11,24 +11,38 @@ from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
 
 # TMA (and the MFMA loaders) need 16-byte aligned rows: K and N elements must be multiples of this.
 _ALIGN_BYTES = 16
+# The output is 16-bit: N a multiple of 8 keeps its rows 16-byte aligned for TMA stores.
+_OUT_ROW_ELEMENTS = 8
 # Split-K kernels index their fp32 partials [split_k, M, N] with 32-bit offsets.
 _MAX_PARTIALS = 2**31
 
 
 def _check_operands(op: str, x, w, dtypes, names=("x", "w")) -> None:
     xn, wn = names
-    check.tensor(op, xn, x, dtypes, ndim=2)
+    check.tensor(op, xn, x, dtypes, min_ndim=2)  # leading dims are batch: [..., M, K] -> [..., M, N]
     check.tensor(op, wn, w, dtypes, ndim=2)
     check.same_dtype(op, wn, w, x.dtype, xn)
     check.same_device(op, xn, x, **{wn: w})
-    if w.shape[1] != x.shape[1]:
-        raise ValueError(f"{op}: {wn} has shape {tuple(w.shape)} but {xn} has K={x.shape[1]}; "
+    if w.shape[1] != x.shape[-1]:
+        raise ValueError(f"{op}: {wn} has shape {tuple(w.shape)} but {xn} has K={x.shape[-1]}; "
                          f"{wn} must be [N, K]")
-    per = _ALIGN_BYTES // x.element_size()
-    for name, size in (("K", x.shape[1]), ("N", w.shape[0])):
-        if size % per:
-            raise ValueError(f"{op}: {name}={size} must be a multiple of {per} for {x.dtype} "
-                             f"(16-byte aligned rows for TMA); pad the weight")
+    # TMA loads 16-byte rows of x and w (K), and stores 16-byte rows of the bf16/fp16 output (N).
+    k_per = _ALIGN_BYTES // x.element_size()
+    if x.shape[-1] % k_per:
+        raise ValueError(f"{op}: K={x.shape[-1]} must be a multiple of {k_per} for {x.dtype} "
+                         f"(16-byte aligned rows for TMA); pad K")
+    if w.shape[0] % _OUT_ROW_ELEMENTS:
+        raise ValueError(f"{op}: N={w.shape[0]} must be a multiple of {_OUT_ROW_ELEMENTS} (16-byte rows of "
+                         f"the 16-bit output); pad the weight")
+
+
+def _rows_2d(x: torch.Tensor) -> torch.Tensor:
+    """x [..., M, K] as the kernel's compact [M_total, K] matrix (a view when it can be)."""
+    return _compact(x.reshape(x.shape[:-1].numel(), x.shape[-1]) if x.dim() != 2 else x)
+
+
+def _output_shape(x: torch.Tensor, w: torch.Tensor) -> tuple[int, ...]:
+    return (*x.shape[:-1], w.shape[0])
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:
@@ -73,10 +87,11 @@ def _gemm_example(fp8: bool):
 # -- bf16_gemm ----------------------------------------------------------------------------------------
 def _prepare_bf16_gemm(select, outputs, x, w):
     (y,) = outputs
-    (M, K), N = x.shape, w.shape[0]
+    a, b = _rows_2d(x), _compact(w)
+    (M, K), N = a.shape, b.shape[0]
     if _no_launch_needed(y, K):
         return None
-    a, b = _compact(x), _compact(w)
+    y = y.view(M, N)
     kernel, chosen = select((dtype_name(a.dtype),), (M, N, K))
     # Split-K configs (decode-sized M) sum K ranges in an fp32 partials buffer [split_k, M, N];
     # stream-K configs sum the last wave's tile pieces in one of a fixed size per config.
@@ -92,9 +107,11 @@ def _prepare_bf16_gemm(select, outputs, x, w):
 bf16_gemm = declare(OpDecl(
     name="bf16_gemm", schema="(Tensor x, Tensor w) -> Tensor",
     doc="""out = x @ w.T for bf16 or fp16 inputs (fp32 accumulation, output in the input dtype).
-    ``out``: a contiguous [M, N] tensor of x's dtype to write into instead of allocating.""",
+    x [..., M, K] (leading dims are batch), w [N, K] -> [..., M, N]; K a multiple of 8, N of 8;
+    K = 0 gives zeros. ``out``: a contiguous tensor of the result's shape and x's dtype to write
+    into instead of allocating.""",
     check=lambda x, w: _check_operands("bf16_gemm", x, w, check.HALF_DTYPES),
-    outputs=lambda x, w: [((x.shape[0], w.shape[0]), x.dtype)],
+    outputs=lambda x, w: [(_output_shape(x, w), x.dtype)],
     prepare=_prepare_bf16_gemm, signature=("dtype",), problem=("M", "N", "K"),
     example=_gemm_example(fp8=False),
     reference=lambda x, w: (x.float() @ w.float().T).to(x.dtype),
@@ -108,10 +125,12 @@ def _check_f8f8bf16_rowwise(xq, wq, x_scale, w_scale, bias):
     fp8 = fp8_dtype_for(xq.device)
     if xq.dtype != fp8:
         raise TypeError(f"{op}: xq has dtype {xq.dtype} but this device's FP8 flavour is {fp8}")
-    M, N = xq.shape[0], wq.shape[0]
-    check.tensor(op, "x_scale", x_scale, (torch.float32,), ndim=1)
+    rows, N = xq.shape[:-1], wq.shape[0]
+    check.tensor(op, "x_scale", x_scale, (torch.float32,), min_ndim=1)
     check.tensor(op, "w_scale", w_scale, (torch.float32,), ndim=1)
-    check.shape(op, "x_scale", x_scale, (M,), "one scale per row of xq")
+    if tuple(x_scale.shape) not in (tuple(rows), (rows.numel(),)):
+        raise ValueError(f"{op}: x_scale has shape {tuple(x_scale.shape)}, expected {tuple(rows)} or "
+                         f"({rows.numel()},) (one scale per row of xq)")
     check.shape(op, "w_scale", w_scale, (N,), "one scale per row of wq")
     check.same_device(op, "xq", xq, x_scale=x_scale, w_scale=w_scale)
     if bias is not None:
@@ -122,10 +141,12 @@ def _check_f8f8bf16_rowwise(xq, wq, x_scale, w_scale, bias):
 
 def _prepare_f8f8bf16_rowwise(select, outputs, xq, wq, x_scale, w_scale, bias):
     (y,) = outputs
-    (M, K), N = xq.shape, wq.shape[0]
+    a, b = _rows_2d(xq), _compact(wq)
+    (M, K), N = a.shape, b.shape[0]
     if _no_launch_needed(y, K, bias):
         return None
-    a, b = _compact(xq), _compact(wq)
+    y = y.view(M, N)
+    x_scale = x_scale.reshape(M)
     kernel, _ = select((bias is not None,), (M, N, K))
     bias_arg = bias.contiguous() if bias is not None else placeholder(a.device, torch.bfloat16)
     target, finish = _store_target(y)
@@ -133,7 +154,7 @@ def _prepare_f8f8bf16_rowwise(select, outputs, xq, wq, x_scale, w_scale, bias):
 
 
 def _f8f8bf16_rowwise_reference(xq, wq, x_scale, w_scale, bias=None):
-    y = (xq.float() @ wq.float().T) * x_scale.unsqueeze(1) * w_scale.unsqueeze(0)
+    y = (xq.float() @ wq.float().T) * x_scale.reshape(*xq.shape[:-1], 1) * w_scale
     return (y + bias.float() if bias is not None else y).to(torch.bfloat16)
 
 
@@ -141,10 +162,12 @@ f8f8bf16_rowwise = declare(OpDecl(
     name="f8f8bf16_rowwise",
     schema="(Tensor xq, Tensor wq, Tensor x_scale, Tensor w_scale, Tensor? bias=None) -> Tensor",
     doc="""out = (xq @ wq.T) * x_scale[:, None] * w_scale[None, :] (+ bias), bf16 out; the scales are
-    the ones quantize_fp8_row returns. ``out``: a contiguous [M, N] bf16 tensor to write into
-    instead of allocating.""",
+    the ones quantize_fp8_row returns. xq [..., M, K] (leading dims are batch; x_scale of shape
+    xq.shape[:-1] or flattened), wq [N, K] -> [..., M, N]; K a multiple of 16, N of 8; K = 0
+    gives zeros (or the bias). ``out``: a contiguous bf16 tensor of the result's shape to write
+    into instead of allocating.""",
     check=_check_f8f8bf16_rowwise,
-    outputs=lambda xq, wq, x_scale, w_scale, bias=None: [((xq.shape[0], wq.shape[0]), torch.bfloat16)],
+    outputs=lambda xq, wq, x_scale, w_scale, bias=None: [(_output_shape(xq, wq), torch.bfloat16)],
     prepare=_prepare_f8f8bf16_rowwise, signature=("has_bias",), problem=("M", "N", "K"),
     example=_gemm_example(fp8=True), reference=_f8f8bf16_rowwise_reference,
     small_problem={"M": 5, "N": 32, "K": 64}))

@@ -217,3 +217,40 @@ def test_f8f8bf16_rowwise_rejects_unaligned_sizes():
     wq = torch.zeros(100, 64, device="cuda", dtype=FP8)
     with pytest.raises(ValueError, match="N=100"):
         ops.f8f8bf16_rowwise(xq, wq, ones[:4], torch.ones(100, device="cuda"))
+
+
+# ----------------------------------------------------------- MSLK's contract: N % 8, batch dims, zero sizes
+@pytest.mark.parametrize("n", [72, 1000, 8200])
+def test_gemms_take_any_n_multiple_of_8(n):
+    """N = 72, 1000, 8200: not multiples of 16 (16-byte output rows are all TMA needs)."""
+    for m in (1, 37, 300):
+        check_bf16(m, n, 256, torch.bfloat16)
+        _check_fp8(m, n, 256, has_bias=n != 1000)
+
+
+def test_gemms_take_leading_batch_dims():
+    x = randn(3, 50, 256, seed=1).to(torch.bfloat16)
+    w = randn(136, 256, seed=2).to(torch.bfloat16)
+    y = ops.bf16_gemm(x, w)
+    assert y.shape == (3, 50, 136)
+    torch.testing.assert_close(y.float(), x.float() @ w.float().T, atol=1e-2, rtol=1e-2)
+    (xq, wq, x_scale, w_scale, bias), ref = fp8_case(150, 136, 256, True, FP8, FP8_MAX)
+    for scale in (x_scale, x_scale.view(3, 50)):
+        out = ops.f8f8bf16_rowwise(xq.view(3, 50, 256), wq, scale, w_scale, bias)
+        assert out.shape == (3, 50, 136)
+        torch.testing.assert_close(out.float().view(150, 136), ref, atol=1e-2 * ref.abs().max().item(), rtol=1.6e-2)
+
+
+def test_gemms_zero_sizes_give_zeros_or_the_bias():
+    w = randn(64, 128, seed=3).to(torch.bfloat16)
+    assert ops.bf16_gemm(torch.empty(0, 128, device="cuda", dtype=torch.bfloat16), w).shape == (0, 64)
+    assert ops.bf16_gemm(randn(5, 128, seed=4).to(torch.bfloat16),
+                         torch.empty(0, 128, device="cuda", dtype=torch.bfloat16)).shape == (5, 0)
+    k0 = ops.bf16_gemm(torch.empty(5, 0, device="cuda", dtype=torch.bfloat16),
+                       torch.empty(64, 0, device="cuda", dtype=torch.bfloat16))
+    assert torch.equal(k0, torch.zeros(5, 64, device="cuda", dtype=torch.bfloat16))
+    bias = randn(64, seed=5).to(torch.bfloat16)
+    empty_q = torch.empty(5, 0, device="cuda", dtype=FP8)
+    out = ops.f8f8bf16_rowwise(empty_q, torch.empty(64, 0, device="cuda", dtype=FP8),
+                               torch.ones(5, device="cuda"), torch.ones(64, device="cuda"), bias)
+    assert torch.equal(out, bias.expand(5, 64))
