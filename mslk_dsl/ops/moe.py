@@ -8,15 +8,14 @@ import torch
 from mslk_dsl.device import target_of
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.dispatch import KernelOp, dtype_name, placeholder
+from mslk_dsl.templates import _kernel_limits as limits
 
 _INDEX_SHUFFLING = KernelOp("index_shuffling", ("has_valid_count", "score_dtype"), ("T", "E"))
 _GATHER = KernelOp("gather_scale_dense_tokens", ("aligned", "dtype", "has_valid_count", "score_dtype"), ("A", "D"))
 _SCATTER = KernelOp("scatter_add_dense_tokens", ("aligned", "dtype", "has_valid_count"), ("A", "D", "T"))
 
-MAX_EXPERTS = 256
-MAX_TOP_K = 8
-MAX_CHUNKS = 128  # index_shuffling's per-chunk histogram workspace: MAX_CHUNKS x E
-SCORE_DTYPES = (torch.bfloat16, torch.float32)
+MAX_EXPERTS, MAX_TOP_K = limits.MAX_EXPERTS, limits.MAX_TOP_K
+SCORE_DTYPES = tuple(getattr(torch, name) for name in limits.SCORE_DTYPES)
 
 
 def _valid_count(op: str, valid_token_count, like: torch.Tensor, like_name: str):
@@ -81,7 +80,7 @@ def index_shuffling(scores: torch.Tensor, expert_index_start: int | None = None,
     if T == 0:
         return counts.zero_(), expert_indices, token_indices
     workspace_slots = torch.empty(T * top_k, dtype=torch.int32, device=dev)
-    workspace_hist = torch.empty(MAX_CHUNKS * E, dtype=torch.int32, device=dev)
+    workspace_hist = torch.empty(limits.index_shuffling_hist_ints(E), dtype=torch.int32, device=dev)
     sig = (valid is not None, dtype_name(scores.dtype))
     kernel = _INDEX_SHUFFLING.kernel(dev, sig, (T, E), config)
     kernel(scores, valid if valid is not None else placeholder(dev, torch.int32), counts, expert_indices,
@@ -154,7 +153,8 @@ def scatter_add_dense_tokens(out_tokens: torch.Tensor, in_tokens: torch.Tensor, 
     # Per-token counts, offsets, positions, row lists and first rows, which only the sorted
     # method uses (see the CuTe template); the atomic method gets the cached placeholder.
     if chosen.get("method") == "sorted":
-        workspace = torch.empty(3 * out_tokens.shape[0] + 1 + 2 * A, dtype=torch.int32, device=y.device)
+        workspace = torch.empty(limits.scatter_workspace_ints(out_tokens.shape[0], A), dtype=torch.int32,
+                                device=y.device)
     else:
         workspace = placeholder(y.device, torch.int32)
     kernel(out_tokens, y, tok, valid if valid is not None else placeholder(y.device, torch.int32), workspace)
