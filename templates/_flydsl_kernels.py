@@ -18,6 +18,10 @@ instance's ``name`` (which spells out the config) whose marked methods are decor
 Each config thus has its own FlyDSL objects and caches, and its compiled kernel is found under
 the same key by the process that compiles it and by the one that loads it.
 
+Kernel methods read config values as ``self.x`` where they use them, not through local aliases
+(``LANES = self.lanes``): FlyDSL's rewriter passes a kernel's local names into its dynamic loops
+as IR values, so an alias turns into an Int32 inside a ``for`` over a dynamic range.
+
 Imported only from a template's ``build()`` (it imports ``flydsl`` at module level).
 """
 import types

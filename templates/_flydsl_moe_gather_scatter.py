@@ -82,7 +82,6 @@ class Gather(MoeRows):
     @fk.kernel(lambda self: {"name": self.name + "_gather"})
     def gather_kernel(self, X: fx.Tensor, Tok: fx.Tensor, Exp: fx.Tensor, S: fx.Tensor, N: fx.Tensor,
                       Out: fx.Tensor, nthr: fx.Int32):
-        VEC, dtype = self.vec, self.dtype
         row = fx.block_idx.x
         a = Out.shape.unpack()[0]
         if row < self.rows_to_do(N, a):
@@ -91,11 +90,11 @@ class Gather(MoeRows):
             s_stride, _ = S.stride.unpack()
             s = (fx.get_iter(S) + fx.Int64(t) * fx.Int64(s_stride) + e).load().to(fx.Float32)
             ids = self.vector_ids(nthr)
-            regs = self.load_vectors(self.row_view(X, t, VEC), ids)
-            out = self.row_view(Out, row, VEC)
+            regs = self.load_vectors(self.row_view(X, t, self.vec), ids)
+            out = self.row_view(Out, row, self.vec)
             atom = self.copy_atom()
             for j in range_constexpr(self.unroll):
-                v = (fx.memref_load_vec(regs[j]).to(fx.Float32) * s).to(dtype)
+                v = (fx.memref_load_vec(regs[j]).to(fx.Float32) * s).to(self.dtype)
                 fx.memref_store_vec(v, regs[j])
                 fx.copy(atom, regs[j], fx.slice(out, (None, ids[j])))
 
@@ -117,30 +116,29 @@ class Scatter(MoeRows):
     # -- method "atomic" -------------------------------------------------------------------------
     @fk.kernel(lambda self: {"name": self.name + "_scatter"})
     def scatter_kernel(self, Out: fx.Tensor, Y: fx.Tensor, Tok: fx.Tensor, N: fx.Tensor, nthr: fx.Int32):
-        VEC, PAIR, dtype = self.vec, self.pair, self.dtype
         row = fx.block_idx.x
         a = Y.shape.unpack()[0]
         if row < self.rows_to_do(N, a):
             t = (fx.get_iter(Tok) + row).load()
             ids = self.vector_ids(nthr)
-            regs = self.load_vectors(self.row_view(Y, row, VEC), ids)
-            nvec = Y.shape.unpack()[1] // VEC
+            regs = self.load_vectors(self.row_view(Y, row, self.vec), ids)
+            nvec = Y.shape.unpack()[1] // self.vec
             # A token index outside [0, T) skips the row (an unsigned compare covers both ends).
             valid = fx.Uint32(t) < fx.Uint32(Out.shape.unpack()[0])
             dst = fx.get_iter(Out) + fx.Int64(t) * fx.Int64(Out.stride.unpack()[0])
             for j in range_constexpr(self.unroll):
                 if valid & (ids[j] < nvec):
                     vals = fx.memref_load_vec(regs[j])
-                    for p in range_constexpr(VEC // PAIR):
-                        piece = [vals[p * PAIR + q] for q in range(PAIR)]
-                        value = fx.Vector.from_elements(piece, dtype).ir_value() if const_expr(PAIR == 2) \
-                            else dtype(piece[0]).ir_value()
+                    for p in range_constexpr(self.vec // self.pair):
+                        piece = [vals[p * self.pair + q] for q in range(self.pair)]
+                        value = fx.Vector.from_elements(piece, self.dtype).ir_value() if const_expr(self.pair == 2) \
+                            else self.dtype(piece[0]).ir_value()
                         # llvm atomicrmw fadd: <2 x bf16/f16> -> global_atomic_pk_add_*, f32 ->
                         # global_atomic_add_f32, a lone 16-bit element -> compare-and-swap loop.
                         llvm.atomicrmw(llvm.AtomicBinOp.fadd,
-                                       fx.to_llvm_ptr(dst + fx.Int64(ids[j]) * VEC + p * PAIR), value,
+                                       fx.to_llvm_ptr(dst + fx.Int64(ids[j]) * self.vec + p * self.pair), value,
                                        llvm.AtomicOrdering.monotonic, syncscope="agent",
-                                       alignment=PAIR * dtype.width // 8)
+                                       alignment=self.pair * self.dtype.width // 8)
 
     # -- method "sorted": group rows by token, then one fp32 reduction per out row ----------------
     def workspace(self, Ws, t, a):
@@ -248,7 +246,6 @@ class Scatter(MoeRows):
         # Block (t, c): out[t] chunk c += the chunk of each of token t's rows, summed in fp32 and
         # rounded once. A token with no rows is not touched. Vectors past the row end load zeros
         # and store nothing (buffer bounds), as in the gather.
-        VEC, dtype = self.vec, self.dtype
         t = fx.block_idx.x
         _, offsets, _, rows, first = self.workspace(Ws, Out.shape.unpack()[0], Y.shape.unpack()[0])
         start = offsets[t]
@@ -256,24 +253,24 @@ class Scatter(MoeRows):
         row0 = first[t]     # the first row, beside the offsets (read only when count > 0)
         if count > 0:
             ids = self.vector_ids(nthr)
-            out = self.row_view(Out, t, VEC)
+            out = self.row_view(Out, t, self.vec)
             # Register arrays (not Python values): the loop over the rows updates them in place.
-            acc = [fx.make_rmem_tensor(VEC, fx.Float32) for _ in range(self.unroll)]
-            firsts = self.load_vectors(self.row_view(Y, row0, VEC), ids)
+            acc = [fx.make_rmem_tensor(self.vec, fx.Float32) for _ in range(self.unroll)]
+            firsts = self.load_vectors(self.row_view(Y, row0, self.vec), ids)
             for j, r in enumerate(self.load_vectors(out, ids)):
                 total = fx.memref_load_vec(r).to(fx.Float32) + fx.memref_load_vec(firsts[j]).to(fx.Float32)
                 fx.memref_store_vec(total, acc[j])
             # Unrolled twice: two rows' loads in flight where the registers allow (unroll 8 of
             # 16-bit rows fills 128 VGPRs with one row's loads and the fp32 sums).
             for k in range(1, count, unroll=2):
-                ys = self.load_vectors(self.row_view(Y, rows[start + k], VEC), ids)
+                ys = self.load_vectors(self.row_view(Y, rows[start + k], self.vec), ids)
                 for j in range_constexpr(self.unroll):
                     total = fx.memref_load_vec(acc[j]) + fx.memref_load_vec(ys[j]).to(fx.Float32)
                     fx.memref_store_vec(total, acc[j])
             atom = self.copy_atom()
             for j in range_constexpr(self.unroll):
-                r = fx.make_rmem_tensor(VEC, dtype)
-                fx.memref_store_vec(fx.memref_load_vec(acc[j]).to(dtype), r)
+                r = fx.make_rmem_tensor(self.vec, self.dtype)
+                fx.memref_store_vec(fx.memref_load_vec(acc[j]).to(self.dtype), r)
                 fx.copy(atom, r, fx.slice(out, (None, ids[j])))
 
     # -- host launcher ---------------------------------------------------------------------------
