@@ -112,7 +112,7 @@ def test_cute_kernel_classes_compile(tmp_path):
         if op == "index_shuffling":
             assert re.search(r"shfl\.sync\.bfly", ptx) and re.search(r"shfl\.sync\.up", ptx), job.label
         elif method == "atomic":   # 128-bit vector reductions on aligned bf16 rows
-            assert re.search(r"red\.global(\.\w+)*\.add(\.noftz)?\.v8\.bf16", ptx), job.label
+            assert re.search(r"(red|atom)\.global(\.\w+)*\.add(\.noftz)?\.v8\.bf16", ptx), job.label
         else:
             assert re.search(r"ld\.global(\.[\w:]+)*\.v4\.(b32|u32|f32)", ptx), job.label
 
