@@ -85,15 +85,26 @@ class HopperGemm:
     """
 
     def __init__(self, tile_mn, cluster_m=1, raster_m=True, group=8, promote_every=0,
-                 split_k=1, stream_k=False, x_rows=0, epilogue=None):
+                 split_k=1, stream_k=False, x_rows=0, epilogue=None, template="HopperGemm"):
         self.tile_m, self.tile_n = tile_mn
-        assert self.tile_m in (64, 128) and self.tile_n in (64, 128, 256)
-        assert cluster_m in (1, 2) and group >= 0
-        assert split_k >= 1 and (split_k == 1 or (cluster_m == 1 and epilogue is None))
+        problems = [why for bad, why in (
+            (self.tile_m not in (64, 128) or self.tile_n not in (64, 128, 256),
+             "tile_m must be 64 or 128, tile_n 64, 128 or 256"),
+            (cluster_m not in (1, 2) or group < 0, "cluster_m must be 1 or 2 and group >= 0"),
+            (split_k < 1 or (split_k > 1 and (cluster_m != 1 or epilogue is not None)),
+             "split_k >= 1, and split-K runs with cluster_m 1 and no epilogue"),
+            (stream_k and (split_k != 1 or epilogue is not None or promote_every != 0),
+             "stream-K runs without split-K, epilogue or promotion"),
+            (x_rows != 0 and (self.tile_m != 64 or x_rows % 8 or x_rows >= 64),
+             "x_rows needs tile_m 64 and is a multiple of 8 below 64"),
+        ) if bad]
+        if problems:
+            config = dict(tile_mn=tile_mn, cluster_m=cluster_m, group=group, split_k=split_k, stream_k=stream_k,
+                          x_rows=x_rows, promote_every=promote_every)
+            raise ValueError(f"{template}: config {config} is not usable: " + "; ".join(problems))
+        self.template = template
         self.cluster_m, self.raster_m, self.group = cluster_m, raster_m, group
-        assert not stream_k or (split_k == 1 and epilogue is None and promote_every == 0)
         self.split_k, self.stream_k = split_k, stream_k
-        assert x_rows == 0 or (self.tile_m == 64 and x_rows % 8 == 0 and x_rows < 64)
         self.x_rows = x_rows or self.tile_m  # rows of A each TMA load brings in
         self.promote_every, self.epilogue = promote_every, epilogue
         self.num_mma_wg = self.tile_m // 64
@@ -164,7 +175,9 @@ class HopperGemm:
             sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem)], 1024]
             sD: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(self.d_smem)], 1024]
 
-        assert SharedStorage.size_in_bytes() <= _SMEM_BYTES, "shared memory plan overflows"
+        if SharedStorage.size_in_bytes() > _SMEM_BYTES:
+            raise ValueError(f"{self.template}: tile {self.tile_m}x{self.tile_n} with {self.stages} stages needs "
+                             f"{SharedStorage.size_in_bytes()} bytes of shared memory, more than {_SMEM_BYTES}")
         self.shared_storage = SharedStorage
         # Without split-K or stream-K the kernel never reads the partials argument: D stands in.
         mP = partials if const_expr(self.split_k > 1 or self.stream_k) else d

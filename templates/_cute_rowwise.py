@@ -66,6 +66,17 @@ def fake_quantize_args(dtype, fp8_dtype, n_inputs: int, aligned: bool, elem_byte
                      fake_vector(cutlass.Float32, m), env_stream()]
 
 
+def quantize_setup(template: str, config, target: str, sig, arrays: int):
+    """What the row-wise FP8 quantizers (quantize_fp8_row, silu_mul_quant) build alike: the
+    checked tile, the target's FP8 format, and the input and FP8 DSL dtypes."""
+    from mslk_dsl.targets import get_target
+    from mslk_dsl.templates import _rowwise_plan as plan
+
+    tile = plan.check(template, config, sig, arrays)
+    fp8 = get_target(target)
+    return tile, fp8, dsl_dtype(sig["dtype"]), dsl_dtype(fp8.fp8_dtype_name)
+
+
 def env_stream():
     """The launch stream: the caller's current torch stream (TVM-FFI environment stream)."""
     return make_fake_stream(use_tvm_ffi_env_stream=True)
@@ -117,29 +128,22 @@ def _atom(load: bool, dtype, vec: int, evict):
 
 
 @cute.jit
-def load_vectors(src: cute.Tensor, dst: cute.Tensor, first: Int32, step: cutlass.Constexpr[int],
-                 count: Int32, evict: cutlass.Constexpr = STREAM):
-    """dst[:, i] <- vector ``first + i*step`` of ``src`` (a ``row_vectors`` view) for every i
-    whose vector index is below ``count``; other columns of dst are left as they are."""
-    vec = cute.size(dst, mode=[0])
-    atom = _atom(True, src.element_type, vec, evict)
-    for i in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+def copy_vectors(src: cute.Tensor, dst: cute.Tensor, first: Int32, step: cutlass.Constexpr[int],
+                 count: Int32, load: cutlass.Constexpr[bool], evict: cutlass.Constexpr = STREAM):
+    """Predicated vector copies between a ``row_vectors`` view and a register tile (vec, n). A
+    load sets dst[:, i] <- vector ``first + i*step`` of ``src``, a store sets vector
+    ``first + i*step`` of ``dst`` <- src[:, i], for every i whose vector index is below
+    ``count``; the other columns are left as they are. ``evict`` applies to loads; stores keep
+    their lines."""
+    regs, view = (dst, src) if const_expr(load) else (src, dst)
+    atom = _atom(load, view.element_type, cute.size(regs, mode=[0]), evict if const_expr(load) else KEEP)
+    for i in cutlass.range_constexpr(cute.size(regs, mode=[1])):
         j = first + i * step
         if j < count:
-            cute.copy(atom, src[None, j], dst[None, i])
-
-
-@cute.jit
-def store_vectors(src: cute.Tensor, dst: cute.Tensor, first: Int32, step: cutlass.Constexpr[int],
-                  count: Int32):
-    """Vector ``first + i*step`` of ``dst`` (a ``row_vectors`` view) <- src[:, i], predicated
-    like ``load_vectors``."""
-    vec = cute.size(src, mode=[0])
-    atom = _atom(False, dst.element_type, vec, KEEP)
-    for i in cutlass.range_constexpr(cute.size(src, mode=[1])):
-        j = first + i * step
-        if j < count:
-            cute.copy(atom, src[None, i], dst[None, j])
+            if const_expr(load):
+                cute.copy(atom, src[None, j], dst[None, i])
+            else:
+                cute.copy(atom, src[None, i], dst[None, j])
 
 
 def tile_fragments(tile, dtypes):
@@ -157,18 +161,18 @@ def tile_fragments(tile, dtypes):
 
 @cute.jit
 def store_tile(values, dst: cute.Tensor, first: Int32, step: cutlass.Constexpr[int], count: Int32):
-    """``store_vectors`` of a tile's values (a TensorSSA of shape (vec, chunks))."""
+    """A ``copy_vectors`` store of a tile's values (a TensorSSA of shape (vec, chunks))."""
     frag = cute.make_rmem_tensor(values.shape, dst.element_type)
     frag.store(values)
-    store_vectors(frag, dst, first, step, count)
+    copy_vectors(frag, dst, first, step, count, load=False)
 
 
 @cute.jit
 def load_tile(srcs, frags, first: Int32, step: cutlass.Constexpr[int], count: Int32,
               evict: cutlass.Constexpr = STREAM):
-    """``load_vectors`` for several same-shaped inputs; every load is issued before any use."""
+    """``copy_vectors`` loads for several same-shaped inputs; every load is issued before any use."""
     for s, f in zip(srcs, frags):
-        load_vectors(s, f, first, step, count, evict)
+        copy_vectors(s, f, first, step, count, load=True, evict=evict)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -275,7 +275,10 @@ def make_gemm_kernel(*, target, ab_dtype, out_dtype, epilogue, tile_m, tile_n, t
         # A lane holds one column per N repeat and the same rows in every N repeat, so in the
         # (V, RM, RN) accumulator order row(i) depends on i % per_col and col(i) on i // per_col.
         row_strides, col_strides = rows.stride.to_py_value(), cols.stride.to_py_value()
-        assert row_strides[2] == 0 and not any(_flatten(col_strides[:2])), (row_strides, col_strides)
+        if const_expr(row_strides[2] != 0 or any(_flatten(col_strides[:2]))):
+            raise ValueError(f"GEMM config tile {tile_m}x{tile_n}x{tile_k}, waves {waves_m}x{waves_n}, mfma {mfma}: "
+                             f"the accumulators' row / column strides {row_strides} / {col_strides} do not "
+                             f"have the layout the epilogue assumes")
         n_acc = fx.size(frag_C.shape).unpack()
         per_col = n_acc // fx.size(frag_C.shape[2]).unpack()
         vals = [frag_C[i] for i in range_constexpr(n_acc)]
@@ -371,3 +374,26 @@ def configs(tile_k_scale: int) -> tuple[dict, ...]:
     """The config space of a GEMM template, as dicts of plain ints."""
     return tuple({"tile_m": m, "tile_n": n, "tile_k": k * tile_k_scale, "waves_m": w[0], "waves_n": w[1],
                   "mfma": mfma, "stages": stages} for m, n, k, w, mfma, stages in _CONFIG_TABLE)
+
+
+def template_rules(tile_k_scale: int, elem_bytes: int):
+    """(configs, valid, heuristic) of a GEMM template whose inputs take ``elem_bytes`` bytes and
+    whose K tiles are ``tile_k_scale`` times the 16-bit ones."""
+    table = configs(tile_k_scale)
+
+    def valid(config, target, sig):
+        return check_config(config, target, elem_bytes) is None
+
+    def heuristic(target, sig, problem):
+        return pick_config(table, target, elem_bytes, problem)
+
+    return table, valid, heuristic
+
+
+def kernel_for(config, *, target, ab_dtype, out_dtype, epilogue):
+    """The ``gemm`` kernel of ``config`` (see make_gemm_kernel), and its launch geometry:
+    (kernel, tile_m, tile_n, threads per block)."""
+    kernel = make_gemm_kernel(target=target, ab_dtype=ab_dtype, out_dtype=out_dtype, epilogue=epilogue,
+                              **{k: config[k] for k in ("tile_m", "tile_n", "tile_k", "waves_m", "waves_n",
+                                                        "mfma", "stages")})
+    return kernel, config["tile_m"], config["tile_n"], threads_of(config)

@@ -63,7 +63,8 @@ class RowGroups:
     readfirstlane, so rows and their descriptors stay in scalar registers."""
 
     def __init__(self, threads: int, rows: int):
-        assert threads % (rows * WAVE) == 0, "each row needs whole waves"
+        if threads % (rows * WAVE):
+            raise ValueError(f"a block of {threads} threads cannot give {rows} rows whole waves of {WAVE}")
         self.threads = threads
         self.width = threads // rows  # threads per row
         self.waves = self.width // WAVE  # waves per row
@@ -334,3 +335,17 @@ def quantize_row(values, groups, row, cols, vec, per_thread, dtype, xq, scale_ou
         for u in range_constexpr(per_thread):
             j = c * chunk + groups.lane + u * groups.width
             store(out, j, to_fp8(vals[u].to(fx.Float32), scale, inverse, fp8, bounded), vec)
+
+
+def quantize_setup(template: str, config, target: str, sig):
+    """What the row-wise FP8 quantizers (quantize_fp8_row, silu_mul_quant) build alike:
+    (threads, rows per block, vec, dtype, Fp8Format, has scale_ub, vectors per thread, LDS of
+    the row reductions). Plain values on purpose: the kernels' closures hold them, and FlyDSL's
+    compile cache key covers a closure's scalars (not an object's fields)."""
+    from mslk_dsl.templates import _rowwise_space as space
+
+    space.check(template, config, sig)
+    threads = config["threads"]
+    return (threads, config["rows_per_block"], config["vec"], elem_type(sig["dtype"]), Fp8Format(target),
+            sig["has_scale_ub"], space.vectors_per_thread(config, sig, space.QUANT_REGISTER_BYTES),
+            reduce_storage(threads, fx.Int32))

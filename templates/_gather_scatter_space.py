@@ -1,9 +1,13 @@
-"""What the CuTe and FlyDSL gather/scatter templates share: signatures, vector width, and the
-rule that picks the scatter method (plain Python: the registry runs heuristics without a DSL)."""
+"""What the CuTe and FlyDSL gather/scatter templates share: signatures, config spaces, vector
+width, and the rule that picks the scatter method (plain Python: the registry runs heuristics
+without a DSL)."""
+from mslk_dsl.templates._kernel_limits import ELEM_BYTES, SCORE_DTYPES, VECTOR_BYTES
 
-DTYPES = ("bfloat16", "float16", "float32")
-SCORE_DTYPES = ("bfloat16", "float32")
+DTYPES = tuple(ELEM_BYTES)
 SIGNATURES = {"dtype": DTYPES, "aligned": (True, False), "has_valid_count": (False, True)}
+GATHER_SIGNATURES = {**SIGNATURES, "score_dtype": SCORE_DTYPES}
+UNROLLS = (1, 2, 4, 8)
+SCATTER_SPACE = {"unroll": UNROLLS, "method": ("atomic", "sorted")}
 # Scatter inputs at least this large use the sorted method: its four index passes (~10 us on the
 # H200) cost more than atomics save on smaller ones (not re-measured on CDNA: no AMD GPU).
 SORTED_MIN_BYTES = 32 << 20
@@ -11,12 +15,10 @@ SORTED_MIN_BYTES = 32 << 20
 
 def vec(sig) -> int:
     """Elements one access moves: 16 bytes on aligned rows, else one element."""
-    itemsize = 4 if sig["dtype"] == "float32" else 2
-    return 16 // itemsize if sig["aligned"] else 1
+    return VECTOR_BYTES // ELEM_BYTES[sig["dtype"]] if sig["aligned"] else 1
 
 
 def scatter_method(sig, problem) -> str:
     """"sorted" once the rows to add (A x D) reach SORTED_MIN_BYTES, else "atomic"."""
     rows, width = int(problem.get("A", 65536)), int(problem.get("D", 8192))
-    itemsize = 4 if sig["dtype"] == "float32" else 2
-    return "sorted" if rows * width * itemsize >= SORTED_MIN_BYTES else "atomic"
+    return "sorted" if rows * width * ELEM_BYTES[sig["dtype"]] >= SORTED_MIN_BYTES else "atomic"

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+from mslk_dsl.templates._kernel_limits import ELEM_BYTES
+
 FLOAT_DTYPES = tuple(ELEM_BYTES)
 
 # Floor of a row's absmax in the FP8 row quantization, as MSLK's quantize_fp8_row
@@ -92,8 +93,27 @@ def pick(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict:
     is streamed). Ties keep list order, so list the preferred shape first."""
     ok = [c for c in configs if valid(c, sig, arrays)]
     if not ok:
-        raise ValueError(f"no valid config for signature {sig}")
+        raise ValueError(f"no config of {len(configs)} serves signature {sig}")
     covering = [c for c in ok if RowTile.of(c).tile_k >= k]
     if covering:
         return min(covering, key=lambda c: RowTile.of(c).tile_k)
     return max(ok, key=lambda c: RowTile.of(c).tile_k)
+
+
+def rules(configs: list[dict], arrays: int):
+    """(valid, heuristic) of a row-wise template whose kernels read ``arrays`` inputs per tile."""
+    def template_valid(config, target, sig):
+        return valid(config, sig, arrays)
+
+    def heuristic(target, sig, problem):
+        return pick(configs, sig, problem["K"], arrays)
+
+    return template_valid, heuristic
+
+
+def check(template: str, config: dict, sig: dict, arrays: int) -> "RowTile":
+    """The config's tile; ValueError, naming the template and the config, unless ``valid``."""
+    if not valid(config, sig, arrays):
+        raise ValueError(f"{template}: config {dict(config)} does not serve signature {dict(sig)}: see "
+                         f"_rowwise_plan.valid (vector width vs. alignment, threads per row, register budget)")
+    return RowTile.of(config)

@@ -4,9 +4,9 @@ DSL-free on purpose: the registry evaluates validity and heuristics in processes
 import a DSL. A config is ``threads`` per block, ``rows_per_block`` (each row gets
 threads / rows_per_block threads, whole waves of 64) and ``vec``, the elements one load moves.
 """
+from mslk_dsl.templates._kernel_limits import ELEM_BYTES
 
 SPACE = {"threads": (256, 512), "rows_per_block": (1, 4), "vec": (8, 4, 1)}
-ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 WAVE = 64
 # Register bytes of a row each thread keeps between the two passes of the FP8 row quantizers
 # (quantize_fp8_row, silu_mul_quant): rows up to about threads_per_row * this are read once.
@@ -19,6 +19,18 @@ def valid(config, target, sig) -> bool:
             # Unaligned rows (any K, any row start) only allow element-wise accesses.
             and (sig["aligned"] or config["vec"] == 1)
             and config["threads"] % (config["rows_per_block"] * WAVE) == 0)
+
+
+def check(template: str, config, sig) -> None:
+    """Raise ValueError, naming the template and the config, unless ``valid``."""
+    if not valid(config, None, sig):
+        raise ValueError(f"{template}: config {dict(config)} does not serve signature {dict(sig)}: vectors "
+                         f"of at most 16 bytes (1 element on unaligned rows), whole waves of {WAVE} per row")
+
+
+def quant_heuristic(target, sig, problem) -> dict:
+    """The FP8 row quantizers' config: the smallest that keeps a whole row in registers."""
+    return smallest_covering(sig, problem["K"], QUANT_REGISTER_BYTES)
 
 
 def widest_vec(sig) -> int:

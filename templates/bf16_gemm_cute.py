@@ -26,7 +26,7 @@ def build(config, target, sig):
     from mslk_dsl.templates import _cute_gemm_sm90 as sm90
 
     dtype = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}[sig["dtype"]]
-    gemm = sm90.HopperGemm(**gemm_configs.kernel_args(config))
+    gemm = sm90.HopperGemm(**gemm_configs.kernel_args(config), template="bf16_gemm_cute")
 
     m, n, k = cute.sym_int(), cute.sym_int(divisibility=8), cute.sym_int(divisibility=8)
     args = [make_fake_compact_tensor(dtype, shape, stride_order=(1, 0), assumed_align=16)

@@ -14,15 +14,7 @@ DTYPES = ("bfloat16", "float16")
 
 # Small-M tiles for decode-like shapes, square tiles, and 256-wide tiles for large GEMMs; both
 # MFMA sizes, 4 or 8 waves, one LDS stage (two barriers per K tile) or two (one barrier).
-CONFIGS = gemm.configs(tile_k_scale=1)
-
-
-def _valid(config, target, sig):
-    return gemm.check_config(config, target, 2) is None
-
-
-def _heuristic(target, sig, problem):
-    return gemm.pick_config(CONFIGS, target, 2, problem)
+CONFIGS, _valid, _heuristic = gemm.template_rules(tile_k_scale=1, elem_bytes=2)
 
 
 def build(config, target, sig):
@@ -31,12 +23,8 @@ def build(config, target, sig):
     import flydsl.expr as fx
 
     dtype = sig["dtype"]
-    kernel = gemm.make_gemm_kernel(
-        target=target, ab_dtype=dtype, out_dtype=dtype, epilogue="none",
-        tile_m=config["tile_m"], tile_n=config["tile_n"], tile_k=config["tile_k"],
-        waves_m=config["waves_m"], waves_n=config["waves_n"], mfma=config["mfma"],
-        stages=config["stages"])
-    tile_m, tile_n, threads = config["tile_m"], config["tile_n"], gemm.threads_of(config)
+    kernel, tile_m, tile_n, threads = gemm.kernel_for(config, target=target, ab_dtype=dtype, out_dtype=dtype,
+                                                      epilogue="none")
 
     @flyc.jit
     def bf16_gemm(x: fx.Tensor, w: fx.Tensor, out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):

@@ -88,7 +88,7 @@ def build(config, target, sig):
                 acc[i] = value
 
     epilogue = RowwiseScale(config["tile_m"], config["tile_n"], sig["has_bias"])
-    gemm = sm90.HopperGemm(**gemm_configs.kernel_args(config), epilogue=epilogue)
+    gemm = sm90.HopperGemm(**gemm_configs.kernel_args(config), epilogue=epilogue, template="f8f8bf16_rowwise_cute")
 
     @cute.jit
     def f8f8bf16_rowwise(xq: cute.Tensor, wq: cute.Tensor, x_scale: cute.Tensor, w_scale: cute.Tensor,

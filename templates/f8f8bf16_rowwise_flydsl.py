@@ -18,15 +18,7 @@ FP8 = {"gfx942": "float8_e4m3fnuz", "gfx950": "float8_e4m3fn"}
 
 # As bf16_gemm, with K tiles twice as long (same bytes per row). gfx950's fp8 MFMAs take
 # 128 (16x16) or 64 (32x32) K per step, which rules out the shorter tiles there.
-CONFIGS = gemm.configs(tile_k_scale=2)
-
-
-def _valid(config, target, sig):
-    return gemm.check_config(config, target, 1) is None
-
-
-def _heuristic(target, sig, problem):
-    return gemm.pick_config(CONFIGS, target, 1, problem)
+CONFIGS, _valid, _heuristic = gemm.template_rules(tile_k_scale=2, elem_bytes=1)
 
 
 def build(config, target, sig):
@@ -34,13 +26,9 @@ def build(config, target, sig):
     import flydsl.compiler as flyc
     import flydsl.expr as fx
 
-    kernel = gemm.make_gemm_kernel(
-        target=target, ab_dtype=FP8[target], out_dtype="bfloat16",
-        epilogue="rowwise_bias" if sig["has_bias"] else "rowwise",
-        tile_m=config["tile_m"], tile_n=config["tile_n"], tile_k=config["tile_k"],
-        waves_m=config["waves_m"], waves_n=config["waves_n"], mfma=config["mfma"],
-        stages=config["stages"])
-    tile_m, tile_n, threads = config["tile_m"], config["tile_n"], gemm.threads_of(config)
+    kernel, tile_m, tile_n, threads = gemm.kernel_for(
+        config, target=target, ab_dtype=FP8[target], out_dtype="bfloat16",
+        epilogue="rowwise_bias" if sig["has_bias"] else "rowwise")
 
     @flyc.jit
     def f8f8bf16_rowwise(xq: fx.Tensor, wq: fx.Tensor, x_scale: fx.Tensor, w_scale: fx.Tensor,

@@ -18,10 +18,6 @@ from mslk_dsl.template import Template
 from mslk_dsl.templates import _rowwise_space as space
 
 
-def _heuristic(target, sig, problem):
-    return space.smallest_covering(sig, problem["K"], space.QUANT_REGISTER_BYTES)
-
-
 def build(config, target, sig):
     import torch
     import flydsl.compiler as flyc
@@ -29,12 +25,8 @@ def build(config, target, sig):
 
     from mslk_dsl.templates import _flydsl_rowwise as rw
 
-    threads, rows, vec = config["threads"], config["rows_per_block"], config["vec"]
-    dtype = rw.elem_type(sig["dtype"])
-    fp8 = rw.Fp8Format(target)
-    has_ub = sig["has_scale_ub"]
-    per_thread = space.vectors_per_thread(config, sig, space.QUANT_REGISTER_BYTES)
-    storage = rw.reduce_storage(threads, fx.Int32)
+    threads, rows, vec, dtype, fp8, has_ub, per_thread, storage = rw.quantize_setup(
+        "quantize_fp8_row_flydsl", config, target, sig)
 
     @flyc.kernel(known_block_size=[threads, 1, 1])
     def quantize_fp8_row_kernel(x: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor, scale: fx.Tensor):
@@ -65,4 +57,4 @@ def build(config, target, sig):
 TEMPLATE = Template(
     op="quantize_fp8_row", backend="flydsl", targets=("gfx942", "gfx950"),
     signatures={"dtype": tuple(space.ELEM_BYTES), "aligned": (True, False), "has_scale_ub": (True, False)},
-    space=space.SPACE, valid=space.valid, heuristic=_heuristic, build=build)
+    space=space.SPACE, valid=space.valid, heuristic=space.quant_heuristic, build=build)

@@ -84,7 +84,7 @@ def _build(config, target, sig, residual):
         held = ins[0]
         if const_expr(residual):
             held.store(add_rounded(ins[0], ins[1]))
-            rw.store_vectors(held, vRO, lane, tpr, nvec)
+            rw.copy_vectors(held, vRO, lane, tpr, nvec, load=False)
         ss = red.sum_squares(held)
 
         # Rest of a row longer than the tile, one vector per thread per step (the compiler
@@ -92,11 +92,11 @@ def _build(config, target, sig, residual):
         a = cute.make_rmem_tensor((vec, 1), dtype)
         b = cute.make_rmem_tensor((vec, 1), dtype)
         for j in cutlass.range(lane + tile.tile_vecs, nvec, tpr):
-            rw.load_vectors(vX, a, j, tpr, nvec)
+            rw.copy_vectors(vX, a, j, tpr, nvec, load=True)
             if const_expr(residual):
-                rw.load_vectors(srcs[1], b, j, tpr, nvec)
+                rw.copy_vectors(srcs[1], b, j, tpr, nvec, load=True)
                 a.store(add_rounded(a, b))
-                rw.store_vectors(a, vRO, j, tpr, nvec)
+                rw.copy_vectors(a, vRO, j, tpr, nvec, load=False)
             ss = ss + red.sum_squares(a)
 
         ss = rw.row_allreduce(ss, operator.add, tpr, buf, row_in_cta, lane)
@@ -109,17 +109,17 @@ def _build(config, target, sig, residual):
         for i in cutlass.range_constexpr(chunks):
             j = lane + i * tpr
             if j < nvec:
-                rw.load_vectors(vW, b, j, tpr, nvec, rw.KEEP)
+                rw.copy_vectors(vW, b, j, tpr, nvec, load=True, evict=rw.KEEP)
                 h = red.after(held[None, i].load(), ss).to(Float32)
                 a.store((h * rstd * b.load().to(Float32)).to(dtype))
-                rw.store_vectors(a, vY, j, tpr, nvec)
+                rw.copy_vectors(a, vY, j, tpr, nvec, load=False)
         # The streamed rest: read back what pass 1 read (x) or wrote (new_residual).
         vH = vRO if const_expr(residual) else vX
         for j in cutlass.range(lane + tile.tile_vecs, nvec, tpr):
-            rw.load_vectors(vH, a, j, tpr, nvec, rw.KEEP)
-            rw.load_vectors(vW, b, j, tpr, nvec, rw.KEEP)
+            rw.copy_vectors(vH, a, j, tpr, nvec, load=True, evict=rw.KEEP)
+            rw.copy_vectors(vW, b, j, tpr, nvec, load=True, evict=rw.KEEP)
             a.store((a.load().to(Float32) * rstd * b.load().to(Float32)).to(dtype))
-            rw.store_vectors(a, vY, j, tpr, nvec)
+            rw.copy_vectors(a, vY, j, tpr, nvec, load=False)
 
     def launch(mX, mR, mW, mY, mRO, eps, stream):
         grid = (cute.ceil_div(mX.shape[0], tile.rows_per_block), 1, 1)

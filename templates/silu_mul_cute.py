@@ -19,14 +19,7 @@ CONFIGS = plan.expand(
     vector_shapes=[(128, 4, 2), (128, 1, 4), (256, 1, 4)],
     scalar_shapes=[(128, 4, 4), (256, 1, 8)],
 )
-
-
-def _valid(config, target, sig):
-    return plan.valid(config, sig, arrays=2)
-
-
-def _heuristic(target, sig, problem):
-    return plan.pick(CONFIGS, sig, problem["K"], arrays=2)
+_valid, _heuristic = plan.rules(CONFIGS, arrays=2)
 
 
 def build(config, target, sig):
@@ -34,7 +27,7 @@ def build(config, target, sig):
 
     from mslk_dsl.templates import _cute_rowwise as rw
 
-    tile = plan.RowTile.of(config)
+    tile = plan.check("silu_mul_cute", config, sig, arrays=2)
     dtype = rw.dsl_dtype(sig["dtype"])
 
     def values(a, b):

@@ -21,25 +21,15 @@ CONFIGS = plan.expand(
     vector_shapes=[(128, 4, 4), (256, 2, 4), (256, 1, 4), (512, 1, 2), (1024, 1, 2), (512, 1, 4)],
     scalar_shapes=[(128, 4, 8), (256, 1, 16)],
 )
-
-
-def _valid(config, target, sig):
-    return plan.valid(config, sig, arrays=2)
-
-
-def _heuristic(target, sig, problem):
-    return plan.pick(CONFIGS, sig, problem["K"], arrays=2)
+_valid, _heuristic = plan.rules(CONFIGS, arrays=2)
 
 
 def build(config, target, sig):
     import cutlass.cute as cute
 
-    from mslk_dsl.targets import get_target
     from mslk_dsl.templates import _cute_rowwise as rw
 
-    tile = plan.RowTile.of(config)
-    fp8 = get_target(target)
-    dtype, fp8_dtype = rw.dsl_dtype(sig["dtype"]), rw.dsl_dtype(fp8.fp8_dtype_name)
+    tile, fp8, dtype, fp8_dtype = rw.quantize_setup("silu_mul_quant_cute", config, target, sig, arrays=2)
 
     def values(a, b):
         return rw.silu_mul_tile(a, b, dtype)

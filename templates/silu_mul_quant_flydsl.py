@@ -12,10 +12,6 @@ from mslk_dsl.template import Template
 from mslk_dsl.templates import _rowwise_space as space
 
 
-def _heuristic(target, sig, problem):
-    return space.smallest_covering(sig, problem["K"], space.QUANT_REGISTER_BYTES)
-
-
 def build(config, target, sig):
     import torch
     import flydsl.compiler as flyc
@@ -23,12 +19,8 @@ def build(config, target, sig):
 
     from mslk_dsl.templates import _flydsl_rowwise as rw
 
-    threads, rows, vec = config["threads"], config["rows_per_block"], config["vec"]
-    dtype = rw.elem_type(sig["dtype"])
-    fp8 = rw.Fp8Format(target)
-    has_ub = sig["has_scale_ub"]
-    per_thread = space.vectors_per_thread(config, sig, space.QUANT_REGISTER_BYTES)
-    storage = rw.reduce_storage(threads, fx.Int32)
+    threads, rows, vec, dtype, fp8, has_ub, per_thread, storage = rw.quantize_setup(
+        "silu_mul_quant_flydsl", config, target, sig)
 
     @flyc.kernel(known_block_size=[threads, 1, 1])
     def silu_mul_quant_kernel(x0: fx.Tensor, x1: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor,
@@ -61,4 +53,4 @@ def build(config, target, sig):
 TEMPLATE = Template(
     op="silu_mul_quant", backend="flydsl", targets=("gfx942", "gfx950"),
     signatures={"dtype": tuple(space.ELEM_BYTES), "aligned": (True, False), "has_scale_ub": (True, False)},
-    space=space.SPACE, valid=space.valid, heuristic=_heuristic, build=build)
+    space=space.SPACE, valid=space.valid, heuristic=space.quant_heuristic, build=build)

@@ -12,11 +12,10 @@ from mslk_dsl.device import target_of
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder
+from mslk_dsl.templates import _kernel_limits as limits  # what the ops and the kernels agree on
 
-MAX_EXPERTS = 256
-MAX_TOP_K = 8
-MAX_CHUNKS = 128  # index_shuffling's per-chunk histogram workspace: MAX_CHUNKS x E
-SCORE_DTYPES = (torch.bfloat16, torch.float32)
+MAX_EXPERTS, MAX_TOP_K = limits.MAX_EXPERTS, limits.MAX_TOP_K
+SCORE_DTYPES = tuple(getattr(torch, name) for name in limits.SCORE_DTYPES)
 
 
 def _check_valid_count(op: str, valid_token_count, like: torch.Tensor, like_name: str) -> None:
@@ -106,7 +105,7 @@ def _prepare_index_shuffling(select, outputs, scores, expert_index_start, expert
         return None
     dev = scores.device
     slots = torch.empty(T * top_k, dtype=torch.int32, device=dev)
-    histogram = torch.empty(MAX_CHUNKS * E, dtype=torch.int32, device=dev)
+    histogram = torch.empty(limits.index_shuffling_hist_ints(E), dtype=torch.int32, device=dev)
     kernel, _ = select((valid_token_count is not None, dtype_name(scores.dtype)), (T, E))
     return Launch(kernel, (scores, _valid_arg(valid_token_count, dev), counts, expert_indices, token_indices,
                            slots, histogram, top_k, start, end), scratch=(slots, histogram))
@@ -240,7 +239,8 @@ def _prepare_scatter(select, outputs, out_tokens, in_tokens, token_indices, vali
     # Per-token counts, offsets, positions, row lists and first rows, which only the sorted
     # method uses (see the CuTe template); the atomic method gets the cached placeholder.
     if chosen.get("method") == "sorted":
-        workspace = torch.empty(3 * out_tokens.shape[0] + 1 + 2 * A, dtype=torch.int32, device=y.device)
+        workspace = torch.empty(limits.scatter_workspace_ints(out_tokens.shape[0], A), dtype=torch.int32,
+                                device=y.device)
     else:
         workspace = placeholder(y.device, torch.int32)
     return Launch(kernel, (out_tokens, y, tok, _valid_arg(valid_token_count, y.device), workspace))

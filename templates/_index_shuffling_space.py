@@ -1,0 +1,71 @@
+"""What the CuTe and FlyDSL index_shuffling templates share: signatures, the config tables, the
+config checks and the heuristic (plain Python: the registry runs them without a DSL).
+
+A config is ``max_experts`` (E the kernel is built for, rounded up), ``lanes`` (threads that
+hold one token's scores; each keeps max_experts / lanes of them) and the number of warps (CuTe,
+32 threads) or waves (FlyDSL, 64 threads) of a route block.
+"""
+from mslk_dsl.templates._kernel_limits import MAX_CHUNKS, MAX_EXPERTS, MAX_TOP_K, SCORE_DTYPES
+
+SIGNATURES = {"score_dtype": SCORE_DTYPES, "has_valid_count": (False, True)}
+PLACE_THREADS = 1024            # threads of a place block
+UNROLL = 4                      # slots per place thread in flight
+
+
+def configs(groups: str, shapes) -> tuple[dict, ...]:
+    """Configs from (max_experts, lanes, groups per route block) shapes; ``groups`` names the
+    thread groups: "warps" (CuTe) or "waves" (FlyDSL). List the preferred config of each
+    max_experts first: the heuristic takes it."""
+    return tuple({"max_experts": e, "lanes": lanes, groups: n} for e, lanes, n in shapes)
+
+
+CUTE_CONFIGS = configs("warps", [(32, 8, 32), (64, 8, 32), (128, 8, 32), (128, 16, 32),
+                                 (256, 16, 32), (256, 8, 16)])
+FLYDSL_CONFIGS = configs("waves", [(32, 8, 16), (64, 8, 16), (128, 16, 16), (128, 8, 8),
+                                   (256, 16, 8), (256, 32, 16)])
+
+
+def heuristic(configs, problem) -> dict:
+    """The first listed config of the smallest max_experts that holds the problem's E (the
+    largest when none does)."""
+    e = int(problem.get("E", 128))
+    sizes = sorted({c["max_experts"] for c in configs})
+    size = next((s for s in sizes if s >= e), sizes[-1])
+    return dict(next(c for c in configs if c["max_experts"] == size))
+
+
+def check(template: str, config, wave: int) -> None:
+    """Raise ValueError, naming the template and the config, for a config the kernels cannot
+    run: they assume these divisions are exact and the key packing's limits."""
+    max_e, lanes = config["max_experts"], config["lanes"]
+    problems = []
+    # The place kernel spreads the experts over its threads (PLACE_THREADS // max_experts per
+    # expert, each summing an equal share of the chunks).
+    if not 1 <= max_e <= MAX_EXPERTS or PLACE_THREADS % max_e or MAX_CHUNKS % (PLACE_THREADS // max_e):
+        problems.append(f"max_experts must be a power of two in [{PLACE_THREADS // MAX_CHUNKS}, "
+                        f"{MAX_EXPERTS}]")
+    if lanes & (lanes - 1) or not MAX_TOP_K <= lanes <= wave or max_e % lanes:
+        problems.append(f"lanes must be a power of two in [{MAX_TOP_K}, {wave}] (one lane per "
+                        f"selected expert) that divides max_experts")
+    if problems:
+        raise ValueError(f"{template}: config {dict(config)} is not usable: " + "; ".join(problems))
+
+
+class RouteGeometry:
+    """What both kernel classes derive from a config and a signature; they subclass this and add
+    their DSL types. ``wave``: threads of a warp (CuTe, 32) or wave (FlyDSL, 64); ``groups``:
+    the config key of the warps or waves per route block."""
+
+    def __init__(self, template: str, config, sig, wave: int, groups: str):
+        check(template, config, wave)
+        self.max_e, self.lanes, self.route_waves = config["max_experts"], config["lanes"], config[groups]
+        self.keys_per_lane = self.max_e // self.lanes
+        self.tokens_per_step = wave // self.lanes           # tokens a warp / wave routes at once
+        self.threads = self.route_waves * wave              # of a route block
+        self.place_parts = PLACE_THREADS // self.max_e      # place: threads per expert for the prefix sums
+        self.experts_per_lane = max(self.max_e // wave, 1)  # place: in the expert scan
+        self.has_n = bool(sig["has_valid_count"])
+        # Keys: orderable score bits << 8 | 255 - e, in 32 bits for bf16 scores, 64 for fp32.
+        self.wide = sig["score_dtype"] == "float32"
+        self.sign_free = 0x7FFFFFFF if self.wide else 0x7FFF
+        self.key_min = -(2 ** 63) if self.wide else -(2 ** 31)

@@ -1,0 +1,37 @@
+"""Sizes and limits that the ops and the templates must agree on, stated once.
+
+Plain Python with no import at all: the op layer (mslk_dsl/ops) sizes its checks and scratch
+buffers from these, and the templates (which the registry imports in processes that must not
+load a DSL) size their kernels from the same values. It lives among the templates so that the
+digest of every template that imports it covers it: changing a limit recompiles those kernels.
+"""
+
+# Bytes per element of the floating-point dtypes the memory-bound templates take, by torch name.
+ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+# One 128-bit global access. A row is "aligned" (the signature part ``aligned``) when it starts
+# on a multiple of this and its length in bytes is one: then every access moves this many bytes.
+VECTOR_BYTES = 16
+
+# -- index_shuffling --------------------------------------------------------------------------
+# Router score dtypes, by torch name.
+SCORE_DTYPES = ("bfloat16", "float32")
+# A routing key packs the expert as 255 - e in its low 8 bits, so at most 256 experts.
+MAX_EXPERTS = 256
+# The narrowest config gives a token 8 lanes and each lane keeps one of the token's winners.
+MAX_TOP_K = 8
+# The route kernel runs at most this many blocks (chunks of tokens); its per-chunk, per-expert
+# histogram is a workspace of MAX_CHUNKS * E int32 that the op allocates.
+MAX_CHUNKS = 128
+
+
+def index_shuffling_hist_ints(experts: int) -> int:
+    """int32 elements of index_shuffling's histogram workspace for ``experts`` experts."""
+    return MAX_CHUNKS * experts
+
+
+# -- scatter_add_dense_tokens -----------------------------------------------------------------
+def scatter_workspace_ints(tokens: int, rows: int) -> int:
+    """int32 elements of the sorted scatter's workspace for ``tokens`` out rows and ``rows`` input
+    rows: counts [T], offsets [T + 1], positions [A], row lists [A] and first rows [T]."""
+    return 3 * tokens + 1 + 2 * rows

@@ -1,0 +1,146 @@
+"""The MoE and index_shuffling templates as kernel classes: config checks, the limits shared with
+the op layer, and compiles of a few configs per backend (the full matrix is in
+test_compile_templates.py). FlyDSL keys its compile caches on the class of ``self``, so several
+configs of one FlyDSL kernel class compiled in one process must still each get their own kernel:
+the FlyDSL test builds two configs of each class in one child and reads each one's ISA."""
+import re
+import textwrap
+
+import pytest
+from support import have_lld, run_python
+
+from mslk_dsl import aot, registry
+from mslk_dsl.cache import KernelCache
+from mslk_dsl.keys import KernelKey
+from mslk_dsl.ops import moe
+from mslk_dsl.templates import _gather_scatter_space as gather_scatter
+from mslk_dsl.templates import _index_shuffling_space as space
+from mslk_dsl.templates import _kernel_limits as limits
+from mslk_dsl.templates import _rowwise_plan as plan
+from mslk_dsl.templates import _rowwise_space as rowwise_space
+
+
+@pytest.mark.parametrize("configs, wave", [(space.CUTE_CONFIGS, 32), (space.FLYDSL_CONFIGS, 64)])
+def test_every_listed_index_shuffling_config_passes_its_checks(configs, wave):
+    for config in configs:
+        space.check("t", config, wave)
+
+
+@pytest.mark.parametrize("config, why", [
+    ({"max_experts": 48, "lanes": 8, "warps": 32}, "max_experts must be a power of two"),
+    ({"max_experts": 512, "lanes": 8, "warps": 32}, "max_experts must be a power of two"),
+    ({"max_experts": 64, "lanes": 4, "warps": 32}, "lanes must be a power of two"),
+    ({"max_experts": 128, "lanes": 64, "warps": 32}, "lanes must be a power of two"),
+])
+def test_an_index_shuffling_config_check_names_the_template_and_config(config, why):
+    with pytest.raises(ValueError, match=why) as raised:
+        space.check("index_shuffling_cute", config, 32)
+    assert "index_shuffling_cute" in str(raised.value) and str(config) in str(raised.value)
+
+
+def test_rowwise_config_checks_name_the_template_and_config():
+    unaligned = {"dtype": "bfloat16", "aligned": False}
+    with pytest.raises(ValueError, match=r"^quantize_fp8_row_cute: config \{.*'vec': 8"):
+        plan.check("quantize_fp8_row_cute", plan.config(256, 1, 8, 4), unaligned, arrays=1)
+    assert plan.check("silu_mul_cute", plan.config(256, 1, 1, 8), unaligned, arrays=2).tile_k == 2048
+    with pytest.raises(ValueError, match=r"^silu_mul_quant_flydsl: config \{.*'vec': 8"):
+        rowwise_space.check("silu_mul_quant_flydsl", {"threads": 256, "rows_per_block": 1, "vec": 8}, unaligned)
+
+
+def test_a_cute_gemm_config_check_names_the_template_and_config():
+    run_python(textwrap.dedent("""
+        from mslk_dsl.templates import _cute_gemm_sm90 as sm90
+        try:
+            sm90.HopperGemm((64, 96), split_k=2, cluster_m=2, template="bf16_gemm_cute")
+        except ValueError as e:
+            message = str(e)
+        assert message.startswith("bf16_gemm_cute: config {'tile_mn': (64, 96), 'cluster_m': 2"), message
+        assert "tile_n 64, 128 or 256" in message and "split-K runs with cluster_m 1" in message, message
+        sm90.HopperGemm((64, 128), template="bf16_gemm_cute")
+    """), env={"CUTE_DSL_ARCH": "sm_90a"})
+
+
+def test_index_shuffling_heuristics_pick_the_smallest_size_that_holds_e():
+    picks = {name: [registry.get_template(name).heuristic("x", {}, {"E": e})["max_experts"]
+                    for e in (1, 32, 33, 64, 65, 128, 129, 256, 300)]
+             for name in ("index_shuffling_cute", "index_shuffling_flydsl")}
+    assert picks["index_shuffling_cute"] == picks["index_shuffling_flydsl"] == \
+        [32, 32, 64, 64, 128, 128, 256, 256, 256]
+    # At 256 experts the CuTe template takes 16 lanes of 32 warps, the FlyDSL one 16 lanes of 8 waves.
+    assert registry.get_template("index_shuffling_cute").heuristic("x", {}, {"E": 256}) == \
+        {"max_experts": 256, "lanes": 16, "warps": 32}
+    assert registry.get_template("index_shuffling_flydsl").heuristic("x", {}, {"E": 256}) == \
+        {"max_experts": 256, "lanes": 16, "waves": 8}
+
+
+def test_the_op_layer_takes_its_moe_limits_from_the_templates():
+    assert (moe.MAX_EXPERTS, moe.MAX_TOP_K) == (limits.MAX_EXPERTS, limits.MAX_TOP_K)
+    assert [str(d).removeprefix("torch.") for d in moe.SCORE_DTYPES] == list(limits.SCORE_DTYPES)
+    # The biggest listed config covers the op's expert limit; the narrowest gives top_k lanes.
+    for configs in (space.CUTE_CONFIGS, space.FLYDSL_CONFIGS):
+        assert max(c["max_experts"] for c in configs) == limits.MAX_EXPERTS
+        assert min(c["lanes"] for c in configs) >= limits.MAX_TOP_K
+    assert limits.scatter_workspace_ints(5, 12) == 3 * 5 + 1 + 2 * 12
+    assert gather_scatter.vec({"dtype": "bfloat16", "aligned": True}) * 2 == limits.VECTOR_BYTES
+
+
+def _build(jobs, out):
+    report = aot.build(jobs, str(out), workers=1, progress=False)
+    assert report.ok, "failed to compile:\n" + "\n".join(report.failed.values())
+    return [KernelCache(str(out)).lookup(j.key) for j in jobs]
+
+
+def _jobs(name, target, configs, sig):
+    t = registry.get_template(name)
+    return [aot.Job(KernelKey.make(t, c, target, sig), t.name) for c in configs]
+
+
+def test_cute_kernel_classes_compile(tmp_path):
+    bf16 = {"dtype": "bfloat16", "aligned": True, "has_valid_count": True}
+    jobs = (_jobs("index_shuffling_cute", "sm90a", space.CUTE_CONFIGS[:2],
+                  {"score_dtype": "float32", "has_valid_count": True})
+            + _jobs("moe_gather_scatter_cute.gather_scale_dense_tokens", "sm90a", [{"unroll": 4}],
+                    {**bf16, "score_dtype": "bfloat16"})
+            + _jobs("moe_gather_scatter_cute.scatter_add_dense_tokens", "sm90a",
+                    [{"unroll": 2, "method": "atomic"}, {"unroll": 2, "method": "sorted"}], bf16))
+    for job, entry in zip(jobs, _build(jobs, tmp_path)):
+        ptx = open(entry.file("kernel.ptx")).read()
+        kernels = len(re.findall(r"\.entry\s", ptx))
+        op, method = job.key.parts()["op"], job.key.parts()["config"].get("method")
+        assert kernels == {"index_shuffling": 2, "gather_scale_dense_tokens": 1}.get(
+            op, 5 if method == "sorted" else 1), (job.label, kernels)
+        if op == "index_shuffling":
+            assert re.search(r"shfl\.sync\.bfly", ptx) and re.search(r"shfl\.sync\.up", ptx), job.label
+        elif method == "atomic":   # 128-bit vector reductions on aligned bf16 rows
+            assert re.search(r"(red|atom)\.global(\.\w+)*\.add(\.noftz)?\.v8\.bf16", ptx), job.label
+        else:
+            assert re.search(r"ld\.global(\.[\w:]+)*\.v4\.(b32|u32|f32)", ptx), job.label
+
+
+@pytest.mark.skipif(not have_lld(), reason="FlyDSL needs ld.lld (apt-get install -y lld-19)")
+def test_flydsl_kernel_classes_compile_one_kernel_per_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("MSLK_DSL_KEEP_ISA", "gfx942")
+    bf16 = {"dtype": "bfloat16", "aligned": True, "has_valid_count": False}
+    jobs = (_jobs("index_shuffling_flydsl", "gfx942", space.FLYDSL_CONFIGS[:2],
+                  {"score_dtype": "bfloat16", "has_valid_count": True})
+            + _jobs("moe_gather_scatter_flydsl.scatter_add_dense_tokens", "gfx942",
+                    [{"unroll": 1, "method": "atomic"}, {"unroll": 2, "method": "atomic"},
+                     {"unroll": 2, "method": "sorted"}], bf16))
+    entries = _build(jobs, tmp_path)   # one child compiles all five, two or three per class
+    names = []
+    for job, entry in zip(jobs, entries):
+        isa = open(entry.file("kernel.s")).read()
+        config = job.key.parts()["config"]
+        kernels = sorted(re.findall(r"\.name:\s+(\S+)", isa))
+        names.append(kernels)
+        if "max_experts" in config:
+            prefix = f"mslk_index_shuffling_bfloat16_e{config['max_experts']}_l{config['lanes']}"
+            assert kernels == [f"{prefix}_w{config['waves']}_n_place", f"{prefix}_w{config['waves']}_n_route"]
+            assert re.search(r"\bds_bpermute_b32|\bv_mov_b32_dpp|\bds_swizzle", isa), job.label
+        elif config["method"] == "atomic":
+            assert kernels == [f"mslk_scatter_add_dense_tokens_bfloat16_v8_u{config['unroll']}_scatter"]
+            assert re.search(r"global_atomic_pk_add_bf16", isa), job.label
+        else:
+            assert [k.rsplit("_", 1)[1] for k in kernels] == ["count", "place", "reduce", "scan", "zero"]
+            assert not re.search(r"_atomic_pk_add", isa), job.label
+    assert len({tuple(n) for n in names}) == len(jobs)
