@@ -7,12 +7,15 @@ must stay cheap and must not import a DSL: ``cutlass`` / ``flydsl`` are imported
 the run path free of compilers, and keeps the two DSLs out of one process.
 
 ``build(config, target, sig)`` returns ``(launcher, compile_args)``:
-  * CuTe DSL: ``launcher`` is a ``@cute.jit`` function, ``compile_args`` its fake arguments
+  * CuTe DSL: ``launcher`` is a ``@cute.jit`` function, or a kernel class instance whose
+    ``__call__`` is one (config in ``__init__``, one ``@cute.kernel`` method per kernel, as in
+    NVIDIA's CuTe DSL examples), and ``compile_args`` its fake arguments
     (``cute.runtime.make_fake_compact_tensor`` with ``cute.sym_int`` sizes, and
     ``make_fake_stream(use_tvm_ffi_env_stream=True)`` last). The backend compiles it with
     TVM-FFI, so at run time the kernel takes torch tensors (and Python scalars) directly.
-  * FlyDSL: ``launcher`` is a ``@flyc.jit`` function, ``compile_args`` CPU torch tensors (and
-    scalars) used as placeholders; sizes stay dynamic.
+  * FlyDSL: ``launcher`` is a ``@flyc.jit`` function or such an instance (one class per config:
+    see templates/_flydsl_kernels.py), ``compile_args`` CPU torch tensors (and scalars) used as
+    placeholders; sizes stay dynamic.
 At run time the op layer calls the loaded kernel with the op's calling convention (the same
 for every template of an op), e.g. ``silu_mul``: ``kernel(x0, x1, out)``.
 """

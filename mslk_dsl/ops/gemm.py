@@ -8,9 +8,10 @@ from mslk_dsl.ops.declaration import Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder
 from mslk_dsl.ops.elementwise import _quantize_reference, fp8_dtype_for
 from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
+from mslk_dsl.templates import _kernel_limits as limits
 
 # TMA (and the MFMA loaders) need 16-byte aligned rows: K and N elements must be multiples of this.
-_ALIGN_BYTES = 16
+_ALIGN_BYTES = limits.VECTOR_BYTES
 # The output is 16-bit: N a multiple of 8 keeps its rows 16-byte aligned for TMA stores.
 _OUT_ROW_ELEMENTS = 8
 # Split-K kernels index their fp32 partials [split_k, M, N] with 32-bit offsets.

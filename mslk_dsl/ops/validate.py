@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from mslk_dsl.errors import UnsupportedDeviceError
+from mslk_dsl.templates._kernel_limits import VECTOR_BYTES  # the kernels' 128-bit accesses
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -78,7 +79,7 @@ def aligned16(*tensors: torch.Tensor) -> bool:
     """True when every tensor starts on a 16-byte boundary and its rows are a multiple of 16
     bytes long: then 128-bit vector loads are legal for every row."""
     for t in tensors:
-        if t.data_ptr() % 16 or (t.shape[-1] * t.element_size()) % 16:
+        if t.data_ptr() % VECTOR_BYTES or (t.shape[-1] * t.element_size()) % VECTOR_BYTES:
             return False
     return True
 
