@@ -20,12 +20,13 @@ DTYPES = ("bfloat16", "float16", "float32")
 REGS = 64  # registers per thread: 4 CTAs of 256 threads per SM
 # A thread keeping 32 values of its row resident (vec 8 x 4 chunks) needs more: at 64 registers
 # ptxas spilled 40-56 bytes per thread in those configs (their resource reports); 72 holds them
-# without spilling, at 3 CTAs of 256 threads per SM.
-REGS_32_RESIDENT = 72
+# without spilling on sm90a, 80 on sm100a too (3 CTAs of 256 threads per SM either way).
+REGS_32_RESIDENT = 80
 
 
 def _registers(tile) -> int:
     return REGS_32_RESIDENT if tile.vec * tile.chunks >= 32 else REGS
+
 
 # (threads, rows_per_block, chunks): resident row length tile_k = threads/rows * vec * chunks,
 # i.e. 1K, 4K, 8K, 16K, 16K elements of a 16-bit dtype for the vector shapes (half for fp32);
