@@ -150,6 +150,11 @@ def _spills(kernel: dict) -> str:
     return ", ".join(parts)
 
 
+def _spills_allowed(template, key: dict) -> bool:
+    allowed = template.spills_allowed
+    return bool(allowed(key["config"], key["target"]) if callable(allowed) else allowed)
+
+
 def entry_problems(entry) -> list[str]:
     """``problems`` of a cache entry, against its template's declarations."""
     from mslk_dsl.registry import get_template
@@ -157,7 +162,7 @@ def entry_problems(entry) -> list[str]:
     key = entry.key_parts
     template = get_template(key["template"])
     return [f"{key['template']} {key['config']} {key['signature']} on {key['target']}: {p}"
-            for p in problems(report_of_entry(entry), get_target(key["target"]), template.spills_allowed,
+            for p in problems(report_of_entry(entry), get_target(key["target"]), _spills_allowed(template, key),
                               template.occupancy_floor, template.threads_of(key["config"]))]
 
 

@@ -64,7 +64,8 @@ class Template:
                  ``threads`` value is taken. A config over the target's limit is not valid.
     occupancy_floor: the lowest occupancy (resident warps / waves over the SM's / CU's maximum)
                  its compiled kernels may have; checked over every compiled kernel.
-    spills_allowed: its compiled kernels may spill (scratch memory, or AMD registers spilled).
+    spills_allowed: its compiled kernels may spill (scratch memory, or AMD registers spilled): True,
+                 or ``(config, target) -> bool`` for the configs that do, with the reason beside it.
     name:        template name, unique per (op, backend); defaults to the module name.
     entry:       symbol name of the exported function (CuTe), defaults to the op name.
     """
@@ -81,7 +82,7 @@ class Template:
     serves: Callable[[Config, Mapping[str, int]], bool] = lambda config, problem: True
     block_threads: Callable[[Config], int] | None = None
     occupancy_floor: float = 0.0
-    spills_allowed: bool = False
+    spills_allowed: bool | Callable[[Config, str], bool] = False
     name: str = ""
     # Filled in by the registry: the file the template came from (for the key's digest).
     source: str = ""

@@ -142,6 +142,13 @@ class HopperGemm:
         self.a_box_smem = sm90_utils.make_smem_layout_a(
             row_major, (self.x_rows, self.tile_n, self.tile_k), a_dtype, 1)
 
+    def _check_shared_memory(self, size: int) -> None:
+        """A plain method, run while __call__ is traced: the DSL refuses a raise inside the
+        staged __call__ itself."""
+        if size > _SMEM_BYTES:
+            raise ValueError(f"{self.template}: tile {self.tile_m}x{self.tile_n} with {self.stages} stages needs "
+                             f"{size} bytes of shared memory, more than {_SMEM_BYTES}")
+
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, epi_args, stream,
                  partials: cute.Tensor = None):
@@ -175,9 +182,7 @@ class HopperGemm:
             sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem)], 1024]
             sD: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(self.d_smem)], 1024]
 
-        if SharedStorage.size_in_bytes() > _SMEM_BYTES:
-            raise ValueError(f"{self.template}: tile {self.tile_m}x{self.tile_n} with {self.stages} stages needs "
-                             f"{SharedStorage.size_in_bytes()} bytes of shared memory, more than {_SMEM_BYTES}")
+        self._check_shared_memory(SharedStorage.size_in_bytes())
         self.shared_storage = SharedStorage
         # Without split-K or stream-K the kernel never reads the partials argument: D stands in.
         mP = partials if const_expr(self.split_k > 1 or self.stream_k) else d

@@ -38,10 +38,6 @@ def build(config, target, sig):
                        torch.empty(32, 48, dtype=t))
 
 
-# The 256-row tiles with 32-wide MFMA (256 x 128 on both targets, 256 x 256 on gfx950) spill
-# about 50 SGPRs; LLVM puts them in VGPR lanes (v_writelane / v_readlane, no scratch: their
-# resource reports show 0 bytes of private memory), a few instructions per K tile. Declared
-# here so the resource check keeps refusing every other spill.
 TEMPLATE = Template(op="bf16_gemm", backend="flydsl", targets=("gfx942", "gfx950"),
-                    signatures={"dtype": DTYPES}, configs=CONFIGS,
-                    valid=_valid, heuristic=_heuristic, build=build, spills_allowed=True)
+                    signatures={"dtype": DTYPES}, configs=CONFIGS, valid=_valid, heuristic=_heuristic,
+                    build=build, spills_allowed=gemm.spills_sgprs)

@@ -47,5 +47,5 @@ def build(config, target, sig):
 
 
 TEMPLATE = Template(op="f8f8bf16_rowwise", backend="flydsl", targets=("gfx942", "gfx950"),
-                    signatures={"has_bias": (True, False)}, configs=CONFIGS,
-                    valid=_valid, heuristic=_heuristic, build=build)
+                    signatures={"has_bias": (True, False)}, configs=CONFIGS, valid=_valid,
+                    heuristic=_heuristic, build=build, spills_allowed=gemm.spills_sgprs)
