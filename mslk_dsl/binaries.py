@@ -175,6 +175,7 @@ def amd_kernels(code_object: bytes) -> list[dict]:
 # .nv.info attributes (format byte 4 = a u16 size and that many bytes of value).
 EIATTR_MAX_THREADS, EIATTR_REQNTID, EIATTR_FRAME_SIZE, EIATTR_REGCOUNT = 0x05, 0x10, 0x11, 0x2F
 EIFMT_NVAL, EIFMT_BVAL, EIFMT_HVAL, EIFMT_SVAL = 1, 2, 3, 4
+RESERVED_SHARED_BYTES = 1024  # per block, at the start of a kernel's .nv.shared section (sm_80+)
 
 
 def _nv_info(blob: bytes) -> list[tuple[int, bytes | int | None]]:
@@ -225,7 +226,10 @@ def cubin_kernels(cubin: bytes) -> list[dict]:
                 if attr == EIATTR_REQNTID:
                     record["threads"] = threads
         shared = sections.get(f".nv.shared.{name}")
-        record["static_shared_bytes"] = shared["size"] if shared else 0
+        # The section also spans the 1 KiB of shared memory the hardware reserves per block
+        # (sm_80 and later), which is not the kernel's: on the H200 the driver reports 0 static
+        # bytes for the kernels whose section is exactly 1024 (tools/gpu_resources.py).
+        record["static_shared_bytes"] = max(0, shared["size"] - RESERVED_SHARED_BYTES) if shared else 0
         out.append(record)
     return out
 

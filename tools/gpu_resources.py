@@ -22,8 +22,10 @@ FIELDS = {  # CUfunction_attribute name -> report field it should equal
     "CU_FUNC_ATTRIBUTE_NUM_REGS": "registers",
     "CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES": "static_shared_bytes",
     "CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES": "scratch_bytes",
-    "CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK": "max_threads",
 }
+# The driver's most threads per block for the function (its registers allow): the report's block
+# size must not exceed it (the two differ by design: 256 compiled vs 896 launchable, say).
+MAX_THREADS = "CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK"
 
 
 def _ok(result):
@@ -44,7 +46,7 @@ def gpu_numbers(cubin_path: str, kernel: dict) -> dict:
     try:
         function = _ok(driver.cuModuleGetFunction(module, kernel["name"].encode()))
         out = {name: _ok(driver.cuFuncGetAttribute(getattr(driver.CUfunction_attribute, name), function))
-               for name in FIELDS}
+               for name in (*FIELDS, MAX_THREADS)}
         threads = kernel.get("threads")
         dynamic = kernel.get("dynamic_shared_bytes") or 0
         if threads:
@@ -95,6 +97,8 @@ def main() -> int:
                 row["gpu"] = gpu_numbers(entry.file("kernel.cubin"), kernel)
                 row["mismatches"] = {field: [kernel.get(field), row["gpu"][name]] for name, field in FIELDS.items()
                                      if kernel.get(field) is not None and kernel.get(field) != row["gpu"][name]}
+                if (kernel.get("threads") or 0) > row["gpu"][MAX_THREADS]:
+                    row["mismatches"]["threads"] = [kernel.get("threads"), row["gpu"][MAX_THREADS]]
                 blocks = row["gpu"].get("occupancy_blocks_per_sm")
                 if blocks is not None and blocks != row["cpu_occupancy"]["blocks"]:
                     row["mismatches"]["blocks_per_sm"] = [row["cpu_occupancy"]["blocks"], blocks]
@@ -106,7 +110,7 @@ def main() -> int:
                   f"regs {kernel.get('registers')}/{gpu.get('CU_FUNC_ATTRIBUTE_NUM_REGS')} "
                   f"smem {kernel.get('static_shared_bytes')}/{gpu.get('CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES')} "
                   f"local {kernel.get('scratch_bytes')}/{gpu.get('CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES')} "
-                  f"maxthreads {kernel.get('max_threads')}/{gpu.get('CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK')} "
+                  f"threads {kernel.get('threads')}/max {gpu.get(MAX_THREADS)} "
                   f"blocks/SM {row['cpu_occupancy']['blocks']}/{gpu.get('occupancy_blocks_per_sm')}"
                   f"{'  MISMATCH ' + json.dumps(row.get('mismatches')) if row.get('mismatches') else ''}"
                   f"{'  ERROR ' + row['error'].splitlines()[0] if 'error' in row else ''}", flush=True)

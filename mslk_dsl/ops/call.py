@@ -30,14 +30,16 @@ class _PythonPlan:
     """A launch to replay for calls with one input layout: what to allocate and where each kernel
     argument comes from (an input, an output, a view of one, or a held placeholder). While the
     native launcher is still loading, each replay offers it the launch (``native_pending``)."""
-    __slots__ = ("name", "kernel", "allocate", "args", "returned", "held", "native_pending")
+    __slots__ = ("name", "kernel", "allocate", "args", "returned", "held", "native_pending", "like")
 
-    def __init__(self, name, kernel, allocate, args, returned, held, native_pending):
+    def __init__(self, name, kernel, allocate, args, returned, held, native_pending, like):
         self.name, self.kernel, self.allocate, self.args = name, kernel, allocate, args
         self.returned, self.held, self.native_pending = returned, held, native_pending
+        self.like = like  # the input whose new_empty allocates (same device; cheaper than torch.empty)
 
     def __call__(self, inputs: tuple):
-        made = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in self.allocate]
+        like = inputs[self.like]
+        made = [like.new_empty(shape, dtype=dtype) for shape, dtype in self.allocate]
         args = []
         for kind, value, view in self.args:
             if kind == _INPUT:
@@ -105,8 +107,9 @@ def _python_plan(name: str, inputs: tuple, outputs: tuple, launch: Launch, held:
         if source is None:
             return None
         args.append(source)
-    allocate = [(tuple(t.shape), t.dtype, t.device) for t in made]
-    return _PythonPlan(name, launch.kernel, allocate, args, len(outputs), held, native_pending)
+    allocate = [(tuple(t.shape), t.dtype) for t in made]
+    like = next(i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor))
+    return _PythonPlan(name, launch.kernel, allocate, args, len(outputs), held, native_pending, like)
 
 
 # -- the checked path -------------------------------------------------------------------------------
