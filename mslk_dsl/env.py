@@ -5,6 +5,7 @@ late. The README lists each variable; keep that table in sync with ``VARIABLES``
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 
@@ -169,3 +170,21 @@ def parse_size(text: str, what: str = "size") -> int:
         raise SettingError(f"{what} {text!r}: expected a size in bytes, optionally with a unit K, M, G or T "
                            "(e.g. 4096, 500M, 2G, 1.5GiB)")
     return size
+
+
+@contextlib.contextmanager
+def overridden(values: dict[str, str]):
+    """Set ``values`` in the process environment for the ``with`` block, then put back what was
+    there (or remove what was not). For a DSL that reads its settings from the environment; the
+    caller serializes threads that could race on the same variables."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+

@@ -25,6 +25,7 @@ import pytest
 from support import have_lld, run_python
 
 from mslk_dsl import aot, registry, resources
+from mslk_dsl.env import overridden
 from mslk_dsl.cache import KernelCache
 from mslk_dsl.keys import KernelKey
 from mslk_dsl.template import config_name
@@ -132,16 +133,8 @@ def _build(request, backend, out, env=None) -> dict:
     """Compile the selected cases of ``backend`` into ``out`` at once: digest -> Entry, or the
     error text of a job that failed."""
     jobs = _selected(request, backend)
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
-    try:
+    with overridden(env or {}):
         report = aot.build(jobs, str(out), workers=1, progress=False)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     print(f"{backend}: {len(report.built)} kernels compiled in {report.seconds:.0f}s")
     store = KernelCache(str(out))
     return {j.key.digest: report.failed.get(j.key.digest) or store.lookup(j.key) for j in jobs}

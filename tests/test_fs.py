@@ -130,3 +130,15 @@ def test_every_error_derives_from_one_base_and_keeps_its_builtin_type():
     classes = [c for c in vars(errors).values()
                if isinstance(c, type) and issubclass(c, Exception) and not issubclass(c, Warning)]
     assert all(issubclass(c, errors.MslkDslError) for c in classes if c is not errors.MslkDslError)
+
+
+def test_overridden_environment_is_put_back(monkeypatch):
+    import os
+
+    from mslk_dsl.env import overridden
+
+    monkeypatch.setenv("MSLK_TEST_SET", "before")
+    monkeypatch.delenv("MSLK_TEST_UNSET", raising=False)
+    with overridden({"MSLK_TEST_SET": "during", "MSLK_TEST_UNSET": "during"}):
+        assert os.environ["MSLK_TEST_SET"] == os.environ["MSLK_TEST_UNSET"] == "during"
+    assert os.environ["MSLK_TEST_SET"] == "before" and "MSLK_TEST_UNSET" not in os.environ

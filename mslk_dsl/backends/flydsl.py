@@ -180,22 +180,13 @@ class _RunOnlyLauncher:
     def __call__(self, *args, **kwargs):
         if self.ready:
             return self.launcher(*args, **kwargs)
-        with _env_lock:
-            saved = {k: os.environ.get(k) for k in _RUN_ONLY_ENV}
-            os.environ.update(FLYDSL_RUNTIME_CACHE_DIR=self.cache_dir, FLYDSL_RUNTIME_RUN_ONLY="1")
-            try:
-                result = self.launcher(*args, **kwargs)
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
+        with _env_lock, env.overridden({"FLYDSL_RUNTIME_CACHE_DIR": self.cache_dir,
+                                        "FLYDSL_RUNTIME_RUN_ONLY": "1"}):
+            result = self.launcher(*args, **kwargs)
             self.ready = True
             return result
 
 
-_RUN_ONLY_ENV = ("FLYDSL_RUNTIME_CACHE_DIR", "FLYDSL_RUNTIME_RUN_ONLY")
 _env_lock = threading.Lock()
 _run_cache_path: list[str] = []
 
