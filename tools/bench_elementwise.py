@@ -42,16 +42,16 @@ def _template(op):
 
 def _signature(op, k, dtype, has_ub):
     """The op layer's signature for fresh [M, K] tensors, as a dict and in its field order."""
-    from mslk_dsl.ops import elementwise
+    from mslk_dsl.ops import declaration
     from mslk_dsl.ops.dispatch import dtype_name
 
     row_bytes = k * dtype.itemsize
     if op == "silu_mul":
         sig = {"aligned": row_bytes % 16 == 0, "dtype": dtype_name(dtype)}
-        kernel_op = elementwise._SILU_MUL
+        kernel_op = declaration.get(op).kernels
     else:
         sig = {"aligned": row_bytes % 16 == 0 and k % 16 == 0, "dtype": dtype_name(dtype), "has_scale_ub": has_ub}
-        kernel_op = elementwise._QUANT if op == "quantize_fp8_row" else elementwise._SILU_MUL_QUANT
+        kernel_op = declaration.get(op).kernels
     return sig, kernel_op, tuple(sig[f] for f in kernel_op.sig_fields)
 
 

@@ -39,9 +39,9 @@ def _shapes(quick: bool):
 
 
 def _kernel_op(op: str):
-    from mslk_dsl.ops import gemm
+    from mslk_dsl.ops import declaration
 
-    return {"bf16_gemm": gemm._BF16_GEMM, "f8f8bf16_rowwise": gemm._F8F8BF16_ROWWISE}[op]
+    return declaration.get(op).kernels
 
 
 def _config_by_name(op: str, target: str, name: str | None):

@@ -115,10 +115,10 @@ def _bench_shape(op, t, n, dtype, configs, torch, ops, do_bench):
 
 
 def _chosen(op, t, n, dtype):
-    from mslk_dsl.ops import norm
+    from mslk_dsl.ops import declaration
     from mslk_dsl.ops.dispatch import dtype_name
 
-    kernel_op = norm._RMSNORM if op == "rmsnorm" else norm._RMSNORM_ADD
+    kernel_op = declaration.get(op).kernels
     return kernel_op.choose("sm90a", (n * 2 % 16 == 0, dtype_name(dtype)), (t, n), None)[1]
 
 

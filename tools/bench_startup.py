@@ -58,7 +58,7 @@ INSTRUMENT = textwrap.dedent("""
                 return real(*args, **kwargs)
         setattr(owner, attr, wrapper)
 
-    timed(dispatch.KernelOp, "kernel", "other")         # the whole selection, less the stages below
+    timed(dispatch.KernelOp, "selection", "other")      # the whole selection, less the stages below
     timed(dispatch, "target_of", "target")
     timed(dispatch.KernelOp, "choose", "config")
     timed(registry, "templates_for", "discover")
