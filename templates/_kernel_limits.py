@@ -35,3 +35,12 @@ def scatter_workspace_ints(tokens: int, rows: int) -> int:
     """int32 elements of the sorted scatter's workspace for ``tokens`` out rows and ``rows`` input
     rows: counts [T], offsets [T + 1], positions [A], row lists [A] and first rows [T]."""
     return 3 * tokens + 1 + 2 * rows
+
+
+# -- occupancy floors (checked over every compiled kernel: mslk_dsl.resources) ------------------
+# The lowest occupancy (resident warps / waves over the SM's / CU's maximum) a template's
+# kernels may have. The GEMMs run one large CTA (work-group) per SM (CU) by design (persistent
+# wgmma kernels on Hopper; LDS-bound MFMA tiles on gfx942: 12.5%); the row-wise and routing
+# kernels need warps in flight to keep memory busy (their kernels measured 37.5% and up).
+GEMM_OCCUPANCY_FLOOR = 0.12
+ROWWISE_OCCUPANCY_FLOOR = 0.25

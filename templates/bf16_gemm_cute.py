@@ -9,6 +9,7 @@ persistent warp-specialized TMA + wgmma GEMM of ``_cute_gemm_sm90`` with no epil
 Config space, heuristic and validity are shared with the FP8 GEMM (``_cute_gemm_configs``).
 """
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
 
 DTYPES = ("bfloat16", "float16")
@@ -47,4 +48,5 @@ def build(config, target, sig):
 
 TEMPLATE = Template(op="bf16_gemm", backend="cute", targets=("sm90a",),
                     signatures={"dtype": DTYPES}, configs=gemm_configs.BF16_CONFIGS,
-                    heuristic=_heuristic, serves=gemm_configs.serves, build=build)
+                    heuristic=_heuristic, serves=gemm_configs.serves, build=build,
+                    occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR)

@@ -6,6 +6,7 @@ K % 8 == 0 and 16-byte aligned data pointers (the op layer rejects other inputs)
 The weight is used as stored ([N, K] row-major, no pre-shuffle). Kernel: templates/_flydsl_gemm.py.
 """
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _kernel_limits as limits
 
 from mslk_dsl.templates import _flydsl_gemm as gemm
 
@@ -40,4 +41,5 @@ def build(config, target, sig):
 
 TEMPLATE = Template(op="bf16_gemm", backend="flydsl", targets=("gfx942", "gfx950"),
                     signatures={"dtype": DTYPES}, configs=CONFIGS, valid=_valid, heuristic=_heuristic,
-                    build=build, spills_allowed=gemm.spills_sgprs)
+                    build=build, spills_allowed=gemm.spills_sgprs,
+                    occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR)

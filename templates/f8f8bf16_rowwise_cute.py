@@ -24,6 +24,7 @@ K = 8192 and more beyond. Config key ``promote``:
   1  CUTLASS's 2x accumulation (mma_promotion_interval = 4 wgmma k-blocks), for comparison.
 """
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
 
 
@@ -111,4 +112,5 @@ def build(config, target, sig):
 
 TEMPLATE = Template(op="f8f8bf16_rowwise", backend="cute", targets=("sm90a",),
                     signatures={"has_bias": (True, False)}, configs=gemm_configs.FP8_CONFIGS,
-                    heuristic=_heuristic, serves=gemm_configs.serves, build=build)
+                    heuristic=_heuristic, serves=gemm_configs.serves, build=build,
+                    occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR)

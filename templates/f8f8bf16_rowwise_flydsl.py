@@ -10,6 +10,7 @@ dynamic; needs K % 16 == 0 and 16-byte aligned data pointers. The weight is used
 ([N, K] row-major, no pre-shuffle). Kernel: templates/_flydsl_gemm.py.
 """
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _kernel_limits as limits
 
 from mslk_dsl.templates import _flydsl_gemm as gemm
 
@@ -48,4 +49,5 @@ def build(config, target, sig):
 
 TEMPLATE = Template(op="f8f8bf16_rowwise", backend="flydsl", targets=("gfx942", "gfx950"),
                     signatures={"has_bias": (True, False)}, configs=CONFIGS, valid=_valid,
-                    heuristic=_heuristic, build=build, spills_allowed=gemm.spills_sgprs)
+                    heuristic=_heuristic, build=build, spills_allowed=gemm.spills_sgprs,
+                    occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR)

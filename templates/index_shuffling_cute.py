@@ -44,6 +44,7 @@ The kernels are the class ``_cute_index_shuffling.IndexShuffling``; this module 
 template (configs, checks, heuristic) without importing the DSL.
 """
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _index_shuffling_space as space
 
 NAME = "index_shuffling_cute"
@@ -70,4 +71,5 @@ def build(config, target, sig):
 
 
 TEMPLATE = Template(op="index_shuffling", backend="cute", targets=("sm90a",), signatures=space.SIGNATURES,
-                    configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build)
+                    configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build,
+occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

@@ -28,6 +28,7 @@ template (configs, heuristic) without importing the DSL.
 """
 from mslk_dsl.templates._kernel_limits import MAX_CHUNKS
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _index_shuffling_space as space
 
 NAME = "index_shuffling_flydsl"
@@ -52,4 +53,5 @@ def build(config, target, sig):
 
 
 TEMPLATE = Template(op="index_shuffling", backend="flydsl", targets=TARGETS, signatures=space.SIGNATURES,
-                    configs=CONFIGS, heuristic=_heuristic, build=build)
+                    configs=CONFIGS, heuristic=_heuristic, build=build,
+occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

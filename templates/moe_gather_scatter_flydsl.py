@@ -46,6 +46,7 @@ The kernels are the classes ``_flydsl_moe_gather_scatter.Gather`` and ``.Scatter
 declares the templates (config spaces, heuristics) without importing the DSL.
 """
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _gather_scatter_space as shared
 
 TARGETS = ("gfx942", "gfx950")
@@ -92,7 +93,8 @@ def _build_scatter(config, target, sig):
 TEMPLATES = [
     Template(op="gather_scale_dense_tokens", backend="flydsl", targets=TARGETS,
              signatures=shared.GATHER_SIGNATURES, space={"unroll": shared.UNROLLS},
-             heuristic=_heuristic, build=_build_gather),
+             heuristic=_heuristic, build=_build_gather, occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR),
     Template(op="scatter_add_dense_tokens", backend="flydsl", targets=TARGETS, signatures=shared.SIGNATURES,
-             space=shared.SCATTER_SPACE, heuristic=_scatter_heuristic, build=_build_scatter),
+             space=shared.SCATTER_SPACE, heuristic=_scatter_heuristic, build=_build_scatter,
+    occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR),
 ]

@@ -14,6 +14,7 @@ a longer row is read twice (the second read mostly hits L2). The heuristic picks
 tile that holds the whole row.
 """
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _rowwise_plan as plan
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -66,4 +67,4 @@ def build(config, target, sig):
 TEMPLATE = Template(op="quantize_fp8_row", backend="cute", targets=("sm90a", "sm100a"),
                     signatures={"dtype": DTYPES, "aligned": (True, False), "has_scale_ub": (True, False)},
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build,
-                    spills_allowed=_spills_at_64_registers)
+                    spills_allowed=_spills_at_64_registers, occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

@@ -15,6 +15,7 @@ thread (four 16-byte vectors, or 16 scalars) stay in registers between the absma
 quantize pass (see _flydsl_rowwise.quantize_row).
 """
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _rowwise_space as space
 
 
@@ -57,4 +58,5 @@ def build(config, target, sig):
 TEMPLATE = Template(
     op="quantize_fp8_row", backend="flydsl", targets=("gfx942", "gfx950"),
     signatures={"dtype": tuple(space.ELEM_BYTES), "aligned": (True, False), "has_scale_ub": (True, False)},
-    space=space.SPACE, valid=space.valid, heuristic=space.quant_heuristic, build=build)
+    space=space.SPACE, valid=space.valid, heuristic=space.quant_heuristic, build=build,
+    occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

@@ -21,6 +21,7 @@ import functools
 import operator
 
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _rowwise_plan as plan
 
 DTYPES = ("bfloat16", "float16")
@@ -157,7 +158,8 @@ def _template(op, residual):
     return Template(op=op, backend="cute", targets=("sm90a",),
                     signatures={"dtype": DTYPES, "aligned": (True, False)},
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic,
-                    build=functools.partial(_build, residual=residual), spills_allowed=_scalar_long_rows)
+                    build=functools.partial(_build, residual=residual), spills_allowed=_scalar_long_rows,
+                    occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)
 
 
 TEMPLATES = [_template("rmsnorm", residual=False), _template("rmsnorm_add", residual=True)]

@@ -19,6 +19,7 @@ needs aligned rows; ``vec`` 1 serves any N. Every chunk issues all its loads bef
 store: a store in between would make each load wait for the previous one (vmcnt counts both).
 """
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _kernel_limits as limits
 
 DTYPES = ("bfloat16", "float16")
 TARGETS = ("gfx942", "gfx950")
@@ -185,7 +186,8 @@ def _builder(fused_add: bool):
 def _template(op: str, fused_add: bool) -> Template:
     return Template(op=op, backend="flydsl", targets=TARGETS,
                     signatures={"dtype": DTYPES, "aligned": (True, False)},
-                    configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=_builder(fused_add))
+                    configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=_builder(fused_add),
+                    occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)
 
 
 TEMPLATES = [_template("rmsnorm", False), _template("rmsnorm_add", True)]

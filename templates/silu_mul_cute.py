@@ -7,6 +7,7 @@ tiles), the column tiles looping when a row has more than 65535 of them. Each th
 its 2 * ``chunks`` vector loads (128-bit on aligned rows) before computing, then stores.
 """
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _rowwise_plan as plan
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -57,4 +58,5 @@ def build(config, target, sig):
 
 TEMPLATE = Template(op="silu_mul", backend="cute", targets=("sm90a", "sm100a"),
                     signatures={"dtype": DTYPES, "aligned": (True, False)},
-                    configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build)
+                    configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build,
+                    occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

@@ -9,6 +9,7 @@ loads 32 register bytes of each input (two 16-byte vectors, or eight scalars whe
 all loads issued before any math.
 """
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _rowwise_space as space
 
 REGISTER_BYTES = 32  # per input and thread: two 16-byte vectors, or eight scalars
@@ -59,4 +60,5 @@ def build(config, target, sig):
 TEMPLATE = Template(
     op="silu_mul", backend="flydsl", targets=("gfx942", "gfx950"),
     signatures={"dtype": tuple(space.ELEM_BYTES), "aligned": (True, False)},
-    space=space.SPACE, valid=space.valid, heuristic=_heuristic, build=build)
+    space=space.SPACE, valid=space.valid, heuristic=_heuristic, build=build,
+    occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

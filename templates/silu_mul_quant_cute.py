@@ -8,6 +8,7 @@ Same structure as quantize_fp8_row_cute: the first ``tile_k`` silu_mul values of
 registers (x0 and x1 read once); the rest of a longer row recomputes them from a second read.
 """
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _rowwise_plan as plan
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -59,4 +60,4 @@ def _spills_on_sm100a(config, target) -> bool:
 TEMPLATE = Template(op="silu_mul_quant", backend="cute", targets=("sm90a", "sm100a"),
                     signatures={"dtype": DTYPES, "aligned": (True, False), "has_scale_ub": (True, False)},
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build,
-                    spills_allowed=_spills_on_sm100a)
+                    spills_allowed=_spills_on_sm100a, occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

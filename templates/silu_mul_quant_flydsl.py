@@ -9,6 +9,7 @@ device code as silu_mul, rounded to the input dtype, then quantized exactly as
 quantize_fp8_row does (see its docstring for the FP8 semantics).
 """
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _rowwise_space as space
 
 
@@ -53,4 +54,5 @@ def build(config, target, sig):
 TEMPLATE = Template(
     op="silu_mul_quant", backend="flydsl", targets=("gfx942", "gfx950"),
     signatures={"dtype": tuple(space.ELEM_BYTES), "aligned": (True, False), "has_scale_ub": (True, False)},
-    space=space.SPACE, valid=space.valid, heuristic=space.quant_heuristic, build=build)
+    space=space.SPACE, valid=space.valid, heuristic=space.quant_heuristic, build=build,
+    occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)
