@@ -31,7 +31,49 @@ def cute_report(cubin_path: str, host_ir: str | None = None) -> dict:
         k["threads"] = k["threads"] or launch.get("threads")
         k["dynamic_shared_bytes"] = launch.get("dynamic_shared_bytes")
         k["shared_bytes"] = k["static_shared_bytes"] + (k["dynamic_shared_bytes"] or 0)
+    counts = spill_instructions(cubin_path)
+    for k in kernels:
+        if k["name"] in counts:
+            k["spill_stores"], k["spill_loads"] = counts[k["name"]]
     return {"kernels": kernels}
+
+
+def nvdisasm() -> str | None:
+    """nvdisasm from the nvidia-cuda-nvdisasm wheel (the test extra installs it), or on PATH."""
+    import glob
+    import shutil
+    import site
+
+    for root in site.getsitepackages():
+        found = sorted(glob.glob(os.path.join(root, "nvidia", "cu*", "bin", "nvdisasm")))
+        if found:
+            return found[-1]
+    return shutil.which("nvdisasm")
+
+
+def spill_instructions(cubin_path: str) -> dict[str, tuple[int, int]]:
+    """{kernel: (local-memory stores, local-memory loads)} counted in the cubin's SASS (STL and
+    LDL, the instructions a spill becomes): the cubin records the local memory a kernel uses but
+    not how often it goes there. Empty where nvdisasm is not installed."""
+    import subprocess
+
+    tool = nvdisasm()
+    if tool is None:
+        return {}
+    try:
+        sass = subprocess.run([tool, "-c", cubin_path], capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    counts: dict[str, list[int]] = {}
+    current = None
+    for line in sass.splitlines():
+        function = re.match(r"\s*\.text\.(\S+):", line)
+        if function:
+            current = counts.setdefault(function.group(1), [0, 0])
+        elif current is not None:
+            current[0] += len(re.findall(r"\bSTL(?:\.\w+)*\b", line))
+            current[1] += len(re.findall(r"\bLDL(?:\.\w+)*\b", line))
+    return {name: (stores, loads) for name, (stores, loads) in counts.items()}
 
 
 def flydsl_report(artifact_path: str) -> dict:
@@ -144,6 +186,8 @@ def _spills(kernel: dict) -> str:
     parts = []
     if kernel.get("scratch_bytes"):
         parts.append(f"{kernel['scratch_bytes']} bytes of scratch per thread")
+    if kernel.get("spill_stores") or kernel.get("spill_loads"):
+        parts.append(f"{kernel.get('spill_stores', 0)} spill stores and {kernel.get('spill_loads', 0)} loads")
     for kind in ("vgpr", "sgpr"):
         if kernel.get(f"{kind}_spills"):
             parts.append(f"{kernel[f'{kind}_spills']} {kind.upper()}s spilled")
@@ -244,7 +288,8 @@ def explain_lines(entry) -> list[str]:
         occ = occupancy(k, target)
         fields = {f: k[f] for f in ("threads", "max_threads", "registers", "vgprs", "agprs", "vgprs_allocated",
                                     "sgprs", "shared_bytes", "static_shared_bytes", "dynamic_shared_bytes",
-                                    "scratch_bytes", "vgpr_spills", "sgpr_spills") if f in k}
+                                    "scratch_bytes", "spill_stores", "spill_loads", "vgpr_spills", "sgpr_spills")
+                  if f in k}
         lines.append(f"  {_short_name(k['name'])}: " + " ".join(f"{f}={v}" for f, v in fields.items()))
         occupancy_text = "-" if occ["occupancy"] is None else f"{occ['occupancy']:.0%}"
         lines.append(f"    occupancy {occupancy_text} ({occ['blocks']} blocks per "

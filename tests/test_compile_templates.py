@@ -240,15 +240,7 @@ def test_the_sample_covers_every_dtype_and_config_value():
 
 def _nvdisasm() -> str:
     """nvdisasm from the nvidia-cuda-nvdisasm wheel (a test dependency), or on PATH."""
-    import glob
-    import shutil
-    import site
-
-    for root in site.getsitepackages():
-        found = sorted(glob.glob(os.path.join(root, "nvidia", "cu*", "bin", "nvdisasm")))
-        if found:
-            return found[-1]
-    found = shutil.which("nvdisasm")
+    found = resources.nvdisasm()
     assert found, "nvdisasm not found: pip install nvidia-cuda-nvdisasm (part of the test extra)"
     return found
 

@@ -143,6 +143,9 @@ def test_a_spilling_config_is_reported_and_rejected(tmp_path, resource_templates
     [k_free], [k_capped] = free.meta["resources"]["kernels"], capped.meta["resources"]["kernels"]
     assert k_free["scratch_bytes"] == 0 and k_free["threads"] == 1024
     assert k_capped["registers"] <= 32 < k_free["registers"] and k_capped["scratch_bytes"] > 0
+    # ...and the report counts the spill instructions in the SASS (nvdisasm is in the test extra)
+    assert k_capped["spill_stores"] > 0 and k_capped["spill_loads"] > 0
+    assert k_free["spill_stores"] == k_free["spill_loads"] == 0
     # It truly spills: the SASS stores registers to local memory and loads them back.
     from test_compile_templates import _nvdisasm
 
