@@ -12,9 +12,31 @@ __version__ = "0.1.0"
 from mslk_dsl.errors import KernelNotPrebuiltError  # noqa: E402,F401
 
 
+def _one_of_ours_is_importing() -> bool:
+    """Whether a module of this package is half-imported (torch was imported from inside it):
+    importing mslk_dsl.ops then would find that module incomplete."""
+    return any(getattr(getattr(m, "__spec__", None), "_initializing", False)
+               for name, m in list(sys.modules.items()) if name.startswith("mslk_dsl."))
+
+
+def _register_on_first_use(torch) -> None:
+    """Make ``torch.ops.mslk_dsl`` import mslk_dsl.ops (which registers every op) the first time
+    an op is looked up in it."""
+    from torch._ops import _OpNamespace
+
+    class RegisteringNamespace(_OpNamespace):
+        def __getattr__(self, name):
+            if not name.startswith("__"):
+                import mslk_dsl.ops  # noqa: F401
+            return super().__getattr__(name)
+
+    torch.ops.mslk_dsl = RegisteringNamespace("mslk_dsl")
+
+
 class _RegisterOpsAfterTorch:
     """A meta-path finder for the top-level ``torch`` module only: it lets the usual finders find
-    it and, once its module has run, imports mslk_dsl.ops (which registers the torch ops)."""
+    it and, once its module has run, registers the ops (at once, or on first use of
+    ``torch.ops.mslk_dsl`` when torch was imported from inside one of this package's modules)."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "torch":
@@ -28,7 +50,10 @@ class _RegisterOpsAfterTorch:
 
             def exec_module(module):
                 run_torch(module)
-                import mslk_dsl.ops  # noqa: F401
+                if _one_of_ours_is_importing():
+                    _register_on_first_use(module)
+                else:
+                    import mslk_dsl.ops  # noqa: F401
 
             spec.loader.exec_module = exec_module
         return spec

@@ -149,6 +149,7 @@ def test_per_op_discovery_imports_only_that_op_and_equals_full_discovery(tmp_pat
     """, tmp_path).splitlines()[-1])  # imports every file and writes the indexes
     lazy = json.loads(_child("""
         import json, sys
+        import torch  # so `import mslk_dsl` registers the ops (which import the shared tables)
         from mslk_dsl import registry
         # what the op layer itself imports (DSL-free shared tables) is there before discovery
         before = {m for m in sys.modules if m.startswith("mslk_dsl.templates.")}

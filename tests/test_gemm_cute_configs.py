@@ -205,7 +205,7 @@ def test_x_rows_configs_serve_decode_only(op, monkeypatch):
     """Configs that load only x_rows rows of x: the heuristic picks them for M <= X_ROWS and never
     above, the tuner offers them only for M <= x_rows, and the op refuses a larger M."""
     from mslk_dsl import autotune
-    from mslk_dsl.ops import gemm
+    from mslk_dsl.ops import declaration
 
     (template,) = registry.get_templates(op=op, backend="cute")
     sig = OPS[op][0]
@@ -219,7 +219,7 @@ def test_x_rows_configs_serve_decode_only(op, monkeypatch):
         assert all(c.get("x_rows", m) >= m for c in candidates)
         assert any("x_rows" in c for c in candidates) == (m <= gemm_configs.X_ROWS)
     # The op layer's choice (explicit config here) refuses an x_rows config for a larger M.
-    kernel_op = {"bf16_gemm": gemm._BF16_GEMM, "f8f8bf16_rowwise": gemm._F8F8BF16_ROWWISE}[op]
+    kernel_op = declaration.get(op).kernels
     x_rows_config = next(c for c in template.valid_configs("sm90a", sig) if "x_rows" in c)
     signature = tuple(sig[f] for f in kernel_op.sig_fields)
     assert kernel_op.choose("sm90a", signature, (gemm_configs.X_ROWS, 64, 64), x_rows_config)[1] == x_rows_config

@@ -63,3 +63,21 @@ print("ok")
 
 def test_a_throwaway_op_through_a_declaration_alone():
     assert run_python(THROWAWAY).stdout.strip().endswith("ok")
+
+
+def test_import_mslk_dsl_registers_the_ops_whichever_comes_first():
+    """torch first, mslk_dsl first, or torch imported from inside one of mslk_dsl's modules
+    (then on first use of torch.ops.mslk_dsl): the ops are there; a compile-only process that
+    never imports torch does not pay for it."""
+    orders = [
+        "import torch, mslk_dsl",
+        "import mslk_dsl, torch",
+        "import mslk_dsl.device, torch",          # torch imported while mslk_dsl.device is
+        "from mslk_dsl.device import target_of; import torch",
+    ]
+    for imports in orders:
+        probe = f"{imports}; print(torch.ops.mslk_dsl.silu_mul.default, torch.ops.mslk_dsl.rmsnorm_add.default)"
+        out = run_python(probe).stdout
+        assert "mslk_dsl.silu_mul.default mslk_dsl.rmsnorm_add.default" in out, (imports, out)
+    out = run_python("import sys, mslk_dsl.aot.runner, mslk_dsl.jit; print('torch' in sys.modules)").stdout
+    assert out.strip().endswith("False")

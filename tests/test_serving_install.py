@@ -10,6 +10,7 @@ The bundle holds stand-in entries published under real keys: matching keys is wh
 import json
 import os
 import re
+import site
 import subprocess
 import sys
 import venv
@@ -39,9 +40,10 @@ def serving_distributions() -> list[metadata.Distribution]:
         name, extra = pending.pop()
         if _canonical(name) in found:
             continue
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
+        # Installed distributions only: a checkout's build leaves mslk_dsl.egg-info in the
+        # working directory, which is on sys.path under pytest and would shadow the install.
+        dist = next(iter(metadata.distributions(name=name, path=site.getsitepackages())), None)
+        if dist is None:
             pytest.skip(f"{name} is not installed here, so the serving set cannot be assembled")
         found[_canonical(name)] = dist
         for text in dist.requires or []:
