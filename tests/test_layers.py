@@ -17,7 +17,7 @@ LAYERS = [
     {"jit"},
     {"native"},
     {"ops"},
-    {"autotune", "aot", "explain", "cli"},
+    {"autotune", "aot", "explain", "cli", "moe"},
 ]
 
 

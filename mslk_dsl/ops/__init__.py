@@ -10,10 +10,11 @@ from mslk_dsl.ops.declaration import declarations
 from mslk_dsl.ops.elementwise import dequantize_fp8_row, quantize_fp8_row, silu_mul, silu_mul_quant
 from mslk_dsl.ops.gemm import bf16_gemm, f8f8bf16_rowwise
 from mslk_dsl.ops.moe import gather_scale_dense_tokens, index_shuffling, scatter_add_dense_tokens
+from mslk_dsl.ops.moe_quant import gather_scale_quant_dense_tokens
 from mslk_dsl.ops.norm import rmsnorm, rmsnorm_add
 
 __all__ = ["bf16_gemm", "declarations", "dequantize_fp8_row", "f8f8bf16_rowwise", "gather_scale_dense_tokens",
-           "index_shuffling", "prefetch", "quantize_fp8_row", "rmsnorm", "rmsnorm_add", "scatter_add_dense_tokens",
+           "gather_scale_quant_dense_tokens", "index_shuffling", "prefetch", "quantize_fp8_row", "rmsnorm", "rmsnorm_add", "scatter_add_dense_tokens",
            "silu_mul", "silu_mul_quant"]
 
 
