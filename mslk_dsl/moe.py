@@ -101,7 +101,7 @@ class MoE(torch.nn.Module):
             p.uniform_(-1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in))
 
     @torch.no_grad()
-    def quantize_fp8_rowwise_(self) -> "MoE":
+    def quantize_fp8_rowwise_(self) -> MoE:
         """Replace the expert weights by FP8 (the device's flavour) with one fp32 scale per output
         row (quantize_fp8_row over each row of K); forward then runs the FP8 path. In place."""
         if self.precision == FP8_ROWWISE:
