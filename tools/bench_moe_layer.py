@@ -21,7 +21,7 @@ y.copy_(x) of A x D bf16 (the copy roofline, 2 bytes each way), and time against
 composite (index_select, score multiply, absmax, divide, FP8 cast).
 
   python tools/bench_moe_layer.py [--config deepseek|llama4|mixtral|all] [--decode-only] [--graph]
-                                  [--skip-gather] [--json PATH]
+                                  [--skip-gather | --gather-only] [--json PATH]
 """
 from __future__ import annotations
 
@@ -207,6 +207,7 @@ def main(argv=None) -> int:
     parser.add_argument("--decode-only", action="store_true", help="T in {1, 16, 128} only")
     parser.add_argument("--graph", action="store_true", help="also time CUDA-graph replays")
     parser.add_argument("--skip-gather", action="store_true", help="no gather_scale_quant rows")
+    parser.add_argument("--gather-only", action="store_true", help="only the gather_scale_quant rows")
     parser.add_argument("--json", metavar="PATH", help="write the results here")
     args = parser.parse_args(argv)
 
@@ -227,8 +228,10 @@ def main(argv=None) -> int:
         table(rows, ["T", "top_k", "D", "ms", "GB/s", "copy GB/s", "fraction of copy", "torch ms",
                      "speedup vs torch"])
         results += rows
+    if args.gather_only:
+        names = []
     have_grouped = _grouped_ops_registered(torch)
-    if not have_grouped:
+    if names and not have_grouped:
         print("\n(mslk_dsl's grouped GEMM ops are not registered: the layer itself is not timed)")
     labels = ["mslk_dsl", "torch", "mixed"] if have_grouped else ["torch", "mixed"]
     cols = ["config", "T", "precision"] + [f"{lb} ms" for lb in labels]
@@ -241,9 +244,10 @@ def main(argv=None) -> int:
         for t in ts:
             for fp8 in (False, True):
                 rows.append(bench_layer(torch, ops, do_bench, name, t, fp8, args.graph, have_grouped))
-    print("\n### MoE layer, ms per layer (no shared expert)\n")
-    table(rows, cols)
-    if have_grouped:
+    if rows:
+        print("\n### MoE layer, ms per layer (no shared expert)\n")
+        table(rows, cols)
+    if have_grouped and rows:
         for precision, goal in (("bf16", 1.4), ("fp8", 2.0)):
             sel = [r["vs torch"] for r in rows if r["precision"] == precision]
             geo = math.exp(sum(math.log(v) for v in sel) / len(sel))
