@@ -9,17 +9,20 @@ column-major scores, scale_ub and valid_token_count (rows at and past it stay un
 
 The layer against a plain-torch reference layer (per-expert loops, fp32 math) with the same
 weights, routing by the same bf16 scores (top-k by a stable sort: ties to the lower expert, as
-index_shuffling). Tolerances, as a relative Frobenius error ||out - ref|| / ||ref||:
-  * bf16 path vs the fp32 reference: 1e-2. The layer rounds to bf16 (u = 2^-9) after the gather,
-    after gate and up, after silu_mul and after down, ~5 roundings of independent sign: ~0.5% rms
-    at most. A routing or composition error is far larger: a missing or wrong expert moves its
-    share, >= 1 / (top_k + 1) of a token's output (11% at top_k 8).
-  * FP8 path vs a reference that quantizes where the layer does (the gathered rows, silu_mul's
-    output, the weights; dequantized to fp32 for the products): 2e-2. What remains is fp32
-    summation order and bf16 rounding of gate / up, which can move silu_mul's output across an
-    FP8 rounding boundary in a few elements (one e4m3 step, 2^-3 relative, per such element).
-  * FP8 path vs the bf16 reference of the weights before quantization: 0.1 (e4m3's 3 mantissa
-    bits: ~2^-5 relative rms per quantized operand, three of them per output): a sanity bound.
+index_shuffling; sigmoid scores rounded to bf16 tie often, and the reference computes them with
+the same GEMM call, so the ties are the same bits). Tolerances, as a relative Frobenius error ||out - ref|| / ||ref||:
+  * bf16 path vs the fp32 reference: 1e-2. The layer rounds to bf16 (u = 2^-9) after gate and
+    up, after silu_mul, after down and in the scatter's adds: ~0.4% rms. A routing or composition
+    error is far larger: the experts' outputs are uncorrelated, so a missing or wrong expert moves
+    ~1 / sqrt(top_k) of a token's output norm (35% at top_k 8).
+  * FP8 path vs a reference that quantizes where the layer does (the gathered rows, bit-identical
+    to the layer's; silu_mul's output; the weights, dequantized to fp32 for the products): 3e-2.
+    What remains is summation order and bf16 rounding of gate / up (2^-9), which moves silu_mul's
+    output across an e4m3 rounding boundary in ~2^-9 / 2^-4 of its elements, each by one step
+    (2^-3 relative): ~1% rms.
+  * FP8 path vs the bf16 reference of the weights before quantization: 0.2, a sanity bound. e4m3
+    keeps 3 mantissa bits (rms rounding error 2^-4 / sqrt(3) = 3.6% per quantized operand: x and
+    the weights for gate / up, then silu_mul's output and w_down): ~8% rms expected.
 torch.compile(fullgraph=True) and a CUDA-graph replay give the eager layer's output (same kernels),
 up to the order of the scatter's bf16 atomic adds (a token's top_k rows land in any order, each
 addition rounding: a few bf16 ulps of the output), while a replay that kept the captured routing
@@ -154,7 +157,7 @@ def _swiglu(x, w_gate, w_up, w_down, fp8):
         x = _quantized(x.to(bf16))
         g, u = (x @ w_gate.T).to(bf16).float(), (x @ w_up.T).to(bf16).float()
         return _quantized((torch.nn.functional.silu(g) * u).to(bf16)) @ w_down.T
-    x = x.float()
+    x, w_gate, w_up, w_down = x.float(), w_gate.float(), w_up.float(), w_down.float()
     return (torch.nn.functional.silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T
 
 
@@ -200,9 +203,9 @@ def _check_layer(t, e, k, d, h, shared, fp8, seed=0):
     layer.quantize_fp8_rowwise_()
     out = layer(x)
     err = _rel(out, reference_layer(_dequantized_weights(layer), x, k, fp8=True))
-    assert err < 2e-2, f"{what}: relative error {err:.2e} against the FP8 reference"
+    assert err < 3e-2, f"{what}: relative error {err:.2e} against the FP8 reference"
     err = _rel(out, reference_layer(bf16_weights, x, k, fp8=False))
-    assert err < 0.1, f"{what}: relative error {err:.2e} against the bf16 reference"
+    assert err < 0.2, f"{what}: relative error {err:.2e} against the bf16 reference"
 
 
 @hopper
