@@ -5,7 +5,7 @@ Layer pipelines (no shared expert, sigmoid router, top-k, SwiGLU experts; ms per
   mslk_dsl  the layer: index_shuffling -> gather_scale_dense_tokens (FP8: gather_scale_quant_dense_
             tokens) -> grouped gate, grouped up -> silu_mul (silu_mul_quant) -> grouped down ->
             scatter_add_dense_tokens; mslk_dsl's grouped GEMMs
-  torch     routing by topk + stable argsort (counts by index_add_, no host sync), index_select
+  torch     routing by topk (ties to the lower expert) + stable argsort (counts by index_add_, no host sync), index_select
             gather times the scores, torch._grouped_mm over the concatenated gate|up weights (FP8:
             rows quantized in torch, torch._scaled_grouped_mm), F.silu(gate) * up, grouped down,
             index_add_ scatter
@@ -73,7 +73,13 @@ class Pipelines:
     def torch_pipeline(self, tokens):
         torch, F = self.torch, self.torch.nn.functional
         scores = self.scores(tokens)
-        top_v, top_i = torch.topk(scores, self.K, dim=1)
+        # Ties (frequent among bf16 sigmoid scores) to the lower expert, as index_shuffling, so
+        # that the pipelines route alike and their outputs can be compared: top-k of exact integer
+        # keys (the bits of a positive bf16 order as its value), then the expert, reversed.
+        lower_first = self.E - 1 - torch.arange(self.E, device=tokens.device, dtype=torch.int32)
+        keys = scores.view(torch.int16).to(torch.int32) * self.E + lower_first
+        top_i = torch.topk(keys, self.K, dim=1).indices
+        top_v = scores.gather(1, top_i)
         flat = top_i.flatten()
         order = torch.argsort(flat, stable=True)
         tok = order // self.K
