@@ -1,5 +1,6 @@
 """The framework on a real GPU: exported kernels equal in-process JIT ones, bundles serve with JIT
 off, opcheck, torch.compile, CUDA graphs, empty inputs, and a bounded fuzz of the op layer."""
+import contextlib
 import json
 import os
 import textwrap
