@@ -2,15 +2,16 @@
 
 A call goes through at most these steps, each skipped when an earlier one answered:
 1. native plan: the layout was seen before and the native launcher has its plan (one C call:
-   match, allocate, launch; mslk_dsl.native);
-2. Python plan: the same, in Python (ROCm's FlyDSL kernels are not TVM-FFI functions, and calls
-   made before the launcher is loaded);
+   match, allocate, launch; on a miss that call passes the arguments on to step 2;
+   mslk_dsl.native);
+2. Python plan: the same, in Python, replayed by code generated per plan (ROCm's FlyDSL kernels
+   are not TVM-FFI functions, and calls made before the launcher is loaded);
 3. the checked path: argument checks, outputs, the op's ``prepare`` (kernel choice: explicit
    config, tuned, heuristic; see dispatch.KernelOp), launch, and the plan remembered for next time.
 
 The eager function of an op is generated from its schema (like dataclasses generate __init__):
 a plain Python function with the op's own parameters, so a call costs no argument binding and
-the first step is a few attribute lookups.
+the first step is one call of a global (``FAST``, bound by native.bind).
 """
 from __future__ import annotations
 
