@@ -388,22 +388,6 @@ def test_cute_compile_notes_are_silenced_and_other_warnings_pass():
     assert "cannot auto-generate `nvvm.reqntid`" in open(source).read()
 
 
-def test_flydsl_loaded_launcher_sets_run_only_variables_for_its_first_call_only(monkeypatch):
-    from mslk_dsl.backends import flydsl
-
-    monkeypatch.delenv("FLYDSL_RUNTIME_RUN_ONLY", raising=False)
-    monkeypatch.setenv("FLYDSL_RUNTIME_CACHE_DIR", "/user/own/cache")
-    seen = []
-    launcher = flydsl._RunOnlyLauncher(
-        lambda x: seen.append((x, os.environ.get("FLYDSL_RUNTIME_RUN_ONLY"),
-                               os.environ.get("FLYDSL_RUNTIME_CACHE_DIR"))), "/private/run")
-    launcher(1)
-    assert os.environ.get("FLYDSL_RUNTIME_RUN_ONLY") is None
-    assert os.environ["FLYDSL_RUNTIME_CACHE_DIR"] == "/user/own/cache"
-    launcher(2)
-    assert seen == [(1, "1", "/private/run"), (2, None, "/user/own/cache")]
-
-
 def test_backends_implement_the_protocol():
     from mslk_dsl.backends import Backend, cute, flydsl
 

@@ -217,28 +217,37 @@ def test_python_plans_serve_where_the_launcher_cannot(monkeypatch):
     monkeypatch.setattr(validate, "gpu", lambda *args: None)
     monkeypatch.setattr(declaration.get("quantize_fp8_row").kernels, "selection",
                         lambda *args: (quantize_kernel, {}))
-    monkeypatch.setattr(native, "fast_op", lambda name: None)
     offers = []
     monkeypatch.setattr(native, "remember", lambda *args, **kw: offers.append(args[0]))  # None: "still loading"
     call.clear_python_plans()
     checked = []
     tensor_check = validate.tensor
     monkeypatch.setattr(validate, "tensor", lambda *a, **kw: checked.append(a[1]) or tensor_check(*a, **kw))
-    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
-    first = elementwise.quantize_fp8_row(x)
-    assert checked == ["x"] and offers == ["quantize_fp8_row"]
-    y = torch.randn(2, 3, 64, dtype=torch.bfloat16)
-    xq, scale = elementwise.quantize_fp8_row(y)
-    assert checked == ["x"]                                       # the plan served it
-    assert offers == ["quantize_fp8_row"] * 2                     # and offered it to the launcher again
-    assert seen == [((6, 64), (6, 64), 1)] * 2                    # the kernel saw [rows, K] views
-    ref_q, ref_s = elementwise._quantize_reference(y)
-    assert xq.shape == (2, 3, 64) and scale.shape == (2, 3)
-    assert torch.equal(xq.view(torch.uint8), ref_q.view(torch.uint8)) and torch.equal(scale, ref_s)
-    assert first[0].data_ptr() != xq.data_ptr()                   # fresh outputs per call
-    # Another layout is checked again.
-    elementwise.quantize_fp8_row(torch.randn(5, 64, dtype=torch.bfloat16))
-    assert checked == ["x", "x"]
+    with native.bypassed():   # as if no launcher were loaded
+        x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+        first = elementwise.quantize_fp8_row(x)
+        assert checked == ["x"] and offers == ["quantize_fp8_row"]
+        y = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+        xq, scale = elementwise.quantize_fp8_row(y)
+        assert checked == ["x"]                                       # the plan served it
+        assert offers == ["quantize_fp8_row"] * 2                     # and offered it to the launcher again
+        assert seen == [((6, 64), (6, 64), 1)] * 2                    # the kernel saw [rows, K] views
+        ref_q, ref_s = elementwise._quantize_reference(y)
+        assert xq.shape == (2, 3, 64) and scale.shape == (2, 3)
+        assert torch.equal(xq.view(torch.uint8), ref_q.view(torch.uint8)) and torch.equal(scale, ref_s)
+        assert first[0].data_ptr() != xq.data_ptr()                   # fresh outputs per call
+        # Another layout is checked again.
+        elementwise.quantize_fp8_row(torch.randn(5, 64, dtype=torch.bfloat16))
+        assert checked == ["x", "x"]
+        # Once the launcher says no (False: it never will), the plan table holds the bare replay.
+        monkeypatch.setattr(native, "remember", lambda *args, **kw: offers.append(args[0]) or False)
+        elementwise.quantize_fp8_row(y)
+        replay = call._plans["quantize_fp8_row"][call._layout((y, None))]
+        assert replay.__name__ == "replay" and len(offers) == 4   # (the 5 x 64 call offered one)
+        xq2, scale2 = elementwise.quantize_fp8_row(y)
+        assert len(offers) == 4 and checked == ["x", "x"]             # no offer, no checks
+        assert torch.equal(xq2.view(torch.uint8), ref_q.view(torch.uint8)) and torch.equal(scale2, ref_s)
+        assert xq2.is_contiguous() and scale2.is_contiguous() and xq2.data_ptr() != xq.data_ptr()
 
 
 def test_disabled_by_env(monkeypatch):
@@ -285,3 +294,41 @@ def test_none_inputs_are_part_of_the_layout(launcher):
     assert fast(y) is native.MISS
     # a None kernel argument is refused (it could not be passed on)
     assert not native.remember("test_optional", (x, None), (out,), (x, out, None), (0,), kernel)
+
+
+def test_a_fast_call_serves_from_plans_and_else_calls_its_fallback(launcher):
+    def double(x, out):
+        as_torch(out, torch.float32).copy_(as_torch(x, torch.float32) * 2)
+
+    kernel = tvm_ffi.convert(double)
+    fast = native.fast_op("test_fallback")
+    fast.clear()
+    fallen = []
+    call = fast.with_fallback(lambda *args, **kwargs: fallen.append((args, kwargs)) or "fallback")
+    assert call.op is fast
+    x = torch.randn(4, 8)
+    assert call(x) == "fallback" and fallen == [((x,), {})]      # no plan yet: the same arguments on
+    out = torch.empty_like(x)
+    kernel(x, out)
+    assert native.remember("test_fallback", (x,), (out,), (x, out), (0,), kernel)
+    y = torch.randn(4, 8)
+    torch.testing.assert_close(call(y), y * 2)                   # a plan: no fallback
+    assert call(y, key=1) == "fallback" and call(torch.randn(3, 8)) == "fallback"
+    assert len(fallen) == 3 and fallen[1] == ((y,), {"key": 1})
+    with pytest.raises(TypeError, match="callable"):
+        fast.with_fallback(1)
+
+
+def test_eager_functions_are_bound_to_their_plans(launcher):
+    """An eager op calls its FastOp (falling back to its Python path) as a global of its own;
+    bypassed() takes the launcher away from every eager function and gives it back."""
+    import mslk_dsl.ops as ops
+
+    names = ops.silu_mul.__globals__
+    assert names["FAST"].op is native.fast_op("silu_mul") and names["FAST"].fallback is names["python_step"]
+    assert names["FAST_OUT"] is native.fast_op("silu_mul.out")
+    with native.bypassed():
+        assert names["FAST"] is names["python_step"] and names["FAST_OUT"](1) is not None
+        assert native.fast_op("silu_mul") is None
+        assert native.remember("silu_mul", (), (), (), (), None) is False   # no plan is added
+    assert names["FAST"].op is native.fast_op("silu_mul")

@@ -5,12 +5,12 @@ FlyDSL fixes its target per process and shares MLIR bindings with nothing else, 
 COMPILE_ONLY=1, ARCH=<target> and a private FlyDSL cache directory per job, in a scratch directory
 beside the batch's staging directory (swept with it if the build is killed); the child exits
 when its parent dies. The child calls the template's launcher on CPU placeholder tensors, which
-compiles and persists without touching a GPU. We keep the pickled artifact (host code with the
-code object embedded) and, with MSLK_DSL_KEEP_ISA=1, the final ISA text.
+compiles and persists without touching a GPU, and reports the launcher's call ABI. We keep the
+pickled artifact (host code with the code object embedded), the ABI (in meta.json, to load the
+artifact without the template: flydsl_abi) and, with MSLK_DSL_KEEP_ISA=1, the final ISA text.
 """
 from __future__ import annotations
 
-import atexit
 import functools
 import glob
 import json
@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 
 from mslk_dsl import env, fs, resources
 from mslk_dsl.errors import BackendUnavailableError, CompileError
@@ -105,11 +104,12 @@ def _compile_same_target(items) -> list:
         child_env = child_environment(target.dsl_arch, rocm_path_with_lld())
         done = subprocess.run([sys.executable, "-m", "mslk_dsl.backends.flydsl_child", jobs_file, str(os.getpid())],
                               env=child_env, capture_output=True, text=True)
-        reported = {}
+        reported, abis = {}, {}
         for line in done.stdout.splitlines():
             if line.startswith("{"):
                 record = json.loads(line)
                 reported[record["index"]] = record.get("error")
+                abis[record["index"]] = record.get("abi")
         results = []
         for i, ((template, config, _, signature, out_dir), job) in enumerate(zip(items, jobs)):
             what = f"{template.name} {config} for {target.name} {signature}"
@@ -120,7 +120,7 @@ def _compile_same_target(items) -> list:
                 results.append(CompileError(f"FlyDSL failed to compile {what}:\n{reported[i]}"))
             else:
                 try:
-                    results.append(_collect(job, out_dir))
+                    results.append(_collect(job, abis[i], out_dir))
                 except CompileError as e:
                     results.append(CompileError(f"{what}: {e}"))
         return results
@@ -128,8 +128,11 @@ def _compile_same_target(items) -> list:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _collect(job: dict, out_dir: str) -> dict:
-    """Copy one job's artifact (and ISA) from the child's FlyDSL cache into our entry."""
+def _collect(job: dict, abi: dict | None, out_dir: str) -> dict:
+    """Copy one job's artifact (and ISA) from the child's FlyDSL cache into our entry; its call
+    ABI goes into the load information."""
+    if not abi:
+        raise CompileError("the compile child reported no call ABI")
     pickles = sorted(glob.glob(os.path.join(job["cache_dir"], "*", "*.pkl")))
     if len(pickles) != 1:
         raise CompileError(f"the compile left {len(pickles)} artifacts, expected 1")
@@ -139,62 +142,27 @@ def _collect(job: dict, out_dir: str) -> dict:
             for path in sorted(glob.glob(os.path.join(job["isa_dir"], "**", "*.s"), recursive=True)):
                 with open(path) as f:
                     out.write(f.read())
-    return {"load": {"artifact": ARTIFACT, "flydsl_cache_subdir": os.path.basename(os.path.dirname(pickles[0])),
-                     "flydsl_cache_file": os.path.basename(pickles[0])},
-            "resources": resources.safe_report("flydsl", out_dir)}
+    return {"load": {"artifact": ARTIFACT, "abi": abi}, "resources": resources.safe_report("flydsl", out_dir)}
 
 
 def load(entry):
-    """Serve a compiled FlyDSL artifact on a ROCm GPU, without compiling.
-
-    FlyDSL serves compiled code only through the launcher it was compiled from: the artifact is
-    the compiled module, while the binding of call arguments (tensors, scalars, constexprs) is
-    done by the launcher's Python signature. So the template's launcher is built (Python only,
-    no compile) and its first call reads the artifact from a private FlyDSL run-only cache. FlyDSL
-    takes run-only mode and the cache directory from the environment at each call, so those two
-    variables are set only for the duration of that first call, under a lock, and restored: the
-    rest of the process (a user's own FlyDSL kernels) never sees them.
-    """
+    """Serve a compiled FlyDSL artifact on a ROCm GPU, without compiling: the artifact and the
+    call ABI recorded when it was compiled make the callable (flydsl_abi.load). The template is
+    not built and no environment variable is set; the code object is loaded on the first call."""
     from mslk_dsl.device import is_rocm
 
     if not is_rocm():
         raise BackendUnavailableError("FlyDSL kernels run only on ROCm GPUs (never loaded where ROCm is absent)")
-    from mslk_dsl.registry import get_template
+    return load_artifact(entry)
+
+
+def load_artifact(entry):
+    """``load`` without the ROCm check: the callable, whose first call needs a ROCm GPU (CPU tests
+    inspect what a load makes)."""
+    from mslk_dsl.backends import flydsl_abi
+    from mslk_dsl.cache import CorruptEntry
 
     info = entry.meta["load"]
-    key = entry.meta["key"]
-    sub = os.path.join(_run_cache(), info["flydsl_cache_subdir"])
-    os.makedirs(sub, exist_ok=True)
-    shutil.copyfile(entry.file(info["artifact"]), os.path.join(sub, info["flydsl_cache_file"]))
-    launcher, _ = get_template(key["template"]).build(key["config"], key["target"], key["signature"])
-    return _RunOnlyLauncher(launcher, _run_cache())
-
-
-class _RunOnlyLauncher:
-    """The launcher, whose first call runs with FlyDSL's run-only variables (see ``load``); once
-    FlyDSL holds the compiled code in memory, later calls go straight through."""
-
-    def __init__(self, launcher, cache_dir: str):
-        self.launcher, self.cache_dir, self.ready = launcher, cache_dir, False
-
-    def __call__(self, *args, **kwargs):
-        if self.ready:
-            return self.launcher(*args, **kwargs)
-        with _env_lock, env.overridden({"FLYDSL_RUNTIME_CACHE_DIR": self.cache_dir,
-                                        "FLYDSL_RUNTIME_RUN_ONLY": "1"}):
-            result = self.launcher(*args, **kwargs)
-            self.ready = True
-            return result
-
-
-_env_lock = threading.Lock()
-_run_cache_path: list[str] = []
-
-
-def _run_cache() -> str:
-    """This process's private FlyDSL run-only cache, removed at exit."""
-    if not _run_cache_path:
-        path = tempfile.mkdtemp(prefix="mslk-flydsl-run-")
-        atexit.register(shutil.rmtree, path, True)
-        _run_cache_path.append(path)
-    return _run_cache_path[0]
+    if "abi" not in info:   # an entry from before the ABI was recorded: damaged, so rebuilt
+        raise CorruptEntry("this FlyDSL entry records no call ABI (built by an older mslk-dsl)")
+    return flydsl_abi.load(entry.file(info["artifact"]), info["abi"])

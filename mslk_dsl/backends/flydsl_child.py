@@ -4,8 +4,9 @@ argv[1] is a JSON file: a list of jobs {template, config, signature, cache_dir, 
 the parent's pid (the child exits when it dies). The
 parent sets COMPILE_ONLY=1, ARCH and ROCM_PATH. For each job this sets the job's private FlyDSL
 cache directory and calls the launcher on the template's CPU placeholders, which compiles and
-persists without launching; with an isa_dir it compiles once more with the ISA dump on (FlyDSL
-skips its disk cache while dumping). One JSON line per job reports success or the error.
+persists without launching, then records the launcher's call ABI (flydsl_abi.describe); with an
+isa_dir it compiles once more with the ISA dump on (FlyDSL skips its disk cache while dumping).
+One JSON line per job reports the ABI or the error.
 """
 import json
 import os
@@ -20,6 +21,7 @@ def main() -> int:
         die_with_parent(int(sys.argv[2]))
     with open(sys.argv[1]) as f:
         jobs = json.load(f)
+    from mslk_dsl.backends import flydsl_abi
     from mslk_dsl.registry import get_template
 
     for index, job in enumerate(jobs):
@@ -28,6 +30,7 @@ def main() -> int:
             os.environ["FLYDSL_RUNTIME_CACHE_DIR"] = job["cache_dir"]
             launcher, args = template.build(job["config"], job["target"], job["signature"])
             launcher(*args)
+            abi = flydsl_abi.describe(launcher, args)
             if job.get("isa_dir"):
                 os.environ.update(FLYDSL_DEBUG_DUMP_ASM="1", FLYDSL_DUMP_DIR=job["isa_dir"])
                 try:
@@ -35,7 +38,7 @@ def main() -> int:
                     launcher(*args)
                 finally:
                     os.environ.pop("FLYDSL_DEBUG_DUMP_ASM", None)
-            print(json.dumps({"index": index}), flush=True)
+            print(json.dumps({"index": index, "abi": abi}), flush=True)
         except Exception as e:
             detail = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-3000:]
             print(json.dumps({"index": index, "error": f"{type(e).__name__}: {e}\n{detail}"}), flush=True)

@@ -22,6 +22,7 @@ slower per call.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.machinery
@@ -47,6 +48,9 @@ _failed = False
 _fast_ops: dict = {}
 _lock = threading.Lock()
 _builder: threading.Thread | None = None
+_bindings: list = []       # (op name, eager function's namespace, fallback): see bind()
+_bind_lock = threading.Lock()
+_bypassed = False
 
 
 def enabled() -> bool:
@@ -148,7 +152,8 @@ def load(wait: bool = True):
             return None
         MISS = module.MISS
         _module = module
-        return module
+    _rebind_all()
+    return module
 
 
 def load_in_background() -> None:
@@ -181,7 +186,10 @@ def _serves_tvm_ffi_kernels() -> bool:
 
 def fast_op(name: str):
     """The FastOp holding ``name``'s launch plans, or None while the extension is not loaded
-    (the first such call starts loading it in the background, if importing mslk_dsl.ops did not)."""
+    (the first such call starts loading it in the background, if importing mslk_dsl.ops did not)
+    or is bypassed."""
+    if _bypassed:
+        return None
     fast = _fast_ops.get(name)
     if fast is None and _module is None:
         if _builder is None and not _failed and _serves_tvm_ffi_kernels():
@@ -193,6 +201,66 @@ def fast_op(name: str):
         fast = _fast_ops[name] = _module.FastOp(torch.Tensor.__dlpack_c_exchange_api__,
                                                 (torch.Tensor, torch.nn.Parameter))
     return fast
+
+
+def _may_load() -> bool:
+    return enabled() and not _failed and _serves_tvm_ffi_kernels()
+
+
+def _miss(*args):
+    """FAST_OUT of an eager function while no launcher serves it: every call misses."""
+    return MISS
+
+
+def bind(name: str, namespace: dict, fallback) -> None:
+    """Give an eager function (its globals ``namespace``) the op's plans, as two names it calls:
+    ``FAST(*inputs)`` returns a plan's result in one C call, or else ``fallback(*inputs)`` (the
+    op's Python path); ``FAST_OUT(*inputs, *out)`` runs the ``<name>.out`` plan and returns None,
+    or misses (anything else). Until the launcher is loaded, FAST is the fallback (its first call
+    starts loading the launcher) and FAST_OUT misses; loading rebinds both."""
+    with _bind_lock:
+        _bindings.append((name, namespace, fallback))
+        _bind(name, namespace, fallback)
+
+
+def _bind(name: str, namespace: dict, fallback) -> None:
+    if _module is not None and not _bypassed:
+        namespace["FAST"] = fast_op(name).with_fallback(fallback)
+        namespace["FAST_OUT"] = fast_op(name + ".out")
+        return
+    namespace["FAST_OUT"] = _miss
+    if _bypassed or _builder is not None or not _may_load():
+        namespace["FAST"] = fallback
+        return
+
+    def first_call(*inputs):   # start loading the launcher; the fallback serves until it is there
+        with _bind_lock:
+            if namespace.get("FAST") is first_call:   # (not yet rebound by a finished load)
+                namespace["FAST"] = fallback
+        load_in_background()
+        return fallback(*inputs)
+
+    namespace["FAST"] = first_call
+
+
+def _rebind_all() -> None:
+    with _bind_lock:
+        for name, namespace, fallback in _bindings:
+            _bind(name, namespace, fallback)
+
+
+@contextlib.contextmanager
+def bypassed():
+    """Within this, eager calls take the Python path as if no launcher were loaded: no plan
+    serves them and none is added (tests and benchmarks of that path)."""
+    global _bypassed
+    _bypassed = True
+    _rebind_all()
+    try:
+        yield
+    finally:
+        _bypassed = False
+        _rebind_all()
 
 
 def remember(name: str, inputs: tuple, outputs: tuple, args: tuple, returns: tuple, kernel,
@@ -209,7 +277,7 @@ def remember(name: str, inputs: tuple, outputs: tuple, args: tuple, returns: tup
     again only then)."""
     fast = fast_op(name)
     if fast is None:
-        return None if enabled() and not _failed and _serves_tvm_ffi_kernels() else False
+        return None if not _bypassed and _may_load() else False
     if not hasattr(kernel, "__chandle__"):  # FlyDSL callables are not TVM-FFI functions
         return False
     import torch

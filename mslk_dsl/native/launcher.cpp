@@ -604,10 +604,85 @@ PyObject* FastOpVectorcallEntry(PyObject* callable, PyObject* const* argv, size_
   return FastOpCall(callable, argv, nargsf, kwnames);
 }
 
+// ------------------------------------------------------------------ a FastOp with its fallback
+// What an eager op function calls: FastOp.with_fallback(fn) serves a call from a plan, or else
+// calls fn with the same arguments (the op's Python path), so a call that a plan serves costs the
+// eager function one C call and no sentinel test in Python.
+struct FastCall {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* op;        // the FastOp
+  PyObject* fallback;  // called on a miss
+};
+
+PyObject* FastCallVectorcall(PyObject* py_self, PyObject* const* argv, size_t nargsf, PyObject* kwnames) {
+  FastCall* self = reinterpret_cast<FastCall*>(py_self);
+  PyObject* result = FastOpCall(self->op, argv, nargsf, kwnames);
+  if (result != g_miss) return result;
+  Py_DECREF(result);
+  return PyObject_Vectorcall(self->fallback, argv, nargsf, kwnames);
+}
+
+// The fallback's globals usually hold this FastCall (an eager function's namespace): a cycle
+// that only the garbage collector can break.
+int FastCallTraverse(PyObject* py_self, visitproc visit, void* arg) {
+  FastCall* self = reinterpret_cast<FastCall*>(py_self);
+  Py_VISIT(self->op);
+  Py_VISIT(self->fallback);
+  return 0;
+}
+
+int FastCallClear(PyObject* py_self) {
+  FastCall* self = reinterpret_cast<FastCall*>(py_self);
+  Py_CLEAR(self->op);
+  Py_CLEAR(self->fallback);
+  return 0;
+}
+
+void FastCallDealloc(PyObject* py_self) {
+  PyObject_GC_UnTrack(py_self);
+  FastCallClear(py_self);
+  Py_TYPE(py_self)->tp_free(py_self);
+}
+
+PyObject* FastCallGetOp(PyObject* py_self, void*) {
+  return Py_NewRef(reinterpret_cast<FastCall*>(py_self)->op);
+}
+
+PyObject* FastCallGetFallback(PyObject* py_self, void*) {
+  return Py_NewRef(reinterpret_cast<FastCall*>(py_self)->fallback);
+}
+
+PyGetSetDef kFastCallGetSet[] = {
+    {"op", FastCallGetOp, nullptr, "the FastOp whose plans serve calls", nullptr},
+    {"fallback", FastCallGetFallback, nullptr, "what a call no plan serves is passed to", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyTypeObject kFastCallType = {
+    PyVarObject_HEAD_INIT(nullptr, 0)
+};
+
+PyObject* FastOpWithFallback(PyObject* py_self, PyObject* fallback) {
+  if (!PyCallable_Check(fallback)) {
+    PyErr_SetString(PyExc_TypeError, "FastOp.with_fallback: the fallback must be callable");
+    return nullptr;
+  }
+  FastCall* call = PyObject_GC_New(FastCall, &kFastCallType);
+  if (call == nullptr) return nullptr;
+  call->vectorcall = FastCallVectorcall;
+  call->op = Py_NewRef(py_self);
+  call->fallback = Py_NewRef(fallback);
+  PyObject_GC_Track(reinterpret_cast<PyObject*>(call));
+  return reinterpret_cast<PyObject*>(call);
+}
+
 PyMethodDef kFastOpMethods[] = {
     {"add", FastOpAdd, METH_VARARGS, "add(inputs, outputs, args, returns, func, written=()) -> bool: add a launch plan"},
     {"clear", FastOpClear, METH_NOARGS, "drop every plan"},
     {"plans", FastOpLen, METH_NOARGS, "number of plans held"},
+    {"with_fallback", FastOpWithFallback, METH_O,
+     "with_fallback(fn) -> callable: a plan's result, or else fn(*args) for a call no plan serves"},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -642,6 +717,17 @@ PyMODINIT_FUNC PyInit__launcher(void) {
   kFastOpType.tp_vectorcall_offset = offsetof(FastOpVC, vectorcall);
   kFastOpType.tp_call = PyVectorcall_Call;
   if (PyType_Ready(&kFastOpType) < 0) return nullptr;
+  kFastCallType.tp_name = "mslk_dsl._launcher.FastCall";
+  kFastCallType.tp_basicsize = sizeof(FastCall);
+  kFastCallType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC;
+  kFastCallType.tp_doc = "A FastOp's plans, falling back to a Python function for a call none serves.";
+  kFastCallType.tp_dealloc = FastCallDealloc;
+  kFastCallType.tp_traverse = FastCallTraverse;
+  kFastCallType.tp_clear = FastCallClear;
+  kFastCallType.tp_getset = kFastCallGetSet;
+  kFastCallType.tp_vectorcall_offset = offsetof(FastCall, vectorcall);
+  kFastCallType.tp_call = PyVectorcall_Call;
+  if (PyType_Ready(&kFastCallType) < 0) return nullptr;
   PyObject* module = PyModule_Create(&kModule);
   if (module == nullptr) return nullptr;
   g_miss = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(&PyBaseObject_Type));

@@ -2,24 +2,27 @@
 
 A call goes through at most these steps, each skipped when an earlier one answered:
 1. native plan: the layout was seen before and the native launcher has its plan (one C call:
-   match, allocate, launch; mslk_dsl.native);
-2. Python plan: the same, in Python (ROCm's FlyDSL kernels are not TVM-FFI functions, and calls
-   made before the launcher is loaded);
+   match, allocate, launch; on a miss that call passes the arguments on to step 2;
+   mslk_dsl.native);
+2. Python plan: the same, in Python, replayed by code generated per plan (ROCm's FlyDSL kernels
+   are not TVM-FFI functions, and calls made before the launcher is loaded);
 3. the checked path: argument checks, outputs, the op's ``prepare`` (kernel choice: explicit
    config, tuned, heuristic; see dispatch.KernelOp), launch, and the plan remembered for next time.
 
 The eager function of an op is generated from its schema (like dataclasses generate __init__):
 a plain Python function with the op's own parameters, so a call costs no argument binding and
-the first step is a few attribute lookups.
+the first step is one call of a global (``FAST``, bound by native.bind).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from mslk_dsl import native
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl
-from mslk_dsl.ops.dispatch import is_placeholder
+from mslk_dsl.ops.dispatch import is_placeholder, placeholder
 
 # -- Python plans ---------------------------------------------------------------------------------
 # Where a kernel argument comes from in a Python plan.
@@ -28,18 +31,22 @@ _INPUT, _OUTPUT, _HELD, _VIEW_OF_INPUT, _VIEW_OF_OUTPUT = range(5)
 
 class _PythonPlan:
     """A launch to replay for calls with one input layout: what to allocate and where each kernel
-    argument comes from (an input, an output, a view of one, or a held placeholder). While the
-    native launcher is still loading, each replay offers it the launch (``native_pending``)."""
-    __slots__ = ("name", "kernel", "allocate", "args", "returned", "held", "native_pending", "like")
+    argument comes from (an input, an output, a view of one, or a held placeholder). ``replay``
+    does it in straight-line code generated for the plan. While the native launcher is still
+    loading, each call offers it the launch too (``native_pending``); once that is settled the
+    plan table holds ``replay`` itself."""
+    __slots__ = ("name", "kernel", "allocate", "args", "returned", "held", "native_pending", "replay",
+                 "table", "key")
 
-    def __init__(self, name, kernel, allocate, args, returned, held, native_pending, like):
+    def __init__(self, name, kernel, allocate, args, returned, held, native_pending):
         self.name, self.kernel, self.allocate, self.args = name, kernel, allocate, args
         self.returned, self.held, self.native_pending = returned, held, native_pending
-        self.like = like  # the input whose new_empty allocates (same device; cheaper than torch.empty)
+        self.replay = _replay_function(name, kernel, allocate, args, returned)
+        self.table = self.key = None
 
     def __call__(self, inputs: tuple):
-        like = inputs[self.like]
-        made = [like.new_empty(shape, dtype=dtype) for shape, dtype in self.allocate]
+        """The replay, then the offer to the native launcher (with the tensors it needs to see)."""
+        made = [new() for new in self.allocate]
         args = []
         for kind, value, view in self.args:
             if kind == _INPUT:
@@ -52,12 +59,55 @@ class _PythonPlan:
                 source = inputs[value] if kind == _VIEW_OF_INPUT else made[value]
                 args.append(source.as_strided(*view, source.storage_offset()))
         self.kernel(*args)
-        if self.native_pending:  # None: the launcher may still load; ask again next time
-            self.native_pending = native.remember(self.name, inputs, tuple(made), tuple(args),
-                                                  tuple(range(self.returned)), self.kernel, held=self.held) is None
+        added = native.remember(self.name, inputs, tuple(made), tuple(args), tuple(range(self.returned)),
+                                self.kernel, held=self.held)
+        if added is not None:  # settled (None: the launcher may still load; ask again next time)
+            self.native_pending = False
+            if self.table is not None and self.table.get(self.key) is self:
+                self.table[self.key] = self.replay
         if self.returned == 1:
             return made[0]
         return tuple(made[:self.returned]) if self.returned else None
+
+
+def _allocator(shape: tuple, dtype: torch.dtype, device: torch.device, made: torch.Tensor):
+    """A function returning a new uninitialized tensor laid out like ``made`` (compact).
+    ``torch.empty_like`` of a zero-stride view of a one-element tensor is the cheapest such call
+    from Python (about half of ``new_empty(shape, dtype=)``: no shape or dtype to parse); where
+    it would not give ``made``'s strides (empty shapes), ``new_empty`` does."""
+    like = placeholder(device, dtype).as_strided(shape, (0,) * len(shape))
+    probe = torch.empty_like(like)
+    if probe.shape == made.shape and probe.stride() == made.stride():
+        return functools.partial(torch.empty_like, like)
+    return functools.partial(like.new_empty, shape)
+
+
+def _replay_function(name: str, kernel, allocate: list, args: list, returned: int):
+    """``replay(inputs)``: allocate, launch, return, written out for one plan (no loop, no test of
+    where an argument comes from)."""
+    namespace: dict = {"KERNEL": kernel}
+    lines = ["def replay(inputs):"]
+    for k, new in enumerate(allocate):
+        namespace[f"NEW{k}"] = new
+        lines.append(f"    o{k} = NEW{k}()")
+    call = []
+    for a, (kind, value, view) in enumerate(args):
+        if kind == _INPUT:
+            call.append(f"inputs[{value}]")
+        elif kind == _OUTPUT:
+            call.append(f"o{value}")
+        elif kind == _HELD:
+            namespace[f"HELD{a}"] = value
+            call.append(f"HELD{a}")
+        else:
+            source = f"inputs[{value}]" if kind == _VIEW_OF_INPUT else f"o{value}"
+            namespace[f"SHAPE{a}"], namespace[f"STRIDES{a}"] = view
+            call.append(f"{source}.as_strided(SHAPE{a}, STRIDES{a}, {source}.storage_offset())")
+    lines.append(f"    KERNEL({', '.join(call)})")
+    returns = ", ".join(f"o{k}" for k in range(returned))
+    lines.append("    return " + (f"({returns})" if returned > 1 else returns or "None"))
+    exec(compile("\n".join(lines) + "\n", f"<mslk_dsl.ops.{name} plan>", "exec"), namespace)
+    return namespace["replay"]
 
 
 def _layout(inputs: tuple):
@@ -68,12 +118,18 @@ def _layout(inputs: tuple):
 
 
 class _PlanTable(dict):
+    """Layout -> what replays it: a plan's ``replay`` function, or the plan itself while it still
+    offers its launch to the loading native launcher."""
     MAX = 1024  # plans per op; cleared when full (serving sees many shapes)
 
-    def add(self, key, plan) -> None:
+    def add(self, key, plan: _PythonPlan) -> None:
         if len(self) >= self.MAX:
             self.clear()
-        self[key] = plan
+        if plan.native_pending:
+            plan.table, plan.key = self, key
+            self[key] = plan
+        else:
+            self[key] = plan.replay
 
 
 def _source(a: torch.Tensor, inputs: tuple, made: tuple):
@@ -107,9 +163,8 @@ def _python_plan(name: str, inputs: tuple, outputs: tuple, launch: Launch, held:
         if source is None:
             return None
         args.append(source)
-    allocate = [(tuple(t.shape), t.dtype) for t in made]
-    like = next(i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor))
-    return _PythonPlan(name, launch.kernel, allocate, args, len(outputs), held, native_pending, like)
+    allocate = [_allocator(tuple(t.shape), t.dtype, t.device, t) for t in made]
+    return _PythonPlan(name, launch.kernel, allocate, args, len(outputs), held, native_pending)
 
 
 # -- the checked path -------------------------------------------------------------------------------
@@ -195,19 +250,19 @@ def _schema(decl: OpDecl):
 
 _EAGER = '''\
 def {name}({params}, *, {out_param}config=None):
-    inputs = ({args})
     if config is None and ({plan_when}):
         if {allocating}:
-            fast = native.fast_op({name!r})
-            if fast is not None:
-                result = fast(*inputs)
-                if result is not native.MISS:
-                    return result
-            return python_plan_call(DECL, inputs, None)
-        if {out_matches} and native.run_into({name!r}, inputs, {out_tuple}):
+            return FAST({args})
+        if {out_matches} and FAST_OUT({args}, {out_args}) is None:
             return out
-    return checked_call(DECL, inputs, {out}, config)
+    return checked_call(DECL, ({args}, ), {out}, config)
+
+
+def python_step({params}):
+    return python_plan_call(DECL, ({args}, ), None)
 '''
+# FAST and FAST_OUT are bound by native.bind: FAST serves the call from a native plan or passes it
+# on to python_step (step 2, then 3); FAST_OUT runs the out= plan (None when it did).
 
 
 def eager_function(decl: OpDecl):
@@ -227,14 +282,14 @@ def eager_function(decl: OpDecl):
     # out= is a tensor for one result, a tuple for several: anything else takes the checked path,
     # which says what is wrong.
     one = len(schema.returns) == 1
-    source = _EAGER.format(name=decl.name, params=", ".join(names), args="".join(f"{n}, " for n in names),
+    source = _EAGER.format(name=decl.name, params=", ".join(names), args=", ".join(names),
                            plan_when=plan_when, out_param="out=None, " if has_out else "",
                            allocating="out is None" if has_out else "True", out="out" if has_out else "None",
                            out_matches="type(out) is not tuple" if one else "type(out) is tuple",
-                           out_tuple="(out,)" if one else "out")
-    namespace = {"native": native, "python_plan_call": python_plan_call, "checked_call": checked_call,
-                 "DECL": decl}
+                           out_args="out" if one else "*out")
+    namespace = {"python_plan_call": python_plan_call, "checked_call": checked_call, "DECL": decl}
     exec(compile(source, f"<mslk_dsl.ops.{decl.name}>", "exec"), namespace)
+    native.bind(decl.name, namespace, namespace["python_step"])
     fn = namespace[decl.name]
     fn.__defaults__ = defaults or None
     fn.__doc__ = decl.doc
