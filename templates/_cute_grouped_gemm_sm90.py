@@ -37,9 +37,11 @@ tile); a CTA whose first index is past the real tile count does nothing.
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
 
 from mslk_dsl.templates import _cute_gemm_sm90 as sm90
 from mslk_dsl.templates._cute_gemm_sm90 import HopperGemm
@@ -222,10 +224,6 @@ class GroupedHopperGemm(HopperGemm):
     def _consume_groups(self, ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, tma_d, mD, k_tiles,
                         mma_tidx, warp_idx, m_sizes, total_m, n_size, n_tiles, epi_args):
         """Consumer warpgroups: HopperGemm._consume's main loop and epilogue over the group tiles."""
-        from cutlass.cute.nvgpu import warpgroup
-        import cutlass.utils.hopper_helpers as sm90_utils
-        from cutlass.tensor_utils import LayoutEnum
-
         thr_mma = tiled_mma.get_slice(mma_tidx)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))

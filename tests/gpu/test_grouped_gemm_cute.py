@@ -232,3 +232,13 @@ def test_torch_compile_fullgraph():
     got = layer(x, w, sizes)
     want = ops.bf16bf16bf16_grouped_stacked(x, w, sizes) * 2.0
     torch.testing.assert_close(got, want)
+
+
+def test_opcheck():
+    from mslk_dsl.ops import declarations
+
+    for name in ("bf16bf16bf16_grouped_stacked", "f8f8bf16_rowwise_grouped_stacked"):
+        decl = declarations()[name]
+        args = decl.example(dict(decl.small_problem), {}, torch.device("cuda"))
+        utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+        torch.library.opcheck(getattr(torch.ops.mslk_dsl, name).default, args, test_utils=utils)
