@@ -15,7 +15,8 @@ are int32 (its grouped GEMMs take int32 end offsets); ours take M_sizes as is.
 Times are medians of triton.testing.do_bench, ours and torch's taking turns; TFLOP/s counts
 2 * total_M * N * K; ratio = torch time / our time (> 1: ours is faster).
 
-  python tools/bench.py grouped_gemm [--quick] [--op bf16|fp8|all] [--json PATH]
+  python tools/bench.py grouped_gemm [--quick] [--op bf16|fp8|all] [--sweep] [--json PATH]
+--sweep also times every config of the target's template at the prefill shapes (ours only).
 """
 from __future__ import annotations
 
@@ -53,6 +54,25 @@ def _time(do_bench, fns):
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def _sweep(do_bench, op, flop, ops, x, w, sizes, xq, wq, xs, ws):
+    """TFLOP/s of every config of our template for this shape, by config name."""
+    from mslk_dsl.device import target_of
+    from mslk_dsl.ops import declaration
+    from mslk_dsl.template import config_name
+
+    name = "bf16bf16bf16_grouped_stacked" if op == "bf16" else "f8f8bf16_rowwise_grouped_stacked"
+    template = declaration.get(name).kernels.template_for(target_of(x.device).name)
+    result = {}
+    for config in template.all_configs():
+        if op == "bf16":
+            fn = lambda c=config: ops.bf16bf16bf16_grouped_stacked(x, w, sizes, config=c)  # noqa: E731
+        else:
+            fn = lambda c=config: ops.f8f8bf16_rowwise_grouped_stacked(xq, wq, xs, ws, sizes, config=c)  # noqa: E731
+        result[config_name(config)] = flop / do_bench(fn, warmup=5, rep=30) * 1e-9
+    print("   sweep: " + ", ".join(f"{k} {v:.0f}" for k, v in result.items()), flush=True)
+    return result
+
+
 def _cases(quick):
     for name, t_prefill, experts, top_k, d, h in LAYERS[:1] if quick else LAYERS:
         for tokens in (t_prefill, *DECODE_T):
@@ -70,6 +90,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the DeepSeek-V3-like layer only")
     parser.add_argument("--op", choices=("bf16", "fp8", "all"), default="all")
+    parser.add_argument("--sweep", action="store_true", help="also time every config at the prefill shapes")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
 
@@ -112,6 +133,8 @@ def main(argv: list[str]) -> int:
                    "ours_tflops": flop / t["ours"] * 1e-9, "torch_tflops": flop / t["torch"] * 1e-9,
                    "dense_tflops": flop / t["dense"] * 1e-9, "ours_us": t["ours"] * 1e3,
                    "torch_us": t["torch"] * 1e3, "ratio": t["torch"] / t["ours"]}
+            if args.sweep and tokens > max(DECODE_T):
+                row["sweep"] = _sweep(do_bench, op, flop, ops, x, w, sizes, xq, wq, xs, ws)
             rows.append(row)
             print(f"{name:12s} {proj:7s} T={tokens:5d} {op}: ours {row['ours_tflops']:7.1f} "
                   f"torch {row['torch_tflops']:7.1f} dense {row['dense_tflops']:7.1f} TFLOP/s "
