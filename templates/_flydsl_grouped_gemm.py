@@ -35,13 +35,20 @@ def grouped_problem(problem):
     return {"M": average if average < 64 else m, "N": problem.get("N", 4096), "K": problem.get("K", 4096)}
 
 
+# The dense GEMM's tiles that a grouped call uses (keeps the AOT build and the compile tests
+# small): 16- and 32-row tiles for decode-sized groups, 64 x 128, and 128 x 128 / 128 x 256 for
+# large groups (the 256-row tiles would mostly compute padding past a group's end).
+_TILES = ((16, 64), (32, 64), (64, 128), (128, 128), (128, 256))
+
+
 def template_rules(tile_k_scale: int, elem_bytes: int):
-    """(configs, valid, heuristic) of a grouped template: the dense GEMM's configs, chosen by its
-    cost model on one average group (see grouped_problem)."""
-    table, valid, dense_heuristic = gemm.template_rules(tile_k_scale, elem_bytes)
+    """(configs, valid, heuristic) of a grouped template: those of the dense GEMM's configs with
+    a tile in _TILES (the first of each), chosen by its cost model (see grouped_problem)."""
+    dense, valid, _ = gemm.template_rules(tile_k_scale, elem_bytes)
+    table = tuple(next(c for c in dense if (c["tile_m"], c["tile_n"]) == tile) for tile in _TILES)
 
     def heuristic(target, sig, problem):
-        return dense_heuristic(target, sig, grouped_problem(problem))
+        return gemm.pick_config(table, target, elem_bytes, grouped_problem(problem))
 
     return table, valid, heuristic
 
