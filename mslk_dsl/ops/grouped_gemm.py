@@ -5,7 +5,8 @@ its rows by its own weight w[g] [N, K].
 M_sizes stays on the device: the kernels read it there (no host sync), so calls capture in CUDA
 graphs and trace with torch.compile fullgraph. Semantics, as MSLK's (the CUTLASS grouped kernels
 behind mslk::bf16bf16bf16_grouped_stacked and f8f8bf16_rowwise_grouped_stacked):
-  * empty groups do no work; a group of one row is an ordinary group;
+  * empty groups do no work (a negative size counts as empty); a group of one row is an
+    ordinary group;
   * rows past sum(M_sizes) are neither read into a result nor written: the output is allocated
     with torch.empty, so they hold whatever the allocation held (MSLK's too);
   * total_M = 0 returns an empty [0, N] result without a launch.
