@@ -149,11 +149,14 @@ def make_lds_layout(ab_dtype, rows, tile_k, stages):
 
 
 def make_gemm_kernel(*, target, ab_dtype, out_dtype, epilogue, tile_m, tile_n, tile_k,
-                     waves_m, waves_n, mfma, stages):
+                     waves_m, waves_n, mfma, stages, tile_of_block=None):
     """The @flyc.kernel ``gemm(x, w, out, epi)``; launch on `grid_for(...)` x `threads_of`.
 
     epilogue "none": out = acc;  "rowwise": out = acc * x_scale[m] * w_scale[n], epi =
     (x_scale, w_scale, ...);  "rowwise_bias": + bias[n], epi = (x_scale, w_scale, bias).
+    tile_of_block: None, or (for grouped GEMMs) a traced function (x, w, out, epi) -> (x, w, out,
+    epi, bid_m, bid_n, live) giving the block's operands as views (one group's rows and weight),
+    its tile and whether it has one (a block without does one K tile of zeros, storing nothing).
     """
     import flydsl.compiler as flyc
     import flydsl.expr as fx
@@ -176,10 +179,13 @@ def make_gemm_kernel(*, target, ab_dtype, out_dtype, epilogue, tile_m, tile_n, t
     @flyc.kernel
     def gemm(x: fx.Tensor, w: fx.Tensor, out: fx.Tensor, epi):
         tid = fx.thread_idx.x
+        if const_expr(tile_of_block is not None):
+            x, w, out, epi, bid_m, bid_n, live = tile_of_block(x, w, out, epi)
         M, K = x.shape.unpack()
         N, _ = w.shape.unpack()
-        bid_m, bid_n = block_tile(fx.block_idx.x, (M + (tile_m - 1)) // tile_m,
-                                  (N + (tile_n - 1)) // tile_n, _select)
+        if const_expr(tile_of_block is None):
+            bid_m, bid_n = block_tile(fx.block_idx.x, (M + (tile_m - 1)) // tile_m,
+                                      (N + (tile_n - 1)) // tile_n, _select)
         tiled_mma = make_tiled_mma(target, ab_dtype, mfma, waves_m, waves_n)
         thr_mma = tiled_mma.thr_slice(tid)
         thr_g2s = make_g2s_copy(ab_dtype, tile_k, threads).get_slice(tid)
@@ -218,6 +224,8 @@ def make_gemm_kernel(*, target, ab_dtype, out_dtype, epilogue, tile_m, tile_n, t
         frag_C = thr_mma.make_fragment_C(gC)
         full_k_tiles = K // tile_k
         num_k_tiles = (K + (tile_k - 1)) // tile_k
+        if const_expr(tile_of_block is not None):
+            num_k_tiles = live.select(num_k_tiles, fx.Int32(1))
 
         def load_tile(kt):
             """Global -> registers, K tile `kt` of both operands."""
@@ -397,10 +405,11 @@ def template_rules(tile_k_scale: int, elem_bytes: int):
     return table, valid, heuristic
 
 
-def kernel_for(config, *, target, ab_dtype, out_dtype, epilogue):
+def kernel_for(config, *, target, ab_dtype, out_dtype, epilogue, tile_of_block=None):
     """The ``gemm`` kernel of ``config`` (see make_gemm_kernel), and its launch geometry:
     (kernel, tile_m, tile_n, threads per block)."""
     kernel = make_gemm_kernel(target=target, ab_dtype=ab_dtype, out_dtype=out_dtype, epilogue=epilogue,
+                              tile_of_block=tile_of_block,
                               **{k: config[k] for k in ("tile_m", "tile_n", "tile_k", "waves_m", "waves_n",
                                                         "mfma", "stages")})
     return kernel, config["tile_m"], config["tile_n"], threads_of(config)

@@ -38,6 +38,15 @@ PTX_EXPECT = {
                   r"setmaxnreg"],
     "f8f8bf16_rowwise": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3",
                          r"cp\.async\.bulk\.tensor\.2d", r"setmaxnreg"],
+    # The grouped GEMMs also walk M_sizes with warp scans and ballots, and store through the
+    # 3-D ragged TMA view that clips each group's rows.
+    "bf16bf16bf16_grouped_stacked": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16",
+                                     r"cp\.async\.bulk\.tensor\.2d\.shared::(cluster|cta)\.global",
+                                     r"cp\.async\.bulk\.tensor\.3d\.global\.shared::cta", r"vote\.sync\.ballot",
+                                     r"shfl\.sync\.up", r"setmaxnreg"],
+    "f8f8bf16_rowwise_grouped_stacked": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3",
+                                         r"cp\.async\.bulk\.tensor\.3d\.global\.shared::cta",
+                                         r"vote\.sync\.ballot", r"setmaxnreg"],
     "index_shuffling": [r"shfl\.sync"],
     "scatter_add_dense_tokens": [r"(red|atom)\.global(\.\w+)*\.add"],
 }
@@ -51,6 +60,8 @@ SASS_EXPECT = {
 ISA_EXPECT_GFX942 = {
     "bf16_gemm": [r"v_mfma_f32_\w+_(bf16|f16)\b"],
     "f8f8bf16_rowwise": [r"v_mfma_f32_\w+fp8"],
+    "bf16bf16bf16_grouped_stacked": [r"v_mfma_f32_\w+_bf16\b"],
+    "f8f8bf16_rowwise_grouped_stacked": [r"v_mfma_f32_\w+fp8"],
     "rmsnorm": [r"v_rsq_f32"],
     "rmsnorm_add": [r"v_rsq_f32"],
 }

@@ -9,12 +9,14 @@ Importing ``mslk_dsl`` imports this module: every torch op exists after ``import
 from mslk_dsl.ops.declaration import declarations
 from mslk_dsl.ops.elementwise import dequantize_fp8_row, quantize_fp8_row, silu_mul, silu_mul_quant
 from mslk_dsl.ops.gemm import bf16_gemm, f8f8bf16_rowwise
+from mslk_dsl.ops.grouped_gemm import bf16bf16bf16_grouped_stacked, f8f8bf16_rowwise_grouped_stacked
 from mslk_dsl.ops.moe import gather_scale_dense_tokens, index_shuffling, scatter_add_dense_tokens
 from mslk_dsl.ops.moe_quant import gather_scale_quant_dense_tokens
 from mslk_dsl.ops.norm import rmsnorm, rmsnorm_add
 
-__all__ = ["bf16_gemm", "declarations", "dequantize_fp8_row", "f8f8bf16_rowwise", "gather_scale_dense_tokens",
-           "gather_scale_quant_dense_tokens", "index_shuffling", "prefetch", "quantize_fp8_row", "rmsnorm", "rmsnorm_add", "scatter_add_dense_tokens",
+__all__ = ["bf16_gemm", "bf16bf16bf16_grouped_stacked", "declarations", "dequantize_fp8_row", "f8f8bf16_rowwise",
+           "f8f8bf16_rowwise_grouped_stacked", "gather_scale_dense_tokens", "gather_scale_quant_dense_tokens",
+           "index_shuffling", "prefetch", "quantize_fp8_row", "rmsnorm", "rmsnorm_add", "scatter_add_dense_tokens",
            "silu_mul", "silu_mul_quant"]
 
 

@@ -1,0 +1,53 @@
+"""Config space and default choice of the grouped (stacked) GEMM templates (plain Python: no DSL).
+
+A config names one persistent grouped kernel: tile_m x tile_n output tiles (tile_m // 64
+consumer warpgroups), and for FP8 ``promote`` (0: the wgmma accumulates over all of K; 4: every
+4 k-tiles into fp32 registers, as the dense FP8 GEMM, needing tile_n <= 128).
+
+The heuristic is a model of one call: the problem is {"M": total_M, "N", "K", "G"}; the groups'
+sizes live on the device, so it assumes the rows spread evenly over min(G, M) non-empty groups.
+Then a group's last M tile is on average half empty, so the M tiles number about
+M / tile_m + min(G, M) / 2 (at least one per non-empty group), the tiles are that times
+ceil(N / tile_n), and the persistent grid runs them in waves of NUM_SMS. The cost of a config
+is waves x (tile_m x tile_n work per tile) / efficiency(tile), efficiency a first guess of the
+relative wgmma throughput of a full tile (narrow or 64-row tiles do more loading and epilogue
+per FLOP). Decode-sized groups (a few rows each) therefore get 64-row tiles: a 128-row tile
+would compute ~2x the padding for the same weight stream.
+"""
+
+NUM_SMS = 132  # H100 / H200 SXM (the persistent grid)
+
+# 64-wide tiles are left out: MoE GEMMs have N >= 1024, where they only add loads per FLOP.
+_TILES = ((128, 256), (128, 128), (64, 256), (64, 128))
+BF16_CONFIGS = tuple({"tile_m": m, "tile_n": n} for m, n in _TILES)
+FP8_PROMOTE = 4
+FP8_CONFIGS = (tuple({"tile_m": m, "tile_n": n, "promote": 0} for m, n in _TILES)
+               + tuple({"tile_m": m, "tile_n": n, "promote": FP8_PROMOTE} for m, n in _TILES if n <= 128))
+
+# Relative throughput of a full tile (first guesses; the tuner measures the real ones).
+_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.9, (64, 256): 0.8, (64, 128): 0.7}
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def m_tiles_estimate(m, groups, tile_m):
+    """Expected M tiles of ``m`` rows spread evenly over min(groups, m) non-empty groups."""
+    active = max(min(groups, m), 1)
+    return max(_ceil_div(m, tile_m) + active // 2, active) if m else 0
+
+
+def cost(config, problem):
+    """Model time of a config (arbitrary units): waves x tile work / efficiency."""
+    tm, tn = config["tile_m"], config["tile_n"]
+    tiles = m_tiles_estimate(problem["M"], problem.get("G", 1), tm) * _ceil_div(problem["N"], tn)
+    waves = _ceil_div(tiles, NUM_SMS)
+    return waves * tm * tn / _EFFICIENCY[(tm, tn)]
+
+
+def heuristic(problem, fp8):
+    """The cheapest config by ``cost`` (FP8: tiles of <= 128 columns, promoted every 4 k-tiles;
+    the error of unpromoted FP8 accumulation grows with K); ties go to the larger tile."""
+    configs = [c for c in (FP8_CONFIGS if fp8 else BF16_CONFIGS) if not fp8 or c["promote"] == FP8_PROMOTE]
+    return dict(min(configs, key=lambda c: (cost(c, problem), -c["tile_m"] * c["tile_n"])))

@@ -1,0 +1,50 @@
+"""bf16bf16bf16_grouped_stacked on Hopper: out[rows of g] = x[rows of g] @ w[g]^T, bf16, fp32 accumulation.
+
+Runtime args: kernel(x, w, out, M_sizes): x [total_M, K] and out [total_M, N] row-major bf16,
+w the [G, N, K] weights viewed as [G * N, K], M_sizes [G] int32 or int64 (sig["index_dtype"]),
+read on the device. total_M, N, K and G are dynamic; K and N multiples of 8 (16-byte rows for
+TMA; the op layer checks). The kernel is ``_cute_grouped_gemm_sm90.GroupedHopperGemm``: the dense
+GEMM's warp-specialized TMA + wgmma main loop over a device-side list of the groups' tiles.
+Config space and heuristic: ``_grouped_gemm_space``.
+"""
+from mslk_dsl.template import Template
+from mslk_dsl.templates import _grouped_gemm_space as space
+from mslk_dsl.templates import _kernel_limits as limits
+
+INDEX_DTYPES = ("int32", "int64")
+
+
+def _heuristic(target, sig, problem):
+    return space.heuristic(problem, fp8=False)
+
+
+def build(config, target, sig):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+    from mslk_dsl.templates import _cute_grouped_gemm_sm90 as grouped
+
+    gemm = grouped.GroupedHopperGemm((config["tile_m"], config["tile_n"]),
+                                     template="bf16bf16bf16_grouped_stacked_cute")
+
+    @cute.jit
+    def bf16bf16bf16_grouped_stacked(x: cute.Tensor, w: cute.Tensor, out: cute.Tensor, m_sizes: cute.Tensor,
+                                     stream):
+        gemm(x, w, out, m_sizes, (), stream)
+
+    m, gn, n, k = cute.sym_int(), cute.sym_int(divisibility=8), cute.sym_int(divisibility=8), \
+        cute.sym_int(divisibility=8)
+    bf16 = cutlass.BFloat16
+    index = {"int32": cutlass.Int32, "int64": cutlass.Int64}[sig["index_dtype"]]
+    args = [make_fake_compact_tensor(bf16, (m, k), stride_order=(1, 0), assumed_align=16),
+            make_fake_compact_tensor(bf16, (gn, k), stride_order=(1, 0), assumed_align=16),
+            make_fake_compact_tensor(bf16, (m, n), stride_order=(1, 0), assumed_align=16),
+            make_fake_compact_tensor(index, (cute.sym_int(),), assumed_align=4),
+            make_fake_stream(use_tvm_ffi_env_stream=True)]
+    return bf16bf16bf16_grouped_stacked, args
+
+
+TEMPLATE = Template(op="bf16bf16bf16_grouped_stacked", backend="cute", targets=("sm90a",),
+                    signatures={"index_dtype": INDEX_DTYPES}, configs=space.BF16_CONFIGS,
+                    heuristic=_heuristic, build=build, occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR)

@@ -1,0 +1,50 @@
+"""The grouped GEMM templates' config space and heuristic model (CPU, no DSL), and the group
+sizes the examples and tests draw."""
+import pytest
+
+from mslk_dsl import registry
+from mslk_dsl.ops.grouped_gemm import split_rows
+from mslk_dsl.templates import _flydsl_grouped_gemm as fly_grouped
+from mslk_dsl.templates import _grouped_gemm_space as space
+
+PREFILL = [dict(M=32768, N=4096, K=7168, G=128), dict(M=32768, N=7168, K=2048, G=128),
+           dict(M=8192, N=16384, K=5120, G=16), dict(M=8192, N=4096, K=14336, G=8)]
+DECODE = [dict(M=8, N=4096, K=7168, G=128), dict(M=128, N=4096, K=7168, G=128), dict(M=16, N=28672, K=4096, G=8)]
+
+
+@pytest.mark.parametrize("problem", PREFILL + DECODE, ids=str)
+@pytest.mark.parametrize("op", ["bf16bf16bf16_grouped_stacked", "f8f8bf16_rowwise_grouped_stacked"])
+def test_heuristic_picks_a_valid_config(op, problem):
+    for template in registry.get_templates(op=op):
+        for target in template.targets:
+            sig = template.all_signatures()[0]
+            config = template.heuristic(target, sig, problem)
+            assert config in template.valid_configs(target, sig), (template.name, target, config)
+
+
+def test_decode_groups_get_64_row_tiles_and_fp8_is_promoted():
+    for problem in DECODE:
+        assert space.heuristic(problem, fp8=False)["tile_m"] == 64
+        assert space.heuristic(problem, fp8=True)["tile_m"] == 64
+    for problem in PREFILL:
+        assert space.heuristic(problem, fp8=False)["tile_m"] == 128
+        fp8 = space.heuristic(problem, fp8=True)
+        assert fp8["promote"] == space.FP8_PROMOTE and fp8["tile_n"] <= 128
+
+
+def test_m_tile_estimate_bounds():
+    assert space.m_tiles_estimate(0, 8, 128) == 0
+    assert space.m_tiles_estimate(8, 128, 64) == 8          # one tile per non-empty group
+    assert space.m_tiles_estimate(32768, 128, 128) == 256 + 64
+    # The FlyDSL templates tile decode-sized groups by one average group, larger ones by all rows.
+    assert fly_grouped.grouped_problem(dict(M=128, N=64, K=64, G=128))["M"] == 1
+    assert fly_grouped.grouped_problem(dict(M=32768, N=64, K=64, G=128))["M"] == 32768
+
+
+@pytest.mark.parametrize("total,groups,empty_every", [(0, 3, 0), (1, 1, 0), (37, 4, 0), (777, 8, 3), (5, 128, 0),
+                                                      (4096, 128, 4), (10, 3, 1)])
+def test_split_rows(total, groups, empty_every):
+    sizes = split_rows(total, groups, seed=total + groups, empty_every=empty_every)
+    assert len(sizes) == groups and sum(sizes) == total and min(sizes) >= 0
+    if empty_every > 1:
+        assert all(sizes[g] == 0 for g in range(0, groups, empty_every))
