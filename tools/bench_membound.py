@@ -268,12 +268,11 @@ def main(argv: list[str]) -> int:
                 results.append(row)
             del case
             torch.cuda.empty_cache()
-    if args.warm_only:
-        return 0
-    table(results, ["op", "rows", "hidden", "MiB", "us", "% copy", "best peer", "peer % copy", "vs peer"])
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"dtype": args.dtype, "results": results}, f, indent=1)
+        if args.json and not args.warm_only:   # after every op: a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump({"dtype": args.dtype, "results": results}, f, indent=1)
+    if not args.warm_only:
+        table(results, ["op", "rows", "hidden", "MiB", "us", "% copy", "best peer", "peer % copy", "vs peer"])
     return 0
 
 
