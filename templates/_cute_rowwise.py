@@ -119,12 +119,10 @@ def cta_row(tile: cutlass.Constexpr, m: Int32, k: Int32):
     return row, row_in_cta, lane, nvec
 
 
-def rows_to_write(t: cute.Tensor, mCount: cute.Tensor, has_count: bool):
-    """The rows of ``t`` a kernel computes: all, or with ``has_count`` the first mCount[0] of them
-    (MSLK's valid_token_count; the rest are neither read nor written)."""
-    if const_expr(has_count):
-        return cutlass.min(t.shape[0], cutlass.max(mCount[0], Int32(0)))
-    return t.shape[0]
+def rows_to_write(t: cute.Tensor, mCount: cute.Tensor):
+    """The rows of ``t`` a kernel computes: the first min(rows, mCount[0]) (MSLK's
+    valid_token_count; the rest are neither read nor written)."""
+    return cutlass.min(t.shape[0], cutlass.max(mCount[0], Int32(0)))
 
 
 def row_vectors(t: cute.Tensor, row, vec: int) -> cute.Tensor:

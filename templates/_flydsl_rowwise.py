@@ -74,12 +74,10 @@ class RowGroups:
         self.lane = tid % self.width
 
 
-def counted_row(row, tensor, count, has_count: bool):
+def counted_row(row, tensor, count):
     """``row``, or past ``tensor``'s last row (a zero-size descriptor: nothing read or written)
-    when ``has_count`` and row >= count[0] (MSLK's valid_token_count, a [1] int32 tensor). The
-    count is made wave-uniform so that rows and descriptors stay in scalar registers."""
-    if not has_count:
-        return row
+    when row >= count[0] (MSLK's valid_token_count, a [1] int32 tensor). The count is made
+    wave-uniform so that rows and descriptors stay in scalar registers."""
     rows, _ = tensor.shape.unpack()
     n = fx.Int32(fx.rocdl.readfirstlane(T.i32, fx.get_iter(count).load()))
     return (row < n).select(row, rows)

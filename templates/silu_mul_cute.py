@@ -1,8 +1,8 @@
 """silu_mul, CuTe DSL: out = silu(x0) * x1 (SwiGLU gate), fp32 math rounded to the dtype.
 
 kernel(x0, x1, out, count): x0, x1, out [M, K] bf16/fp16/fp32, compact row-major; count [1]
-int32, read only when sig["has_count"]: rows from count[0] on are neither read nor written
-(MSLK's valid_token_count).
+int32: rows from count[0] on are neither read nor written (MSLK's valid_token_count; the op
+passes 2^31 - 1 without one).
 
 A CTA owns ``rows_per_block`` rows x one tile of ``tile_k`` columns; grid = (row groups, column
 tiles), the column tiles looping when a row has more than 65535 of them. Each thread issues all
@@ -36,11 +36,9 @@ def build(config, target, sig):
     def values(a, b):
         return rw.silu_mul_tile(a, b, dtype)
 
-    has_count = sig["has_count"]
-
     @cute.kernel
     def kernel(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, mCount: cute.Tensor):
-        row, _, lane, nvec = rw.cta_row(tile, rw.rows_to_write(mO, mCount, has_count), mO.shape[1])
+        row, _, lane, nvec = rw.cta_row(tile, rw.rows_to_write(mO, mCount), mO.shape[1])
         _, bidy, _ = cute.arch.block_idx()
         _, gdimy, _ = cute.arch.grid_dim()
         rw.map_row((rw.row_vectors(mX0, row, tile.vec), rw.row_vectors(mX1, row, tile.vec)), values,
@@ -61,6 +59,6 @@ def build(config, target, sig):
 
 
 TEMPLATE = Template(op="silu_mul", backend="cute", targets=("sm90a", "sm100a"),
-                    signatures={"dtype": DTYPES, "aligned": (True, False), "has_count": (False, True)},
+                    signatures={"dtype": DTYPES, "aligned": (True, False)},
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build,
                     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

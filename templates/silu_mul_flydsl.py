@@ -1,9 +1,10 @@
 """silu_mul for AMD CDNA (FlyDSL): out = silu(x0) * x1, computed in fp32, rounded to the dtype.
 
 Calling convention: ``kernel(x0, x1, out, count)``; x0, x1, out [M, K] of one dtype
-(bf16/fp16/fp32, unit column stride); count [1] int32, read only when sig["has_count"]: rows from
-count[0] on are neither read nor written (MSLK's valid_token_count). M and K are dynamic; M and K tails are bounds-checked by the buffer
-descriptors (see _flydsl_rowwise), so no size needs padding.
+(bf16/fp16/fp32, unit column stride); count [1] int32: rows from count[0] on are neither read
+nor written (MSLK's valid_token_count; the op passes 2^31 - 1 without one). M and K are
+dynamic; M and K tails are bounds-checked by the buffer descriptors (see _flydsl_rowwise), so no
+size needs padding.
 
 Grid: (row blocks, column blocks). A block holds ``rows_per_block`` rows; each of its threads
 loads 32 register bytes of each input (two 16-byte vectors, or eight scalars when vec is 1),
@@ -32,12 +33,11 @@ def build(config, target, sig):
     dtype = rw.elem_type(sig["dtype"])
     per_thread = space.vectors_per_thread(config, sig, REGISTER_BYTES)
     cols_per_block = threads // rows * per_thread * vec
-    has_count = bool(sig["has_count"])
 
     @flyc.kernel(known_block_size=[threads, 1, 1])
     def silu_mul_kernel(x0: fx.Tensor, x1: fx.Tensor, out: fx.Tensor, count: fx.Tensor):
         groups = rw.RowGroups(threads, rows)
-        row = rw.counted_row(fx.block_idx.x * rows + groups.group, out, count, has_count)
+        row = rw.counted_row(fx.block_idx.x * rows + groups.group, out, count)
         a_view, b_view, out_view = rw.row_view(x0, row, vec), rw.row_view(x1, row, vec), rw.row_view(out, row, vec)
         first = fx.block_idx.y * (groups.width * per_thread) + groups.lane
         js = [first + u * groups.width for u in range_constexpr(per_thread)]
@@ -62,6 +62,6 @@ def build(config, target, sig):
 
 TEMPLATE = Template(
     op="silu_mul", backend="flydsl", targets=("gfx942", "gfx950"),
-    signatures={"dtype": tuple(space.ELEM_BYTES), "aligned": (True, False), "has_count": (False, True)},
+    signatures={"dtype": tuple(space.ELEM_BYTES), "aligned": (True, False)},
     space=space.SPACE, valid=space.valid, heuristic=_heuristic, build=build,
     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

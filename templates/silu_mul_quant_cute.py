@@ -3,8 +3,8 @@ ops in sequence (silu_mul rounded to the input dtype, then the row-wise FP8 quan
 
 kernel(x0, x1, scale_ub, xq, scale, count): x0, x1 [M, K] bf16/fp16/fp32; scale_ub [1] fp32, read
 only when sig["has_scale_ub"]; xq [M, K] FP8 of the target's flavour; scale [M] fp32 dequant
-scales; count [1] int32, read only when sig["has_count"]: rows from count[0] on are neither read
-nor written, their xq and scale left untouched (MSLK's valid_token_count).
+scales; count [1] int32: rows from count[0] on are neither read nor written, their xq and scale
+left untouched (MSLK's valid_token_count; the op passes 2^31 - 1 without one).
 The silu_mul values come from the same device code as silu_mul_cute, so they are the same bits.
 Same structure as quantize_fp8_row_cute: the first ``tile_k`` silu_mul values of a row stay in
 registers (x0 and x1 read once); the rest of a longer row recomputes them from a second read.
@@ -37,13 +37,11 @@ def build(config, target, sig):
     def values(a, b):
         return rw.silu_mul_tile(a, b, dtype)
 
-    has_count = sig["has_count"]
-
     @cute.kernel
     def kernel(mX0: cute.Tensor, mX1: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor,
                mCount: cute.Tensor):
         rw.quantize_rows((mX0, mX1), values, mUB, mQ, mS, tile, sig["has_scale_ub"], plan.FP8_ROW_EPS,
-                         fp8.fp8_max, rows=rw.rows_to_write(mQ, mCount, has_count))
+                         fp8.fp8_max, rows=rw.rows_to_write(mQ, mCount))
 
     @cute.jit
     def silu_mul_quant(mX0: cute.Tensor, mX1: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor,
@@ -63,7 +61,6 @@ def _spills_on_sm100a(config, target) -> bool:
 
 
 TEMPLATE = Template(op="silu_mul_quant", backend="cute", targets=("sm90a", "sm100a"),
-                    signatures={"dtype": DTYPES, "aligned": (True, False), "has_scale_ub": (True, False),
-                                "has_count": (False, True)},
+                    signatures={"dtype": DTYPES, "aligned": (True, False), "has_scale_ub": (True, False)},
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build,
                     spills_allowed=_spills_on_sm100a, occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

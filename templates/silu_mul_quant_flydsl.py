@@ -2,9 +2,8 @@
 
 Calling convention: ``kernel(x0, x1, scale_ub, xq, scale)``; x0, x1 [M, K] bf16/fp16/fp32 (unit
 column stride), scale_ub [1] fp32 (read only when the signature has ``has_scale_ub``), xq [M, K]
-in the target's FP8 flavour, scale [M] fp32 (dequant multiplier), count [1] int32 (read only
-when the signature has ``has_count``: rows from count[0] on are neither read nor written, MSLK's
-valid_token_count); ``kernel(x0, x1, scale_ub, xq, scale, count)``.
+in the target's FP8 flavour, scale [M] fp32 (dequant multiplier), count [1] int32 (rows from
+count[0] on are neither read nor written: MSLK's valid_token_count; 2^31 - 1 without one); ``kernel(x0, x1, scale_ub, xq, scale, count)``.
 
 Bit-identical to silu_mul followed by quantize_fp8_row: silu(x0) * x1 is computed by the same
 device code as silu_mul, rounded to the input dtype, then quantized exactly as
@@ -24,13 +23,12 @@ def build(config, target, sig):
 
     threads, rows, vec, dtype, fp8, has_ub, per_thread, storage = rw.quantize_setup(
         "silu_mul_quant_flydsl", config, target, sig)
-    has_count = bool(sig["has_count"])
 
     @flyc.kernel(known_block_size=[threads, 1, 1])
     def silu_mul_quant_kernel(x0: fx.Tensor, x1: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor,
                               scale: fx.Tensor, count: fx.Tensor):
         groups = rw.RowGroups(threads, rows)
-        row = rw.counted_row(fx.block_idx.x * rows + groups.group, xq, count, has_count)
+        row = rw.counted_row(fx.block_idx.x * rows + groups.group, xq, count)
         a_view, b_view = rw.row_view(x0, row, vec), rw.row_view(x1, row, vec)
         _, cols = x0.shape.unpack()
         ub = fx.get_iter(scale_ub).load() if has_ub else None
@@ -57,7 +55,6 @@ def build(config, target, sig):
 
 TEMPLATE = Template(
     op="silu_mul_quant", backend="flydsl", targets=("gfx942", "gfx950"),
-    signatures={"dtype": tuple(space.ELEM_BYTES), "aligned": (True, False), "has_scale_ub": (True, False),
-                "has_count": (False, True)},
+    signatures={"dtype": tuple(space.ELEM_BYTES), "aligned": (True, False), "has_scale_ub": (True, False)},
     space=space.SPACE, valid=space.valid, heuristic=space.quant_heuristic, build=build,
     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

@@ -142,8 +142,8 @@ def test_rmsnorm_picks_the_weight_signature(monkeypatch, x_dtype, w_dtype, fp32_
 
 @pytest.mark.parametrize("op", ["silu_mul", "silu_mul_quant"])
 def test_valid_token_count_reaches_the_kernel(monkeypatch, op):
-    """valid_token_count selects the has_count kernels and is passed as a [1] int32 tensor (the
-    cached placeholder without it, as scale_ub)."""
+    """valid_token_count is passed to the same kernels as a [1] int32 tensor; without it the
+    kernels get a cached placeholder holding 2^31 - 1 (every row)."""
     from mslk_dsl.ops import dispatch
 
     launched = _launched_with(monkeypatch, op)
@@ -152,9 +152,10 @@ def test_valid_token_count_reaches_the_kernel(monkeypatch, op):
     call(t(5, 16), t(5, 16), valid_token_count=count)
     call(t(5, 16), t(5, 16))
     (with_sig, with_args), (without_sig, without_args) = launched
-    assert with_sig[-1] is True and without_sig[-1] is False
+    assert with_sig == without_sig
     assert with_args[-1].shape == (1,) and int(with_args[-1]) == 3
-    assert without_args[-1] is dispatch.placeholder(torch.device("cpu"), torch.int32)
+    all_rows = dispatch.placeholder(torch.device("cpu"), torch.int32, fill=2**31 - 1)
+    assert without_args[-1] is all_rows and int(all_rows) == 2**31 - 1 and dispatch.is_placeholder(all_rows)
 
 
 def test_one_column_moe_inputs_run_as_two_columns_on_rocm(monkeypatch):

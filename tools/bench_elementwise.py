@@ -47,12 +47,10 @@ def _signature(op, k, dtype, has_ub):
 
     row_bytes = k * dtype.itemsize
     if op == "silu_mul":
-        sig = {"aligned": row_bytes % 16 == 0, "dtype": dtype_name(dtype), "has_count": False}
+        sig = {"aligned": row_bytes % 16 == 0, "dtype": dtype_name(dtype)}
         kernel_op = declaration.get(op).kernels
     else:
         sig = {"aligned": row_bytes % 16 == 0 and k % 16 == 0, "dtype": dtype_name(dtype), "has_scale_ub": has_ub}
-        if op == "silu_mul_quant":
-            sig["has_count"] = False
         kernel_op = declaration.get(op).kernels
     return sig, kernel_op, tuple(sig[f] for f in kernel_op.sig_fields)
 

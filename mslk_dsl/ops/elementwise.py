@@ -52,10 +52,15 @@ def _check_valid_count(op: str, valid_token_count, x: torch.Tensor, x_name: str)
     check.same_device(op, x_name, x, valid_token_count=valid_token_count)
 
 
+# The row count the kernels read without valid_token_count: every row (they take min(M, count)).
+ALL_ROWS = 2**31 - 1
+
+
 def _count_arg(valid_token_count, device) -> torch.Tensor:
-    """The kernel's row-count argument: the caller's one element, or the unread placeholder."""
+    """The kernel's row-count argument: the caller's one element, or a cached ALL_ROWS. The
+    kernels always read it (one 4-byte load per CTA), so the op needs no second set of kernels."""
     if valid_token_count is None:
-        return placeholder(device, torch.int32)
+        return placeholder(device, torch.int32, fill=ALL_ROWS)
     return valid_token_count.reshape(1)
 
 
@@ -109,8 +114,7 @@ def _prepare_silu_mul(select, outputs, x0, x1, valid_token_count):
         return None
     a, b = check.rows(x0), check.rows(x1)
     o = y.view(a.shape)
-    has_count = valid_token_count is not None
-    kernel, _ = select((check.aligned16(a, b, o), dtype_name(a.dtype), has_count), tuple(a.shape))
+    kernel, _ = select((check.aligned16(a, b, o), dtype_name(a.dtype)), tuple(a.shape))
     return Launch(kernel, (a, b, o, _count_arg(valid_token_count, a.device)))
 
 
@@ -122,7 +126,7 @@ silu_mul = declare(OpDecl(
     ``out``: a contiguous tensor of x0's shape and dtype to write into instead of allocating.""",
     check=_check_silu_mul,
     outputs=lambda x0, x1, valid_token_count=None: [(tuple(x0.shape), x0.dtype)],
-    prepare=_prepare_silu_mul, signature=("aligned", "dtype", "has_count"), problem=("M", "K"),
+    prepare=_prepare_silu_mul, signature=("aligned", "dtype"), problem=("M", "K"),
     example=_rows_example(2), reference=_silu_mul_reference, small_problem={"M": 5, "K": 64}))
 
 
@@ -171,8 +175,7 @@ def _prepare_silu_mul_quant(select, outputs, x0, x1, scale_ub, valid_token_count
     a, b = check.rows(x0), check.rows(x1)
     q = xq.view(a.shape)
     ub = scale_ub.reshape(1) if scale_ub is not None else placeholder(a.device, torch.float32)
-    sig = (check.aligned16(a, b, q), dtype_name(a.dtype), scale_ub is not None, valid_token_count is not None)
-    kernel, _ = select(sig, tuple(a.shape))
+    kernel, _ = select((check.aligned16(a, b, q), dtype_name(a.dtype), scale_ub is not None), tuple(a.shape))
     return Launch(kernel, (a, b, ub, q, scale.view(-1), _count_arg(valid_token_count, a.device)))
 
 
@@ -189,7 +192,7 @@ silu_mul_quant = declare(OpDecl(
     ``valid_token_count`` as silu_mul's: xq rows and scales from that row on are left untouched.
     ``out``: contiguous (xq, scale) tensors to write into instead of allocating.""",
     check=_check_silu_mul_quant, outputs=_quant_outputs, prepare=_prepare_silu_mul_quant,
-    signature=("aligned", "dtype", "has_scale_ub", "has_count"), problem=("M", "K"),
+    signature=("aligned", "dtype", "has_scale_ub"), problem=("M", "K"),
     example=_rows_example(2),
     reference=_silu_mul_quant_reference,
     small_problem={"M": 5, "K": 64}))

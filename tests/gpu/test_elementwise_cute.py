@@ -41,21 +41,18 @@ def _name(dtype):
 
 
 def COUNT():
-    """The row-count argument of silu_mul / silu_mul_quant kernels without valid_token_count
-    (never read)."""
-    return torch.zeros(1, dtype=torch.int32, device="cuda")
+    """The row-count argument of silu_mul / silu_mul_quant kernels without valid_token_count:
+    every row."""
+    return torch.full((1,), 2**31 - 1, dtype=torch.int32, device="cuda")
 
 
 def _sig(op, k, dtype, ub=False):
     """The signature the op layer computes for fresh (16-byte aligned) [M, K] tensors."""
     row_bytes = k * torch.tensor([], dtype=dtype).element_size()
     if op == "silu_mul":
-        return {"aligned": row_bytes % 16 == 0, "dtype": _name(dtype), "has_count": False}
+        return {"aligned": row_bytes % 16 == 0, "dtype": _name(dtype)}
     # The fp8 output rows (K bytes) must be 16-byte multiples as well.
-    sig = {"aligned": row_bytes % 16 == 0 and k % 16 == 0, "dtype": _name(dtype), "has_scale_ub": ub}
-    if op == "silu_mul_quant":
-        sig["has_count"] = False
-    return sig
+    return {"aligned": row_bytes % 16 == 0 and k % 16 == 0, "dtype": _name(dtype), "has_scale_ub": ub}
 
 
 def _template(op):
