@@ -47,9 +47,6 @@ ARRAYS = 2
 
 
 def _valid(config, target, sig):
-    # An fp32 weight with fp32 x is the plain fp32 signature (the op never asks for this one).
-    if sig.get("fp32_weight") and sig["dtype"] == "float32":
-        return False
     return plan.valid(config, sig, arrays=ARRAYS)
 
 

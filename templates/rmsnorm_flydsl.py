@@ -59,9 +59,6 @@ def _wide(sig) -> int:
 
 
 def _valid(config, target, sig):
-    # An fp32 weight with fp32 x is the plain fp32 signature (the op never asks for this one).
-    if sig.get("fp32_weight") and sig["dtype"] == "float32":
-        return False
     # Single elements serve any row; 16-byte vectors need aligned rows.
     return target in TARGETS and (config["vec"] == 1 or (sig["aligned"] and config["vec"] == _wide(sig)))
 

@@ -102,10 +102,7 @@ def cases(backend: str) -> list[Case]:
         for target in t.targets:
             defaults = {config_name(t.heuristic(target, sig, DEFAULT_PROBLEM)): None for sig in sigs}
             for sig in sigs:
-                default = t.heuristic(target, sig, DEFAULT_PROBLEM)
-                if not t.valid(default, target, sig):
-                    continue   # a signature the op never selects (e.g. rmsnorm's fp32 x with fp32_weight)
-                case = _case(t, default, target, sig)
+                case = _case(t, t.heuristic(target, sig, DEFAULT_PROBLEM), target, sig)
                 found.setdefault(case.job.key.digest, case)
             others = t.all_configs() if ALL_CONFIGS else _covering_sample(t, target, set(defaults))
             for config in others:
