@@ -45,7 +45,7 @@ class IndexShuffling(space.RouteGeometry):
             e = j * LANES + g
             b = Int32(bits[j])
             ordered = b ^ ((b >> 31) & self.sign_free)      # float order as signed-integer order
-            key = (KeyT(ordered) << 8) | KeyT(255 - e)
+            key = (KeyT(ordered) << self.expert_bits) | KeyT(self.expert_mask - e)
             keys[j] = KeyT(cutlass.select_((t < n_tok) & (e < n_exp), key, KeyT(self.key_min)))
         return keys
 
@@ -91,7 +91,7 @@ class IndexShuffling(space.RouteGeometry):
                 for j in cutlass.range_constexpr(V):
                     if keys[j] == m:
                         keys[j] = KeyT(self.key_min)
-            e = 255 - Int32(win & 255)
+            e = self.expert_mask - Int32(win & self.expert_mask)
             routed = (g < top_k) & (t < n_valid) & (win != KeyT(self.key_min)) & (e >= e_start) & (e < e_end)
             # Rank in token order: the step's tokens take their turns (their experts are distinct).
             rank = Int32(0)
@@ -103,7 +103,7 @@ class IndexShuffling(space.RouteGeometry):
             if (g < top_k) & (t < n_tok):
                 slot = Int32(-1)
                 if routed:
-                    slot = (rank << 8) | e
+                    slot = (rank << self.expert_bits) | e
                 mSlots[t * top_k + g] = slot
         cute.arch.sync_threads()
 
@@ -126,7 +126,7 @@ class IndexShuffling(space.RouteGeometry):
                 if (g < top_k) & (t < n_tok):
                     slot = mSlots[t * top_k + g]
                     if slot >= 0:
-                        mSlots[t * top_k + g] = slot + (whist[(slot & 255) + MAX_E * warp] << 8)
+                        mSlots[t * top_k + g] = slot + (whist[(slot & self.expert_mask) + MAX_E * warp] << self.expert_bits)
 
     @cute.kernel
     def place_kernel(self, mSlots: cute.Tensor, mHist: cute.Tensor, mCounts: cute.Tensor, mExpOut: cute.Tensor,
@@ -198,8 +198,8 @@ class IndexShuffling(space.RouteGeometry):
             for u in cutlass.range_constexpr(UNROLL):
                 s = s0 + u * PLACE_THREADS
                 if (s < n_slots) & (slots[u] >= 0):
-                    ee = slots[u] & 255
-                    pos = s_base[ee] + (slots[u] >> 8)
+                    ee = slots[u] & self.expert_mask
+                    pos = s_base[ee] + (slots[u] >> self.expert_bits)
                     mExpOut[pos] = ee - e_start
                     mTokOut[pos] = (t0 * top_k + s) // top_k
 

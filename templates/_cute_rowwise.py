@@ -77,6 +77,11 @@ def quantize_setup(template: str, config, target: str, sig, arrays: int):
     return tile, fp8, dsl_dtype(sig["dtype"]), dsl_dtype(fp8.fp8_dtype_name)
 
 
+def fake_count():
+    """Stand-in for a [1] int32 row count (MSLK's valid_token_count)."""
+    return fake_vector(cutlass.Int32, 1)
+
+
 def env_stream():
     """The launch stream: the caller's current torch stream (TVM-FFI environment stream)."""
     return make_fake_stream(use_tvm_ffi_env_stream=True)
@@ -114,6 +119,12 @@ def cta_row(tile: cutlass.Constexpr, m: Int32, k: Int32):
     return row, row_in_cta, lane, nvec
 
 
+def rows_to_write(t: cute.Tensor, mCount: cute.Tensor):
+    """The rows of ``t`` a kernel computes: the first min(rows, mCount[0]) (MSLK's
+    valid_token_count; the rest are neither read nor written)."""
+    return cutlass.min(t.shape[0], cutlass.max(mCount[0], Int32(0)))
+
+
 def row_vectors(t: cute.Tensor, row, vec: int) -> cute.Tensor:
     """Row ``row`` of a row-major [M, K] tensor as ``vec``-element vectors: ``v[None, j]`` is
     elements ``[j*vec, (j+1)*vec)``. The row offset is computed with the 64-bit stride."""
@@ -125,6 +136,12 @@ def _atom(load: bool, dtype, vec: int, evict):
     access) if the alignment the layout proves is smaller than the access."""
     op = cute.nvgpu.CopyG2ROp() if load else cute.nvgpu.CopyR2GOp()
     return cute.make_copy_atom(op, dtype, num_bits_per_copy=vec * dtype.width, l1c_evict_priority=evict)
+
+
+def weight_atom(dtype, vec: int):
+    """A ``vec``-element global load of a per-column operand read by every row (a norm's weight):
+    kept in L1 (see ``_atom``)."""
+    return _atom(True, dtype, vec, KEEP)
 
 
 @cute.jit
@@ -347,11 +364,14 @@ def quantize_row(srcs, combine: cutlass.Constexpr, dst: cute.Tensor, tile: cutla
 @cute.jit
 def quantize_rows(inputs, combine: cutlass.Constexpr, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor,
                   tile: cutlass.Constexpr, has_ub: cutlass.Constexpr, eps: cutlass.Constexpr[float],
-                  fp8_max: cutlass.Constexpr[float]):
+                  fp8_max: cutlass.Constexpr[float], rows=None):
     """Kernel body of the row-wise FP8 quantizers: the CTA's rows of combine(*inputs) (inputs
     [M, K]) quantized into mQ, their dequant scales into mS; scale_ub read from mUB[0] when
-    ``has_ub``."""
-    row, row_in_cta, lane, nvec = cta_row(tile, mQ.shape[0], mQ.shape[1])
+    ``has_ub``. ``rows``: how many rows to compute (default all of mQ's); the others are
+    neither read nor written."""
+    if const_expr(rows is None):
+        rows = mQ.shape[0]
+    row, row_in_cta, lane, nvec = cta_row(tile, rows, mQ.shape[1])
     ub = mUB[0] if const_expr(has_ub) else None
     buf = reduction_buffer(cutlass.utils.SmemAllocator(), tile)
     srcs = tuple(row_vectors(t, row, tile.vec) for t in inputs)

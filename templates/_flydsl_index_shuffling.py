@@ -42,7 +42,7 @@ class IndexShuffling(space.RouteGeometry):
             raw = row[(e < n_exp).select(e, n_exp - 1)]
             b = raw.bitcast(fx.Int32) if const_expr(self.wide) else fx.Int32(raw.bitcast(fx.Int16))
             ordered = b ^ ((b >> 31) & self.sign_free)       # float order as signed-integer order
-            key = (self.key_t(ordered) << 8) | self.key_t(255 - e)
+            key = (self.key_t(ordered) << self.expert_bits) | self.key_t(self.expert_mask - e)
             fx.memref_store(((t < n_tok) & (e < n_exp)).select(key, self.key_t(self.key_min)), keys, j)
         return keys
 
@@ -82,7 +82,7 @@ class IndexShuffling(space.RouteGeometry):
                 for j in range_constexpr(self.keys_per_lane):
                     k_j = fx.memref_load(keys, j)
                     fx.memref_store((k_j == m).select(self.key_t(self.key_min), k_j), keys, j)
-            e = 255 - fx.Int32(win & 255)
+            e = self.expert_mask - fx.Int32(win & self.expert_mask)
             routed = (g < top_k) & (t < n_valid) & (win != self.key_t(self.key_min)) & (e >= e_start) & (e < e_end)
             # Rank in token order: the step's tokens take turns (a wave's LDS accesses are in order).
             rank = fx.Int32(0)
@@ -91,7 +91,7 @@ class IndexShuffling(space.RouteGeometry):
                     rank = whist[e + self.max_e * wave]
                     whist[e + self.max_e * wave] = rank + 1
             if (g < top_k) & (t < n_tok):
-                slots[t * top_k + g] = routed.select((rank << 8) | e, fx.Int32(-1))
+                slots[t * top_k + g] = routed.select((rank << self.expert_bits) | e, fx.Int32(-1))
         gpu.barrier()
 
         for i in range_constexpr((self.max_e + self.threads - 1) // self.threads):
@@ -111,7 +111,7 @@ class IndexShuffling(space.RouteGeometry):
                 if (g < top_k) & (t < n_tok):
                     slot = slots[t * top_k + g]
                     if slot >= 0:
-                        slots[t * top_k + g] = slot + (whist[(slot & 255) + self.max_e * wave] << 8)
+                        slots[t * top_k + g] = slot + (whist[(slot & self.expert_mask) + self.max_e * wave] << self.expert_bits)
 
     @fk.kernel(lambda self: {"name": self.name + "_place", "known_block_size": [PLACE_THREADS, 1, 1]})
     def place_kernel(self, Slots: fx.Tensor, Hist: fx.Tensor, Counts: fx.Tensor, ExpOut: fx.Tensor,
@@ -180,8 +180,8 @@ class IndexShuffling(space.RouteGeometry):
             for u in range_constexpr(UNROLL):
                 s = s0 + u * PLACE_THREADS
                 if (s < n_slots) & (got[u] >= 0):
-                    ee = got[u] & 255
-                    pos = s_base[ee] + (got[u] >> 8)
+                    ee = got[u] & self.expert_mask
+                    pos = s_base[ee] + (got[u] >> self.expert_bits)
                     (fx.get_iter(ExpOut) + pos).store(ee - e_start)
                     (fx.get_iter(TokOut) + pos).store((t0 * top_k + s) // top_k)
 

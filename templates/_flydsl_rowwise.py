@@ -74,6 +74,15 @@ class RowGroups:
         self.lane = tid % self.width
 
 
+def counted_row(row, tensor, count):
+    """``row``, or past ``tensor``'s last row (a zero-size descriptor: nothing read or written)
+    when row >= count[0] (MSLK's valid_token_count, a [1] int32 tensor). The count is made
+    wave-uniform so that rows and descriptors stay in scalar registers."""
+    rows, _ = tensor.shape.unpack()
+    n = fx.Int32(fx.rocdl.readfirstlane(T.i32, fx.get_iter(count).load()))
+    return (row < n).select(row, rows)
+
+
 def row_view(tensor, row, vec: int):
     """Row ``row`` of a 2-D tensor (unit column stride) as a bounds-checked buffer view of
     ``vec``-element vectors: ``load(view, j, vec)`` reads columns [j*vec, j*vec + vec)."""

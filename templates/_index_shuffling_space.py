@@ -20,9 +20,9 @@ def configs(groups: str, shapes) -> tuple[dict, ...]:
 
 
 CUTE_CONFIGS = configs("warps", [(32, 8, 32), (64, 8, 32), (128, 8, 32), (128, 16, 32),
-                                 (256, 16, 32), (256, 8, 16)])
+                                 (256, 16, 32), (256, 8, 16), (512, 16, 16)])
 FLYDSL_CONFIGS = configs("waves", [(32, 8, 16), (64, 8, 16), (128, 16, 16), (128, 8, 8),
-                                   (256, 16, 8), (256, 32, 16)])
+                                   (256, 16, 8), (256, 32, 16), (512, 32, 8)])
 
 
 def heuristic(configs, problem) -> dict:
@@ -65,7 +65,11 @@ class RouteGeometry:
         self.place_parts = PLACE_THREADS // self.max_e      # place: threads per expert for the prefix sums
         self.experts_per_lane = max(self.max_e // wave, 1)  # place: in the expert scan
         self.has_n = bool(sig["has_valid_count"])
-        # Keys: orderable score bits << 8 | 255 - e, in 32 bits for bf16 scores, 64 for fp32.
+        # Low bits of a key or slot that hold the expert: 8 (E <= 256) or 9 (E <= 512). A slot
+        # is rank << expert_bits | e in an int32, so a chunk routes fewer than 2^(31 - bits) pairs.
+        self.expert_bits = max(8, (self.max_e - 1).bit_length())
+        self.expert_mask = (1 << self.expert_bits) - 1
+        # Keys: orderable score bits << expert_bits | expert_mask - e, in 32 bits for bf16 scores, 64 for fp32.
         self.wide = sig["score_dtype"] == "float32"
         self.sign_free = 0x7FFFFFFF if self.wide else 0x7FFF
         self.key_min = -(2 ** 63) if self.wide else -(2 ** 31)

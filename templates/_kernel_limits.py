@@ -16,8 +16,9 @@ VECTOR_BYTES = 16
 # -- index_shuffling --------------------------------------------------------------------------
 # Router score dtypes, by torch name.
 SCORE_DTYPES = ("bfloat16", "float32")
-# A routing key packs the expert as 255 - e in its low 8 bits, so at most 256 experts.
-MAX_EXPERTS = 256
+# A routing key packs the expert as (2^bits - 1) - e in its low bits: 8 bits up to 256 experts,
+# 9 for the 512-expert configs (E = 320, one of MSLK's expert counts).
+MAX_EXPERTS = 512
 # The narrowest config gives a token 8 lanes and each lane keeps one of the token's winners.
 MAX_TOP_K = 8
 # The route kernel runs at most this many blocks (chunks of tokens); its per-chunk, per-expert

@@ -25,17 +25,18 @@ A token's experts are the top_k largest scores; ties go to the lower expert inde
 keeps the left, lower-index operand on ties too; torch.topk does not specify). Within an expert,
 tokens are in increasing order, so the output is deterministic and equals a stable sort of the
 (expert, token) pairs. Deliberate differences from MSLK: deterministic order (MSLK's atomics
-give an arbitrary order within an expert); any E <= 256 and top_k <= 8 (MSLK: E in {16, 32, 128,
-320}, so no 320 here; top_k in {1, 2, 4}); no cooperative launch or zero-filled counts; -0.0
-ranks below +0.0 and NaN scores are unspecified. T < 2^23 (ranks are packed as rank << 8 | e).
+give an arbitrary order within an expert); any E <= 512 and top_k <= 8 (MSLK: E in {16, 32, 128,
+320}; top_k in {1, 2, 4}); no cooperative launch or zero-filled counts; -0.0 ranks below +0.0
+and NaN scores are unspecified. The expert takes the low ``bits`` of a key or slot: 8 for
+max_experts <= 256, 9 for 512; T < 2^(31 - bits) (ranks are packed as rank << bits | e).
 
 Two kernels, no grid-wide barrier:
   route  (one block per chunk of tokens; each warp owns a contiguous run of the chunk): a group
          of ``lanes`` threads finds a token's top-k by k rounds of max over packed keys
-         (orderable score bits << 8 | 255 - e: one integer max compares score, then index).
+         (orderable score bits << bits | 2^bits - 1 - e: one integer max compares score, then index).
          Each warp ranks its selections per expert in token order with a private histogram in
          shared memory; the warps' counts are then scanned so the rank is the position within
-         the chunk, written to ws_slots as rank << 8 | e (-1: not routed), and the chunk's
+         the chunk, written to ws_slots as rank << bits | e (-1: not routed), and the chunk's
          per-expert counts go to ws_hist.
   place  (one block per chunk): prefix-sums ws_hist over chunks and experts to the chunk's
          base per expert and writes expert_indices / token_indices. Block 0 writes counts.

@@ -19,7 +19,7 @@ for the same reason E >= 2 (torch gives a [T, 1] tensor unit strides on both dim
 layer adds a second expert scored -inf, outside the routed range, for E = 1).
 
 Route: a group of ``lanes`` threads of a 64-wide wave holds a token's packed keys
-(orderable score bits << 8 | 255 - e) and takes k rounds of butterfly max; each wave ranks its
+(orderable score bits << bits | 2^bits - 1 - e; bits 8, or 9 for 512 experts) and takes k rounds of butterfly max; each wave ranks its
 selections per expert in token order in its own LDS histogram; the waves' counts are scanned.
 Place: per-expert prefix sums over the chunks, then the scatter of the ranked slots.
 

@@ -6,7 +6,8 @@
                 new_residual = (x.float() + residual.float()).to(dtype)
                 y = rmsnorm(new_residual) as above (from the rounded new_residual)
 
-x, residual, y, new_residual: [M, N] compact row-major; weight: [N]; all bf16 or all fp16, fp32
+x, residual, y, new_residual: [M, N] compact row-major, bf16, fp16 or fp32 (sig["dtype"]);
+weight: [N] of that dtype, or fp32 with sig["fp32_weight"] (mixed-precision checkpoints); fp32
 math; eps: a Python float. M and N are dynamic: one artifact serves every shape.
 
 A CTA owns ``rows_per_block`` rows, each handled by ``threads / rows_per_block`` threads (see
@@ -15,7 +16,12 @@ vectors, 128-bit on aligned rows) at once, and keeps that part in registers, pac
 sum of squares to the normalize pass: a row of up to ``tile_k`` elements crosses DRAM once
 (read x [+ residual], write y [+ new_residual]). The rest of a longer row is streamed a vector
 at a time and read again (from L2, usually) for the normalize pass; the heuristic picks the
-smallest tile that covers the row, so that happens only for rows the configs do not cover.
+smallest tile that covers the row, so that happens only for rows the configs do not cover:
+past 32K elements (16K for fp32), where one CTA of 1024 threads holds 32K and streams the rest.
+At one or two such CTAs per SM the streamed part of the rows in flight (132-264 rows) mostly
+stays in the 50 MB L2 for the second read up to 64K elements.
+
+An fp32 weight with 16-bit x is read as two 128-bit vectors per vector of x.
 """
 import functools
 import operator
@@ -24,13 +30,16 @@ from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _rowwise_plan as plan
 
-DTYPES = ("bfloat16", "float16")
+DTYPES = ("bfloat16", "float16", "float32")
 
-# (threads, rows_per_block, chunks) -> tile_k for 16-bit dtypes: 2048 (a warp per row, 4 rows
-# per CTA), 4096, 8192 and 16384 with 128-bit vectors; 4096 and 16384 with scalar accesses.
-CONFIGS = tuple(
-    [plan.config(t, r, 8, c) for (t, r, c) in ((128, 4, 8), (128, 2, 8), (128, 1, 8), (256, 1, 8))]
-    + [plan.config(t, r, 1, c) for (t, r, c) in ((256, 1, 16), (512, 1, 32))])
+# (threads, rows_per_block, chunks) -> tile_k for 16-bit dtypes (half for fp32): 2048 (a warp
+# per row, 4 rows per CTA), 4096, 8192, 16384 and 32768 (long rows: one CTA per SM holds the
+# first 32K, see above) with 128-bit vectors; 4096 and 16384 with scalar accesses.
+CONFIGS = tuple(plan.expand(
+    vector_shapes=[(128, 4, 8), (128, 2, 8), (128, 1, 8), (256, 1, 8), (1024, 1, 4)],
+    scalar_shapes=[(256, 1, 16), (512, 1, 32)]))
+# Registers per thread for the 1024-thread CTAs (the most a CTA of 1024 threads may use).
+LONG_ROW_REGS = 64
 
 # Register tiles a thread holds at once (rmsnorm_add: x and residual while they load), for the
 # register budget of _rowwise_plan.valid.
@@ -56,6 +65,21 @@ def _build(config, target, sig, residual):
     tile = plan.RowTile.of(config)
     tpr, vec, chunks = tile.tpr, tile.vec, tile.chunks
     dtype = rw.dsl_dtype(sig["dtype"])
+    wdtype = Float32 if sig.get("fp32_weight") else dtype
+    # The weight under a vector of x, in ``wparts`` accesses of ``wvec`` elements (128-bit on
+    # aligned rows: two for an fp32 weight under 8 bf16 / fp16 values).
+    wvec = min(vec, 16 // (wdtype.width // 8)) if sig["aligned"] else vec
+    wparts = vec // wvec
+
+    def weight_values(vW, wraw, wf, j):
+        """The weight under vector j (< the row's vector count) of x, as fp32 (vec, 1) values."""
+        for p in range(wparts):
+            cute.copy(rw.weight_atom(wdtype, wvec), vW[None, j * wparts + p], wraw[None, p])
+        if const_expr(wparts == 1):
+            return wraw.load().to(Float32)
+        for e in range(vec):
+            wf[e, 0] = Float32(wraw[e % wvec, e // wvec])
+        return wf.load()
 
     def add_rounded(a, b):
         return (a.load().to(Float32) + b.load().to(Float32)).to(dtype)
@@ -71,7 +95,9 @@ def _build(config, target, sig, residual):
         if row >= mX.shape[0]:
             nvec = 0
         vX, vY = rw.row_vectors(mX, row, vec), rw.row_vectors(mY, row, vec)
-        vW = cute.zipped_divide(mW, (vec,))
+        vW = cute.zipped_divide(mW, (wvec,))
+        wraw = cute.make_rmem_tensor((wvec, wparts), wdtype)
+        wf = cute.make_rmem_tensor((vec, 1), Float32)
         srcs = (vX,)
         if const_expr(residual):
             vRO = rw.row_vectors(mRO, row, vec)
@@ -110,21 +136,24 @@ def _build(config, target, sig, residual):
         for i in cutlass.range_constexpr(chunks):
             j = lane + i * tpr
             if j < nvec:
-                rw.copy_vectors(vW, b, j, tpr, nvec, load=True, evict=rw.KEEP)
+                w = weight_values(vW, wraw, wf, j)
                 h = red.after(held[None, i].load(), ss).to(Float32)
-                a.store((h * rstd * b.load().to(Float32)).to(dtype))
+                a.store((h * rstd * w).to(dtype))
                 rw.copy_vectors(a, vY, j, tpr, nvec, load=False)
         # The streamed rest: read back what pass 1 read (x) or wrote (new_residual).
         vH = vRO if const_expr(residual) else vX
         for j in cutlass.range(lane + tile.tile_vecs, nvec, tpr):
             rw.copy_vectors(vH, a, j, tpr, nvec, load=True, evict=rw.KEEP)
-            rw.copy_vectors(vW, b, j, tpr, nvec, load=True, evict=rw.KEEP)
-            a.store((a.load().to(Float32) * rstd * b.load().to(Float32)).to(dtype))
+            w = weight_values(vW, wraw, wf, j)
+            a.store((a.load().to(Float32) * rstd * w).to(dtype))
             rw.copy_vectors(a, vY, j, tpr, nvec, load=False)
+
+    # A 1024-thread CTA must fit the SM's register file: cap ptxas at LONG_ROW_REGS.
+    hints = rw.launch_hints(tile, LONG_ROW_REGS) if tile.threads > 512 else {}
 
     def launch(mX, mR, mW, mY, mRO, eps, stream):
         grid = (cute.ceil_div(mX.shape[0], tile.rows_per_block), 1, 1)
-        kernel(mX, mR, mW, mY, mRO, eps).launch(grid=grid, block=(tile.threads, 1, 1), stream=stream)
+        kernel(mX, mR, mW, mY, mRO, eps).launch(grid=grid, block=(tile.threads, 1, 1), stream=stream, **hints)
 
     @cute.jit
     def rmsnorm(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, eps: Float32, stream):
@@ -140,7 +169,7 @@ def _build(config, target, sig, residual):
     align = 16 if sig["aligned"] else elem
     m, n = rw.dynamic_rows_cols(16 // elem if sig["aligned"] else 1)
     rows = [rw.fake_rows(dtype, m, n, align) for _ in range(4)]
-    weight = rw.fake_vector(dtype, n, align)
+    weight = rw.fake_vector(wdtype, n, 16 if sig["aligned"] else wdtype.width // 8)
     tail = [Float32(1e-6), rw.env_stream()]
     if residual:
         return rmsnorm_add, [rows[0], rows[1], weight, rows[2], rows[3], *tail]
@@ -156,7 +185,7 @@ def _scalar_long_rows(config, target) -> bool:
 
 def _template(op, residual):
     return Template(op=op, backend="cute", targets=("sm90a",),
-                    signatures={"dtype": DTYPES, "aligned": (True, False)},
+                    signatures={"dtype": DTYPES, "aligned": (True, False), "fp32_weight": (False, True)},
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic,
                     build=functools.partial(_build, residual=residual), spills_allowed=_scalar_long_rows,
                     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

@@ -4,7 +4,8 @@ rmsnorm:      kernel(x, weight, y, eps)
               y = (x.float() * rsqrt(mean(x.float()^2) + eps) * weight.float()).to(dtype)
 rmsnorm_add:  kernel(x, residual, weight, y, new_residual, eps)
               new_residual = (x.float() + residual.float()).to(dtype); y = rmsnorm(new_residual)
-x, residual, y, new_residual: contiguous [M, N]; weight [N]; bf16 or fp16; eps an fp32 scalar.
+x, residual, y, new_residual: contiguous [M, N] bf16, fp16 or fp32; weight [N] of x's dtype, or
+fp32 with sig["fp32_weight"] (read as two 16-byte vectors under 8 values of x); eps an fp32 scalar.
 M and N are dynamic: one artifact serves every shape. Each element is read, then written, by one
 thread only, so new_residual may alias x or residual and y may alias x (the op layer allocates
 fresh outputs, so this is not exercised).
@@ -14,14 +15,15 @@ their bounds-checked buffer descriptors come from _flydsl_rowwise). The group wa
 chunks of ``group * vec * tiles`` elements, each thread holding ``tiles`` vectors of ``vec``
 elements. The last chunk stays in registers across the reduction; earlier chunks (rows longer
 than one chunk) are read again afterwards, so every config is correct for every N, while the
-heuristic picks one whose chunk covers N (x is read once). ``vec`` 8 is a 16-byte access and
-needs aligned rows; ``vec`` 1 serves any N. Every chunk issues all its loads before its first
+heuristic picks one whose chunk covers N (x is read once). ``vec`` 8 (16-bit dtypes) and 4
+(fp32) are 16-byte accesses and need aligned rows; ``vec`` 1 serves any N. Rows past 16K elements
+take the 1024-thread configs: the re-read of the earlier chunks then mostly hits L2 / MALL. Every chunk issues all its loads before its first
 store: a store in between would make each load wait for the previous one (vmcnt counts both).
 """
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
 
-DTYPES = ("bfloat16", "float16")
+DTYPES = ("bfloat16", "float16", "float32")
 TARGETS = ("gfx942", "gfx950")
 
 # (threads, rows per block, elements per access, vectors per thread per chunk)
@@ -33,6 +35,12 @@ _CONFIGS = [
     (256, 1, 8, 4),     # chunk 8192 (5120, 7168, 8192)
     (512, 1, 8, 4),     # chunk 16384
     (1024, 1, 8, 2),    # chunk 16384, more waves per row
+    (256, 4, 4, 1),     # fp32: a wave per row, chunk 256
+    (256, 4, 4, 2),     # fp32: a wave per row, chunk 512
+    (256, 1, 4, 2),     # fp32: chunk 2048
+    (256, 1, 4, 4),     # fp32: chunk 4096
+    (512, 1, 4, 4),     # fp32: chunk 8192
+    (1024, 1, 4, 4),    # fp32: chunk 16384
     (256, 4, 1, 16),    # any N: a wave per row, chunk 1024
     (512, 1, 1, 16),    # any N: chunk 8192
     (1024, 1, 1, 16),   # any N: chunk 16384
@@ -45,15 +53,21 @@ def chunk(config) -> int:
     return config["threads"] // config["rows"] * config["vec"] * config["tiles"]
 
 
+def _wide(sig) -> int:
+    """Elements of a 16-byte vector of x."""
+    return 16 // limits.ELEM_BYTES[sig["dtype"]]
+
+
 def _valid(config, target, sig):
-    return target in TARGETS and (sig["aligned"] or config["vec"] == 1)
+    # Single elements serve any row; 16-byte vectors need aligned rows.
+    return target in TARGETS and (config["vec"] == 1 or (sig["aligned"] and config["vec"] == _wide(sig)))
 
 
 def _heuristic(target, sig, problem):
     # The smallest chunk that holds the whole row (one read of x, fewest idle lanes), then the
     # fewest threads; rows longer than every chunk take the largest.
     n = int(problem.get("N", 4096))
-    fits = [c for c in CONFIGS if c["vec"] == (8 if sig["aligned"] else 1)]
+    fits = [c for c in CONFIGS if c["vec"] == (_wide(sig) if sig["aligned"] else 1)]
     covering = [c for c in fits if chunk(c) >= n]
     if covering:
         return dict(min(covering, key=lambda c: (chunk(c), c["threads"])))
@@ -74,9 +88,14 @@ def _make_launcher(config, sig, fused_add: bool):
     THREADS, ROWS, VEC, TILES = config["threads"], config["rows"], config["vec"], config["tiles"]
     FUSED = bool(fused_add)
     DTYPE = sig["dtype"]
+    W32 = bool(sig.get("fp32_weight"))
+    # The weight under a vector of x: WPARTS accesses of WVEC elements (16 bytes when aligned).
+    WVEC = min(VEC, 4) if W32 and sig["aligned"] else VEC
+    WPARTS = VEC // WVEC
     GROUP = THREADS // ROWS           # threads per row
     CHUNK_V = GROUP * TILES           # vectors per chunk of a row
-    NAME = f"mslk_{'rmsnorm_add' if FUSED else 'rmsnorm'}_{DTYPE}_t{THREADS}r{ROWS}v{VEC}x{TILES}"
+    NAME = (f"mslk_{'rmsnorm_add' if FUSED else 'rmsnorm'}_{DTYPE}{'_w32' if W32 else ''}"
+            f"_t{THREADS}r{ROWS}v{VEC}x{TILES}")
     storage = rw.reduce_storage(THREADS)
 
     @flyc.kernel(name=NAME, known_block_size=[THREADS, 1, 1])
@@ -86,7 +105,7 @@ def _make_launcher(config, sig, fused_add: bool):
         groups = rw.RowGroups(THREADS, ROWS)
         row = fx.block_idx.x * ROWS + groups.group
         N = X.shape.unpack()[1]
-        xv, yv, wv = rw.row_view(X, row, VEC), rw.row_view(Y, row, VEC), red.vector_view(W, VEC)
+        xv, yv, wv = rw.row_view(X, row, VEC), rw.row_view(Y, row, VEC), red.vector_view(W, WVEC)
         again = xv                    # where pass 2 reads a row again
         if const_expr(FUSED):
             rv, hv = rw.row_view(R, row, VEC), rw.row_view(H, row, VEC)
@@ -113,6 +132,13 @@ def _make_launcher(config, sig, fused_add: bool):
                 rw.store(hv, js[t], hs[t], VEC)
             return hs
 
+        def load_weight(j):
+            # The weight under vector j of x, as one vector of VEC elements.
+            parts = [rw.load(wv, j * WPARTS + p, WVEC) for p in range_constexpr(WPARTS)]
+            if const_expr(WPARTS == 1):
+                return parts[0]
+            return parts[0].shuffle(parts[1], list(range(VEC)))
+
         def sum_sq(vs):
             total = fx.Float32(0.0)
             for v in vs:
@@ -131,7 +157,7 @@ def _make_launcher(config, sig, fused_add: bool):
         for c in range(last):
             acc = acc + sum_sq(row_values(*load_chunk(c)))
         js, xs, rs = load_chunk(last)
-        weights = [rw.load(wv, j, VEC) for j in js]   # in flight across the reduction
+        weights = [load_weight(j) for j in js]   # in flight across the reduction
         cached = row_values(js, xs, rs)
         acc = acc + sum_sq(cached)
         total = rw.group_reduce(acc, ReductionOp.ADD, groups, storage)
@@ -142,7 +168,7 @@ def _make_launcher(config, sig, fused_add: bool):
         for c in range(last):
             js = columns(c)
             vs = [rw.load(again, j, VEC) for j in js]
-            ws = [rw.load(wv, j, VEC) for j in js]
+            ws = [load_weight(j) for j in js]
             write_y(c, vs, ws, rstd)
 
     def launch_kernel(X, R, W, Y, H, eps, stream):
@@ -171,7 +197,7 @@ def _placeholders(sig, fused_add: bool):
     dtype = getattr(torch, sig["dtype"])
     m, n = 3, (4096 if sig["aligned"] else 4097)
     x = torch.zeros(m, n, dtype=dtype)
-    w = torch.zeros(n, dtype=dtype)
+    w = torch.zeros(n, dtype=torch.float32 if sig.get("fp32_weight") else dtype)
     if fused_add:
         return [x, x.clone(), w, x.clone(), x.clone(), 1e-6]
     return [x, w, x.clone(), 1e-6]
@@ -185,7 +211,7 @@ def _builder(fused_add: bool):
 
 def _template(op: str, fused_add: bool) -> Template:
     return Template(op=op, backend="flydsl", targets=TARGETS,
-                    signatures={"dtype": DTYPES, "aligned": (True, False)},
+                    signatures={"dtype": DTYPES, "aligned": (True, False), "fp32_weight": (False, True)},
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=_builder(fused_add),
                     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)
 

@@ -1,6 +1,8 @@
 """silu_mul, CuTe DSL: out = silu(x0) * x1 (SwiGLU gate), fp32 math rounded to the dtype.
 
-kernel(x0, x1, out): x0, x1, out [M, K] bf16/fp16/fp32, compact row-major.
+kernel(x0, x1, out, count): x0, x1, out [M, K] bf16/fp16/fp32, compact row-major; count [1]
+int32: rows from count[0] on are neither read nor written (MSLK's valid_token_count; the op
+passes 2^31 - 1 without one).
 
 A CTA owns ``rows_per_block`` rows x one tile of ``tile_k`` columns; grid = (row groups, column
 tiles), the column tiles looping when a row has more than 65535 of them. Each thread issues all
@@ -35,24 +37,24 @@ def build(config, target, sig):
         return rw.silu_mul_tile(a, b, dtype)
 
     @cute.kernel
-    def kernel(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor):
-        row, _, lane, nvec = rw.cta_row(tile, mO.shape[0], mO.shape[1])
+    def kernel(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, mCount: cute.Tensor):
+        row, _, lane, nvec = rw.cta_row(tile, rw.rows_to_write(mO, mCount), mO.shape[1])
         _, bidy, _ = cute.arch.block_idx()
         _, gdimy, _ = cute.arch.grid_dim()
         rw.map_row((rw.row_vectors(mX0, row, tile.vec), rw.row_vectors(mX1, row, tile.vec)), values,
                    rw.row_vectors(mO, row, tile.vec), tile, lane, nvec, bidy, gdimy)
 
     @cute.jit
-    def silu_mul(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, stream):
+    def silu_mul(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, mCount: cute.Tensor, stream):
         col_tiles = cute.ceil_div(mX0.shape[1], tile.tile_k)
         grid = (cute.ceil_div(mX0.shape[0], tile.rows_per_block), min(col_tiles, MAX_GRID_Y), 1)
-        kernel(mX0, mX1, mO).launch(grid=grid, block=(tile.threads, 1, 1), stream=stream,
+        kernel(mX0, mX1, mO, mCount).launch(grid=grid, block=(tile.threads, 1, 1), stream=stream,
                                     **rw.launch_hints(tile, REGS))
 
     elem = plan.ELEM_BYTES[sig["dtype"]]
     align = 16 if sig["aligned"] else elem
     m, k = rw.dynamic_rows_cols(16 // elem if sig["aligned"] else 1)
-    args = [rw.fake_rows(dtype, m, k, align) for _ in range(3)] + [rw.env_stream()]
+    args = [rw.fake_rows(dtype, m, k, align) for _ in range(3)] + [rw.fake_count(), rw.env_stream()]
     return silu_mul, args
 
 

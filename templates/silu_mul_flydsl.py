@@ -1,8 +1,10 @@
 """silu_mul for AMD CDNA (FlyDSL): out = silu(x0) * x1, computed in fp32, rounded to the dtype.
 
-Calling convention: ``kernel(x0, x1, out)``; x0, x1, out [M, K] of one dtype (bf16/fp16/fp32,
-unit column stride). M and K are dynamic; M and K tails are bounds-checked by the buffer
-descriptors (see _flydsl_rowwise), so no size needs padding.
+Calling convention: ``kernel(x0, x1, out, count)``; x0, x1, out [M, K] of one dtype
+(bf16/fp16/fp32, unit column stride); count [1] int32: rows from count[0] on are neither read
+nor written (MSLK's valid_token_count; the op passes 2^31 - 1 without one). M and K are
+dynamic; M and K tails are bounds-checked by the buffer descriptors (see _flydsl_rowwise), so no
+size needs padding.
 
 Grid: (row blocks, column blocks). A block holds ``rows_per_block`` rows; each of its threads
 loads 32 register bytes of each input (two 16-byte vectors, or eight scalars when vec is 1),
@@ -33,9 +35,9 @@ def build(config, target, sig):
     cols_per_block = threads // rows * per_thread * vec
 
     @flyc.kernel(known_block_size=[threads, 1, 1])
-    def silu_mul_kernel(x0: fx.Tensor, x1: fx.Tensor, out: fx.Tensor):
+    def silu_mul_kernel(x0: fx.Tensor, x1: fx.Tensor, out: fx.Tensor, count: fx.Tensor):
         groups = rw.RowGroups(threads, rows)
-        row = fx.block_idx.x * rows + groups.group
+        row = rw.counted_row(fx.block_idx.x * rows + groups.group, out, count)
         a_view, b_view, out_view = rw.row_view(x0, row, vec), rw.row_view(x1, row, vec), rw.row_view(out, row, vec)
         first = fx.block_idx.y * (groups.width * per_thread) + groups.lane
         js = [first + u * groups.width for u in range_constexpr(per_thread)]
@@ -46,14 +48,15 @@ def build(config, target, sig):
             rw.store(out_view, js[u], y.to(dtype), vec)
 
     @flyc.jit
-    def silu_mul(x0: fx.Tensor, x1: fx.Tensor, out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+    def silu_mul(x0: fx.Tensor, x1: fx.Tensor, out: fx.Tensor, count: fx.Tensor,
+                 stream: fx.Stream = fx.Stream(None)):
         m, k = x0.shape.unpack()
-        silu_mul_kernel(x0, x1, out).launch(
+        silu_mul_kernel(x0, x1, out, count).launch(
             grid=((m + rows - 1) // rows, (k + cols_per_block - 1) // cols_per_block, 1),
             block=(threads, 1, 1), stream=stream)
 
     k = 64 if sig["aligned"] else 63  # placeholder sizes only; M and K stay dynamic
-    args = [torch.empty(2, k, dtype=getattr(torch, sig["dtype"])) for _ in range(3)]
+    args = [torch.empty(2, k, dtype=getattr(torch, sig["dtype"])) for _ in range(3)] + [torch.ones(1, dtype=torch.int32)]
     return silu_mul, args
 
 

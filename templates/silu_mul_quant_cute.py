@@ -1,8 +1,10 @@
 """silu_mul_quant, CuTe DSL: quantize_fp8_row(silu_mul(x0, x1)) fused, bit-identical to the two
 ops in sequence (silu_mul rounded to the input dtype, then the row-wise FP8 quantization).
 
-kernel(x0, x1, scale_ub, xq, scale): x0, x1 [M, K] bf16/fp16/fp32; scale_ub [1] fp32, read only
-when sig["has_scale_ub"]; xq [M, K] FP8 of the target's flavour; scale [M] fp32 dequant scales.
+kernel(x0, x1, scale_ub, xq, scale, count): x0, x1 [M, K] bf16/fp16/fp32; scale_ub [1] fp32, read
+only when sig["has_scale_ub"]; xq [M, K] FP8 of the target's flavour; scale [M] fp32 dequant
+scales; count [1] int32: rows from count[0] on are neither read nor written, their xq and scale
+left untouched (MSLK's valid_token_count; the op passes 2^31 - 1 without one).
 The silu_mul values come from the same device code as silu_mul_cute, so they are the same bits.
 Same structure as quantize_fp8_row_cute: the first ``tile_k`` silu_mul values of a row stay in
 registers (x0 and x1 read once); the rest of a longer row recomputes them from a second read.
@@ -36,19 +38,20 @@ def build(config, target, sig):
         return rw.silu_mul_tile(a, b, dtype)
 
     @cute.kernel
-    def kernel(mX0: cute.Tensor, mX1: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
+    def kernel(mX0: cute.Tensor, mX1: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor,
+               mCount: cute.Tensor):
         rw.quantize_rows((mX0, mX1), values, mUB, mQ, mS, tile, sig["has_scale_ub"], plan.FP8_ROW_EPS,
-                         fp8.fp8_max)
+                         fp8.fp8_max, rows=rw.rows_to_write(mQ, mCount))
 
     @cute.jit
     def silu_mul_quant(mX0: cute.Tensor, mX1: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor,
-                       mS: cute.Tensor, stream):
+                       mS: cute.Tensor, mCount: cute.Tensor, stream):
         grid = (cute.ceil_div(mX0.shape[0], tile.rows_per_block), 1, 1)
-        kernel(mX0, mX1, mUB, mQ, mS).launch(grid=grid, block=(tile.threads, 1, 1), stream=stream,
+        kernel(mX0, mX1, mUB, mQ, mS, mCount).launch(grid=grid, block=(tile.threads, 1, 1), stream=stream,
                                              **rw.launch_hints(tile, REGS))
 
     args = rw.fake_quantize_args(dtype, fp8_dtype, 2, sig["aligned"], plan.ELEM_BYTES[sig["dtype"]])
-    return silu_mul_quant, args
+    return silu_mul_quant, args[:-1] + [rw.fake_count(), args[-1]]
 
 
 def _spills_on_sm100a(config, target) -> bool:

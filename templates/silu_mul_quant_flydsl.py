@@ -2,7 +2,8 @@
 
 Calling convention: ``kernel(x0, x1, scale_ub, xq, scale)``; x0, x1 [M, K] bf16/fp16/fp32 (unit
 column stride), scale_ub [1] fp32 (read only when the signature has ``has_scale_ub``), xq [M, K]
-in the target's FP8 flavour, scale [M] fp32 (dequant multiplier).
+in the target's FP8 flavour, scale [M] fp32 (dequant multiplier), count [1] int32 (rows from
+count[0] on are neither read nor written: MSLK's valid_token_count; 2^31 - 1 without one); ``kernel(x0, x1, scale_ub, xq, scale, count)``.
 
 Bit-identical to silu_mul followed by quantize_fp8_row: silu(x0) * x1 is computed by the same
 device code as silu_mul, rounded to the input dtype, then quantized exactly as
@@ -25,9 +26,9 @@ def build(config, target, sig):
 
     @flyc.kernel(known_block_size=[threads, 1, 1])
     def silu_mul_quant_kernel(x0: fx.Tensor, x1: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor,
-                              scale: fx.Tensor):
+                              scale: fx.Tensor, count: fx.Tensor):
         groups = rw.RowGroups(threads, rows)
-        row = fx.block_idx.x * rows + groups.group
+        row = rw.counted_row(fx.block_idx.x * rows + groups.group, xq, count)
         a_view, b_view = rw.row_view(x0, row, vec), rw.row_view(x1, row, vec)
         _, cols = x0.shape.unpack()
         ub = fx.get_iter(scale_ub).load() if has_ub else None
@@ -40,14 +41,15 @@ def build(config, target, sig):
 
     @flyc.jit
     def silu_mul_quant(x0: fx.Tensor, x1: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor, scale: fx.Tensor,
-                       stream: fx.Stream = fx.Stream(None)):
+                       count: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
         m, _ = x0.shape.unpack()
-        silu_mul_quant_kernel(x0, x1, scale_ub, xq, scale).launch(
+        silu_mul_quant_kernel(x0, x1, scale_ub, xq, scale, count).launch(
             grid=((m + rows - 1) // rows, 1, 1), block=(threads, 1, 1), stream=stream)
 
     k = 64 if sig["aligned"] else 63  # placeholder sizes only; M and K stay dynamic
     x = torch.empty(2, k, dtype=getattr(torch, sig["dtype"]))
-    args = [x, x.clone(), torch.ones(1), torch.empty(2, k, dtype=getattr(torch, fp8.dtype)), torch.empty(2)]
+    args = [x, x.clone(), torch.ones(1), torch.empty(2, k, dtype=getattr(torch, fp8.dtype)), torch.empty(2),
+            torch.ones(1, dtype=torch.int32)]
     return silu_mul_quant, args
 
 

@@ -164,7 +164,7 @@ def test_op_layer_serves_repeat_calls_natively(launcher, monkeypatch):
     """silu_mul's second call with a layout skips the Python path (no validation runs)."""
     from mslk_dsl.ops import call, declaration, elementwise, validate
 
-    def silu_mul_kernel(x0, x1, out):
+    def silu_mul_kernel(x0, x1, out, count):
         a, b, o = (as_torch(t, torch.float32) for t in (x0, x1, out))
         o.copy_(torch.nn.functional.silu(a) * b)
 

@@ -43,8 +43,17 @@ CASES = [
      ["scale", "shape"]),
     ("rmsnorm weight rank", lambda: ops.rmsnorm(t(4, 8), t(1, 8)), ValueError, ["weight", "1-D"]),
     ("rmsnorm weight size", lambda: ops.rmsnorm(t(4, 8), t(7)), ValueError, ["weight", "shape"]),
-    ("rmsnorm fp32", lambda: ops.rmsnorm(t(4, 8, dtype=f32), t(8, dtype=f32)), TypeError, ["x", "dtype"]),
-    ("rmsnorm hidden too big", lambda: ops.rmsnorm(t(1, 16392), t(16392)), ValueError, ["hidden", "16384"]),
+    ("rmsnorm fp64", lambda: ops.rmsnorm(t(4, 8, dtype=torch.float64), t(8, dtype=f32)), TypeError, ["x", "dtype"]),
+    ("rmsnorm fp16 weight, bf16 x", lambda: ops.rmsnorm(t(4, 8), t(8, dtype=torch.float16)), TypeError,
+     ["weight", "torch.float32"]),
+    ("rmsnorm bf16 weight, fp32 x", lambda: ops.rmsnorm(t(4, 8, dtype=f32), t(8)), TypeError, ["weight", "dtype"]),
+    ("rmsnorm hidden too big", lambda: ops.rmsnorm(t(1, 262152), t(262152)), ValueError, ["hidden", "262144"]),
+    ("silu_mul valid_token_count dtype", lambda: ops.silu_mul(t(4, 8), t(4, 8), torch.tensor([2])), TypeError,
+     ["valid_token_count", "dtype"]),
+    ("silu_mul valid_token_count shape", lambda: ops.silu_mul(t(4, 8), t(4, 8), torch.tensor([2, 3], dtype=torch.int32)),
+     ValueError, ["valid_token_count", "one element"]),
+    ("silu_mul_quant valid_token_count dtype",
+     lambda: ops.silu_mul_quant(t(4, 8), t(4, 8), None, torch.tensor([2.0])), TypeError, ["valid_token_count"]),
     ("rmsnorm eps", lambda: ops.rmsnorm(t(4, 8), t(8), eps=-1.0), ValueError, ["eps"]),
     ("rmsnorm_add residual shape", lambda: ops.rmsnorm_add(t(4, 8), t(5, 8), t(8)), ValueError, ["residual"]),
     ("rmsnorm_add residual dtype", lambda: ops.rmsnorm_add(t(4, 8), t(4, 8, dtype=torch.float16), t(8)),
@@ -106,6 +115,47 @@ def test_scatter_allocates_its_workspace_only_for_the_sorted_method(method, monk
         assert workspace.dtype == torch.int32 and workspace.numel() == 3 * 5 + 1 + 2 * 12
     else:
         assert workspace is dispatch.placeholder(out.device, torch.int32)
+
+
+def _launched_with(monkeypatch, op: str) -> list:
+    """Stand in for ``op``'s kernel choice on CPU tensors: each call records (signature, args)."""
+    from mslk_dsl.ops import declaration, validate
+
+    launched = []
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)   # CPU tensors stand in for GPU ones
+    monkeypatch.setattr(declaration.get(op).kernels, "selection",
+                        lambda device, sig, problem, config=None: (lambda *a: launched.append((sig, a)), {}))
+    return launched
+
+
+@pytest.mark.parametrize("x_dtype, w_dtype, fp32_weight", [
+    (bf16, bf16, False), (bf16, f32, True), (torch.float16, f32, True), (f32, f32, False)])
+def test_rmsnorm_picks_the_weight_signature(monkeypatch, x_dtype, w_dtype, fp32_weight):
+    """An fp32 weight with 16-bit x selects the fp32_weight kernels; fp32 x with an fp32 weight is
+    the plain fp32 kernel. The results take x's dtype."""
+    launched = _launched_with(monkeypatch, "rmsnorm")
+    y = ops.rmsnorm(t(3, 64, dtype=x_dtype), t(64, dtype=w_dtype), config=None)
+    ((sig, args),) = launched
+    assert sig == (True, str(x_dtype).removeprefix("torch."), fp32_weight)
+    assert y.dtype == x_dtype and args[1].dtype == w_dtype
+
+
+@pytest.mark.parametrize("op", ["silu_mul", "silu_mul_quant"])
+def test_valid_token_count_reaches_the_kernel(monkeypatch, op):
+    """valid_token_count is passed to the same kernels as a [1] int32 tensor; without it the
+    kernels get a cached placeholder holding 2^31 - 1 (every row)."""
+    from mslk_dsl.ops import dispatch
+
+    launched = _launched_with(monkeypatch, op)
+    call = getattr(ops, op)
+    count = torch.tensor(3, dtype=torch.int32)
+    call(t(5, 16), t(5, 16), valid_token_count=count)
+    call(t(5, 16), t(5, 16))
+    (with_sig, with_args), (without_sig, without_args) = launched
+    assert with_sig == without_sig
+    assert with_args[-1].shape == (1,) and int(with_args[-1]) == 3
+    all_rows = dispatch.placeholder(torch.device("cpu"), torch.int32, fill=2**31 - 1)
+    assert without_args[-1] is all_rows and int(all_rows) == 2**31 - 1 and dispatch.is_placeholder(all_rows)
 
 
 def test_one_column_moe_inputs_run_as_two_columns_on_rocm(monkeypatch):

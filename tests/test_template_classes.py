@@ -28,7 +28,7 @@ def test_every_listed_index_shuffling_config_passes_its_checks(configs, wave):
 
 @pytest.mark.parametrize("config, why", [
     ({"max_experts": 48, "lanes": 8, "warps": 32}, "max_experts must be a power of two"),
-    ({"max_experts": 512, "lanes": 8, "warps": 32}, "max_experts must be a power of two"),
+    ({"max_experts": 1024, "lanes": 8, "warps": 32}, "max_experts must be a power of two"),
     ({"max_experts": 64, "lanes": 4, "warps": 32}, "lanes must be a power of two"),
     ({"max_experts": 128, "lanes": 64, "warps": 32}, "lanes must be a power of two"),
 ])
@@ -62,10 +62,10 @@ def test_a_cute_gemm_config_check_names_the_template_and_config():
 
 def test_index_shuffling_heuristics_pick_the_smallest_size_that_holds_e():
     picks = {name: [registry.get_template(name).heuristic("x", {}, {"E": e})["max_experts"]
-                    for e in (1, 32, 33, 64, 65, 128, 129, 256, 300)]
+                    for e in (1, 32, 33, 64, 65, 128, 129, 256, 257, 320, 512)]
              for name in ("index_shuffling_cute", "index_shuffling_flydsl")}
     assert picks["index_shuffling_cute"] == picks["index_shuffling_flydsl"] == \
-        [32, 32, 64, 64, 128, 128, 256, 256, 256]
+        [32, 32, 64, 64, 128, 128, 256, 256, 512, 512, 512]
     # At 256 experts the CuTe template takes 16 lanes of 32 warps, the FlyDSL one 16 lanes of 8 waves.
     assert registry.get_template("index_shuffling_cute").heuristic("x", {}, {"E": 256}) == \
         {"max_experts": 256, "lanes": 16, "warps": 32}

@@ -97,11 +97,12 @@ def _launch_floor(calls: int, runs: int, torch_add) -> dict:
     silu_mul = declaration.get("silu_mul").kernels.kernel(x.device, (True, "bfloat16"), (1, 256))
     quantize = declaration.get("quantize_fp8_row").kernels.kernel(x.device, (True, "bfloat16", False), (1, 256))
     ub = placeholder(x.device, torch.float32)
+    count = placeholder(x.device, torch.int32, fill=2**31 - 1)  # no valid_token_count: every row
     parts = {"torch.add(x, y, out=z)": torch_add, "eager ops.silu_mul (all of it)": lambda: ops.silu_mul(x, y)}
     fast = native.fast_op("silu_mul")
     if fast is not None:
         parts["silu_mul: the native launcher's call alone (match, allocate, launch)"] = lambda: fast(x, y)
-    parts["silu_mul: TVM-FFI kernel call from Python, output preallocated"] = lambda: silu_mul(x, y, out)
+    parts["silu_mul: TVM-FFI kernel call from Python, output preallocated"] = lambda: silu_mul(x, y, out, count)
     parts["eager ops.quantize_fp8_row (two outputs)"] = lambda: ops.quantize_fp8_row(x)
     fast_quantize = native.fast_op("quantize_fp8_row")
     if fast_quantize is not None:

@@ -60,6 +60,38 @@ def plot_memory_bound(folder, out):
     fig.savefig(os.path.join(out, "memory_bound.png"), dpi=110)
 
 
+def plot_membound_sweep(data, out):
+    """% of copy against bytes moved, one panel per op: ours (solid) and the best peer (dashed),
+    one colour per hidden size (tools/bench.py membound --sweep --json bench_membound.json)."""
+    import matplotlib.pyplot as plt
+
+    rows = data["results"]
+    op_names = list(dict.fromkeys(r["op"] for r in rows))
+    cols = 3
+    fig, axes = plt.subplots((len(op_names) + cols - 1) // cols, cols, figsize=(15, 3.6 * ((len(op_names) + 2) // 3)),
+                             sharey=True, squeeze=False)
+    for ax, op in zip(axes.flat, op_names):
+        mine = [r for r in rows if r["op"] == op]
+        for i, d in enumerate(sorted({r["hidden"] for r in mine})):
+            pts = sorted((r["MiB"], r["% copy"], r["peer % copy"]) for r in mine if r["hidden"] == d)
+            colour = f"C{i}"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, color=colour, label=f"D={d}")
+            ax.plot([p[0] for p in pts], [p[2] for p in pts], ls="--", lw=0.8, color=colour)
+        ax.axhline(95, color="red", lw=0.6, ls=":")
+        ax.axhline(85, color="orange", lw=0.6, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{op} (dashed: best peer)", fontsize=9)
+        ax.set_xlabel("MiB moved")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("% of copy bandwidth")
+    for ax in list(axes.flat)[len(op_names):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "membound_sweep.png"), dpi=100)
+
+
 def main(argv):
     folder, out = argv[0], argv[1]
     os.makedirs(out, exist_ok=True)
@@ -67,6 +99,9 @@ def main(argv):
     if gemm:
         plot_gemm(gemm, out)
     plot_memory_bound(folder, out)
+    sweep = _load(folder, "membound")
+    if sweep:
+        plot_membound_sweep(sweep, out)
     return 0
 
 

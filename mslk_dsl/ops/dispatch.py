@@ -26,18 +26,21 @@ _DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in (
 _placeholders: dict = {}
 
 
-def placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+def placeholder(device: torch.device, dtype: torch.dtype, fill: int | float = 0) -> torch.Tensor:
     """A one-element tensor passed for an absent optional input (scale_ub=None, bias=None): the
-    kernel, compiled for the absent case, never reads it. Cached so calls allocate nothing."""
-    t = _placeholders.get((device, dtype))
+    kernel, compiled for the absent case, never reads it; or, with ``fill``, a constant a kernel
+    reads in place of the absent input (a row count of "all rows"). Cached so calls allocate
+    nothing."""
+    key = (device, dtype) if fill == 0 else (device, dtype, fill)
+    t = _placeholders.get(key)
     if t is None:
-        t = _placeholders[(device, dtype)] = torch.zeros(1, dtype=dtype, device=device)
+        t = _placeholders[key] = torch.full((1,), fill, dtype=dtype, device=device)
     return t
 
 
 def is_placeholder(t: torch.Tensor) -> bool:
     """Whether ``t`` is one of the placeholders (a launch plan may hold it for every call)."""
-    return _placeholders.get((t.device, t.dtype)) is t
+    return _placeholders.get((t.device, t.dtype)) is t or any(p is t for p in _placeholders.values())
 
 
 def dtype_name(dtype: torch.dtype) -> str:

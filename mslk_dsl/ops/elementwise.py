@@ -41,6 +41,29 @@ def _check_scale_ub(op: str, scale_ub, x: torch.Tensor, x_name: str) -> None:
     check.same_device(op, x_name, x, scale_ub=scale_ub)
 
 
+def _check_valid_count(op: str, valid_token_count, x: torch.Tensor, x_name: str) -> None:
+    """MSLK's ``valid_token_count``: a one-element int32 tensor on x's device, read by the kernel."""
+    if valid_token_count is None:
+        return
+    check.tensor(op, "valid_token_count", valid_token_count, (torch.int32,), min_ndim=0)
+    if valid_token_count.numel() != 1:
+        raise ValueError(f"{op}: valid_token_count must hold one element, got shape "
+                         f"{tuple(valid_token_count.shape)}")
+    check.same_device(op, x_name, x, valid_token_count=valid_token_count)
+
+
+# The row count the kernels read without valid_token_count: every row (they take min(M, count)).
+ALL_ROWS = 2**31 - 1
+
+
+def _count_arg(valid_token_count, device) -> torch.Tensor:
+    """The kernel's row-count argument: the caller's one element, or a cached ALL_ROWS. The
+    kernels always read it (one 4-byte load per CTA), so the op needs no second set of kernels."""
+    if valid_token_count is None:
+        return placeholder(device, torch.int32, fill=ALL_ROWS)
+    return valid_token_count.reshape(1)
+
+
 def _quant_outputs(x: torch.Tensor, *_) -> list:
     """quantize's results: xq of x's shape in the device's FP8 flavour, one fp32 scale per row."""
     return [(tuple(x.shape), fp8_dtype_for(x.device)), (tuple(x.shape[:-1]), torch.float32)]
@@ -55,8 +78,15 @@ def _rows_example(count: int):
 
 
 # -- references (fp32 math, MSLK's semantics) ---------------------------------------------------------
-def _silu_mul_reference(x0, x1):
-    return (torch.nn.functional.silu(x0.float()) * x1.float()).to(x0.dtype)
+def _silu_mul_reference(x0, x1, valid_token_count=None):
+    """silu(x0) * x1; with ``valid_token_count`` the rows past it are zeros here (the kernels
+    leave them as they were)."""
+    y = (torch.nn.functional.silu(x0.float()) * x1.float()).to(x0.dtype)
+    if valid_token_count is not None:
+        y = y.reshape(-1, y.shape[-1])
+        y[int(valid_token_count.reshape(())):] = 0
+        y = y.reshape(x0.shape)
+    return y
 
 
 def _quantize_reference(x, scale_ub=None):
@@ -73,22 +103,29 @@ def _quantize_reference(x, scale_ub=None):
 
 
 # -- silu_mul -------------------------------------------------------------------------------------------
-def _prepare_silu_mul(select, outputs, x0, x1):
+def _check_silu_mul(x0, x1, valid_token_count):
+    _check_pair("silu_mul", x0, x1)
+    _check_valid_count("silu_mul", valid_token_count, x0, "x0")
+
+
+def _prepare_silu_mul(select, outputs, x0, x1, valid_token_count):
     (y,) = outputs
     if y.numel() == 0:
         return None
     a, b = check.rows(x0), check.rows(x1)
     o = y.view(a.shape)
     kernel, _ = select((check.aligned16(a, b, o), dtype_name(a.dtype)), tuple(a.shape))
-    return Launch(kernel, (a, b, o))
+    return Launch(kernel, (a, b, o, _count_arg(valid_token_count, a.device)))
 
 
 silu_mul = declare(OpDecl(
-    name="silu_mul", schema="(Tensor x0, Tensor x1) -> Tensor",
+    name="silu_mul", schema="(Tensor x0, Tensor x1, Tensor? valid_token_count=None) -> Tensor",
     doc="""silu(x0) * x1 elementwise (fp32 math, result in the input dtype); any leading dims.
+    ``valid_token_count`` (MSLK's): a one-element int32 tensor; rows (of x0 flattened to
+    [rows, K]) from that index on are not computed and their outputs are left untouched.
     ``out``: a contiguous tensor of x0's shape and dtype to write into instead of allocating.""",
-    check=lambda x0, x1: _check_pair("silu_mul", x0, x1),
-    outputs=lambda x0, x1: [(tuple(x0.shape), x0.dtype)],
+    check=_check_silu_mul,
+    outputs=lambda x0, x1, valid_token_count=None: [(tuple(x0.shape), x0.dtype)],
     prepare=_prepare_silu_mul, signature=("aligned", "dtype"), problem=("M", "K"),
     example=_rows_example(2), reference=_silu_mul_reference, small_problem={"M": 5, "K": 64}))
 
@@ -123,14 +160,15 @@ quantize_fp8_row = declare(OpDecl(
 
 
 # -- silu_mul_quant -----------------------------------------------------------------------------------------
-def _check_silu_mul_quant(x0, x1, scale_ub):
+def _check_silu_mul_quant(x0, x1, scale_ub, valid_token_count):
     op = "silu_mul_quant"
     _check_pair(op, x0, x1)
     check.nonempty_rows(op, "x0", x0)
     _check_scale_ub(op, scale_ub, x0, "x0")
+    _check_valid_count(op, valid_token_count, x0, "x0")
 
 
-def _prepare_silu_mul_quant(select, outputs, x0, x1, scale_ub):
+def _prepare_silu_mul_quant(select, outputs, x0, x1, scale_ub, valid_token_count):
     xq, scale = outputs
     if x0.numel() == 0:
         return None
@@ -138,17 +176,25 @@ def _prepare_silu_mul_quant(select, outputs, x0, x1, scale_ub):
     q = xq.view(a.shape)
     ub = scale_ub.reshape(1) if scale_ub is not None else placeholder(a.device, torch.float32)
     kernel, _ = select((check.aligned16(a, b, q), dtype_name(a.dtype), scale_ub is not None), tuple(a.shape))
-    return Launch(kernel, (a, b, ub, q, scale.view(-1)))
+    return Launch(kernel, (a, b, ub, q, scale.view(-1), _count_arg(valid_token_count, a.device)))
+
+
+def _silu_mul_quant_reference(x0, x1, scale_ub=None, valid_token_count=None):
+    """The two ops in sequence; rows past ``valid_token_count`` quantize zeros here (the kernels
+    leave their xq and scale untouched)."""
+    return _quantize_reference(_silu_mul_reference(x0, x1, valid_token_count), scale_ub)
 
 
 silu_mul_quant = declare(OpDecl(
-    name="silu_mul_quant", schema="(Tensor x0, Tensor x1, Tensor? scale_ub=None) -> (Tensor, Tensor)",
+    name="silu_mul_quant",
+    schema="(Tensor x0, Tensor x1, Tensor? scale_ub=None, Tensor? valid_token_count=None) -> (Tensor, Tensor)",
     doc="""quantize_fp8_row(silu_mul(x0, x1), scale_ub), fused: one read of x0/x1, one write of xq.
+    ``valid_token_count`` as silu_mul's: xq rows and scales from that row on are left untouched.
     ``out``: contiguous (xq, scale) tensors to write into instead of allocating.""",
     check=_check_silu_mul_quant, outputs=_quant_outputs, prepare=_prepare_silu_mul_quant,
     signature=("aligned", "dtype", "has_scale_ub"), problem=("M", "K"),
     example=_rows_example(2),
-    reference=lambda x0, x1, scale_ub=None: _quantize_reference(_silu_mul_reference(x0, x1), scale_ub),
+    reference=_silu_mul_quant_reference,
     small_problem={"M": 5, "K": 64}))
 
 

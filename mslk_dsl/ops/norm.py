@@ -1,4 +1,7 @@
-"""RMSNorm and the fused residual-add RMSNorm (bf16/fp16 in, fp32 math)."""
+"""RMSNorm and the fused residual-add RMSNorm (bf16/fp16/fp32 in, fp32 math).
+
+The weight has x's dtype or is fp32 (mixed-precision checkpoints keep norm weights in fp32); the
+results take x's dtype either way, as quack's and MSLK's norms do."""
 from __future__ import annotations
 
 import torch
@@ -7,7 +10,10 @@ from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name
 
-MAX_HIDDEN = 16384
+# Rows up to quack's limit. Rows longer than a config's register tile are streamed and read again
+# (mostly from L2); see the templates.
+MAX_HIDDEN = 262144
+WEIGHT_DTYPES = check.FLOAT_DTYPES
 
 # Launch plans match layouts, not values: only a float eps the checks accepted may use them
 # (an int eps is converted, a negative one refused, on the checked path).
@@ -15,9 +21,10 @@ _PLAIN_EPS = "type(eps) is float and eps >= 0"
 
 
 def _check(op: str, x, weight, eps) -> None:
-    check.tensor(op, "x", x, check.HALF_DTYPES)
-    check.tensor(op, "weight", weight, check.HALF_DTYPES, ndim=1)
-    check.same_dtype(op, "weight", weight, x.dtype, "x")
+    check.tensor(op, "x", x, check.FLOAT_DTYPES)
+    check.tensor(op, "weight", weight, WEIGHT_DTYPES, ndim=1)
+    if weight.dtype not in (x.dtype, torch.float32):
+        raise TypeError(f"{op}: weight has dtype {weight.dtype}; it must be x's dtype ({x.dtype}) or torch.float32")
     check.shape(op, "weight", weight, x.shape[-1:], "one weight per hidden element of x")
     check.same_device(op, "x", x, weight=weight)
     check.nonempty_rows(op, "x", x)
@@ -28,12 +35,20 @@ def _check(op: str, x, weight, eps) -> None:
 
 
 def _example(count: int):
-    """``count`` N(0, 1) [M, N] activations, then a weight and eps."""
+    """``count`` N(0, 1) [M, N] activations, then a weight (fp32 where the signature says) and eps."""
     def example(problem: dict, sig: dict, device) -> tuple:
         dtype = getattr(torch, sig.get("dtype", "bfloat16"))
+        wdtype = torch.float32 if sig.get("fp32_weight") else dtype
         xs = [torch.randn(problem["M"], problem["N"], device=device, dtype=dtype) for _ in range(count)]
-        return (*xs, torch.randn(problem["N"], device=device, dtype=dtype), 1e-6)
+        return (*xs, torch.randn(problem["N"], device=device, dtype=wdtype), 1e-6)
     return example
+
+
+def _signature(x: torch.Tensor, weight: torch.Tensor, *rows: torch.Tensor) -> tuple:
+    """(aligned, dtype, fp32_weight): the templates' signature of a call. An fp32 weight with fp32
+    x is the plain case."""
+    return (check.aligned16(*rows, weight), dtype_name(x.dtype),
+            weight.dtype == torch.float32 and x.dtype != torch.float32)
 
 
 def _rmsnorm_reference(x, weight, eps=1e-6):
@@ -53,18 +68,19 @@ def _prepare_rmsnorm(select, outputs, x, weight, eps):
         return None
     a = check.rows(x)
     o = y.view(a.shape)
-    kernel, _ = select((check.aligned16(a, weight, o), dtype_name(a.dtype)), tuple(a.shape))
+    kernel, _ = select(_signature(a, weight, a, o), tuple(a.shape))
     # An int eps becomes a new float object, which no plan may keep (see _PLAIN_EPS).
     return Launch(kernel, (a, weight, o, eps if type(eps) is float else float(eps)))
 
 
 rmsnorm = declare(OpDecl(
     name="rmsnorm", schema="(Tensor x, Tensor weight, float eps=1e-06) -> Tensor",
-    doc="""y = x / sqrt(mean(x^2) + eps) * weight over the last dim. ``out``: a contiguous tensor of
-    x's shape and dtype to write into instead of allocating.""",
+    doc="""y = x / sqrt(mean(x^2) + eps) * weight over the last dim, fp32 math; x bf16/fp16/fp32,
+    weight of x's dtype or fp32, y in x's dtype. ``out``: a contiguous tensor of x's shape and
+    dtype to write into instead of allocating.""",
     check=lambda x, weight, eps: _check("rmsnorm", x, weight, eps),
     outputs=lambda x, weight, eps=1e-6: [(tuple(x.shape), x.dtype)],
-    prepare=_prepare_rmsnorm, signature=("aligned", "dtype"), problem=("M", "N"),
+    prepare=_prepare_rmsnorm, signature=("aligned", "dtype", "fp32_weight"), problem=("M", "N"),
     example=_example(1), reference=_rmsnorm_reference, plan_when=_PLAIN_EPS, small_problem={"M": 5, "N": 64}))
 
 
@@ -72,7 +88,7 @@ rmsnorm = declare(OpDecl(
 def _check_rmsnorm_add(x, residual, weight, eps):
     op = "rmsnorm_add"
     _check(op, x, weight, eps)
-    check.tensor(op, "residual", residual, check.HALF_DTYPES)
+    check.tensor(op, "residual", residual, check.FLOAT_DTYPES)
     check.same_dtype(op, "residual", residual, x.dtype, "x")
     check.shape(op, "residual", residual, x.shape, "residual must have the shape of x")
     check.same_device(op, "x", x, residual=residual)
@@ -84,7 +100,7 @@ def _prepare_rmsnorm_add(select, outputs, x, residual, weight, eps):
         return None
     a, r = check.rows(x), check.rows(residual)
     o, res = y.view(a.shape), new_residual.view(a.shape)
-    kernel, _ = select((check.aligned16(a, r, weight, o, res), dtype_name(a.dtype)), tuple(a.shape))
+    kernel, _ = select(_signature(a, weight, a, r, o, res), tuple(a.shape))
     return Launch(kernel, (a, r, weight, o, res, eps if type(eps) is float else float(eps)))
 
 
@@ -94,6 +110,6 @@ rmsnorm_add = declare(OpDecl(
     ``out``: contiguous (y, new_residual) tensors of x's shape and dtype to write into.""",
     check=_check_rmsnorm_add,
     outputs=lambda x, residual, weight, eps=1e-6: [(tuple(x.shape), x.dtype)] * 2,
-    prepare=_prepare_rmsnorm_add, signature=("aligned", "dtype"), problem=("M", "N"),
+    prepare=_prepare_rmsnorm_add, signature=("aligned", "dtype", "fp32_weight"), problem=("M", "N"),
     example=_example(2), reference=_rmsnorm_add_reference, plan_when=_PLAIN_EPS,
     small_problem={"M": 5, "N": 64}))

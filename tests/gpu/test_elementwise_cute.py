@@ -40,6 +40,12 @@ def _name(dtype):
     return str(dtype).removeprefix("torch.")
 
 
+def COUNT():
+    """The row-count argument of silu_mul / silu_mul_quant kernels without valid_token_count:
+    every row."""
+    return torch.full((1,), 2**31 - 1, dtype=torch.int32, device="cuda")
+
+
 def _sig(op, k, dtype, ub=False):
     """The signature the op layer computes for fresh (16-byte aligned) [M, K] tensors."""
     row_bytes = k * torch.tensor([], dtype=dtype).element_size()
@@ -208,7 +214,7 @@ def test_writes_stay_in_bounds(case):
         x0, x1 = _randn(m, k, dtype, 1), _randn(m, k, dtype, 2)
         if op == "silu_mul":
             buf = torch.full((m + 2, k), float("nan"), device="cuda", dtype=dtype)
-            kernel(x0, x1, buf[1:-1])
+            kernel(x0, x1, buf[1:-1], COUNT())
             torch.cuda.synchronize()
             assert buf[0].isnan().all() and buf[-1].isnan().all(), f"{op} wrote out of bounds (K={k})"
             assert_silu_close(buf[1:-1], ref_silu_mul(x0, x1), f"{op} bounds K={k}")
@@ -218,7 +224,8 @@ def test_writes_stay_in_bounds(case):
         s_buf = torch.full((m + 2,), float("nan"), device="cuda")
         ub = torch.zeros(1, device="cuda")
         args = (x0, ub) if op == "quantize_fp8_row" else (x0, x1, ub)
-        kernel(*args, q_buf[1:-1].view(FP8), s_buf[1:-1])
+        count = () if op == "quantize_fp8_row" else (COUNT(),)
+        kernel(*args, q_buf[1:-1].view(FP8), s_buf[1:-1], *count)
         torch.cuda.synchronize()
         assert (q_buf[0] == guard).all() and (q_buf[-1] == guard).all(), f"{op} xq written out of bounds (K={k})"
         assert s_buf[0].isnan() and s_buf[-1].isnan(), f"{op} scale written out of bounds"

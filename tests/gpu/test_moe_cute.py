@@ -115,6 +115,10 @@ def test_index_shuffling_options(dtype):
     _check_index_shuffling(4096, 128, 8, dtype, start=32, end=64, n_valid=4000)
     _check_index_shuffling(1000, 16, 1, dtype, n_valid=0)
     _check_index_shuffling(3000, 256, 8, dtype, column_major=True)      # E = 256, strided scores
+    # E = 320 (one of MSLK's expert counts): the 512-expert config, 9-bit expert fields.
+    _check_index_shuffling(5000, 320, 8, dtype, n_valid=4321)
+    _check_index_shuffling(20000, 320, 4, dtype, start=64, end=300)
+    _check_index_shuffling(1, 320, 1, dtype)
 
 
 # ------------------------------------------------------------------ gather_scale_dense_tokens

@@ -85,7 +85,7 @@ def _template(op):
 
 
 def _sig(n, dtype):
-    return {"aligned": n * 2 % 16 == 0, "dtype": str(dtype).removeprefix("torch.")}
+    return {"aligned": n * 2 % 16 == 0, "dtype": str(dtype).removeprefix("torch."), "fp32_weight": False}
 
 
 def _cases():

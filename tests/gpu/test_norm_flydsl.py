@@ -21,10 +21,11 @@ TOL = {torch.bfloat16: dict(atol=2e-2, rtol=1.6e-2), torch.float16: dict(atol=4e
 
 
 def _configs(op):
-    """(config, any_n) for every config: 16-byte configs on aligned rows, scalar configs on
+    """(config, any_n) for every bf16 config: 16-byte configs on aligned rows, scalar configs on
     aligned and unaligned rows (both signatures)."""
     (t,) = registry.get_templates(op=op, backend="flydsl")
-    return [(c, c["vec"] == 1) for c in t.all_configs()]
+    bf16 = {"aligned": True, "dtype": "bfloat16", "fp32_weight": False}
+    return [(c, c["vec"] == 1) for c in t.all_configs() if t.valid(c, "gfx942", bf16)]
 
 
 def _name(case):
@@ -84,6 +85,28 @@ def test_eps_and_large_values(op):
     w = torch.ones(5120, device="cuda", dtype=torch.float16)
     y, _ = _run(op, x, w, 1e-6, residual=torch.zeros_like(x))
     torch.testing.assert_close(y, torch.ones_like(y), atol=2e-3, rtol=0)
+
+
+@skipUnlessRocm
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 8), (5, 13), (64, 4096), (9, 5121), (8, 7168), (3, 65536)], ids=str)
+def test_fp32_weight_and_fp32_x(op, dtype, shape):
+    """An fp32 weight (read as two 16-byte vectors under 8 bf16 / fp16 values; fp32 x is the
+    plain fp32 kernel), results in x's dtype, against the fp32 formula rounded once."""
+    m, n = shape
+    g = torch.Generator(device="cuda").manual_seed(m + n)
+    x, residual = (torch.randn(m, n, device="cuda", generator=g).to(dtype) for _ in range(2))
+    weight = torch.rand(n, device="cuda", generator=g) + 0.5
+    y, new_residual = _run(op, x, weight, 1e-6, residual=residual)
+    h = x if op == "rmsnorm" else (x.float() + residual.float()).to(dtype)
+    hf = h.float()
+    want = (hf * torch.rsqrt(hf.square().mean(-1, keepdim=True) + 1e-6) * weight).to(dtype)
+    assert y.dtype == dtype
+    tol = TOL.get(dtype, dict(atol=2e-5, rtol=2e-5))
+    torch.testing.assert_close(y, want, **tol)
+    if new_residual is not None:
+        assert torch.equal(new_residual, h)
 
 
 def test_configs_cover_both_alignment_classes():

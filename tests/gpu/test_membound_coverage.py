@@ -1,0 +1,135 @@
+"""The memory-bound ops' wider coverage on sm_90 GPUs: fp32 norms, an fp32 weight with bf16 / fp16
+x, rows of 32K to 256K elements, and MSLK's valid_token_count on silu_mul / silu_mul_quant.
+
+fp32 norms are compared with quack's reference formula (x / sqrt(mean(x^2) + eps) * w, all fp32;
+its residual form normalizes x + residual, which is exact in fp32): the kernels' fp32 results
+differ from it only by the summation order and the hardware rsqrt, ~1e-6 relative. 16-bit results
+(mixed weight, long rows) are within one ulp of the fp32 formula rounded once (test_norm_cute).
+"""
+import pytest
+import torch
+from test_norm_cute import assert_within_one_ulp
+
+from mslk_dsl import ops
+from mslk_dsl.testing import skipUnlessCudaCapability
+
+SM90 = skipUnlessCudaCapability((9, 0))
+EPS = 1e-6
+
+
+def _gen(seed):
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+def quack_rmsnorm_ref(x, w, residual=None, eps=EPS):
+    """quack's rmsnorm_ref (quack/rmsnorm.py): fp32 math, results in x's dtype."""
+    xf = x.float()
+    if residual is not None:
+        xf = xf + residual.float()
+    out = xf / torch.sqrt(torch.mean(xf.square(), dim=-1, keepdim=True) + eps) * w.float()
+    return out.to(x.dtype), xf.to(x.dtype)
+
+
+def _run(op, x, residual, w):
+    if op == "rmsnorm":
+        return ops.rmsnorm(x, w, EPS), None
+    return ops.rmsnorm_add(x, residual, w, EPS)
+
+
+@SM90
+@pytest.mark.parametrize("op", ["rmsnorm", "rmsnorm_add"])
+@pytest.mark.parametrize("m, n", [(1, 8), (3, 4095), (1000, 4096), (257, 7168), (64, 20000), (5, 65536),
+                                  (2, 131072)])
+def test_fp32_norms_match_quacks_formula(op, m, n):
+    g = _gen(m * 31 + n)
+    x, residual = (torch.randn(m, n, device="cuda", generator=g) for _ in range(2))
+    w = torch.randn(n, device="cuda", generator=g)
+    y, new_residual = _run(op, x, residual, w)
+    want, want_residual = quack_rmsnorm_ref(x, w, residual if op == "rmsnorm_add" else None)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, want, rtol=2e-5, atol=2e-5)
+    if new_residual is not None:
+        assert torch.equal(new_residual, want_residual)
+
+
+@SM90
+@pytest.mark.parametrize("op", ["rmsnorm", "rmsnorm_add"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("m, n", [(1, 8), (7, 13), (1000, 4096), (130, 5120), (33, 14336), (3, 4097)])
+def test_fp32_weight_with_16_bit_x(op, dtype, m, n):
+    """Mixed-precision checkpoints: the weight stays fp32, y (and new_residual) take x's dtype."""
+    g = _gen(m * 17 + n)
+    x, residual = (torch.randn(m, n, device="cuda", generator=g).to(dtype) for _ in range(2))
+    w = torch.rand(n, device="cuda", generator=g) + 0.5   # values a bf16 weight could not hold
+    y, new_residual = _run(op, x, residual, w)
+    h = x if op == "rmsnorm" else (x.float() + residual.float()).to(dtype)
+    want, _ = quack_rmsnorm_ref(h, w)
+    assert y.dtype == dtype
+    assert_within_one_ulp(y, want, f"{op} {dtype} {m}x{n} fp32 weight")
+    if new_residual is not None:
+        assert torch.equal(new_residual, h)
+    # The fp32 weight is used as such, not rounded to x's dtype first.
+    rounded, _ = quack_rmsnorm_ref(h, w.to(dtype))
+    assert not torch.equal(y, rounded) or n < 64
+
+
+@SM90
+@pytest.mark.parametrize("op", ["rmsnorm", "rmsnorm_add"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("m, n", [(3, 32768), (300, 65536), (17, 131072), (2, 262144), (5, 65544), (3, 65535)])
+def test_long_rows(op, dtype, m, n):
+    g = _gen(m + n)
+    x, residual = (torch.randn(m, n, device="cuda", generator=g).to(dtype) for _ in range(2))
+    w = torch.randn(n, device="cuda", generator=g).to(dtype)
+    y, new_residual = _run(op, x, residual, w)
+    h = x if op == "rmsnorm" else (x.float() + residual.float()).to(dtype)
+    want, _ = quack_rmsnorm_ref(h, w)
+    if dtype == torch.float32:
+        torch.testing.assert_close(y, want, rtol=2e-5, atol=2e-5)
+    else:
+        assert_within_one_ulp(y, want, f"{op} {dtype} {m}x{n}")
+    if new_residual is not None:
+        assert torch.equal(new_residual, h)
+
+
+def _silu_mul_ref(x0, x1):
+    return (torch.nn.functional.silu(x0.float()) * x1.float()).to(x0.dtype)
+
+
+@SM90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("m, k, n", [(1000, 4096, 617), (1000, 4096, 0), (1000, 4096, 1000), (64, 5120, 5000),
+                                     (5, 13, 3), (3000, 14336, 1)])
+def test_silu_mul_valid_token_count_leaves_later_rows_untouched(dtype, m, k, n):
+    g = _gen(m + k + n)
+    x0, x1 = (torch.randn(m, k, device="cuda", generator=g).to(dtype) for _ in range(2))
+    count = torch.tensor([n], dtype=torch.int32, device="cuda")
+    sentinel = torch.full((m, k), 12345.0, device="cuda", dtype=dtype)
+    out = sentinel.clone()
+    ops.silu_mul(x0, x1, count, out=out)
+    v = min(n, m)
+    torch.testing.assert_close(out[:v], _silu_mul_ref(x0[:v], x1[:v]), rtol=2e-2, atol=1e-5)
+    assert torch.equal(out[v:], sentinel[v:]), "a row past valid_token_count was written"
+    # Without the count every row is computed; the allocating form agrees on the valid rows.
+    torch.testing.assert_close(ops.silu_mul(x0, x1)[:v], out[:v], rtol=0, atol=0)
+    torch.testing.assert_close(ops.silu_mul(x0, x1, count)[:v], out[:v], rtol=0, atol=0)
+
+
+@SM90
+@pytest.mark.parametrize("m, k, n", [(1000, 4096, 617), (1000, 4096, 0), (64, 5120, 64), (3000, 14336, 2999),
+                                     (7, 13, 2), (4, 20480, 3)])
+@pytest.mark.parametrize("with_ub", [False, True])
+def test_silu_mul_quant_valid_token_count_leaves_later_rows_untouched(m, k, n, with_ub):
+    g = _gen(m + k + n)
+    x0, x1 = (torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+    ub = torch.tensor([1.5], device="cuda") if with_ub else None
+    count = torch.tensor([n], dtype=torch.int32, device="cuda")
+    want_q, want_s = ops.silu_mul_quant(x0, x1, ub)
+    xq = torch.full_like(want_q.view(torch.uint8), 0x5A).view(want_q.dtype)
+    scale = torch.full_like(want_s, -7.0)
+    ops.silu_mul_quant(x0, x1, ub, count, out=(xq, scale))
+    v = min(n, m)
+    assert torch.equal(xq[:v].view(torch.uint8), want_q[:v].view(torch.uint8))
+    assert torch.equal(scale[:v], want_s[:v])
+    assert (xq[v:].view(torch.uint8) == 0x5A).all(), "an xq row past valid_token_count was written"
+    assert (scale[v:] == -7.0).all(), "a scale past valid_token_count was written"

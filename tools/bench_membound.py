@@ -1,0 +1,280 @@
+"""The memory-bound sweep: every row-wise and MoE data-movement op against its best peer and the
+copy roofline, over sizes from 4 MiB to 4 GiB moved.
+
+  python tools/bench.py membound --sweep [--ops silu_mul,rmsnorm,...] [--peers liger,quack,eager,compile]
+                                 [--dtype bfloat16|float16] [--quick] [--warm-only] [--json PATH]
+
+For each op and hidden size the rows are chosen so that the op moves about 4, 16, 64, 256, 1024
+and 4096 MiB (rows clamped to 1..131072); rmsnorm also runs rows of 64K and 128K elements. Hidden
+sizes: 2880, 3584, 5120, 7168, 14336 and 4000 (a multiple of 8, not of 64). Bytes moved count
+every input read and output written once (the weight and row scales included):
+
+  silu_mul           x0, x1 in, out             quantize_fp8_row   x in, xq + scales out
+  silu_mul_quant     x0, x1 in, xq + scales out rmsnorm            x in, y out
+  rmsnorm_add        x, residual in, y, new_residual out
+  gather k2          A = 2T rows of D gathered and scaled (read A D, write A D)
+  scatter_add k1..8  A = kT rows added into T rows (read A D + T D, write T D)
+
+"% copy" is the op's bytes / time over the bandwidth of ``dst.copy_(src)`` moving the same
+bytes in the same run. Peers, where installed: Liger (liger-kernel: swiglu, rms_norm,
+fused_add_rms_norm; Triton), quack (rmsnorm_fwd, with its residual form; CuTe DSL), torch eager
+and torch.compile of the same composite (``--peers`` picks them; compile costs a compile per op
+and shape family). The table gives ours and the best peer at each size; the JSON has every
+timing. Times: medians of triton.testing.do_bench (CUDA events; L2 flushed between runs).
+``--warm-only`` calls each op once per size and times nothing (for tools/prebuild_kernels.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from bench_common import cuda_or_exit, table
+
+HIDDEN = (2880, 3584, 5120, 7168, 14336, 4000)
+MOE_HIDDEN = (2880, 5120, 7168)
+TARGET_MIB = (4, 16, 64, 256, 1024, 4096)
+QUICK_MIB = (16, 256)
+MAX_ROWS = 131072
+LONG_ROWS = (65536, 131072)  # rmsnorm / rmsnorm_add hidden sizes past the old 16K limit
+OPS = ("silu_mul", "quantize_fp8_row", "silu_mul_quant", "rmsnorm", "rmsnorm_add", "gather_k2",
+       "scatter_add_k1", "scatter_add_k2", "scatter_add_k8")
+EPS = 1e-6
+
+
+def _liger(name):
+    try:
+        if name == "swiglu":
+            from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+            return LigerSiLUMulFunction.apply
+        if name == "rms_norm":
+            from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+            return LigerRMSNormFunction.apply
+        from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+        return LigerFusedAddRMSNormFunction.apply
+    except Exception:  # not installed, or an incompatible version
+        return None
+
+
+def _quack():
+    try:
+        from quack.rmsnorm import rmsnorm_fwd
+    except Exception:  # not installed, or an incompatible version
+        return None
+    return rmsnorm_fwd
+
+
+class Case:
+    """One op at one size: ``ours`` runs the op, ``peers`` maps a peer's name to its call."""
+
+    def __init__(self, op, rows, hidden, nbytes, ours, peers):
+        self.op, self.rows, self.hidden, self.nbytes, self.ours, self.peers = op, rows, hidden, nbytes, ours, peers
+
+
+def _bytes_per_row(op, d, elem):
+    """Bytes an op moves per row (per token T for the MoE ops)."""
+    if op == "silu_mul":
+        return 3 * d * elem
+    if op == "quantize_fp8_row":
+        return d * (elem + 1) + 4
+    if op == "silu_mul_quant":
+        return d * (2 * elem + 1) + 4
+    if op == "rmsnorm":
+        return 2 * d * elem
+    if op == "rmsnorm_add":
+        return 4 * d * elem
+    k = int(op.rsplit("k", 1)[1])
+    if op.startswith("gather"):
+        return 2 * k * d * elem
+    return (k + 2) * d * elem
+
+
+def _make_case(op, rows, d, dtype, peers_wanted, torch, ops):
+    """Inputs and calls of ``op`` at [rows, d] (rows = tokens for the MoE ops)."""
+    import torch.nn.functional as F
+
+    elem = torch.tensor([], dtype=dtype).element_size()
+    nbytes = rows * _bytes_per_row(op, d, elem) + (d * elem if op.startswith("rmsnorm") else 0)
+    dev = "cuda"
+    peers = {}
+
+    def compiled(fn):
+        return torch.compile(fn, dynamic=True)
+
+    if op in ("silu_mul", "silu_mul_quant", "quantize_fp8_row"):
+        a, b = torch.randn(rows, d, device=dev, dtype=dtype), torch.randn(rows, d, device=dev, dtype=dtype)
+        fp8 = torch.float8_e4m3fn
+
+        def quant(v):
+            vf = v.float()
+            amax = vf.abs().amax(-1).clamp(min=1.0 / 512)
+            scale = amax / 448.0
+            return (vf / scale[:, None]).clamp(-448.0, 448.0).to(fp8), scale
+
+        def swiglu(p, q):
+            return (F.silu(p.float()) * q.float()).to(dtype)
+
+        if op == "silu_mul":
+            ours = lambda: ops.silu_mul(a, b)  # noqa: E731
+            composite = lambda p, q: F.silu(p) * q  # noqa: E731
+            liger = _liger("swiglu") if "liger" in peers_wanted else None
+            if liger is not None:
+                peers["liger"] = lambda: liger(a, b)
+            if "eager" in peers_wanted:
+                peers["eager"] = lambda: composite(a, b)
+        elif op == "quantize_fp8_row":
+            ours = lambda: ops.quantize_fp8_row(a)  # noqa: E731
+            composite = lambda p, q: quant(p)  # noqa: E731
+            if "eager" in peers_wanted:
+                peers["eager"] = lambda: quant(a)
+        else:
+            ours = lambda: ops.silu_mul_quant(a, b)  # noqa: E731
+            composite = lambda p, q: quant(swiglu(p, q))  # noqa: E731
+            if "eager" in peers_wanted:
+                peers["eager"] = lambda: composite(a, b)
+        if "compile" in peers_wanted:
+            fn = compiled(composite)
+            peers["torch.compile"] = lambda: fn(a, b)
+        return Case(op, rows, d, nbytes, ours, peers)
+
+    if op.startswith("rmsnorm"):
+        x, r = torch.randn(rows, d, device=dev, dtype=dtype), torch.randn(rows, d, device=dev, dtype=dtype)
+        w = torch.randn(d, device=dev, dtype=dtype)
+        fused = op == "rmsnorm_add"
+        quack = _quack() if "quack" in peers_wanted else None
+        liger = _liger("fused_add_rms_norm" if fused else "rms_norm") if "liger" in peers_wanted else None
+        if fused:
+            ours = lambda: ops.rmsnorm_add(x, r, w, EPS)  # noqa: E731
+            composite = lambda p, q: (F.rms_norm(p + q, (d,), w, EPS), p + q)  # noqa: E731
+            if quack is not None:
+                peers["quack"] = lambda: quack(x, w, residual=r, eps=EPS)
+            if liger is not None:
+                peers["liger"] = lambda: liger(x, r, w, EPS, 0.0, "llama", False)
+        else:
+            ours = lambda: ops.rmsnorm(x, w, EPS)  # noqa: E731
+            composite = lambda p, q: F.rms_norm(p, (d,), w, EPS)  # noqa: E731
+            if quack is not None:
+                peers["quack"] = lambda: quack(x, w, eps=EPS)
+            if liger is not None:
+                peers["liger"] = lambda: liger(x, w, EPS, 0.0, "llama", False)
+        if "eager" in peers_wanted:
+            peers["eager"] = lambda: composite(x, r)
+        if "compile" in peers_wanted:
+            fn = compiled(composite)
+            peers["torch.compile"] = lambda: fn(x, r)
+        return Case(op, rows, d, nbytes, ours, peers)
+
+    k = int(op.rsplit("k", 1)[1])
+    scores = torch.sigmoid(torch.randn(rows, 16, device=dev))
+    _, exp_idx, tok_idx = ops.index_shuffling(scores, top_k=k)
+    tok_long, exp_long = tok_idx.long(), exp_idx.long()
+    if op.startswith("gather"):
+        x = torch.randn(rows, d, device=dev, dtype=dtype)
+        ours = lambda: ops.gather_scale_dense_tokens(x, tok_idx, exp_idx, scores)  # noqa: E731
+
+        def composite(t, e):
+            return (x.index_select(0, t).float() * scores[t, e].float()[:, None]).to(dtype)
+        if "eager" in peers_wanted:
+            peers["eager"] = lambda: composite(tok_long, exp_long)
+        if "compile" in peers_wanted:
+            fn = compiled(composite)
+            peers["torch.compile"] = lambda: fn(tok_long, exp_long)
+    else:
+        y = torch.randn(rows * k, d, device=dev, dtype=dtype)
+        out = torch.randn(rows, d, device=dev, dtype=dtype)
+        ours = lambda: ops.scatter_add_dense_tokens(out, y, tok_idx)  # noqa: E731
+        if "eager" in peers_wanted:
+            peers["index_add_"] = lambda: out.index_add_(0, tok_long, y)
+    return Case(op, rows, d, nbytes, ours, peers)
+
+
+def sizes(op, mibs):
+    """(rows, hidden) of ``op``'s sweep: per hidden size, the rows that move each target size."""
+    hidden = MOE_HIDDEN if "_k" in op else HIDDEN
+    out = []
+    for d in hidden:
+        per_row = _bytes_per_row(op, d, 2)
+        for mib in mibs:
+            rows = max(1, min(MAX_ROWS, round(mib * 2**20 / per_row)))
+            if (rows, d) not in out:
+                out.append((rows, d))
+    out.append((1, 7168))   # one row (a decode step's token)
+    if op.startswith("rmsnorm"):
+        out += [(rows, d) for d in LONG_ROWS for rows in (1, 64, 2048)]
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sweep", action="store_true", help="the size sweep (the only mode)")
+    parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--peers", default="liger,quack,eager,compile")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    parser.add_argument("--quick", action="store_true", help=f"only {QUICK_MIB} MiB")
+    parser.add_argument("--warm-only", action="store_true", help="call each op once per size; time nothing")
+    parser.add_argument("--rep-ms", type=float, default=40.0)
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    found = cuda_or_exit("bench_membound")
+    if found is None:
+        return 1
+    torch, do_bench = found
+    from mslk_dsl import ops
+
+    dtype = getattr(torch, args.dtype)
+    peers_wanted = set(args.peers.split(",")) - {""}
+    copy_cache: dict[int, float] = {}
+
+    def timed(fn):
+        return do_bench(fn, warmup=max(5.0, args.rep_ms / 4), rep=args.rep_ms, return_mode="median")
+
+    def copy_gbps(nbytes):
+        key = nbytes // 2**16   # sizes within 64 KiB share a copy measurement
+        if key not in copy_cache:
+            src = torch.empty(max(1, nbytes // 4), device="cuda", dtype=torch.float16).normal_()
+            dst = torch.empty_like(src)
+            copy_cache[key] = 2 * src.numel() * 2 / timed(lambda: dst.copy_(src)) * 1e-6
+        return copy_cache[key]
+
+    results = []
+    for op in args.ops.split(","):
+        for rows, d in sizes(op, QUICK_MIB if args.quick else TARGET_MIB):
+            with torch.no_grad():
+                case = _make_case(op, rows, d, dtype, set() if args.warm_only else peers_wanted, torch, ops)
+                case.ours()
+                torch.cuda.synchronize()
+                if args.warm_only:
+                    continue
+                row = {"op": op, "rows": rows, "hidden": d, "MiB": case.nbytes / 2**20}
+                ours_ms = timed(case.ours)
+                copy = copy_gbps(case.nbytes)
+                row["us"] = ours_ms * 1e3
+                row["% copy"] = 100 * case.nbytes / ours_ms * 1e-6 / copy
+                row["peers"] = {}
+                for name, fn in case.peers.items():
+                    try:
+                        fn()
+                        row["peers"][name] = timed(fn) * 1e3
+                    except Exception as e:  # a peer that refuses a shape (Liger, quack limits)
+                        row["peers"][name] = None
+                        print(f"{op} {rows}x{d}: {name} failed: {type(e).__name__}: {str(e)[:120]}",
+                              file=sys.stderr)
+                timed_peers = {k: v for k, v in row["peers"].items() if v}
+                best = min(timed_peers, key=timed_peers.get) if timed_peers else None
+                row["best peer"] = best or "-"
+                row["peer % copy"] = 100 * case.nbytes / (timed_peers[best] * 1e-3) * 1e-6 / copy if best else 0.0
+                row["vs peer"] = timed_peers[best] / row["us"] if best else 0.0
+                row["copy GB/s"] = copy
+                results.append(row)
+            del case
+            torch.cuda.empty_cache()
+        if args.json and not args.warm_only:   # after every op: a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump({"dtype": args.dtype, "results": results}, f, indent=1)
+    if not args.warm_only:
+        table(results, ["op", "rows", "hidden", "MiB", "us", "% copy", "best peer", "peer % copy", "vs peer"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
