@@ -79,7 +79,8 @@ FP8_PROMOTE = 4  # the default: 512-deep partial sums, error below bf16 rounding
 # work plus LOAD_WEIGHT times the operand rows it loads per k-step. Fit to the relative throughput
 # of full 128-row tiles (2x1 cluster) of widths 256 / 128 / 64, 1.0 / 0.9 / 0.75 on the H200:
 # per unit of work the cost is a + b (1/tile_n + 1/(2 tile_m)), which those three points fit
-# exactly with LOAD_WEIGHT = b / a = 36.
+# exactly with LOAD_WEIGHT = b / a = 36 (0 or 100 picks up to 2.4x / 1.12x slower tiles on the
+# sweep the heuristic's docstring names).
 LOAD_WEIGHT = 36
 # Modelled costs within this fraction of the best are ties, won by the larger tile (fewer tile
 # prologues and epilogues, which the model leaves out).
@@ -116,13 +117,18 @@ def call_time(m, n, tile_m, tile_n, cluster_m):
 
 
 def candidates(fp8, fast_accum):
-    """(tile_m, tile_n, cluster_m) the heuristic chooses from for M > 64: every unsplit,
-    un-streamed config of the op (promoted FP8: the tiles with room for two accumulator sets)."""
+    """(tile_m, tile_n, cluster_m) the heuristic chooses from for M > 64: the unsplit,
+    un-streamed 128-row configs of the op (promoted FP8: those with room for two accumulator
+    sets), less the 2x1 cluster of 64-wide tiles. Measured on the H200 (docs/benchmarks.md):
+    at M = 72-192, 64-row tiles ran at 0.53-0.80x cuBLAS where the sweeps at M >= 128 never
+    found one fastest, and 128x64 tiles in 2x1 clusters at 0.53-0.61x where one CTA per tile
+    was faster at M = 128-256; the model below does not see either cost."""
     if not fp8:
         pool = CONFIGS + FITTED_CONFIGS
     else:
         pool = [c for c in FP8_CONFIGS if (c["promote"] == 0) == fast_accum and c["promote"] in (0, FP8_PROMOTE)]
-    return sorted({(c["tile_m"], c["tile_n"], c["cluster_m"]) for c in pool if "x_rows" not in c})
+    return sorted({(c["tile_m"], c["tile_n"], c["cluster_m"]) for c in pool
+                   if "x_rows" not in c and c["tile_m"] == 128 and (c["tile_n"], c["cluster_m"]) != (64, 2)})
 
 
 def _large_m(m, n, fp8, fast_accum):
@@ -140,12 +146,14 @@ def heuristic(problem, fp8, fast_accum=False):
     the bytes the busiest SM streams (the weight and, per tile, x's 64-row box); for 16-bit
     inputs with M <= DECODE_M_MAX, 256-wide tiles,
     split-K up to about one unit per SM when there are few of them (see DECODE_TILES_MIN).
-    Larger M: the model above, over every tile and cluster shape of the op:
+    Larger M: the model above, over the op's 128-row tiles and cluster shapes (see candidates):
         time = waves x (tile_m x tile_n + LOAD_WEIGHT x (tile_m + tile_n / cluster_m))
         waves = ceil(clusters of tiles / clusters per wave), M tiles rounded up to whole clusters
     so a width that splits N into whole tiles and the tiles into whole waves wins over a wider
     one that leaves a wave part-empty, a partial last M tile (and an odd number of them under a
-    2x1 cluster) is paid in full, and small N x K with few 128-row tiles takes 64-row ones.
+    2x1 cluster) is paid in full, and few output tiles take narrow ones. Over a sweep of every
+    128-row config at M = 128-8192 on six (N, K) (docs/results/gemm_sweep_stream_k.json) the
+    model's pick is never more than 0.5% slower than the fastest.
     FP8: ``fast_accum`` (promote 0) may take any tile; promoted accumulation every FP8_PROMOTE
     k-tiles (accurate to well below bf16 rounding) needs a tile of at most 128 columns. With
     M <= X_ROWS the tile loads only X_ROWS rows of x (where the tile has that variant): timed on
