@@ -131,9 +131,21 @@ def candidates(fp8, fast_accum):
                    if "x_rows" not in c and c["tile_m"] == 128 and (c["tile_n"], c["cluster_m"]) != (64, 2)})
 
 
+# A 2x1 cluster over an odd number of M tiles pads the last cluster with a CTA that has no rows:
+# measured far slower than the model says (M = 324-339 on 4096 x 7168-8192, 3 tiles: 0.59x
+# cuBLAS; 1 tile at M = 128: 1.34x slower than one CTA per tile), so it is allowed only where
+# the padding is a small share of the M tiles.
+PADDED_CLUSTER_MIN_TILES = 8
+
+
+def _cluster_fits(m, tile_m, cluster_m):
+    tiles_m = _ceil_div(m, tile_m)
+    return cluster_m == 1 or tiles_m % cluster_m == 0 or tiles_m >= PADDED_CLUSTER_MIN_TILES
+
+
 def _large_m(m, n, fp8, fast_accum):
     """(tile_m, tile_n, cluster_m) of least modelled call time; near-ties go to the larger tile."""
-    options = [(call_time(m, n, *c), c) for c in candidates(fp8, fast_accum)]
+    options = [(call_time(m, n, *c), c) for c in candidates(fp8, fast_accum) if _cluster_fits(m, c[0], c[2])]
     best = min(cost for cost, _ in options)
     ties = [c for cost, c in options if cost <= best * (1 + TIE)]
     return max(ties, key=lambda c: (c[0] * c[1], c[2]))
@@ -149,6 +161,7 @@ def heuristic(problem, fp8, fast_accum=False):
     Larger M: the model above, over the op's 128-row tiles and cluster shapes (see candidates):
         time = waves x (tile_m x tile_n + LOAD_WEIGHT x (tile_m + tile_n / cluster_m))
         waves = ceil(clusters of tiles / clusters per wave), M tiles rounded up to whole clusters
+    (a 2x1 cluster only on an even number of M tiles, or at least PADDED_CLUSTER_MIN_TILES)
     so a width that splits N into whole tiles and the tiles into whole waves wins over a wider
     one that leaves a wave part-empty, a partial last M tile (and an odd number of them under a
     2x1 cluster) is paid in full, and few output tiles take narrow ones. Over a sweep of every
