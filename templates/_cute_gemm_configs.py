@@ -7,7 +7,9 @@ A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
                   (0: the whole dimension); only L2 reuse depends on it
   promote         (FP8 only) 0: wgmma accumulates across all of K ("fast accumulation");
                   p > 0: every p k-tiles (128 deep each) the wgmma partial sums are added
-                  into separate fp32 registers (CUTLASS's 2x accumulation is p = 1)
+                  into separate fp32 registers (CUTLASS's 2x accumulation is p = 1). The
+                  FP8 signature part ``fast_accum`` (MSLK's use_fast_accum) picks the kind:
+                  a config is valid for it iff promote == 0 (see fp8_valid)
   split_k         (bf16/fp16 decode tiles only; absent means 1) K is split into this many
                   ranges, each its own unit of work, summed by a second kernel: with few
                   output tiles (small M, N) it keeps every SM streaming the weight
@@ -21,6 +23,9 @@ A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
                   a config with x_rows serves M <= x_rows only (the op layer refuses larger M,
                   the tuner offers it only there). A 64-row box of x holding M = 1-16 rows loads
                   slower than the 16-row one, though the rows past M are only zeros
+tile_n is any multiple of 32 from 64 to 256 (the epilogue stores 32-column sub-tiles): layers
+are rarely powers of two, and a width that splits N into whole tiles and the tiles into whole
+waves (2112 = 11 x 192, 5120 = 20 x 256 = 32 x 160) beats the nearest power of two.
 Pipeline stages are derived from shared memory (as many A/B stages as fit beside the
 epilogue buffers). Every config is correct for every M >= 1 (up to x_rows when it has one); N
 and K must keep rows 16-byte aligned (the op layer checks).
@@ -56,17 +61,30 @@ STREAM_K_CONFIGS = tuple(_config(128, tile_n, cluster_m, stream_k=True)
 X_ROWS = 16
 X_ROWS_CONFIGS = tuple(_config(64, 256, split_k=s, x_rows=X_ROWS) for s in (1, *SPLIT_K))
 BF16_CONFIGS = CONFIGS + SPLIT_CONFIGS + STREAM_K_CONFIGS + X_ROWS_CONFIGS
+# Widths between the powers of two, for layers they split into whole tiles and waves (see the
+# heuristic): 128-row tiles, both cluster shapes; 16-bit and FP8 fast accumulation.
+FITTED_WIDTHS = (160, 192, 224)
+FITTED_CONFIGS = tuple(_config(128, n, c) for n in FITTED_WIDTHS for c in (2, 1))
+BF16_CONFIGS = BF16_CONFIGS + FITTED_CONFIGS
 # Promotion keeps a second set of accumulators: tiles of <= 64 fp32 registers per thread.
 _PROMOTED = [_config(128, 128, 2), _config(128, 128, 1), _config(128, 64, 2), _config(128, 64, 1),
              _config(64, 128), _config(64, 64)]
-FP8_CONFIGS = (tuple({**c, "promote": 0} for c in CONFIGS)
+FP8_CONFIGS = (tuple({**c, "promote": 0} for c in CONFIGS + FITTED_CONFIGS)
                + tuple({**c, "promote": 4} for c in _PROMOTED) + ({**_config(128, 128, 2), "promote": 1},)
-               + tuple({**_config(64, n, x_rows=X_ROWS), "promote": 4} for n in (64, 128)))
+               + tuple({**_config(64, n, x_rows=X_ROWS), "promote": 4} for n in (64, 128))
+               + tuple({**_config(64, n, x_rows=X_ROWS), "promote": 0} for n in (64, 128, 256)))
 FP8_PROMOTE = 4  # the default: 512-deep partial sums, error below bf16 rounding
 
-# Relative throughput of a full tile of width tile_n when compute-bound (narrower wgmma and
-# more epilogue per FLOP); a first guess to be replaced by measured tuning tables.
-_EFFICIENCY = {256: 1.0, 128: 0.9, 64: 0.75}
+# The cost model of calls with M > 64 (see heuristic): a tile's time per unit of K is its MMA
+# work plus LOAD_WEIGHT times the operand rows it loads per k-step. Fit to the relative throughput
+# of full 128-row tiles (2x1 cluster) of widths 256 / 128 / 64, 1.0 / 0.9 / 0.75 on the H200:
+# per unit of work the cost is a + b (1/tile_n + 1/(2 tile_m)), which those three points fit
+# exactly with LOAD_WEIGHT = b / a = 36 (0 or 100 picks up to 2.4x / 1.12x slower tiles on the
+# sweep the heuristic's docstring names).
+LOAD_WEIGHT = 36
+# Modelled costs within this fraction of the best are ties, won by the larger tile (fewer tile
+# prologues and epilogues, which the model leaves out).
+TIE = 0.01
 
 # Decode (M <= 16, weight streaming) on the H200, from sweeps of every config at M = 1 and 16:
 # 256-wide tiles stream best; with fewer than DECODE_TILES_MIN of them (N < 12288) split-K
@@ -79,22 +97,83 @@ def _ceil_div(a, b):
     return -(-a // b)
 
 
-def heuristic(problem, fp8):
+def tile_time(tile_m, tile_n, cluster_m):
+    """Model: time of one tile per unit of K. MMA work tile_m x tile_n, plus the operand rows
+    loaded per k-step (tile_m of x, tile_n of w, the latter shared by a cluster's CTAs through
+    TMA multicast) weighted by LOAD_WEIGHT."""
+    return tile_m * tile_n + LOAD_WEIGHT * (tile_m + tile_n / cluster_m)
+
+
+def waves(m, n, tile_m, tile_n, cluster_m):
+    """Waves of the persistent grid (NUM_SMS CTAs) over the output tiles; a cluster's CTAs run
+    together, so M tiles count in whole clusters (a 2x1 cluster on 3 M tiles runs 4)."""
+    clusters = _ceil_div(_ceil_div(m, tile_m), cluster_m) * _ceil_div(n, tile_n)
+    return _ceil_div(clusters, NUM_SMS // cluster_m)
+
+
+def call_time(m, n, tile_m, tile_n, cluster_m):
+    """Model: waves x time per tile (per unit of K, which every candidate shares)."""
+    return waves(m, n, tile_m, tile_n, cluster_m) * tile_time(tile_m, tile_n, cluster_m)
+
+
+def candidates(fp8, fast_accum):
+    """(tile_m, tile_n, cluster_m) the heuristic chooses from for M > 64: the unsplit,
+    un-streamed 128-row configs of the op (promoted FP8: those with room for two accumulator
+    sets), less the 2x1 cluster of 64-wide tiles. Measured on the H200 (docs/benchmarks.md):
+    at M = 72-192, 64-row tiles ran at 0.53-0.80x cuBLAS where the sweeps at M >= 128 never
+    found one fastest, and 128x64 tiles in 2x1 clusters at 0.53-0.61x where one CTA per tile
+    was faster at M = 128-256; the model below does not see either cost."""
+    if not fp8:
+        pool = CONFIGS + FITTED_CONFIGS
+    else:
+        pool = [c for c in FP8_CONFIGS if (c["promote"] == 0) == fast_accum and c["promote"] in (0, FP8_PROMOTE)]
+    return sorted({(c["tile_m"], c["tile_n"], c["cluster_m"]) for c in pool
+                   if "x_rows" not in c and c["tile_m"] == 128 and (c["tile_n"], c["cluster_m"]) != (64, 2)})
+
+
+# A 2x1 cluster over an odd number of M tiles pads the last cluster with a CTA that has no rows:
+# measured far slower than the model says (M = 324-339 on 4096 x 7168-8192, 3 tiles: 0.59x
+# cuBLAS; 1 tile at M = 128: 1.34x slower than one CTA per tile), so it is allowed only where
+# the padding is a small share of the M tiles.
+PADDED_CLUSTER_MIN_TILES = 8
+
+
+def _cluster_fits(m, tile_m, cluster_m):
+    tiles_m = _ceil_div(m, tile_m)
+    return cluster_m == 1 or tiles_m % cluster_m == 0 or tiles_m >= PADDED_CLUSTER_MIN_TILES
+
+
+def _large_m(m, n, fp8, fast_accum):
+    """(tile_m, tile_n, cluster_m) of least modelled call time; near-ties go to the larger tile."""
+    options = [(call_time(m, n, *c), c) for c in candidates(fp8, fast_accum) if _cluster_fits(m, c[0], c[2])]
+    best = min(cost for cost, _ in options)
+    ties = [c for cost, c in options if cost <= best * (1 + TIE)]
+    return max(ties, key=lambda c: (c[0] * c[1], c[2]))
+
+
+def heuristic(problem, fp8, fast_accum=False):
     """Default config for a call of size problem = {"M", "N", "K"}.
 
     M <= 64 (decode) is bound by streaming the weight: 64-row tiles of the width that minimises
     the bytes the busiest SM streams (the weight and, per tile, x's 64-row box); for 16-bit
     inputs with M <= DECODE_M_MAX, 256-wide tiles,
     split-K up to about one unit per SM when there are few of them (see DECODE_TILES_MIN).
-    Larger M: 128-row tiles, the width that minimises (tiles per SM) x (work per tile) /
-    efficiency, and a 2x1 cluster once there are two M tiles to share each weight tile. FP8
-    promotes every 4 k-tiles (accurate to well below bf16 rounding), which needs a tile of at
-    most 128 columns. With M <= X_ROWS the tile loads only X_ROWS rows of x (where the tile has
-    that variant): timed on the H200 at M = 1-16, never slower, up to 1.04x (bf16) and 1.3x (FP8)
-    faster.
+    Larger M: the model above, over the op's 128-row tiles and cluster shapes (see candidates):
+        time = waves x (tile_m x tile_n + LOAD_WEIGHT x (tile_m + tile_n / cluster_m))
+        waves = ceil(clusters of tiles / clusters per wave), M tiles rounded up to whole clusters
+    (a 2x1 cluster only on an even number of M tiles, or at least PADDED_CLUSTER_MIN_TILES)
+    so a width that splits N into whole tiles and the tiles into whole waves wins over a wider
+    one that leaves a wave part-empty, a partial last M tile (and an odd number of them under a
+    2x1 cluster) is paid in full, and few output tiles take narrow ones. Over a sweep of every
+    128-row config at M = 128-8192 on six (N, K) (docs/results/gemm_sweep_stream_k.json) the
+    model's pick is never more than 0.5% slower than the fastest.
+    FP8: ``fast_accum`` (promote 0) may take any tile; promoted accumulation every FP8_PROMOTE
+    k-tiles (accurate to well below bf16 rounding) needs a tile of at most 128 columns. With
+    M <= X_ROWS the tile loads only X_ROWS rows of x (where the tile has that variant): timed on
+    the H200 at M = 1-16, never slower, up to 1.04x (bf16) and 1.3x (FP8) faster.
     """
     m, n = problem["M"], problem["N"]
-    tile_m = 64 if m <= 64 else 128
+    promote = {"promote": 0 if fast_accum else FP8_PROMOTE} if fp8 else {}
     decode_rows = X_ROWS if m <= X_ROWS else 0  # the 16-row x box (see the docstring)
     if m <= DECODE_M_MAX and not fp8:
         tiles = _ceil_div(n, 256)
@@ -103,22 +182,26 @@ def heuristic(problem, fp8):
         if problem.get("K", 0) >= DECODE_SPLIT_K_MIN:
             split_k = max(s for s in (1, *SPLIT_K) if tiles * s <= NUM_SMS)
             return _config(64, 256, split_k=split_k, x_rows=decode_rows)
-    tiles_m = _ceil_div(m, tile_m)
+    if m > 64:
+        return {**_config(*_large_m(m, n, fp8, fast_accum)), **promote}
     # A 64-row tile streams its 64-row box of x along K beside the tile_n rows of w (the box is
     # loaded whole however few rows M has), so narrow tiles pay for x again and again (sweeps of
     # every 64-row config at M = 1-64, both ops: docs/benchmarks.md).
-    x_box = 64 if tile_m == 64 else 0
-
     def cost(tile_n):
-        waves = _ceil_div(tiles_m * _ceil_div(n, tile_n), NUM_SMS)
-        return waves * (tile_n + x_box) / (1.0 if tile_m == 64 else _EFFICIENCY[tile_n])
+        return _ceil_div(_ceil_div(n, tile_n), NUM_SMS) * (tile_n + 64)
 
-    widths = (128, 64) if fp8 else (256, 128, 64)
-    tile_n = min(widths, key=lambda t: (cost(t), -t if tile_m == 128 else t))
-    config = _config(tile_m, tile_n, 2 if tile_m == 128 and tiles_m >= 2 else 1)
-    if decode_rows and (fp8 or tile_n == 256):  # the tiles that have an x_rows variant
-        config["x_rows"] = decode_rows
-    return {**config, "promote": FP8_PROMOTE} if fp8 else config
+    widths = (128, 64) if fp8 and not fast_accum else (256, 128, 64)
+    tile_n = min(widths, key=lambda t: (cost(t), t))
+    config = {**_config(64, tile_n), **promote}
+    pool = FP8_CONFIGS if fp8 else BF16_CONFIGS
+    with_rows = {**config, "x_rows": decode_rows}
+    return with_rows if decode_rows and with_rows in pool else config
+
+
+def fp8_valid(config, fast_accum):
+    """An FP8 config serves the accumulation its signature asks for: fast_accum (MSLK's
+    use_fast_accum=True) is promote 0, promoted accumulation any promote > 0."""
+    return (config.get("promote", 0) == 0) == bool(fast_accum)
 
 
 def serves(config, problem):

@@ -53,7 +53,8 @@ _REDUCE_THREADS = 256  # split-K: threads per block of the partials reduction (4
 class HopperGemm:
     """One GEMM kernel configuration (all arguments are compile-time).
 
-    tile_mn:      CTA tile, (64 | 128, 64 | 128 | 256); tile_m // 64 consumer warpgroups.
+    tile_mn:      CTA tile, (64 | 128, a multiple of 32 from 64 to 256: the epilogue's sub-tile
+                  width; wgmma takes any multiple of 8); tile_m // 64 consumer warpgroups.
     cluster_m:    1 or 2 CTAs along M per cluster (2: the B tile is TMA-multicast).
     raster_m:     walk output tiles with M fastest (True) or N fastest (False) ...
     group:        ... inside bands of ``group`` clusters (0: the whole dimension).
@@ -88,8 +89,8 @@ class HopperGemm:
                  split_k=1, stream_k=False, x_rows=0, epilogue=None, template="HopperGemm"):
         self.tile_m, self.tile_n = tile_mn
         problems = [why for bad, why in (
-            (self.tile_m not in (64, 128) or self.tile_n not in (64, 128, 256),
-             "tile_m must be 64 or 128, tile_n 64, 128 or 256"),
+            (self.tile_m not in (64, 128) or self.tile_n % _EPI_TILE_N or not 64 <= self.tile_n <= 256,
+             f"tile_m must be 64 or 128, tile_n a multiple of {_EPI_TILE_N} from 64 to 256"),
             (cluster_m not in (1, 2) or group < 0, "cluster_m must be 1 or 2 and group >= 0"),
             (split_k < 1 or (split_k > 1 and (cluster_m != 1 or epilogue is not None)),
              "split_k >= 1, and split-K runs with cluster_m 1 and no epilogue"),

@@ -1,8 +1,8 @@
 """f8f8bf16_rowwise on Hopper: out = (xq @ wq^T) * x_scale[:, None] * w_scale[None, :] (+ bias).
 
 Runtime args: kernel(xq, wq, x_scale, w_scale, bias, out): xq [M, K] and wq [N, K] float8_e4m3fn,
-x_scale [M] and w_scale [N] fp32, bias [N] bf16 (a 1-element placeholder, never read, when
-sig["has_bias"] is False), out [M, N] bf16. M, N, K dynamic; K a multiple of 16 and N of 8
+x_scale [M] and w_scale [N] fp32, bias [N] of dtype sig["bias"] ("bfloat16" or "float32", as
+MSLK accepts; "none": a 1-element bf16 placeholder, never read), out [M, N] bf16. M, N, K dynamic; K a multiple of 16 and N of 8
 (16-byte rows for TMA; the op layer rejects other sizes).
 
 The GEMM is ``_cute_gemm_sm90`` with FP8 wgmma (128-deep k-tiles) and this file's epilogue
@@ -13,7 +13,9 @@ latency hides under the mainloop) and staged in shared memory.
 
 Accumulation. Hopper's FP8 wgmma adds into its fp32 accumulator with a ~13-bit mantissa
 (truncating), so an accumulator carried over all of K drifts by up to ~1e-2 relative at
-K = 8192 and more beyond. Config key ``promote``:
+K = 8192 and more beyond. The signature part ``fast_accum`` (MSLK's use_fast_accum, default
+True) picks the kind: its valid configs are those with promote 0, the others those with
+promote > 0. Config key ``promote``:
   0  fast accumulation across all of K (MSLK's default, use_fast_accum=True): fastest, any tile;
   4  the default: each chunk of 4 k-tiles (512 products deep) starts from zero in a second set
      of accumulators (scale-d = 0 on its first wgmma) and is added into fp32 registers once
@@ -27,9 +29,15 @@ from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
 
+BIAS = ("none", "bfloat16", "float32")  # the bias argument's dtype, or no bias
+
 
 def _heuristic(target, sig, problem):
-    return gemm_configs.heuristic(problem, fp8=True)
+    return gemm_configs.heuristic(problem, fp8=True, fast_accum=sig["fast_accum"])
+
+
+def _valid(config, target, sig):
+    return gemm_configs.fp8_valid(config, sig["fast_accum"])
 
 
 def build(config, target, sig):
@@ -88,7 +96,8 @@ def build(config, target, sig):
                     value = value + smem[self.tile_m + self.tile_n + n]
                 acc[i] = value
 
-    epilogue = RowwiseScale(config["tile_m"], config["tile_n"], sig["has_bias"])
+    has_bias = sig["bias"] != "none"
+    epilogue = RowwiseScale(config["tile_m"], config["tile_n"], has_bias)
     gemm = sm90.HopperGemm(**gemm_configs.kernel_args(config), epilogue=epilogue, template="f8f8bf16_rowwise_cute")
 
     @cute.jit
@@ -103,7 +112,8 @@ def build(config, target, sig):
         make_fake_compact_tensor(fp8, (n, k), stride_order=(1, 0), assumed_align=16),
         make_fake_compact_tensor(Float32, (m,), assumed_align=4),
         make_fake_compact_tensor(Float32, (n,), assumed_align=4),
-        make_fake_compact_tensor(bf16, (n if sig["has_bias"] else cute.sym_int(),), assumed_align=2),
+        make_fake_compact_tensor(Float32 if sig["bias"] == "float32" else bf16,
+                                 (n if has_bias else cute.sym_int(),), assumed_align=2),
         make_fake_compact_tensor(bf16, (m, n), stride_order=(1, 0), assumed_align=16),
         make_fake_stream(use_tvm_ffi_env_stream=True),
     ]
@@ -111,6 +121,6 @@ def build(config, target, sig):
 
 
 TEMPLATE = Template(op="f8f8bf16_rowwise", backend="cute", targets=("sm90a",),
-                    signatures={"has_bias": (True, False)}, configs=gemm_configs.FP8_CONFIGS,
-                    heuristic=_heuristic, serves=gemm_configs.serves, build=build,
+                    signatures={"bias": BIAS, "fast_accum": (True, False)}, configs=gemm_configs.FP8_CONFIGS,
+                    valid=_valid, heuristic=_heuristic, serves=gemm_configs.serves, build=build,
                     occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR)

@@ -2,12 +2,16 @@
 
 Calling convention: kernel(xq, wq, x_scale, w_scale, bias, out); xq [M, K] and wq [N, K] in the
 target's FP8 flavour (float8_e4m3fnuz on gfx942, float8_e4m3fn on gfx950), x_scale [M] and
-w_scale [N] fp32, bias [N] bf16 (read only when sig["has_bias"]; else any 1-element bf16
-tensor), out [M, N] bf16:
+w_scale [N] fp32, bias [N] of dtype sig["bias"] ("bfloat16" or "float32"; "none": any 1-element
+bf16 tensor, never read), out [M, N] bf16:
     out = bf16((xq.float() @ wq.float().T) * x_scale[:, None] * w_scale[None, :] (+ bias))
 with fp32 accumulation; the scale (and bias) epilogue runs on the fp32 accumulators. M, N, K are
 dynamic; needs K % 16 == 0 and 16-byte aligned data pointers. The weight is used as stored
 ([N, K] row-major, no pre-shuffle). Kernel: templates/_flydsl_gemm.py.
+
+``fast_accum`` (MSLK's use_fast_accum) is a signature part because the CuTe template's
+accumulation depends on it; CDNA's FP8 MFMAs accumulate in full fp32 either way (MSLK's ROCm
+kernels ignore the flag too), so both values build the same kernel.
 """
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
@@ -15,6 +19,7 @@ from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _flydsl_gemm as gemm
 
 FP8 = {"gfx942": "float8_e4m3fnuz", "gfx950": "float8_e4m3fn"}
+BIAS = ("none", "bfloat16", "float32")  # the bias argument's dtype, or no bias
 
 
 # As bf16_gemm, with K tiles twice as long (same bytes per row). gfx950's fp8 MFMAs take
@@ -29,7 +34,7 @@ def build(config, target, sig):
 
     kernel, tile_m, tile_n, threads = gemm.kernel_for(
         config, target=target, ab_dtype=FP8[target], out_dtype="bfloat16",
-        epilogue="rowwise_bias" if sig["has_bias"] else "rowwise")
+        epilogue="rowwise" if sig["bias"] == "none" else "rowwise_bias")
 
     @flyc.jit
     def f8f8bf16_rowwise(xq: fx.Tensor, wq: fx.Tensor, x_scale: fx.Tensor, w_scale: fx.Tensor,
@@ -43,11 +48,12 @@ def build(config, target, sig):
     return f8f8bf16_rowwise, (
         torch.empty(32, 128, dtype=f8), torch.empty(48, 128, dtype=f8),
         torch.empty(32, dtype=torch.float32), torch.empty(48, dtype=torch.float32),
-        torch.empty(48 if sig["has_bias"] else 1, dtype=torch.bfloat16),
+        torch.empty(1, dtype=torch.bfloat16) if sig["bias"] == "none" else
+        torch.empty(48, dtype=getattr(torch, sig["bias"])),
         torch.empty(32, 48, dtype=torch.bfloat16))
 
 
 TEMPLATE = Template(op="f8f8bf16_rowwise", backend="flydsl", targets=("gfx942", "gfx950"),
-                    signatures={"has_bias": (True, False)}, configs=CONFIGS, valid=_valid,
+                    signatures={"bias": BIAS, "fast_accum": (True, False)}, configs=CONFIGS, valid=_valid,
                     heuristic=_heuristic, build=build, spills_allowed=gemm.spills_sgprs,
                     occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR)

@@ -9,7 +9,8 @@ from mslk_dsl import registry
 from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
 
 OPS = {"bf16_gemm": [{"dtype": "bfloat16"}, {"dtype": "float16"}],
-       "f8f8bf16_rowwise": [{"has_bias": True}, {"has_bias": False}]}
+       "f8f8bf16_rowwise": [{"bias": b, "fast_accum": f} for f in (True, False)
+                            for b in ("none", "bfloat16", "float32")]}
 M_VALUES = (1, 7, 16, 64, 65, 128, 129, 512, 1000, 2048, 8192, 16384)
 NK_VALUES = ((128, 128), (4096, 4096), (8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672),
              (14336, 4096))
@@ -40,7 +41,8 @@ def test_heuristic_picks_a_valid_config(op):
             config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
             assert config in valid, (op, sig, m, n, k, config)
             assert config["tile_m"] == (64 if m <= 64 else 128), (m, config)
-            assert config["cluster_m"] == (2 if m > 128 else 1), (m, config)
+            if m <= 64:
+                assert config["cluster_m"] == 1, (m, config)
 
 
 def test_heuristic_uses_the_big_tile_for_large_problems():
@@ -58,8 +60,23 @@ def test_fp8_promotion_only_on_tiles_with_room_for_two_accumulators():
         if config["promote"]:
             # 64 fp32 accumulators per thread per tile_m / 64 rows: tile_n <= 128 keeps 2 sets.
             assert config["tile_n"] <= 128, config
-    default = template.heuristic("sm90a", {"has_bias": False}, {"M": 4096, "N": 8192, "K": 8192})
-    assert default["promote"] == gemm_configs.FP8_PROMOTE
+    promoted = template.heuristic("sm90a", {"bias": "none", "fast_accum": False}, {"M": 4096, "N": 8192, "K": 8192})
+    assert promoted["promote"] == gemm_configs.FP8_PROMOTE
+    fast = template.heuristic("sm90a", {"bias": "none", "fast_accum": True}, {"M": 4096, "N": 8192, "K": 8192})
+    assert fast["promote"] == 0 and fast["tile_n"] == 256
+
+
+def test_fp8_fast_accum_signature_picks_the_accumulation():
+    """use_fast_accum=True (MSLK's default) is exactly the configs without promotion, False
+    exactly those with it; every bias dtype has the same configs."""
+    (template,) = registry.get_templates(op="f8f8bf16_rowwise", backend="cute")
+    for sig in OPS["f8f8bf16_rowwise"]:
+        valid = template.valid_configs("sm90a", sig)
+        assert valid and all((c["promote"] == 0) == sig["fast_accum"] for c in valid), sig
+        assert len(valid) == sum((c["promote"] == 0) == sig["fast_accum"] for c in template.all_configs())
+        for m, (n, k) in itertools.product(M_VALUES, NK_VALUES):
+            config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
+            assert (config["promote"] == 0) == sig["fast_accum"], (sig, m, n, config)
 
 
 @pytest.mark.parametrize("split_k", [1, 2, 4, 8])
@@ -144,7 +161,7 @@ def test_heuristic_picks_a_64_row_width_within_4_percent_of_the_sweeps_best():
         if op == "bf16":
             config = bf16.heuristic("sm90a", {"dtype": "bfloat16"}, {"M": m, "N": n, "K": k})
         else:
-            config = fp8.heuristic("sm90a", {"has_bias": False}, {"M": m, "N": n, "K": k})
+            config = fp8.heuristic("sm90a", {"bias": "none", "fast_accum": False}, {"M": m, "N": n, "K": k})
         if "split_k" in config:  # bf16 decode sizes take split-K tiles (tested above)
             continue
         assert config["tile_m"] == 64 and us[config["tile_n"]] <= 1.04 * min(us.values()), (op, m, n, k, config)
@@ -231,3 +248,79 @@ def test_x_rows_configs_serve_decode_only(op, monkeypatch):
     monkeypatch.setattr(tuning, "lookup", lambda *args: x_rows_config)
     assert kernel_op.choose("sm90a", signature, (gemm_configs.X_ROWS, 64, 64), None)[1] == x_rows_config
     assert "x_rows" not in kernel_op.choose("sm90a", signature, (gemm_configs.X_ROWS + 1, 64, 64), None)[1]
+
+
+# -- the model of M > 64 calls, re-derived here from its statement in the heuristic's docstring:
+#   time = waves x (tile_m x tile_n + LOAD_WEIGHT x (tile_m + tile_n / cluster_m))
+#   waves = ceil(clusters of output tiles / (NUM_SMS / cluster_m)), M tiles in whole clusters
+LAYERS_N = (1024, 2112, 2560, 4096, 5120, 6144, 7168, 8192, 13824, 14336, 28672, 57344, 72, 1000, 8200)
+LARGE_M = (65, 100, 128, 129, 200, 257, 333, 640, 1000, 1500, 2048, 3000, 4096, 8192, 16384)
+
+
+def _model_time(m, n, tile_m, tile_n, cluster_m):
+    m_tiles = -(-m // tile_m)
+    clusters = -(-m_tiles // cluster_m) * -(-n // tile_n)
+    waves = -(-clusters // (gemm_configs.NUM_SMS // cluster_m))
+    return waves * (tile_m * tile_n + gemm_configs.LOAD_WEIGHT * (tile_m + tile_n / cluster_m))
+
+
+@pytest.mark.parametrize("op,sig", [("bf16_gemm", {"dtype": "bfloat16"}),
+                                    ("f8f8bf16_rowwise", {"bias": "none", "fast_accum": True}),
+                                    ("f8f8bf16_rowwise", {"bias": "none", "fast_accum": False})])
+def test_large_m_heuristic_is_the_model_s_best(op, sig):
+    """For M > 64 the default is the tile of least modelled time among the op's plain 128-row
+    configs (no split-K, stream-K or x_rows; promoted FP8: promote 4; not 128x64 in a 2x1
+    cluster), larger tiles winning near-ties."""
+    (template,) = registry.get_templates(op=op, backend="cute")
+    shapes = {(c["tile_m"], c["tile_n"], c["cluster_m"]) for c in template.valid_configs("sm90a", sig)
+              if not ({"split_k", "stream_k", "x_rows"} & c.keys()) and c.get("promote", 0) in (0, 4)
+              and c["tile_m"] == 128 and (c["tile_n"], c["cluster_m"]) != (64, 2)}
+    for m, n in itertools.product(LARGE_M, LAYERS_N):
+        config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": 4096})
+        chosen = (config["tile_m"], config["tile_n"], config["cluster_m"])
+        m_tiles = -(-m // 128)  # a 2x1 cluster needs an even number of M tiles, or many
+        shapes_m = {s for s in shapes if s[2] == 1 or m_tiles % 2 == 0 or m_tiles >= 8}
+        best = min(_model_time(m, n, *s) for s in shapes_m)
+        assert chosen in shapes_m and _model_time(m, n, *chosen) <= best * (1 + gemm_configs.TIE), (m, n, config)
+        near = [s for s in shapes_m if _model_time(m, n, *s) <= best * (1 + gemm_configs.TIE)]
+        assert chosen[0] * chosen[1] == max(s[0] * s[1] for s in near), (m, n, config, near)
+
+
+def test_model_prefers_widths_that_fit_the_layer():
+    """What the model buys on real layers: N = 2112 at large M takes a width that splits it into
+    whole tiles (11 x 192 or 10 x 224 wasting less than 256's 9 tiles' last wave), and an odd
+    number of 128-row M tiles that a 2x1 cluster would round up to a second wave runs without
+    one. M > 64 always takes 128-row tiles (64-row ones measured slower there)."""
+    (bf16,) = registry.get_templates(op="bf16_gemm", backend="cute")
+    sig = {"dtype": "bfloat16"}
+
+    def pick(m, n):
+        c = bf16.heuristic("sm90a", sig, {"M": m, "N": n, "K": 4096})
+        return c["tile_m"], c["tile_n"], c["cluster_m"]
+
+    assert pick(8192, 2112)[1] in (192, 224)
+    assert pick(8192, 8192) == (128, 256, 2)  # 8192^3 keeps the big tile
+    # M = 333: 3 M tiles; a 2x1 cluster would pad a fourth (and run 4 x 40 = 160 > 132 CTAs).
+    assert pick(333, 5120) == (128, 128, 1)
+    assert pick(324, 4096)[2] == 1 and pick(256, 8192) == (128, 128, 2)
+    for m, n in itertools.product(LARGE_M, LAYERS_N):
+        tile_m, tile_n, cluster_m = pick(m, n)
+        assert tile_m == 128 and tile_n % 32 == 0 and 64 <= tile_n <= 256 and (tile_n, cluster_m) != (64, 2)
+
+
+def test_model_picks_within_half_a_percent_of_the_sweep_s_fastest():
+    """The M > 64 model, restricted to the configs a sweep timed (every 128-row data-parallel
+    config at M = 128-8192 on six (N, K), bf16 on the H200: docs/results/gemm_sweep_stream_k.json),
+    picks one at most 0.5% slower than the fastest at every point."""
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "results", "gemm_sweep_stream_k.json")
+    with open(path) as f:
+        sweep = json.load(f)
+    assert len(sweep) >= 40
+    for point in sweep:
+        us = {(128, int(name.split("c")[0]), int(name.split("c")[1])): t
+              for name, t in point["us"].items() if not name.endswith("sk")}
+        pick = min(us, key=lambda s: (gemm_configs.call_time(point["M"], point["N"], *s), -s[1]))
+        assert us[pick] <= 1.005 * min(us.values()), (point["M"], point["N"], point["K"], pick, us)

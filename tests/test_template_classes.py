@@ -51,12 +51,13 @@ def test_a_cute_gemm_config_check_names_the_template_and_config():
     run_python(textwrap.dedent("""
         from mslk_dsl.templates import _cute_gemm_sm90 as sm90
         try:
-            sm90.HopperGemm((64, 96), split_k=2, cluster_m=2, template="bf16_gemm_cute")
+            sm90.HopperGemm((64, 80), split_k=2, cluster_m=2, template="bf16_gemm_cute")
         except ValueError as e:
             message = str(e)
-        assert message.startswith("bf16_gemm_cute: config {'tile_mn': (64, 96), 'cluster_m': 2"), message
-        assert "tile_n 64, 128 or 256" in message and "split-K runs with cluster_m 1" in message, message
+        assert message.startswith("bf16_gemm_cute: config {'tile_mn': (64, 80), 'cluster_m': 2"), message
+        assert "tile_n a multiple of 32 from 64 to 256" in message and "split-K runs with cluster_m 1" in message, message
         sm90.HopperGemm((64, 128), template="bf16_gemm_cute")
+        sm90.HopperGemm((128, 224), cluster_m=2, template="bf16_gemm_cute")
     """), env={"CUTE_DSL_ARCH": "sm_90a"})
 
 

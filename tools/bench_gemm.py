@@ -2,7 +2,8 @@
 
   bf16_gemm         vs torch.mm(x, w.T)                               (bf16 in and out)
   f8f8bf16_rowwise  vs torch._scaled_mm(xq, wq.T, scale_a [M, 1], scale_b [1, N], bf16 out)
-                    with use_fast_accum matching the config's accumulation (promote == 0)
+                    with use_fast_accum as ours: MSLK's default True, False with --promoted
+                    (a forced --config decides by its accumulation, promote == 0)
 
 Both sides get the same inputs; the FP8 operands (the target's flavour) are rowwise quantized
 (scale = absmax / fp8 max).
@@ -10,8 +11,10 @@ Times are medians of triton.testing.do_bench (CUDA events), ours and torch's tak
 times per shape (power-limited clocks depend on what ran before); the table gives TFLOP/s, the ratio
 torch time / our time per shape (> 1: ours is faster) and the geometric mean of the ratios.
 
-  python tools/bench_gemm.py [--op bf16_gemm|f8f8bf16_rowwise|all] [--quick]
+  python tools/bench_gemm.py [--op bf16_gemm|f8f8bf16_rowwise|all] [--quick] [--promoted]
                              [--config NAME] [--json PATH]
+  python tools/bench_gemm.py --random N --seed S [--op ...] [--promoted] [--json PATH]
+--random: N shapes drawn from real layers with M log-uniform in 1..16384 (bench_gemm_random).
 --config forces one config of the target's template (its name as in
 mslk_dsl.template.config_name, e.g. cluster_m2_group8_rasterm_tile_m128_tile_n256 for the CuTe
 bf16_gemm) instead of the default choice (tuned or heuristic) per shape.
@@ -62,12 +65,13 @@ def _quantize_rowwise(t, fp8, torch):
     return (t / scale[:, None]).clamp(-fp8_max, fp8_max).to(fp8), scale.float()
 
 
-def _bench_shape(op, target, m, n, k, config, torch, ops, do_bench):
+def _bench_shape(op, target, m, n, k, config, torch, ops, do_bench, promoted=False):
     from mslk_dsl.ops.elementwise import fp8_dtype_for
 
     x = torch.randn(m, k, device="cuda")
     w = torch.randn(n, k, device="cuda")
-    sig = ("bfloat16",) if op == "bf16_gemm" else (False,)
+    fast = not promoted if config is None else config.get("promote", 0) == 0
+    sig = ("bfloat16",) if op == "bf16_gemm" else ("none", fast)
     chosen = _kernel_op(op).choose(target, sig, (m, n, k), config)[1]  # explicit, tuned or heuristic
     if op == "bf16_gemm":
         x, w = x.to(torch.bfloat16), w.to(torch.bfloat16)
@@ -76,9 +80,8 @@ def _bench_shape(op, target, m, n, k, config, torch, ops, do_bench):
     else:
         fp8 = fp8_dtype_for(x.device)
         (xq, x_scale), (wq, w_scale) = _quantize_rowwise(x, fp8, torch), _quantize_rowwise(w, fp8, torch)
-        fast = chosen.get("promote", 0) == 0  # compare like with like: same accumulation mode
-        scale_a, scale_b = x_scale[:, None], w_scale[None, :]
-        ours = lambda: ops.f8f8bf16_rowwise(xq, wq, x_scale, w_scale, config=config)  # noqa: E731
+        scale_a, scale_b = x_scale[:, None], w_scale[None, :]  # like with like: the same accumulation
+        ours = lambda: ops.f8f8bf16_rowwise(xq, wq, x_scale, w_scale, None, fast, config=config)  # noqa: E731
         theirs = lambda: torch._scaled_mm(xq, wq.T, scale_a=scale_a, scale_b=scale_b,  # noqa: E731
                                           out_dtype=torch.bfloat16, use_fast_accum=fast)
     ours()  # compile / load outside the timed region
@@ -105,6 +108,10 @@ def main(argv=None) -> int:
     parser.add_argument("--config", help="force this config (by name) for every shape")
     parser.add_argument("--quick", action="store_true", help=f"only {QUICK_SHAPES}")
     parser.add_argument("--json", metavar="PATH", help="write the results here")
+    parser.add_argument("--promoted", action="store_true",
+                        help="f8f8bf16_rowwise with use_fast_accum=False (and _scaled_mm likewise)")
+    parser.add_argument("--random", type=int, metavar="N", help="N random shapes of real layers instead of the grid")
+    parser.add_argument("--seed", type=int, default=0, help="the --random draw's seed")
     parser.add_argument("--tune", action="store_true",
                         help="first tune every shape (mslk_dsl.autotune, stored in the tuning DB), then time the "
                              "tuned choices")
@@ -118,10 +125,15 @@ def main(argv=None) -> int:
     from mslk_dsl import device, ops
     from mslk_dsl.template import config_name
 
+    op_names = ("bf16_gemm", "f8f8bf16_rowwise") if args.op == "all" else (args.op,)
+    if args.random:
+        import bench_gemm_random
+
+        return bench_gemm_random.run(args.random, args.seed, list(op_names), not args.promoted, args.json,
+                                     torch, do_bench)
     target = device.current_target().name
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    op_names = ("bf16_gemm", "f8f8bf16_rowwise") if args.op == "all" else (args.op,)
     results, summary = [], {}
     for op in op_names:
         try:
@@ -142,7 +154,7 @@ def main(argv=None) -> int:
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         ratios = []
         for m, n, k in _shapes(args.quick):
-            r = _bench_shape(op, target, m, n, k, config, torch, ops, do_bench)
+            r = _bench_shape(op, target, m, n, k, config, torch, ops, do_bench, args.promoted)
             results.append(r)
             if not math.isnan(r["ratio"]):
                 ratios.append(r["ratio"])

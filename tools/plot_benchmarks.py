@@ -35,6 +35,30 @@ def plot_gemm(data, out):
     fig.savefig(os.path.join(out, "gemm_ratio.png"), dpi=110)
 
 
+def plot_gemm_random(data, out):
+    """bench_gemm_random's draw: each shape's ratio against M, both ops, with the goals."""
+    import matplotlib.pyplot as plt
+
+    goals = {"bf16_gemm": (0.95, "0.95 (M >= 64)"), "f8f8bf16_rowwise": (1.0, "1.0")}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    for ax, op in zip(axes, goals):
+        rows = [r for r in data["results"] if r["op"] == op]
+        ax.scatter([r["M"] for r in rows], [r["ratio"] for r in rows], s=14, c="tab:blue")
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.axhline(goals[op][0], color="red", lw=0.8, ls="--", label=f"goal {goals[op][1]}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("M (tokens)")
+        summary = data.get("summary", {}).get(op, {})
+        ax.set_title(f"{op} vs {'torch.mm' if op == 'bf16_gemm' else 'torch._scaled_mm'}: geomean "
+                     f"{summary.get('geomean', float('nan')):.2f}, min {summary.get('min', float('nan')):.2f}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel(f"speed ratio (torch time / ours), {data['random']['count']} shapes, "
+                       f"seed {data['random']['seed']}")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "gemm_random_ratio.png"), dpi=110)
+
+
 def plot_memory_bound(folder, out):
     import matplotlib.pyplot as plt
 
@@ -98,6 +122,9 @@ def main(argv):
     gemm = _load(folder, "gemm_tuned") or _load(folder, "gemm")  # the tuned run when there is one
     if gemm:
         plot_gemm(gemm, out)
+    random_draw = _load(folder, "gemm_random")
+    if random_draw:
+        plot_gemm_random(random_draw, out)
     plot_memory_bound(folder, out)
     sweep = _load(folder, "membound")
     if sweep:

@@ -80,8 +80,9 @@ def _gemm_example(fp8: bool):
             return x.to(dtype), w.to(dtype)
         xq, xs = _quantize_reference(x.to(torch.bfloat16))
         wq, ws = _quantize_reference(w.to(torch.bfloat16))
-        bias = torch.randn(N, device=device, dtype=torch.bfloat16) if sig.get("has_bias") else None
-        return xq, wq, xs, ws, bias
+        bias_dtype = sig.get("bias", "none")
+        bias = None if bias_dtype == "none" else torch.randn(N, device=device, dtype=getattr(torch, bias_dtype))
+        return xq, wq, xs, ws, bias, sig.get("fast_accum", True)
     return example
 
 
@@ -120,8 +121,14 @@ bf16_gemm = declare(OpDecl(
 
 
 # -- f8f8bf16_rowwise ---------------------------------------------------------------------------------------
-def _check_f8f8bf16_rowwise(xq, wq, x_scale, w_scale, bias):
+# MSLK takes the bias in bf16 or fp32; the epilogue adds it in fp32 either way.
+_BIAS_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def _check_f8f8bf16_rowwise(xq, wq, x_scale, w_scale, bias, use_fast_accum):
     op = "f8f8bf16_rowwise"
+    if not isinstance(use_fast_accum, bool):
+        raise TypeError(f"{op}: use_fast_accum must be a bool, got {type(use_fast_accum).__name__}")
     _check_operands(op, xq, wq, check.FP8_DTYPES, names=("xq", "wq"))
     fp8 = fp8_dtype_for(xq.device)
     if xq.dtype != fp8:
@@ -135,12 +142,12 @@ def _check_f8f8bf16_rowwise(xq, wq, x_scale, w_scale, bias):
     check.shape(op, "w_scale", w_scale, (N,), "one scale per row of wq")
     check.same_device(op, "xq", xq, x_scale=x_scale, w_scale=w_scale)
     if bias is not None:
-        check.tensor(op, "bias", bias, (torch.bfloat16,), ndim=1)
+        check.tensor(op, "bias", bias, _BIAS_DTYPES, ndim=1)
         check.shape(op, "bias", bias, (N,), "one bias per output column")
         check.same_device(op, "xq", xq, bias=bias)
 
 
-def _prepare_f8f8bf16_rowwise(select, outputs, xq, wq, x_scale, w_scale, bias):
+def _prepare_f8f8bf16_rowwise(select, outputs, xq, wq, x_scale, w_scale, bias, use_fast_accum):
     (y,) = outputs
     a, b = _rows_2d(xq), _compact(wq)
     (M, K), N = a.shape, b.shape[0]
@@ -148,27 +155,44 @@ def _prepare_f8f8bf16_rowwise(select, outputs, xq, wq, x_scale, w_scale, bias):
         return None
     y = y.view(M, N)
     x_scale = x_scale.reshape(M)
-    kernel, _ = select((bias is not None,), (M, N, K))
+    bias_kind = "none" if bias is None else dtype_name(bias.dtype)
+    kernel, _ = select((bias_kind, use_fast_accum), (M, N, K))
     bias_arg = bias.contiguous() if bias is not None else placeholder(a.device, torch.bfloat16)
     target, finish = _store_target(y)
+    if finish is None and not use_fast_accum:
+        finish = _promoted_calls_keep_no_plan
     return Launch(kernel, (a, b, x_scale.contiguous(), w_scale.contiguous(), bias_arg, target), finish=finish)
 
 
-def _f8f8bf16_rowwise_reference(xq, wq, x_scale, w_scale, bias=None):
+def _promoted_calls_keep_no_plan() -> None:
+    """The finish step of use_fast_accum=False launches. Launch plans are keyed by the inputs'
+    layout, and a bool argument's layout is its type: a plan of a promoted launch would replay
+    for fast calls too. So only fast (default) calls are planned (plan_when below); a launch with
+    a finish step is never remembered as a plan, and this one has nothing else to do."""
+
+
+def _f8f8bf16_rowwise_reference(xq, wq, x_scale, w_scale, bias=None, use_fast_accum=True):
     y = (xq.float() @ wq.float().T) * x_scale.reshape(*xq.shape[:-1], 1) * w_scale
     return (y + bias.float() if bias is not None else y).to(torch.bfloat16)
 
 
 f8f8bf16_rowwise = declare(OpDecl(
     name="f8f8bf16_rowwise",
-    schema="(Tensor xq, Tensor wq, Tensor x_scale, Tensor w_scale, Tensor? bias=None) -> Tensor",
+    schema="(Tensor xq, Tensor wq, Tensor x_scale, Tensor w_scale, Tensor? bias=None, "
+           "bool use_fast_accum=True) -> Tensor",
     doc="""out = (xq @ wq.T) * x_scale[:, None] * w_scale[None, :] (+ bias), bf16 out; the scales are
     the ones quantize_fp8_row returns. xq [..., M, K] (leading dims are batch; x_scale of shape
     xq.shape[:-1] or flattened), wq [N, K] -> [..., M, N]; K a multiple of 16, N of 8; K = 0
-    gives zeros (or the bias). ``out``: a contiguous bf16 tensor of the result's shape to write
+    gives zeros (or the bias). ``bias``: [N], bf16 or fp32, added in fp32 before the one rounding
+    to bf16. ``use_fast_accum`` (MSLK's argument and default): True accumulates in the FP8 MMA's
+    own accumulator across all of K (fastest; on Hopper its ~13-bit adds drift by up to ~1e-2
+    relative at long K); False promotes the partial sums into fp32 every 512 products (error
+    below bf16 rounding). ROCm's MFMAs accumulate in fp32 either way. ``out``: a contiguous bf16 tensor of the result's shape to write
     into instead of allocating.""",
     check=_check_f8f8bf16_rowwise,
-    outputs=lambda xq, wq, x_scale, w_scale, bias=None: [(_output_shape(xq, wq), torch.bfloat16)],
-    prepare=_prepare_f8f8bf16_rowwise, signature=("has_bias",), problem=("M", "N", "K"),
+    outputs=lambda xq, wq, x_scale, w_scale, bias=None, use_fast_accum=True: [
+        (_output_shape(xq, wq), torch.bfloat16)],
+    prepare=_prepare_f8f8bf16_rowwise, signature=("bias", "fast_accum"), problem=("M", "N", "K"),
     example=_gemm_example(fp8=True), reference=_f8f8bf16_rowwise_reference,
+    plan_when="use_fast_accum is True",
     small_problem={"M": 5, "N": 32, "K": 64}))

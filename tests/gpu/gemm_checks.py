@@ -47,11 +47,12 @@ def quantize_rowwise(t, fp8, fp8_max):
     return q, scale.float()
 
 
-def fp8_case(m, n, k, has_bias, fp8, fp8_max):
-    """Quantized operands, their scales, a bias (or None) and the fp32 reference output."""
+def fp8_case(m, n, k, has_bias, fp8, fp8_max, bias_dtype=torch.bfloat16):
+    """Quantized operands, their scales, a bias of ``bias_dtype`` (or None) and the fp32
+    reference output."""
     xq, x_scale = quantize_rowwise(randn(m, k, seed=m * 31 + k), fp8, fp8_max)
     wq, w_scale = quantize_rowwise(randn(n, k, seed=n * 17 + k + 1), fp8, fp8_max)
-    bias = randn(n, seed=n).to(torch.bfloat16) if has_bias else None
+    bias = randn(n, seed=n).to(bias_dtype) if has_bias else None
     ref = (xq.float() @ wq.float().T) * x_scale[:, None] * w_scale[None, :]
     if has_bias:
         ref = ref + bias.float()

@@ -70,26 +70,30 @@ def _fp8():
     return (torch.float8_e4m3fnuz, 240.0) if supports_float8_fnuz() else (torch.float8_e4m3fn, 448.0)
 
 
-def _check_fp8(m, n, k, has_bias, config=None):
-    args, ref = fp8_case(m, n, k, has_bias, *_fp8())
-    out = ops.f8f8bf16_rowwise(*args, config=config)
+def _check_fp8(m, n, k, has_bias, config=None, bias_dtype=torch.bfloat16, fast=True):
+    args, ref = fp8_case(m, n, k, has_bias, *_fp8(), bias_dtype)
+    out = ops.f8f8bf16_rowwise(*args, fast, config=config)
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
     rms = ref.pow(2).mean().sqrt().item()
     torch.testing.assert_close(out.float(), ref, atol=1e-2 * rms, rtol=1e-2,
-                               msg=lambda s: f"f8f8bf16_rowwise {m}x{n}x{k} bias={has_bias} {config}: {s}")
+                               msg=lambda s: f"f8f8bf16_rowwise {m}x{n}x{k} bias={has_bias and bias_dtype} "
+                                                   f"fast={fast} {config}: {s}")
 
 
-@pytest.mark.parametrize("case", _cases("f8f8bf16_rowwise", [{"has_bias": True}, {"has_bias": False}]),
+@pytest.mark.parametrize("case", _cases("f8f8bf16_rowwise", [{"bias": "bfloat16", "fast_accum": True},
+                                                               {"bias": "none", "fast_accum": True}]),
                          ids=_case_id)
 def test_f8f8bf16_rowwise_every_config(case):
     sig, config = case
     _skip_invalid("f8f8bf16_rowwise", sig, config)
     for m, n, k in FP8_SHAPES:
-        _check_fp8(m, n, k, sig["has_bias"], config)
+        _check_fp8(m, n, k, sig["bias"] != "none", config)
 
 
-@pytest.mark.parametrize("has_bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "promoted"])
+@pytest.mark.parametrize("bias", [None, torch.bfloat16, torch.float32], ids=["nobias", "bf16bias", "fp32bias"])
 @pytest.mark.parametrize("nk", DEFAULT_NK, ids=lambda nk: f"N{nk[0]}K{nk[1]}")
-def test_f8f8bf16_rowwise_default_config(nk, has_bias):
+def test_f8f8bf16_rowwise_default_config(nk, bias, fast):
+    """CDNA's MFMAs accumulate in fp32 whatever use_fast_accum says: both meet one tolerance."""
     for m in DEFAULT_M:
-        _check_fp8(m, *nk, has_bias)
+        _check_fp8(m, *nk, bias is not None, bias_dtype=bias, fast=fast)
