@@ -43,7 +43,8 @@ def test_the_abi_is_recorded_in_the_load_information(built):
         abi = meta["load"]["abi"]
         assert abi["backend"] == "rocm" and abi["defaults"] == [None], name   # the stream may be left out
         kinds = [slot["kind"] for slot in abi["slots"]]
-        assert kinds.count("tensor_data") == 3, name
+        # silu_mul: x0, x1, out and the one-element row count; rmsnorm: x, weight, out
+        assert kinds.count("tensor_data") == (4 if name == "silu_mul_flydsl" else 3), name
         assert kinds[-1] == "stream", name
     assert [s["ctype"] for s in built["rmsnorm_flydsl.rmsnorm"][1]["load"]["abi"]["slots"]
             if s["kind"] == "scalar"] == ["float"]
@@ -86,7 +87,8 @@ _PROBE = textwrap.dedent('''
     dtype = torch.bfloat16
     if name == "silu_mul_flydsl":
         base = torch.randn(7, 300, dtype=dtype)
-        args = (base[:5, :200], torch.randn(5, 200, dtype=dtype), torch.empty(5, 200, dtype=dtype))
+        count = torch.full((1,), 3, dtype=torch.int32)     # valid_token_count: rows from 3 on untouched
+        args = (base[:5, :200], torch.randn(5, 200, dtype=dtype), torch.empty(5, 200, dtype=dtype), count)
     else:
         x = torch.randn(9, 4097, dtype=dtype)
         args = (x[1:6], torch.randn(4097, dtype=dtype), torch.empty(5, 4097, dtype=dtype), 1e-5)

@@ -29,21 +29,27 @@ def describe(launcher, args) -> dict:
     """The ABI of ``launcher`` compiled for ``args`` (already compiled into FlyDSL's cache by this
     process): {"backend", "params", "defaults", "slots"}. ``slots`` are FlyDSL's export ABI slots
     (kind, argument index, dynamic dims, sizes); ``defaults`` the values of the trailing
-    parameters a caller may leave out (a stream left out is the default stream)."""
+    parameters a caller may leave out (a stream left out is the default stream). ``launcher`` is a
+    ``@flyc.jit`` function or an instance of a kernel class whose ``__call__`` is one (the
+    instance is then bound as ``self``; FlyDSL's slots already count the arguments after it)."""
     import inspect
 
     import flydsl.compiler as flyc
     from flydsl.expr.typing import Stream
 
+    bound = not hasattr(launcher, "func")   # a kernel-class instance, not a @flyc.jit function
+    target = launcher.__call__ if bound else launcher
+    func = type(launcher).__call__.func if bound else launcher.func
+    params = list(inspect.signature(func).parameters.values())[int(bound):]
     saved = os.environ.pop("COMPILE_ONLY", None)   # (this is the compile child's own environment)
     try:
-        compiled = flyc.compile(launcher, *args)   # a cache hit: CPU placeholders run nothing
+        compiled = flyc.compile(target, *args)   # a cache hit: CPU placeholders run nothing
     finally:
         if saved is not None:
             os.environ["COMPILE_ONLY"] = saved
     slots = [slot._to_dict() for slot in compiled._get_aot_compiled()._abi]
     defaults = []
-    for param in inspect.signature(launcher.func).parameters.values():
+    for param in params:
         if param.default is inspect.Parameter.empty:
             defaults = []
             continue
@@ -53,8 +59,7 @@ def describe(launcher, args) -> dict:
         if value is not None and not isinstance(value, (bool, int, float)):
             raise TypeError(f"launcher parameter {param.name!r} has a default that cannot be recorded: {value!r}")
         defaults.append(value)
-    return {"backend": compiled._backend, "params": len(inspect.signature(launcher.func).parameters),
-            "defaults": defaults, "slots": slots}
+    return {"backend": compiled._backend, "params": len(params), "defaults": defaults, "slots": slots}
 
 
 def slot_specs(slots: list[dict]) -> tuple:
