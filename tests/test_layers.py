@@ -16,7 +16,7 @@ LAYERS = [
     {"cache", "backends", "resources"},
     {"jit"},
     {"native"},
-    {"ops"},
+    {"ops", "attention"},
     {"autotune", "aot", "explain", "cli"},
 ]
 

@@ -9,7 +9,9 @@ times are medians of triton.testing.do_bench. FLOPs: 4 * B * H * S^2 * D (halved
 FA's benchmarks count), for packed sequences summed over the sequences.
 
   python tools/bench.py attention [--heads 32] [--dims 64,128,256] [--shapes 16x1024,4x4096,1x16384]
-                                  [--fa4-dims 128] [--json PATH]
+                                  [--fa4-dims 128] [--sweep] [--json PATH]
+--sweep also times every config of the template that serves each dense case (for tuning the
+heuristic), one row per config.
 """
 from __future__ import annotations
 
@@ -65,6 +67,29 @@ def _dense_case(torch, do_bench, ops, fa4, B, S, H, D, causal, with_fa4):
     return flops, times
 
 
+def _sweep_rows(torch, do_bench, ops, B, S, H, D, causal):
+    """One row per template config that serves the dense case (the heuristic's included)."""
+    from mslk_dsl import registry
+    from mslk_dsl.ops.attention import MASK_CAUSAL, MASK_NONE
+    from mslk_dsl.template import config_name
+
+    (t,) = registry.get_templates(op="attention_fwd", backend="cute")
+    problem = {"mask": MASK_CAUSAL if causal else MASK_NONE, "varlen": 0}
+    q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flops = 4 * B * H * S * S * D / (2 if causal else 1)
+    rows = []
+    default_out = ops.attention_fwd(q, k, v, causal=causal)[0].float()
+    for config in t.valid_configs("sm90a", {"dtype": "bfloat16", "head_dim": D}):
+        if t.serves(config, problem):
+            ms = _time(do_bench, lambda: ops.attention_fwd(q, k, v, causal=causal, config=config))
+            # A tuning candidate must agree with the default kernel (same math, other tiling).
+            diff = (ops.attention_fwd(q, k, v, causal=causal, config=config)[0].float() - default_out).abs().max()
+            rows.append({"case": f"B{B} S{S} H{H} D{D}{' causal' if causal else ''}", "config": config_name(config),
+                         "mslk_dsl": flops / ms / 1e9 if isinstance(ms, float) else ms,
+                         "max_diff_vs_default": diff.item()})
+    return rows
+
+
 def _varlen_case(torch, do_bench, ops, fa4, H, D, n, seed):
     rng = random.Random(seed)
     lengths = [rng.choice(VARLEN_LENGTHS) for _ in range(n)]
@@ -99,6 +124,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--shapes", default=",".join(f"{b}x{s}" for b, s in SHAPES))
     parser.add_argument("--fa4-dims", default="64,128,256",
                         help="head dims to time FA4 at (it compiles each variant on first use)")
+    parser.add_argument("--sweep", action="store_true", help="also time every config serving each dense case")
     parser.add_argument("--json", metavar="PATH", help="write the results here")
     args = parser.parse_args(argv)
     gpu = cuda_or_exit("bench attention")
@@ -109,7 +135,7 @@ def main(argv: list[str]) -> int:
 
     fa4 = _fa4()
     fa4_dims = {int(d) for d in args.fa4_dims.split(",") if d}
-    rows = []
+    rows, sweep = [], []
     for D in (int(d) for d in args.dims.split(",")):
         for B, S in parse_shapes(args.shapes):
             for causal in (False, True):
@@ -117,6 +143,8 @@ def main(argv: list[str]) -> int:
                 flops, times = _dense_case(torch, do_bench, ops, fa4, B, S, args.heads, D, causal, D in fa4_dims)
                 rows.append(_row(f"B{B} S{S} H{args.heads} D{D}{' causal' if causal else ''}", flops, times))
                 print(rows[-1], flush=True)
+                if args.sweep:
+                    sweep += _sweep_rows(torch, do_bench, ops, B, S, args.heads, D, causal)
     flops, times, lengths = _varlen_case(torch, do_bench, ops, fa4, args.heads, 128, 24, seed=0)
     rows.append(_row(f"packed {len(lengths)} seqs ({sum(lengths)} rows) H{args.heads} D128 causal", flops, times))
     cols = ["case", "mslk_dsl", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "fa4", "vs_best_sdpa", "vs_fa4"]
@@ -125,9 +153,12 @@ def main(argv: list[str]) -> int:
             r.setdefault(c, "-")
     print(f"TFLOP/s, bf16, {torch.cuda.get_device_name()}")
     table(rows, cols)
+    if sweep:
+        print("Configs (TFLOP/s):")
+        table(sweep, ["case", "config", "mslk_dsl", "max_diff_vs_default"])
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"results": rows, "device": torch.cuda.get_device_name()}, f, indent=1)
+            json.dump({"results": rows, "sweep": sweep, "device": torch.cuda.get_device_name()}, f, indent=1)
     return 0
 
 

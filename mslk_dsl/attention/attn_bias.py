@@ -149,8 +149,9 @@ class BlockDiagonalMask(AttentionBias):
         if kv_seqlen is not None and len(kv_seqlen) != len(q_seqlen):
             raise ValueError(f"{cls.__name__}: {len(q_seqlen)} query lengths but {len(kv_seqlen)} key lengths")
         q_info = _SeqLenInfo.from_seqlens(q_seqlen, device=device)
-        same = kv_seqlen is None or list(kv_seqlen) == list(q_seqlen)
-        k_info = q_info if same else _SeqLenInfo.from_seqlens(kv_seqlen, device=device)
+        if kv_seqlen is None or list(kv_seqlen) == list(q_seqlen):
+            return cls(q_seqinfo=q_info, k_seqinfo=q_info)
+        k_info = _SeqLenInfo.from_seqlens(kv_seqlen, device=device)
         return cls(q_seqinfo=q_info, k_seqinfo=k_info)
 
     def _mask(self) -> dict:
