@@ -16,7 +16,8 @@ LAYERS = [
     {"cache", "backends", "resources"},
     {"jit"},
     {"native"},
-    {"ops", "attention"},
+    {"ops"},
+    {"attention"},
     {"autotune", "aot", "explain", "cli"},
 ]
 
