@@ -187,18 +187,25 @@ def attention_reference(q, k, v, seqstart_q=None, seqstart_k=None, max_seqlen_q=
 
 
 def _attention_example(problem: dict, sig: dict, device) -> tuple:
-    """q, k, v for B x Mq / Mk rows, Hq / Hkv heads, N(0, 1) values; the mask from problem["mask"]
-    (an index into the mask families: 1 bottom-right causal, 2 a 256-row sliding window)."""
+    """q, k, v for B x Mq / Mk rows, Hq / Hkv heads, N(0, 1) values (with problem["varlen"], B
+    sequences of Mq / Mk rows packed); the mask from problem["mask"] (an index into the mask
+    families: 1 bottom-right causal, 2 a 256-row sliding window)."""
     dtype = getattr(torch, sig.get("dtype", "bfloat16"))
     K = sig.get("head_dim", 128)
     B, Mq = problem.get("B", 1), problem.get("Mq", 128)
     Mk, Hq, Hkv = problem.get("Mk", Mq), problem.get("Hq", 4), problem.get("Hkv", problem.get("Hq", 4))
-    q = torch.randn(B, Mq, Hq, K, device=device, dtype=dtype)
-    k = torch.randn(B, Mk, Hkv, K, device=device, dtype=dtype)
-    v = torch.randn(B, Mk, Hkv, K, device=device, dtype=dtype)
+    packed = bool(problem.get("varlen", 0))
+    rows = (1, B * Mq, B * Mk) if packed else (B, Mq, Mk)
+    q = torch.randn(rows[0], rows[1], Hq, K, device=device, dtype=dtype)
+    k = torch.randn(rows[0], rows[2], Hkv, K, device=device, dtype=dtype)
+    v = torch.randn(rows[0], rows[2], Hkv, K, device=device, dtype=dtype)
+    starts: tuple = (None, None, None, None)
+    if packed:
+        starts = (torch.arange(B + 1, device=device, dtype=torch.int32) * Mq,
+                  torch.arange(B + 1, device=device, dtype=torch.int32) * Mk, Mq, Mk)
     mask = problem.get("mask", MASK_NONE)
     window = (256, 0) if mask == MASK_LOCAL else (-1, -1)
-    return q, k, v, None, None, None, None, mask == MASK_CAUSAL, True, *window, None
+    return q, k, v, *starts, mask == MASK_CAUSAL, True, *window, None
 
 
 attention_fwd = declare(OpDecl(
