@@ -47,6 +47,8 @@ PTX_EXPECT = {
     "f8f8bf16_rowwise_grouped_stacked": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3",
                                          r"cp\.async\.bulk\.tensor\.3d\.global\.shared::cta",
                                          r"vote\.sync\.ballot", r"setmaxnreg"],
+    "attention_fwd": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.(bf16\.bf16|f16\.f16)",
+                      r"cp\.async\.bulk\.tensor\.\dd", r"setmaxnreg"],
     "index_shuffling": [r"shfl\.sync"],
     "scatter_add_dense_tokens": [r"(red|atom)\.global(\.\w+)*\.add"],
 }
@@ -56,6 +58,7 @@ PTX_VECTOR = r"(ld|st)\.global(\.[\w:]+)*\.v4\.(b32|u32|f32)"
 SASS_EXPECT = {
     "bf16_gemm": [r"HGMMA\.64x\d+x16\.F32", r"UTMALDG\.2D"],
     "f8f8bf16_rowwise": [r"QGMMA\.64x\d+x32\.F32\.E4M3\.E4M3", r"UTMALDG\.2D"],
+    "attention_fwd": [r"HGMMA\.64x\d+x16\.F32", r"UTMALDG\.\dD"],
 }
 ISA_EXPECT_GFX942 = {
     "bf16_gemm": [r"v_mfma_f32_\w+_(bf16|f16)\b"],

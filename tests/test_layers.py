@@ -17,7 +17,8 @@ LAYERS = [
     {"jit"},
     {"native"},
     {"ops"},
-    {"autotune", "aot", "explain", "cli", "moe"},
+    {"attention", "moe"},
+    {"autotune", "aot", "explain", "cli"},
 ]
 
 

@@ -1,0 +1,103 @@
+"""attention_fwd on Hopper: FlashAttention's FA3-recipe forward (TMA, wgmma, warp-specialised
+producer and consumer warpgroups, intra-warpgroup overlap, ping-pong), see _cute_attention_sm90.
+
+Runtime args: kernel(q, k, v, out, lse, seqstart_q, seqstart_k, scale, window_left, window_right)
+  dense:   q [B, Mq, Hq, K], k / v [B, Mk, Hkv, K], out [B, Mq, Hq, K], lse fp32 [B, Hq, Mq]
+  varlen:  q [total_q, Hq, K], k / v [total_k, Hkv, K], out [total_q, Hq, K], lse fp32 [Hq, total_q],
+           seqstart_q / seqstart_k int32 [n + 1] (placeholders when dense)
+q, k, v and out: any strides with a unit last one and the others multiples of 8 elements
+(16-byte aligned rows for TMA); lse contiguous. Every size, the batch, the sequence count and
+the head counts are dynamic (Hq a multiple of Hkv): one kernel per (dtype, head dim, config).
+scale: fp32 softmax scale; window_left / window_right: the local band (_attention_limits.MASKS),
+read only by local configs.
+
+A config fixes the tile (tile_m x tile_n), the K / V stages, the overlap / ping-pong switch, the
+mask family and dense vs packed sequences; ``serves`` matches the last two to the call.
+"""
+from mslk_dsl.template import Template
+from mslk_dsl.templates import _attention_limits as limits
+from mslk_dsl.templates import _kernel_limits as kernel_limits
+
+
+def _config(head_dim, tile_m, tile_n, mask, varlen, overlap=True, stages=2):
+    return {"head_dim": head_dim, "tile_m": tile_m, "tile_n": tile_n, "stages": stages, "overlap": overlap,
+            "mask": mask, "varlen": varlen}
+
+
+def _default_tile(head_dim: int, mask: str) -> tuple[int, int]:
+    """FA4's Hopper tile choices (benchmarked there on an H100): three consumer warpgroups for
+    head dim 64; 80-row K / V blocks for 256 (64 with a local band), so that two stages fit in
+    shared memory beside a 128 x 256 Q tile."""
+    if head_dim == 64:
+        return 192, 128
+    if head_dim == 128:
+        return 128, 128
+    return 128, 64 if mask == "local" else 80
+
+
+# Every (head dim, mask, dense / packed) with its default tile, plus for dense unmasked calls the
+# same tile without overlap / ping-pong, for tuning. (Each config costs a compile in the CPU tests
+# and the AOT build, ~10-40 s: other tiles join the list when a GPU run shows them faster.)
+CONFIGS = tuple(
+    [_config(d, *_default_tile(d, mask), mask, varlen)
+     for d in limits.HEAD_DIMS for mask in limits.MASKS for varlen in (False, True)]
+    + [_config(d, *_default_tile(d, "none"), "none", False, overlap=False) for d in limits.HEAD_DIMS])
+
+
+def _valid(config, target, sig):
+    return config["head_dim"] == sig["head_dim"]
+
+
+def _wanted(problem) -> tuple[str, bool]:
+    """(mask family, packed) of a call; sizes without them (a generic problem) mean dense, no mask."""
+    return limits.MASKS[problem.get("mask", 0)], bool(problem.get("varlen", 0))
+
+
+def _heuristic(target, sig, problem):
+    mask, varlen = _wanted(problem)
+    return _config(sig["head_dim"], *_default_tile(sig["head_dim"], mask), mask, varlen)
+
+
+def _serves(config, problem):
+    return (config["mask"], config["varlen"]) == _wanted(problem)
+
+
+def _block_threads(config):
+    """tile_m // 64 consumer warpgroups and one producer warpgroup."""
+    return (config["tile_m"] // 64 + 1) * 128
+
+
+def build(config, target, sig):
+    import cutlass
+    import cutlass.cute as cute
+
+    from mslk_dsl.templates import _cute_attention_sm90 as sm90
+    from quack.compile_utils import make_fake_tensor
+
+    dtype = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}[sig["dtype"]]
+    d = sig["head_dim"]
+    kernel = sm90.HopperAttentionForward(dtype, d, config["tile_m"], config["tile_n"], config["stages"],
+                                         config["overlap"], config["mask"], config["varlen"])
+    rows = 8  # elements per 16 bytes: TMA needs 16-byte aligned rows
+    sq, sk, hq, hkv = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
+    if config["varlen"]:
+        q, o = (make_fake_tensor(dtype, (sq, hq, d), divisibility=rows) for _ in range(2))
+        k, v = (make_fake_tensor(dtype, (sk, hkv, d), divisibility=rows) for _ in range(2))
+        lse = make_fake_tensor(cutlass.Float32, (hq, sq))
+    else:
+        b = cute.sym_int()
+        q, o = (make_fake_tensor(dtype, (b, sq, hq, d), divisibility=rows) for _ in range(2))
+        k, v = (make_fake_tensor(dtype, (b, sk, hkv, d), divisibility=rows) for _ in range(2))
+        lse = make_fake_tensor(cutlass.Float32, (b, hq, sq))
+    n = cute.sym_int()
+    seqstarts = [cute.runtime.make_fake_tensor(cutlass.Int32, (n,), stride=(1,), assumed_align=4) for _ in range(2)]
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return kernel, [q, k, v, o, lse, *seqstarts, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0), stream]
+
+
+TEMPLATE = Template(op="attention_fwd", backend="cute", targets=("sm90a",),
+                    signatures={"dtype": limits.DTYPES, "head_dim": limits.HEAD_DIMS},
+                    configs=CONFIGS, valid=_valid, heuristic=_heuristic, serves=_serves, build=build,
+                    block_threads=_block_threads,
+                    # One large CTA per SM by design, as the GEMMs.
+                    occupancy_floor=kernel_limits.GEMM_OCCUPANCY_FLOOR)

@@ -1,0 +1,186 @@
+"""attention_fwd's Hopper kernel (and the mslk_dsl.attention API over it) against the fp32 reference.
+
+Cases: head dims 64 / 128 / 256; no mask, causal aligned top-left and bottom-right with Mq < Mk
+and Mq > Mk (bottom-right then leaves the first Mq - Mk rows with no key: out 0, lse -inf),
+sliding windows; GQA ratios 1 / 4 / 8 and MQA; packed sequences (1 to 64 of them, lengths drawn
+from {1, 17, 1000, 4097}, q and k lengths drawn apart); q / k / v as strided views (a packed qkv
+buffer, a padded batch); fp16; the partial API's LSE.
+
+Tolerance: out within 2.5e-2 (bf16) / 1e-2 (fp16) absolute of the reference computed in fp32 and
+rounded once, which is what the rounding of P to 16 bits before the PV product costs on N(0, 1)
+data (FA's own tests allow twice torch's low-precision error); mean error under 2e-3; LSE within
+1e-3 absolute (fp32 sums; the kernel's exp2 and the reference's exp differ by ulps).
+"""
+import random
+
+import pytest
+import torch
+
+from mslk_dsl import ops
+from mslk_dsl.ops.attention import attention_reference
+from mslk_dsl.testing import skipUnlessCudaCapability
+
+SM90 = skipUnlessCudaCapability((9, 0))
+ATOL = {torch.bfloat16: 2.5e-2, torch.float16: 1e-2}
+LENGTHS = (1, 17, 1000, 4097)
+
+
+def _rand(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape, device="cuda", dtype=dtype)
+
+
+def check_against_reference(q, k, v, **mask):
+    out, lse = ops.attention_fwd(q, k, v, **mask)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = attention_reference(q, k, v, **mask)
+    assert out.shape == ref_out.shape and lse.shape == ref_lse.shape
+    empty = torch.isinf(ref_lse)  # rows with no visible key: [B, H, M]
+    assert torch.equal(torch.isinf(lse) & (lse < 0), empty), "rows without keys differ"
+    assert torch.isfinite(out).all()
+    err = (out.float() - ref_out.float()).abs()
+    assert err.max().item() <= ATOL[q.dtype], f"out: max error {err.max().item():.3g}"
+    assert err.mean().item() <= 2e-3, f"out: mean error {err.mean().item():.3g}"
+    assert torch.equal(out.float().permute(0, 2, 1, 3)[empty], torch.zeros_like(out.float().permute(0, 2, 1, 3)[empty]))
+    lse_err = (lse[~empty] - ref_lse[~empty]).abs()
+    assert lse_err.numel() == 0 or lse_err.max().item() <= 1e-3, f"lse: max error {lse_err.max().item():.3g}"
+    return out, lse
+
+
+MASKS = {
+    "none": {},
+    "causal_top_left": {"causal": True},
+    "causal_bottom_right": {"causal": True, "bottom_right": True},
+    "local_bottom_right": {"bottom_right": True, "window_left": 100, "window_right": 0},
+    "local_two_sided": {"bottom_right": True, "window_left": 37, "window_right": 129},
+    "local_top_left": {"window_left": 64, "window_right": 64},
+}
+
+
+@SM90
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("mq,mk", ((300, 517), (517, 300)))
+def test_dense_masks(head_dim, mask, mq, mk):
+    torch.manual_seed(0)
+    q, k, v = _rand(2, mq, 8, head_dim), _rand(2, mk, 2, head_dim), _rand(2, mk, 2, head_dim)
+    check_against_reference(q, k, v, **MASKS[mask])
+
+
+@SM90
+@pytest.mark.parametrize("hq,hkv", ((8, 8), (8, 2), (32, 4), (16, 1)))
+def test_gqa_ratios_and_mqa(hq, hkv):
+    torch.manual_seed(1)
+    q, k, v = _rand(2, 1000, hq, 128), _rand(2, 1000, hkv, 128), _rand(2, 1000, hkv, 128)
+    check_against_reference(q, k, v, causal=True)
+
+
+@SM90
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("causal", (False, True))
+def test_dtypes_one_row_and_long(dtype, causal):
+    torch.manual_seed(2)
+    for b, m in ((1, 1), (3, 129), (1, 4097)):
+        q, k, v = (_rand(b, m, 4, 128, dtype=dtype) for _ in range(3))
+        check_against_reference(q, k, v, causal=causal)
+
+
+@SM90
+def test_strided_views():
+    """q / k / v as views of a packed [B, M, 3, H, K] buffer (head and batch strides that are not
+    the compact ones) and of a batch padded along M; nothing is copied."""
+    torch.manual_seed(3)
+    qkv = _rand(2, 333, 3, 8, 128)
+    q, k, v = qkv.unbind(2)
+    assert not q.is_contiguous()
+    check_against_reference(q, k, v, causal=True)
+    padded = _rand(3, 600, 4, 64)
+    k, v = padded[:, :517], _rand(3, 517, 8, 64)[:, :, ::2]
+    check_against_reference(_rand(3, 200, 8, 64), k, v, causal=True, bottom_right=True)
+
+
+def _packed(n, hq, hkv, head_dim, same_lengths, seed):
+    rng = random.Random(seed)
+    lq = [rng.choice(LENGTHS) for _ in range(n)]
+    lk = lq if same_lengths else [rng.choice(LENGTHS) for _ in range(n)]
+    starts = [torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32) for lengths in (lq, lk)]
+    q = _rand(1, sum(lq), hq, head_dim)
+    k, v = _rand(1, sum(lk), hkv, head_dim), _rand(1, sum(lk), hkv, head_dim)
+    return q, k, v, starts[0], starts[1], max(lq), max(lk)
+
+
+@SM90
+@pytest.mark.parametrize("n", (1, 7, 64))
+@pytest.mark.parametrize("mask", ("none", "causal_bottom_right", "local_bottom_right"))
+def test_packed_sequences(n, mask):
+    q, k, v, sq, sk, mq, mk = _packed(n, 4, 2, 128, same_lengths=False, seed=n)
+    check_against_reference(q, k, v, seqstart_q=sq, seqstart_k=sk, max_seqlen_q=mq, max_seqlen_k=mk,
+                            **MASKS[mask])
+
+
+@SM90
+@pytest.mark.parametrize("head_dim", (64, 256))
+def test_packed_sequences_head_dims(head_dim):
+    q, k, v, sq, sk, _, _ = _packed(9, 4, 1, head_dim, same_lengths=True, seed=head_dim)
+    check_against_reference(q, k, v, seqstart_q=sq, seqstart_k=sk, causal=True, bottom_right=True)
+
+
+@SM90
+def test_api_biases_and_partial_lse():
+    """The MSLK-named API: each bias class reaches the kernel with its documented mask, and the
+    partial op's LSE is the reference's."""
+    from mslk_dsl import attention
+    from mslk_dsl.attention import attn_bias as ab
+
+    torch.manual_seed(4)
+    q, k, v = _rand(2, 77, 8, 128), _rand(2, 150, 2, 128), _rand(2, 150, 2, 128)
+    cases = [(None, {}), (ab.LowerTriangularMask(), {"causal": True}),
+             (ab.LowerTriangularFromBottomRightMask(), {"causal": True, "bottom_right": True}),
+             (ab.LocalAttentionFromBottomRightMask(window_left=20, window_right=5),
+              {"bottom_right": True, "window_left": 20, "window_right": 5}),
+             (ab.LowerTriangularFromBottomRightLocalAttentionMask(33),
+              {"causal": True, "bottom_right": True, "window_left": 32})]
+    for bias, mask in cases:
+        out, lse = attention.memory_efficient_attention_partial(q, k, v, attn_bias=bias)
+        ref_out, ref_lse = attention_reference(q, k, v, **mask)
+        assert (out.float() - ref_out.float()).abs().max().item() <= ATOL[q.dtype], bias
+        assert (lse - ref_lse).abs().max().item() <= 1e-3, bias
+        full = attention.memory_efficient_attention_forward(q, k, v, attn_bias=bias)
+        assert torch.equal(full, out)
+    bias = ab.BlockDiagonalCausalMask.from_seqlens([5, 300, 17])
+    q, k, v = _rand(1, 322, 4, 64), _rand(1, 322, 4, 64), _rand(1, 322, 4, 64)
+    out = attention.memory_efficient_attention_forward(q, k, v, attn_bias=bias)
+    starts = torch.tensor([0, 5, 305, 322], device="cuda", dtype=torch.int32)
+    ref, _ = attention_reference(q, k, v, seqstart_q=starts, seqstart_k=starts, causal=True)
+    assert (out.float() - ref.float()).abs().max().item() <= ATOL[q.dtype]
+
+
+def _all_configs():
+    from mslk_dsl import registry
+    from mslk_dsl.template import config_name
+
+    (t,) = registry.get_templates(op="attention_fwd", backend="cute")
+    return [pytest.param(c, id=config_name(c)) for c in t.all_configs()]
+
+
+@SM90
+@pytest.mark.parametrize("config", _all_configs())
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+def test_every_config(config, dtype):
+    """Each config of the template (the tuning candidates too), forced with config=, on a call it
+    serves: GQA 4, lengths that are not multiples of the tiles."""
+    torch.manual_seed(5)
+    d, mask = config["head_dim"], {"none": {}, "causal": {"causal": True, "bottom_right": True},
+                                   "local": {"bottom_right": True, "window_left": 70, "window_right": 9}}
+    kwargs = dict(mask[config["mask"]])
+    if config["varlen"]:
+        q, k, v, sq, sk, mq, mk = _packed(5, 8, 2, d, same_lengths=False, seed=7)
+        kwargs.update(seqstart_q=sq, seqstart_k=sk, max_seqlen_q=mq, max_seqlen_k=mk)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    else:
+        q, k, v = _rand(2, 333, 8, d, dtype=dtype), _rand(2, 470, 2, d, dtype=dtype), _rand(2, 470, 2, d, dtype=dtype)
+    out, lse = ops.attention_fwd(q, k, v, config=config, **kwargs)
+    ref_out, ref_lse = attention_reference(q, k, v, **kwargs)
+    assert (out.float() - ref_out.float()).abs().max().item() <= ATOL[dtype]
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert (lse[finite] - ref_lse[finite]).abs().max().item() <= 1e-3

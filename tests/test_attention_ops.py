@@ -1,0 +1,130 @@
+"""attention_fwd on the CPU: bad input raises a clear error naming what is wrong before anything is
+chosen or launched; the mask arguments map to the kernels' (family, band) as the reference reads
+them; the bias classes match MSLK's documented masks; the template's heuristic and ``serves``."""
+import pytest
+import torch
+
+from mslk_dsl.attention import attn_bias as ab
+from mslk_dsl.ops import attention as attn
+from mslk_dsl.ops.dispatch import KernelOp
+from mslk_dsl import ops, registry
+
+bf16 = torch.bfloat16
+
+
+def _qkv(B=2, Mq=16, Mk=24, Hq=4, Hkv=2, K=64, dtype=bf16):
+    return (torch.randn(B, Mq, Hq, K, dtype=dtype), torch.randn(B, Mk, Hkv, K, dtype=dtype),
+            torch.randn(B, Mk, Hkv, K, dtype=dtype))
+
+
+@pytest.fixture
+def no_kernel(monkeypatch):
+    """Fail the test if a call gets as far as choosing a kernel."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a kernel was chosen for input that should have been refused")
+    monkeypatch.setattr(KernelOp, "selection", refuse)
+    monkeypatch.setattr(KernelOp, "kernel", refuse)
+
+
+def _seq(*lengths):
+    return torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0).to(torch.int32)
+
+
+q, k, v = _qkv()
+BAD = [
+    (lambda: ops.attention_fwd(q.float(), k, v), TypeError, "q has dtype torch.float32"),
+    (lambda: ops.attention_fwd(q, k.half(), v), TypeError, "k has dtype"),
+    (lambda: ops.attention_fwd(q[0], k, v), ValueError, "q must be 4-D"),
+    (lambda: ops.attention_fwd(*_qkv(K=96)), ValueError, "head dimension 96"),
+    (lambda: ops.attention_fwd(*_qkv(Hq=6, Hkv=4)), ValueError, "multiple of the key/value heads"),
+    (lambda: ops.attention_fwd(q, k, v[:, :5]), ValueError, "k has shape"),
+    (lambda: ops.attention_fwd(q, k[:1], v[:1]), ValueError, "expected [B=2"),
+    (lambda: ops.attention_fwd(q[..., ::2], k[..., ::2], v[..., ::2]), ValueError, "contiguous in its last"),
+    (lambda: ops.attention_fwd(torch.randn(2, 16, 4, 68, dtype=bf16)[..., :64], k, v), ValueError,
+     "multiples of 8 elements"),
+    (lambda: ops.attention_fwd(torch.randn(2 * 16 * 4 * 64 + 1, dtype=bf16)[1:].view(2, 16, 4, 64), k, v),
+     ValueError, "16-byte boundary"),
+    (lambda: ops.attention_fwd(q[:1], k[:1], v[:1], _seq(16), None), ValueError, "go together"),
+    (lambda: ops.attention_fwd(q, k, v, _seq(8, 8), _seq(12, 12)), ValueError, "B = 1"),
+    (lambda: ops.attention_fwd(q[:1], k[:1], v[:1], _seq(8, 8).long(), _seq(12, 12)), TypeError,
+     "seqstart_q has dtype"),
+    (lambda: ops.attention_fwd(q[:1], k[:1], v[:1], _seq(8, 8), _seq(24)), ValueError, "n + 1 >= 2"),
+    (lambda: ops.attention_fwd(q[:1], k[:1], v[:1], _seq(8, 8), _seq(12, 12), causal=True), ValueError,
+     "bottom-right"),
+    (lambda: ops.attention_fwd(q, k, v, scale=float("nan")), ValueError, "scale must be finite"),
+]
+
+
+@pytest.mark.parametrize("call,exc,words", BAD, ids=[b[2] for b in BAD])
+def test_bad_input_is_refused_before_a_kernel_is_chosen(call, exc, words, no_kernel):
+    with pytest.raises(exc, match=None) as info:
+        call()
+    assert words in str(info.value), str(info.value)
+
+
+def test_good_input_on_the_cpu_names_the_gpu_requirement(no_kernel):
+    with pytest.raises(Exception, match="CUDA or ROCm"):
+        ops.attention_fwd(*_qkv(), causal=True)
+
+
+@pytest.mark.parametrize("Mq,Mk", ((16, 24), (24, 16), (20, 20)))
+@pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(causal=True, bottom_right=True),
+                                  dict(window_left=5, window_right=3), dict(bottom_right=True, window_left=4),
+                                  dict(causal=True, window_left=6), dict(bottom_right=True, window_right=2)])
+def test_kernel_band_is_the_reference_mask(Mq, Mk, mask):
+    """The kernels see -left <= j - i - (Mk - Mq) <= right (their family and band); that band must
+    be exactly the reference's visible set."""
+    family, left, right = attn.kernel_window(mask.get("causal", False), mask.get("bottom_right", False),
+                                             mask.get("window_left", -1), mask.get("window_right", -1), Mq, Mk)
+    i, j = torch.arange(Mq)[:, None], torch.arange(Mk)[None, :]
+    d = j - i - (Mk - Mq)
+    kernel_sees = (d >= -left) & (d <= right)
+    want = ab._visible(Mq, Mk, **mask)
+    assert torch.equal(kernel_sees, want)
+    if family == attn.MASK_NONE:
+        assert bool(want.all())
+    if family == attn.MASK_CAUSAL:
+        assert (left, right) == (attn.limits.UNBOUNDED_WINDOW, 0)
+
+
+def test_biases_match_mslk_documented_masks():
+    local = ab.LocalAttentionFromBottomRightMask(window_left=1, window_right=2).materialize((4, 5)).exp()
+    assert local.tolist() == [[1, 1, 1, 1, 0], [0, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 1, 1]]
+    causal = ab.LowerTriangularMask().materialize((3, 4)).exp()
+    assert causal.tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0]]
+    bottom_right = ab.LowerTriangularFromBottomRightMask().materialize((3, 4)).exp()
+    assert bottom_right.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+    band = ab.LowerTriangularFromBottomRightLocalAttentionMask(2).materialize((3, 3)).exp()
+    assert band.tolist() == [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
+    packed = ab.BlockDiagonalCausalMask.from_seqlens([2, 1], device="cpu").materialize((3, 3)).exp()
+    assert packed.tolist() == [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
+
+
+def test_biases_give_the_op_its_mask_arguments():
+    q1, k1 = torch.empty(1, 7, 2, 64), torch.empty(1, 9, 2, 64)
+    packed = ab.BlockDiagonalCausalFromBottomRightMask.from_seqlens([3, 4], [4, 5], device="cpu")
+    args = packed.fwd_args(q1, k1)
+    assert args["seqstart_q"].tolist() == [0, 3, 7] and args["seqstart_k"].tolist() == [0, 4, 9]
+    assert args["causal"] and args["bottom_right"] and args["max_seqlen_k"] == 5
+    with pytest.raises(NotImplementedError, match="top-left"):
+        ab.BlockDiagonalCausalMask.from_seqlens([3, 4], [4, 5], device="cpu").fwd_args(q1, k1)
+    assert ab.BlockDiagonalCausalMask.from_seqlens([3, 4], device="cpu").fwd_args(q1, q1)["bottom_right"]
+    with pytest.raises(ValueError, match="packed sequences"):
+        packed.fwd_args(torch.empty(1, 8, 2, 64), k1)
+    with pytest.raises(ValueError):
+        ab.LocalAttentionFromBottomRightMask(-1, 0)
+
+
+def test_template_heuristic_picks_a_valid_config_that_serves_the_call():
+    (t,) = registry.get_templates(op="attention_fwd", backend="cute")
+    for d in attn.limits.HEAD_DIMS:
+        sig = {"dtype": "bfloat16", "head_dim": d}
+        for mask in range(len(attn.limits.MASKS)):
+            for varlen in (0, 1):
+                problem = {"B": 1, "Mq": 100, "Mk": 100, "Hq": 8, "Hkv": 1, "mask": mask, "varlen": varlen}
+                config = t.heuristic("sm90a", sig, problem)
+                assert config in t.valid_configs("sm90a", sig)
+                assert t.serves(config, problem)
+                other = dict(problem, mask=(mask + 1) % 3)
+                assert not t.serves(config, other)
+    assert len(t.all_configs()) * len(attn.limits.DTYPES) <= 60  # the AOT build stays modest

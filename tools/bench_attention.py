@@ -1,0 +1,166 @@
+"""Benchmark attention prefill (attention_fwd) against torch SDPA's backends and FlashAttention-4.
+
+For each case (B sequences of S rows, H heads, head dim D, causal or not; or packed sequences of
+mixed lengths) the table gives TFLOP/s of mslk-dsl's kernel, of each torch SDPA backend that serves
+the case (flash, cuDNN, efficient: torch.nn.attention.sdpa_kernel), and of FA4
+(flash_attn.cute.flash_attn_func / flash_attn_varlen_func) when it is importable, then our
+speedup over the best SDPA backend and over FA4. All on the same N(0, 1) bf16 data, in one run;
+times are medians of triton.testing.do_bench. FLOPs: 4 * B * H * S^2 * D (halved for causal, as
+FA's benchmarks count), for packed sequences summed over the sequences.
+
+  python tools/bench.py attention [--heads 32] [--dims 64,128,256] [--shapes 16x1024,4x4096,1x16384]
+                                  [--fa4-dims 128] [--sweep] [--json PATH]
+--sweep also times every config of the template that serves each dense case (for tuning the
+heuristic), one row per config.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+
+from bench_common import cuda_or_exit, parse_shapes, table
+
+SHAPES = ((16, 1024), (4, 4096), (1, 16384))
+VARLEN_LENGTHS = (17, 1000, 4097, 2048, 513)
+
+
+def _sdpa_backends(torch):
+    from torch.nn.attention import SDPBackend
+
+    return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def _fa4():
+    try:
+        from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+    except Exception:  # not installed, or not for this GPU
+        return None
+    return flash_attn_func, flash_attn_varlen_func
+
+
+def _time(do_bench, fn):
+    try:
+        fn()
+        return do_bench(fn, warmup=10, rep=40, return_mode="median")
+    except Exception as e:  # a backend that does not serve the case
+        return f"{type(e).__name__}"
+
+
+def _dense_case(torch, do_bench, ops, fa4, B, S, H, D, causal, with_fa4):
+    from torch.nn.attention import sdpa_kernel
+    import torch.nn.functional as F
+
+    q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flops = 4 * B * H * S * S * D / (2 if causal else 1)
+    times = {"mslk_dsl": _time(do_bench, lambda: ops.attention_fwd(q, k, v, causal=causal))}
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # SDPA's [B, H, S, D], as views
+    for name, backend in _sdpa_backends(torch).items():
+        def run(backend=backend):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        times[f"sdpa_{name}"] = _time(do_bench, run)
+    if fa4 is not None and with_fa4:
+        times["fa4"] = _time(do_bench, lambda: fa4[0](q, k, v, causal=causal))
+    return flops, times
+
+
+def _sweep_rows(torch, do_bench, ops, B, S, H, D, causal):
+    """One row per template config that serves the dense case (the heuristic's included)."""
+    from mslk_dsl import registry
+    from mslk_dsl.ops.attention import MASK_CAUSAL, MASK_NONE
+    from mslk_dsl.template import config_name
+
+    (t,) = registry.get_templates(op="attention_fwd", backend="cute")
+    problem = {"mask": MASK_CAUSAL if causal else MASK_NONE, "varlen": 0}
+    q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flops = 4 * B * H * S * S * D / (2 if causal else 1)
+    rows = []
+    default_out = ops.attention_fwd(q, k, v, causal=causal)[0].float()
+    for config in t.valid_configs("sm90a", {"dtype": "bfloat16", "head_dim": D}):
+        if t.serves(config, problem):
+            ms = _time(do_bench, lambda: ops.attention_fwd(q, k, v, causal=causal, config=config))
+            # A tuning candidate must agree with the default kernel (same math, other tiling).
+            diff = (ops.attention_fwd(q, k, v, causal=causal, config=config)[0].float() - default_out).abs().max()
+            rows.append({"case": f"B{B} S{S} H{H} D{D}{' causal' if causal else ''}", "config": config_name(config),
+                         "mslk_dsl": flops / ms / 1e9 if isinstance(ms, float) else ms,
+                         "max_diff_vs_default": diff.item()})
+    return rows
+
+
+def _varlen_case(torch, do_bench, ops, fa4, H, D, n, seed):
+    rng = random.Random(seed)
+    lengths = [rng.choice(VARLEN_LENGTHS) for _ in range(n)]
+    starts = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
+    total = sum(lengths)
+    q, k, v = (torch.randn(1, total, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flops = sum(4 * H * m * m * D / 2 for m in lengths)
+    times = {"mslk_dsl": _time(do_bench, lambda: ops.attention_fwd(
+        q, k, v, starts, starts, max(lengths), max(lengths), causal=True, bottom_right=True))}
+    if fa4 is not None:
+        times["fa4"] = _time(do_bench, lambda: fa4[1](q[0], k[0], v[0], cu_seqlens_q=starts, cu_seqlens_k=starts,
+                                                      max_seqlen_q=max(lengths), max_seqlen_k=max(lengths),
+                                                      causal=True))
+    return flops, times, lengths
+
+
+def _row(label, flops, times):
+    row = {"case": label}
+    for name, t in times.items():
+        row[name] = flops / t / 1e9 if isinstance(t, float) else t
+    best_sdpa = max((row[n] for n in row if n.startswith("sdpa_") and isinstance(row[n], float)), default=None)
+    ours = row["mslk_dsl"]
+    row["vs_best_sdpa"] = ours / best_sdpa if isinstance(ours, float) and best_sdpa else "-"
+    row["vs_fa4"] = ours / row["fa4"] if isinstance(ours, float) and isinstance(row.get("fa4"), float) else "-"
+    return row
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--dims", default="64,128,256")
+    parser.add_argument("--shapes", default=",".join(f"{b}x{s}" for b, s in SHAPES))
+    parser.add_argument("--fa4-dims", default="64,128,256",
+                        help="head dims to time FA4 at (it compiles each variant on first use)")
+    parser.add_argument("--sweep", action="store_true", help="also time every config serving each dense case")
+    parser.add_argument("--json", metavar="PATH", help="write the results here")
+    args = parser.parse_args(argv)
+    gpu = cuda_or_exit("bench attention")
+    if gpu is None:
+        return 1
+    torch, do_bench = gpu
+    from mslk_dsl import ops
+
+    fa4 = _fa4()
+    fa4_dims = {int(d) for d in args.fa4_dims.split(",") if d}
+    rows, sweep = [], []
+    for D in (int(d) for d in args.dims.split(",")):
+        for B, S in parse_shapes(args.shapes):
+            for causal in (False, True):
+                torch.manual_seed(0)
+                flops, times = _dense_case(torch, do_bench, ops, fa4, B, S, args.heads, D, causal, D in fa4_dims)
+                rows.append(_row(f"B{B} S{S} H{args.heads} D{D}{' causal' if causal else ''}", flops, times))
+                print(rows[-1], flush=True)
+                if args.sweep:
+                    sweep += _sweep_rows(torch, do_bench, ops, B, S, args.heads, D, causal)
+    flops, times, lengths = _varlen_case(torch, do_bench, ops, fa4, args.heads, 128, 24, seed=0)
+    rows.append(_row(f"packed {len(lengths)} seqs ({sum(lengths)} rows) H{args.heads} D128 causal", flops, times))
+    cols = ["case", "mslk_dsl", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "fa4", "vs_best_sdpa", "vs_fa4"]
+    for r in rows:
+        for c in cols:
+            r.setdefault(c, "-")
+    print(f"TFLOP/s, bf16, {torch.cuda.get_device_name()}")
+    table(rows, cols)
+    if sweep:
+        print("Configs (TFLOP/s):")
+        table(sweep, ["case", "config", "mslk_dsl", "max_diff_vs_default"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": rows, "sweep": sweep, "device": torch.cuda.get_device_name()}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
