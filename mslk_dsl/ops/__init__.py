@@ -6,14 +6,15 @@ else validation (clear errors, nothing launched), the kernel for the device's ta
 on the current stream. ``config=`` forces a config of the op's template (for kernel authors).
 Importing ``mslk_dsl`` imports this module: every torch op exists after ``import mslk_dsl``.
 """
+from mslk_dsl.ops.attention_decode import attention_decode, merge_attentions
 from mslk_dsl.ops.declaration import declarations
 from mslk_dsl.ops.elementwise import dequantize_fp8_row, quantize_fp8_row, silu_mul, silu_mul_quant
 from mslk_dsl.ops.gemm import bf16_gemm, f8f8bf16_rowwise
 from mslk_dsl.ops.moe import gather_scale_dense_tokens, index_shuffling, scatter_add_dense_tokens
 from mslk_dsl.ops.norm import rmsnorm, rmsnorm_add
 
-__all__ = ["bf16_gemm", "declarations", "dequantize_fp8_row", "f8f8bf16_rowwise", "gather_scale_dense_tokens",
-           "index_shuffling", "prefetch", "quantize_fp8_row", "rmsnorm", "rmsnorm_add", "scatter_add_dense_tokens",
+__all__ = ["attention_decode", "bf16_gemm", "declarations", "dequantize_fp8_row", "f8f8bf16_rowwise", "gather_scale_dense_tokens",
+           "index_shuffling", "merge_attentions", "prefetch", "quantize_fp8_row", "rmsnorm", "rmsnorm_add", "scatter_add_dense_tokens",
            "silu_mul", "silu_mul_quant"]
 
 

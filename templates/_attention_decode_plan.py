@@ -1,0 +1,43 @@
+"""The decode kernels' work split, stated once for the op layer and every decode template.
+
+Plain Python with no import: the op layer sizes the split-KV scratch from it, and the CuTe and
+FlyDSL templates size their grids from the same numbers.
+
+A decode CTA (work-group) owns one KV head, ``ROWS`` query rows of that head's group (the GQA
+group's heads times the queries of the sequence, so K/V are read once per KV head) and one
+split of the sequence's keys. Its warps take ``BLOCK_KEYS``-key blocks of the split in turn,
+each warp a flash-attention of its own over its blocks; the CTA merges its warps at the end,
+and the LSE-combine kernel merges the splits.
+"""
+
+# Query rows per CTA: one 16-row MMA tile (mma.sync m16n8k16 on Hopper).
+ROWS = 16
+# Keys per block: a block never straddles a page (page sizes are multiples of it).
+BLOCK_KEYS = 16
+# Queries per sequence the decode op takes (MSLK's decode limit as well).
+MAX_QUERIES = 16
+HEAD_DIMS = (64, 128, 256)
+# A split gets at least this many blocks per warp: fewer and its fixed costs (the Q load, the
+# in-CTA merge, the partial's write and read) outweigh the keys it reads.
+MIN_BLOCKS_PER_WARP = 4
+# CTAs to aim for per SM: two waves of the decode kernel keep every SM busy past the tail.
+CTAS_PER_SM = 2
+# Split-KV partials are indexed with 32-bit offsets.
+MAX_PARTIAL_ELEMENTS = 2**31
+
+
+def row_tiles(queries: int, group: int) -> int:
+    """CTAs per KV head: the group's query rows (queries x heads per KV head) in ROWS-row tiles."""
+    return -(-queries * group // ROWS)
+
+
+def num_splits(batch: int, kv_heads: int, queries: int, group: int, max_keys: int, sms: int,
+               warps: int = 4) -> int:
+    """Split count for a decode call: enough CTAs for CTAS_PER_SM per SM, no split shorter than
+    ``warps * MIN_BLOCKS_PER_WARP`` blocks. From static sizes only (``max_keys``: the cache's
+    capacity per sequence), so the choice needs no look at the device lengths."""
+    ctas = max(batch * kv_heads * row_tiles(queries, group), 1)
+    want = -(-CTAS_PER_SM * sms // ctas)
+    blocks = -(-max_keys // BLOCK_KEYS)
+    most = max(blocks // (warps * MIN_BLOCKS_PER_WARP), 1)
+    return max(1, min(want, most))
