@@ -17,6 +17,7 @@ LAYERS = [
     {"jit"},
     {"native"},
     {"ops"},
+    {"attention"},
     {"autotune", "aot", "explain", "cli"},
 ]
 
