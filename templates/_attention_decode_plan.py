@@ -1,6 +1,6 @@
 """The decode kernels' work split, stated once for the op layer and every decode template.
 
-Plain Python with no import: the op layer sizes the split-KV scratch from it, and the CuTe and
+Plain Python (the standard library only): the op layer sizes the split-KV scratch from it, and the CuTe and
 FlyDSL templates size their grids from the same numbers.
 
 A decode CTA (work-group) owns one KV head, ``ROWS`` query rows of that head's group (the GQA
@@ -9,6 +9,8 @@ split of the sequence's keys. Its warps take ``BLOCK_KEYS``-key blocks of the sp
 each warp a flash-attention of its own over its blocks; the CTA merges its warps at the end,
 and the LSE-combine kernel merges the splits.
 """
+
+import functools
 
 # Query rows per CTA: one 16-row MMA tile (mma.sync m16n8k16 on Hopper).
 ROWS = 16
@@ -20,8 +22,10 @@ HEAD_DIMS = (64, 128, 256)
 # A split gets at least this many blocks per warp: fewer and its fixed costs (the Q load, the
 # in-CTA merge, the partial's write and read) outweigh the keys it reads.
 MIN_BLOCKS_PER_WARP = 4
-# CTAs to aim for per SM: two waves of the decode kernel keep every SM busy past the tail.
+# CTAs of the decode kernel an SM holds at once (its shared memory: ~100 KB each up to D = 128).
 CTAS_PER_SM = 2
+# A CTA's fixed cost, in blocks' worth of time (measured nowhere yet: a modest guess).
+SPLIT_COST_BLOCKS = 4
 # Split-KV partials are indexed with 32-bit offsets.
 MAX_PARTIAL_ELEMENTS = 2**31
 
@@ -31,13 +35,23 @@ def row_tiles(queries: int, group: int) -> int:
     return -(-queries * group // ROWS)
 
 
+@functools.lru_cache(maxsize=4096)
 def num_splits(batch: int, kv_heads: int, queries: int, group: int, max_keys: int, sms: int,
                warps: int = 4) -> int:
-    """Split count for a decode call: enough CTAs for CTAS_PER_SM per SM, no split shorter than
-    ``warps * MIN_BLOCKS_PER_WARP`` blocks. From static sizes only (``max_keys``: the cache's
-    capacity per sequence), so the choice needs no look at the device lengths."""
+    """Split count for a decode call, from static sizes only (``max_keys``: the cache's capacity
+    per sequence), so the choice needs no look at the device lengths.
+
+    Model: CTAs run in waves of CTAS_PER_SM * sms, and a CTA's time is its blocks plus a fixed
+    cost of about SPLIT_COST_BLOCKS blocks (Q load, in-CTA merge, the partial's write and read):
+    time(S) = waves(S) * (blocks / S + cost). The fewest splits within 2% of the best time win;
+    no split is shorter than ``warps * MIN_BLOCKS_PER_WARP`` blocks."""
     ctas = max(batch * kv_heads * row_tiles(queries, group), 1)
-    want = -(-CTAS_PER_SM * sms // ctas)
-    blocks = -(-max_keys // BLOCK_KEYS)
+    slots = CTAS_PER_SM * sms
+    blocks = max(-(-max_keys // BLOCK_KEYS), 1)
     most = max(blocks // (warps * MIN_BLOCKS_PER_WARP), 1)
-    return max(1, min(want, most))
+
+    def time(s: int) -> float:
+        return -(-ctas * s // slots) * (blocks / s + SPLIT_COST_BLOCKS)
+
+    best = min(time(s) for s in range(1, most + 1))
+    return next(s for s in range(1, most + 1) if time(s) <= 1.02 * best)

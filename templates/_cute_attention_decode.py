@@ -193,7 +193,7 @@ class AttentionDecode:
     def load_block(self, mK: cute.Tensor, mV: cute.Tensor, mTable: cute.Tensor, seq, blk: Int32, stage: Int32,
                    gmem_copy: cute.TiledCopy, gthr, tKVc: cute.Tensor, tKs: cute.Tensor, tVs: cute.Tensor):
         """cp.async of block ``blk``'s K and V rows below the sequence's length into ``stage``; rows
-        past it keep what the stage held (finite values: earlier keys or the zeros of the start)."""
+        past it are zeroed (the stage may hold anything there, NaN bit patterns included)."""
         b, hkv, L, causal, paged, Mq, G, row0 = seq
         key0 = blk * BLOCK_KEYS
         page = b
@@ -209,6 +209,10 @@ class AttentionDecode:
             if key0 + tKVc[0, n, 0][0] < L:
                 cute.copy(gmem_copy, tKg[None, n, None], tKs[None, n, None, stage])
                 cute.copy(gmem_copy, tVg[None, n, None], tVs[None, n, None, stage])
+            else:
+                # Zeros past the end: a masked key's P is 0, and 0 * V must not meet a NaN there.
+                tKs[None, n, None, stage].fill(0)
+                tVs[None, n, None, stage].fill(0)
 
     @cute.jit
     def attend_block(self, seq, blk: Int32, stage: Int32, thr_mma, tiled_mma: cute.TiledMma, smem,

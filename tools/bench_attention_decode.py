@@ -10,7 +10,7 @@ and FlashAttention-4 (``flash_attn.cute.flash_attn_func``) where it is installed
 medians of triton.testing.do_bench (CUDA events, L2 flushed between runs).
 
   python tools/bench_attention_decode.py [--batches 1,32,128] [--kv 4096,32768,131072]
-      [--hq 32] [--hkv 4] [--d 128] [--page 64] [--splits N] [--json PATH]
+      [--hq 32] [--hkv 4] [--d 128] [--page 64] [--splits N] [--peers sdpa,fa4] [--json PATH]
 """
 from __future__ import annotations
 
@@ -21,15 +21,17 @@ import sys
 from bench_common import cuda_or_exit, table
 
 
-def _peers(torch, q, k, v):
-    """name -> callable for every peer that runs this case (q [B, 1, Hq, D], k/v [B, L, Hkv, D])."""
+def _peers(torch, q, k, v, which):
+    """name -> callable for every peer in ``which`` that runs this case (q [B, 1, Hq, D], k/v
+    [B, L, Hkv, D])."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     fns = {}
-    for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION),
-                          ("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION)):
+    backends = (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION),
+                ("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION)) if "sdpa" in which else ()
+    for name, backend in backends:
         def run(backend=backend):
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
@@ -39,6 +41,8 @@ def _peers(torch, q, k, v):
             fns[name] = run
         except Exception:  # the backend does not serve this case
             pass
+    if "fa4" not in which:
+        return fns
     try:
         from flash_attn.cute import flash_attn_func
 
@@ -75,7 +79,7 @@ def _bench_case(torch, ops, timed, B, L, args) -> list[dict]:
     dst = torch.empty_like(src)
     copy_tbps = copy_bytes / timed(lambda: dst.copy_(src)) * 1e-9
     src = dst = None
-    base = {name: timed(fn) for name, fn in _peers(torch, q, k, v).items()}
+    base = {name: timed(fn) for name, fn in _peers(torch, q, k, v, args.peers.split(",")).items()}
     ours = {"contiguous": timed(lambda: ops.attention_decode(q, k, v, seqlen, None, None, True, args.splits))}
     kp, vp, tbl = _paged(torch, k, v, args.page)
     ours["paged"] = timed(lambda: ops.attention_decode(q, kp, vp, seqlen, tbl, None, True, args.splits))
@@ -106,6 +110,7 @@ def main(argv=None) -> int:
     p.add_argument("--d", type=int, default=128)
     p.add_argument("--page", type=int, default=64)
     p.add_argument("--splits", type=int, default=0)
+    p.add_argument("--peers", default="sdpa,fa4", help="comma-separated: sdpa, fa4")
     p.add_argument("--json")
     args = p.parse_args(argv)
     found = cuda_or_exit("bench_attention_decode")
@@ -122,7 +127,10 @@ def main(argv=None) -> int:
     rows = []
     for B in (int(x) for x in args.batches.split(",")):
         for L in (int(x) for x in args.kv.split(",")):
-            rows += _bench_case(torch, ops, timed, B, L, args)
+            case = _bench_case(torch, ops, timed, B, L, args)
+            for r in case:  # as it goes: a run cut short still reports what it measured
+                print({c: round(x, 4) if isinstance(x, float) else x for c, x in r.items()}, flush=True)
+            rows += case
             torch.cuda.empty_cache()
     cols = sorted({c for r in rows for c in r}, key=lambda c: list(rows[0]).index(c) if c in rows[0] else 99)
     for r in rows:

@@ -30,7 +30,7 @@ import torch
 
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
-from mslk_dsl.ops.dispatch import dtype_name
+from mslk_dsl.ops.dispatch import dtype_name, placeholder
 from mslk_dsl.templates import _attention_decode_plan as plan
 
 _ALIGN = 16  # cp.async moves 16-byte pieces of K/V rows
@@ -180,11 +180,12 @@ def _prepare_decode(select, outputs, q, k, v, kv_seqlen, block_table, scale, cau
     o_part = torch.empty((S, B, Mq, Hq, D), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((S, B, Hq, Mq), dtype=torch.float32, device=q.device)
     paged = block_table is not None
-    table = block_table if paged else torch.zeros((1, 1), dtype=torch.int32, device=q.device)
+    # The kernel reads the block table only when paged; a contiguous cache gets a stand-in.
+    table = block_table if paged else placeholder(q.device, torch.int32).view(1, 1)
     kernel, _ = select((dtype_name(q.dtype), D), (B, Mq, Hq, k.shape[2], max_keys(k, block_table)))
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     return Launch(kernel, (q, k, v, kv_seqlen, table, out, lse, o_part, lse_part, scale, int(bool(causal)),
-                           int(paged)), scratch=(o_part, lse_part, table))
+                           int(paged)), scratch=(o_part, lse_part))
 
 
 def decode_reference(q, k, v, kv_seqlen, block_table=None, scale=None, causal=True, num_splits=0):
