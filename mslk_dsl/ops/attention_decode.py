@@ -19,7 +19,9 @@ attention_decode(q, k, v, kv_seqlen, block_table=None, scale=None, causal=True, 
     BlockDiagonalCausalWithOffsetPaddedKeysMask): query i sees keys j <= kv_seqlen[b] - Mq + i.
     num_splits: KV splits per sequence (0: chosen from the sizes and the SM count; the partials
     are merged by merge_attentions' kernel). scale: default 1 / sqrt(D).
-    A query that sees no key (kv_seqlen 0) gets out 0 and lse -inf.
+    A query that sees no key (kv_seqlen 0) gets out 0 and lse -inf. kv_seqlen[b] must not exceed
+    the keys the cache holds for b (max_kv, or the pages its block table row names): the lengths
+    stay on the device, so this is not checked.
 """
 from __future__ import annotations
 
@@ -143,8 +145,9 @@ def _check_decode(q, k, v, kv_seqlen, block_table, scale, causal, num_splits):
         page = k.shape[1]
         if page % plan.BLOCK_KEYS or page == 0:
             raise ValueError(f"{op}: page size {page} (k.shape[1]) must be a positive multiple of {plan.BLOCK_KEYS}")
-    if scale is not None and not (isinstance(scale, (float, int)) and math.isfinite(scale)):
-        raise ValueError(f"{op}: scale must be a finite float or None, got {scale!r}")
+    # The kernel masks scores with -inf before scaling: a scale <= 0 would turn them into +inf / NaN.
+    if scale is not None and not (isinstance(scale, (float, int)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"{op}: scale must be a positive finite float or None, got {scale!r}")
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"{op}: num_splits must be an int >= 0 (0: chosen for you), got {num_splits!r}")
 
