@@ -26,11 +26,12 @@ class MergeAttentions:
 
     One thread per ``vec`` elements of an output row (vec: 16 bytes of the partials when the rows
     are aligned, else 1); rows are (b, m, h) in memory order, so a warp reads whole rows. The
-    thread reads the S LSEs of its row (L1 broadcasts), then issues its S vector loads, unrolled
-    so that several are in flight.
+    thread reads the S LSEs of its row (L1 broadcasts), then its S vector loads in groups of
+    ``unroll``, each group issued before any of it is used (the chunks of a decode can number
+    ~100: one load at a time would make the merge latency-bound).
     """
 
-    def __init__(self, in_dtype: str, out_dtype: str, aligned: bool, unroll: int = 4):
+    def __init__(self, in_dtype: str, out_dtype: str, aligned: bool, unroll: int = 8):
         self.in_t, self.out_t = DTYPES[in_dtype], DTYPES[out_dtype]
         self.vec = VECTOR_BYTES // ELEM_BYTES[in_dtype] if aligned else 1
         self.aligned = aligned
@@ -38,7 +39,7 @@ class MergeAttentions:
 
     @cute.kernel
     def merge_kernel(self, mParts: cute.Tensor, mLse: cute.Tensor, mOut: cute.Tensor, mLseOut: cute.Tensor):
-        VEC = self.vec
+        VEC, UNROLL = self.vec, self.unroll
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         S, B, M, H, K = mParts.shape
@@ -60,15 +61,21 @@ class MergeAttentions:
             acc = cute.make_rmem_tensor((VEC,), Float32)
             acc.fill(0.0)
             total = Float32(0.0)
-            part = cute.make_rmem_tensor((VEC,), self.in_t)
-            for s in cutlass.range(S, unroll=self.unroll):
-                w = cute.arch.exp2((mLse[s, b, h, m] - safe) * Float32(LOG2E))
-                cute.autovec_copy(cute.zipped_divide(mParts[s, b, m, h, None], (VEC,))[None, j], part,
-                                  l1c_evict_priority=STREAM)
-                # An empty chunk (weight 0) adds nothing, even where its partial holds NaN.
-                if w > Float32(0.0):
-                    total = total + w
-                    acc.store(acc.load() + part.load().to(Float32) * w)
+            for s0 in cutlass.range(0, S, UNROLL):
+                # Every load of the group is issued before the first is used: UNROLL in flight.
+                parts = []
+                for u in cutlass.range_constexpr(UNROLL):
+                    part = cute.make_rmem_tensor((VEC,), self.in_t)
+                    vecs = cute.zipped_divide(mParts[cutlass.min(s0 + u, S - 1), b, m, h, None], (VEC,))
+                    cute.autovec_copy(vecs[None, j], part, l1c_evict_priority=STREAM)
+                    parts.append(part)
+                for u in cutlass.range_constexpr(UNROLL):
+                    if s0 + u < S:
+                        w = cute.arch.exp2((mLse[s0 + u, b, h, m] - safe) * Float32(LOG2E))
+                        # An empty chunk (weight 0) adds nothing, even where its partial holds NaN.
+                        if w > Float32(0.0):
+                            total = total + w
+                            acc.store(acc.load() + parts[u].load().to(Float32) * w)
             inv = Float32(0.0)
             if total > Float32(0.0):
                 inv = cute.arch.rcp_approx(total)

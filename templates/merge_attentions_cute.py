@@ -20,7 +20,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _heuristic(target, sig, problem):
-    return {"unroll": 4}
+    return {"unroll": 8}
 
 
 def _build(config, target, sig):
@@ -31,6 +31,6 @@ def _build(config, target, sig):
 
 
 TEMPLATE = Template(op="merge_attentions", backend="cute", targets=("sm90a",),
-                    signatures={"dtype": DTYPES, "aligned": (True, False)}, space={"unroll": (4,)},
+                    signatures={"dtype": DTYPES, "aligned": (True, False)}, space={"unroll": (8,)},
                     heuristic=_heuristic, build=_build, block_threads=lambda config: 256,
                     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

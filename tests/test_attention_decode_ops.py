@@ -132,3 +132,30 @@ def test_merge_attentions_takes_lists_and_grouped_heads(monkeypatch):
     w = torch.softmax(torch.stack(lses), dim=0)               # [S, B, G, H, M]
     torch.testing.assert_close(out, (torch.stack(outs) * w.permute(0, 1, 4, 2, 3)[..., None]).sum(0))
     assert api.merge_attentions(outs, lses, write_lse=False)[1] is None
+
+
+def test_decode_launch_follows_the_kernel_contract():
+    """prepare() hands the kernel (q, k, v, kv_seqlen, table, out, lse, partials, partial LSEs,
+    scale, causal, paged), the partials sized by the split count, and asks for the kernel by
+    (dtype, head_dim) and the call's sizes."""
+    from mslk_dsl.ops import declarations
+
+    decl = declarations()["attention_decode"]
+    q, k, v, lengths = _decode_args(B=3, Mq=2, Hq=8, Hkv=2, D=64, L=4096)
+    outputs = [torch.empty(shape, dtype=dtype) for shape, dtype in decl.outputs(q, k, v, lengths)]
+    asked = []
+
+    def select(sig, problem):
+        asked.append((sig, problem))
+        return "kernel", {}
+
+    table = torch.zeros(3, 64, dtype=torch.int32)
+    launch = decl.prepare(select, outputs, q, k, v, lengths, table, None, False, 6)
+    assert asked == [(("bfloat16", 64), (3, 2, 8, 2, 64 * 4096))]
+    (q2, k2, v2, len2, table2, out, lse, o_part, lse_part, scale, causal, paged) = launch.args
+    assert q2 is q and k2 is k and v2 is v and len2 is lengths and table2 is table
+    assert out is outputs[0] and lse is outputs[1]
+    assert o_part.shape == (6, 3, 2, 8, 64) and o_part.dtype == torch.float32
+    assert lse_part.shape == (6, 3, 8, 2) and lse_part.dtype == torch.float32
+    assert scale == pytest.approx(64 ** -0.5) and (causal, paged) == (0, 1)
+    assert launch.scratch == (o_part, lse_part)
