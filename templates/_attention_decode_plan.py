@@ -22,8 +22,9 @@ HEAD_DIMS = (64, 128, 256)
 # A split gets at least this many blocks per warp: fewer and its fixed costs (the Q load, the
 # in-CTA merge, the partial's write and read) outweigh the keys it reads.
 MIN_BLOCKS_PER_WARP = 4
-# CTAs of the decode kernel an SM holds at once (its shared memory: ~100 KB each up to D = 128).
-CTAS_PER_SM = 2
+# CTAs of the decode kernel an SM holds at once, by head dim (its shared memory: 66, 100 and
+# 136 KB per CTA with the CuTe template's default stages, of 227 KB).
+CTAS_PER_SM = {64: 3, 128: 2, 256: 1}
 # A CTA's fixed cost, in blocks' worth of time (measured nowhere yet: a modest guess).
 SPLIT_COST_BLOCKS = 4
 # Split-KV partials are indexed with 32-bit offsets.
@@ -37,16 +38,16 @@ def row_tiles(queries: int, group: int) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def num_splits(batch: int, kv_heads: int, queries: int, group: int, max_keys: int, sms: int,
-               warps: int = 4) -> int:
+               head_dim: int = 128, warps: int = 4) -> int:
     """Split count for a decode call, from static sizes only (``max_keys``: the cache's capacity
     per sequence), so the choice needs no look at the device lengths.
 
-    Model: CTAs run in waves of CTAS_PER_SM * sms, and a CTA's time is its blocks plus a fixed
+    Model: CTAs run in waves of CTAS_PER_SM[head_dim] * sms, and a CTA's time is its blocks plus a fixed
     cost of about SPLIT_COST_BLOCKS blocks (Q load, in-CTA merge, the partial's write and read):
     time(S) = waves(S) * (blocks / S + cost). The fewest splits within 2% of the best time win;
     no split is shorter than ``warps * MIN_BLOCKS_PER_WARP`` blocks."""
     ctas = max(batch * kv_heads * row_tiles(queries, group), 1)
-    slots = CTAS_PER_SM * sms
+    slots = CTAS_PER_SM.get(head_dim, 1) * sms
     blocks = max(-(-max_keys // BLOCK_KEYS), 1)
     most = max(blocks // (warps * MIN_BLOCKS_PER_WARP), 1)
 

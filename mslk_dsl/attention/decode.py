@@ -83,7 +83,10 @@ def decode_partial(q, k, v, attn_bias, scale: float | None = None, num_splits: i
     if k.shape[0] == 1 and (table is not None or B > 1):
         k = k.reshape(-1, rows, *k.shape[2:])
         v = v.reshape(-1, rows, *v.shape[2:])
-    out, lse = ops.attention_decode(qb, k, v, attn_bias.kv_seqlen, table, scale, True, num_splits)
+    lengths = attn_bias.kv_seqlen
+    if lengths.device != q.device:  # host lists: copied once to the device (no read back)
+        lengths = lengths.to(q.device)
+    out, lse = ops.attention_decode(qb, k, v, lengths, table, scale, True, num_splits)
     return (out.reshape(q.shape[:-1] + out.shape[-1:]) if packed else out), lse
 
 

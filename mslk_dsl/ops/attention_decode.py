@@ -164,11 +164,11 @@ def max_keys(k: torch.Tensor, block_table: torch.Tensor | None) -> int:
 
 def splits_for(q, k, block_table, num_splits: int = 0) -> int:
     """The split count a call uses: ``num_splits`` if given, else the heuristic's."""
-    B, Mq, Hq, _ = q.shape
+    B, Mq, Hq, D = q.shape
     Hkv = k.shape[2]
     if num_splits:
         return num_splits
-    return plan.num_splits(B, Hkv, Mq, Hq // Hkv, max_keys(k, block_table), _sm_count(q.device))
+    return plan.num_splits(B, Hkv, Mq, Hq // Hkv, max_keys(k, block_table), _sm_count(q.device), D)
 
 
 def _prepare_decode(select, outputs, q, k, v, kv_seqlen, block_table, scale, causal, num_splits):
