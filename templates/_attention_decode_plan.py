@@ -23,7 +23,7 @@ HEAD_DIMS = (64, 128, 256)
 # in-CTA merge, the partial's write and read) outweigh the keys it reads.
 MIN_BLOCKS_PER_WARP = 4
 # CTAs of the decode kernel an SM holds at once, by head dim (its shared memory: 66, 100 and
-# 136 KB per CTA with the CuTe template's default stages, of 227 KB).
+# 204 KB per CTA with the CuTe template's default stages, of 227 KB).
 CTAS_PER_SM = {64: 3, 128: 2, 256: 1}
 # A CTA's fixed cost, in blocks' worth of time (measured nowhere yet: a modest guess).
 SPLIT_COST_BLOCKS = 4

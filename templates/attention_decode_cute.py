@@ -19,8 +19,9 @@ from mslk_dsl.templates import _attention_decode_plan as plan
 
 DTYPES = ("bfloat16", "float16")
 SHARED_LIMIT = 227 * 1024
-# Stages per head dim: two CTAs per SM up to D = 128 (3 stages, 100 KB), one at D = 256.
-DEFAULT_STAGES = {64: 4, 128: 3, 256: 2}
+# Stages per head dim: three CTAs per SM at D = 64 (4 stages, 66 KB), two at D = 128 (3 stages,
+# 100 KB), one at D = 256 (3 stages, 204 KB: two blocks ahead per warp, 128 KB in flight per SM).
+DEFAULT_STAGES = {64: 4, 128: 3, 256: 3}
 
 
 def _shared_bytes(config, sig) -> int:

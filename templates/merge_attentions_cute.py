@@ -7,9 +7,9 @@
     Chunks with lse -inf (no keys) are skipped, whatever their partial holds; a row with no
     non-empty chunk gets out 0 and lse -inf.
 
-``sig["aligned"]``: every row starts 16-byte aligned and is a multiple of 16 bytes long; then a
-thread moves 16 bytes of a partial per load, else one element. Memory-bound: the partials are
-read once (S * rows * K elements), the output written once.
+Rows start 16-byte aligned and are a multiple of 16 bytes long (the op checks K and copies
+misaligned tensors): a thread moves 16 bytes of a partial per load. Memory-bound: the partials
+are read once (S * rows * K elements), the output written once.
 
 The kernel is ``_cute_merge_attentions.MergeAttentions``; the decode template reuses it.
 """
@@ -26,11 +26,11 @@ def _heuristic(target, sig, problem):
 def _build(config, target, sig):
     from mslk_dsl.templates._cute_merge_attentions import MergeAttentions
 
-    kernel = MergeAttentions(sig["dtype"], sig["dtype"], bool(sig["aligned"]), config["unroll"])
+    kernel = MergeAttentions(sig["dtype"], sig["dtype"], True, config["unroll"])
     return kernel, kernel.fake_args()
 
 
 TEMPLATE = Template(op="merge_attentions", backend="cute", targets=("sm90a",),
-                    signatures={"dtype": DTYPES, "aligned": (True, False)}, space={"unroll": (8,)},
+                    signatures={"dtype": DTYPES}, space={"unroll": (8,)},
                     heuristic=_heuristic, build=_build, block_threads=lambda config: 256,
                     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

@@ -73,6 +73,8 @@ def test_merge_refuses_bad_input():
         ops.merge_attentions(outs[:0], lses[:0])
     with pytest.raises(ValueError, match="5-D"):
         ops.merge_attentions(outs[0], lses)
+    with pytest.raises(ValueError, match="16 bytes"):
+        ops.merge_attentions(torch.randn(3, 2, 4, 8, 66), lses)
 
 
 def test_split_heuristic_fills_the_gpu_and_keeps_splits_long():

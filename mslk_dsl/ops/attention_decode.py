@@ -48,6 +48,9 @@ def _check_merge(out_partials, lse_partials):
     check.shape(op, "lse_partials", lse_partials, (S, B, H, M), "one LSE per chunk, sequence, head and query")
     if S == 0:
         raise ValueError(f"{op}: there must be at least one partial attention (out_partials has S=0)")
+    if (out_partials.shape[-1] * out_partials.element_size()) % _ALIGN:
+        raise ValueError(f"{op}: rows of out_partials must be a multiple of 16 bytes (K = {out_partials.shape[-1]} "
+                         f"{out_partials.dtype} elements); pad K")
     if out_partials.numel() >= 2**31:
         raise ValueError(f"{op}: out_partials has {out_partials.numel()} elements; at most 2**31 - 1")
 
@@ -61,12 +64,18 @@ def _prepare_merge(select, outputs, out_partials, lse_partials):
     out, lse = outputs
     if out.numel() == 0 and lse.numel() == 0:
         return None
+    # The kernel moves 16-byte pieces: partials that start off a 16-byte boundary are copied.
     parts = out_partials.contiguous()
+    if parts.data_ptr() % _ALIGN:
+        parts = parts.clone()
     lses = lse_partials.contiguous()
+    target, finish = out, None
+    if out.data_ptr() % _ALIGN:  # a caller's out= view off a 16-byte boundary: write a temporary
+        target = torch.empty_like(out)
+        finish = lambda: out.copy_(target)  # noqa: E731
     S, B, M, H, K = parts.shape
-    aligned = check.aligned16(parts, out) and K % 4 == 0
-    kernel, _ = select((aligned, dtype_name(parts.dtype)), (S, B * M * H, K))
-    return Launch(kernel, (parts, lses, out, lse))
+    kernel, _ = select((dtype_name(parts.dtype),), (S, B * M * H, K))
+    return Launch(kernel, (parts, lses, target, lse), finish=finish)
 
 
 def _merge_reference(out_partials, lse_partials):
@@ -90,10 +99,10 @@ def _merge_example(problem: dict, sig: dict, device) -> tuple:
 merge_attentions = declare(OpDecl(
     name="merge_attentions", schema="(Tensor out_partials, Tensor lse_partials) -> (Tensor, Tensor)",
     doc="""Exact log-sum-exp merge of S partial attentions over disjoint key sets: out_partials
-    [S, B, M, H, K] (fp32, bf16 or fp16), lse_partials [S, B, H, M] fp32 -> (out [B, M, H, K] of the
-    partials' dtype, lse [B, H, M] fp32). Chunks with LSE -inf are empty.""",
+    [S, B, M, H, K] (fp32, bf16 or fp16; rows a multiple of 16 bytes), lse_partials [S, B, H, M] fp32
+    -> (out [B, M, H, K] of the partials' dtype, lse [B, H, M] fp32). Chunks with LSE -inf are empty.""",
     check=_check_merge, outputs=_merge_outputs, prepare=_prepare_merge,
-    signature=("aligned", "dtype"), problem=("S", "R", "K"),
+    signature=("dtype",), problem=("S", "R", "K"),
     example=_merge_example, reference=_merge_reference, tolerance=(1e-3, 1e-3), plannable=False,
     small_problem={"S": 3, "R": 5, "K": 64}))
 
