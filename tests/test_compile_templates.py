@@ -50,6 +50,8 @@ PTX_EXPECT = {
     "attention_fwd": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.(bf16\.bf16|f16\.f16)",
                       r"cp\.async\.bulk\.tensor\.\dd", r"setmaxnreg"],
     "index_shuffling": [r"shfl\.sync"],
+    "attention_decode": [r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16\.bf16|f16\.f16)\.f32",
+                         r"cp\.async\.cg\.shared\.global", r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans"],
     "scatter_add_dense_tokens": [r"(red|atom)\.global(\.\w+)*\.add"],
 }
 # 16-byte vector accesses, for configs that move 16 bytes per access on aligned rows.

@@ -1,6 +1,6 @@
 """Benchmarks on a GPU, each against torch in the same run. One entry point:
 
-  python tools/bench.py elementwise|norm|moe|moe_layer|membound|gemm|grouped_gemm|attention|overhead|startup [options] [--json PATH]
+  python tools/bench.py elementwise|norm|moe|moe_layer|membound|gemm|grouped_gemm|attention|attention_decode|overhead|startup [options] [--json PATH]
 
 Each family lives in tools/bench_<family>.py with a main(argv); run with --help for its options.
 """
@@ -10,7 +10,7 @@ import importlib
 import os
 import sys
 
-FAMILIES = ("elementwise", "norm", "moe", "moe_layer", "membound", "gemm", "grouped_gemm", "attention", "overhead", "startup")
+FAMILIES = ("elementwise", "norm", "moe", "moe_layer", "membound", "gemm", "grouped_gemm", "attention", "attention_decode", "overhead", "startup")
 
 
 def main(argv: list[str]) -> int:

@@ -7,6 +7,7 @@ on the current stream. ``config=`` forces a config of the op's template (for ker
 Importing ``mslk_dsl`` imports this module: every torch op exists after ``import mslk_dsl``.
 """
 from mslk_dsl.ops.attention import attention_fwd
+from mslk_dsl.ops.attention_decode import attention_decode, merge_attentions
 from mslk_dsl.ops.declaration import declarations
 from mslk_dsl.ops.elementwise import dequantize_fp8_row, quantize_fp8_row, silu_mul, silu_mul_quant
 from mslk_dsl.ops.gemm import bf16_gemm, f8f8bf16_rowwise
@@ -15,9 +16,10 @@ from mslk_dsl.ops.moe import gather_scale_dense_tokens, index_shuffling, scatter
 from mslk_dsl.ops.moe_quant import gather_scale_quant_dense_tokens
 from mslk_dsl.ops.norm import rmsnorm, rmsnorm_add
 
-__all__ = ["attention_fwd", "bf16_gemm", "bf16bf16bf16_grouped_stacked", "declarations", "dequantize_fp8_row", "f8f8bf16_rowwise",
-           "f8f8bf16_rowwise_grouped_stacked", "gather_scale_dense_tokens", "gather_scale_quant_dense_tokens",
-           "index_shuffling", "prefetch", "quantize_fp8_row", "rmsnorm", "rmsnorm_add", "scatter_add_dense_tokens",
+__all__ = ["attention_decode", "attention_fwd", "bf16_gemm", "bf16bf16bf16_grouped_stacked", "declarations",
+           "dequantize_fp8_row", "f8f8bf16_rowwise", "f8f8bf16_rowwise_grouped_stacked", "gather_scale_dense_tokens",
+           "gather_scale_quant_dense_tokens", "index_shuffling", "merge_attentions", "prefetch", "quantize_fp8_row",
+           "rmsnorm", "rmsnorm_add", "scatter_add_dense_tokens",
            "silu_mul", "silu_mul_quant"]
 
 

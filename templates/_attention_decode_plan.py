@@ -1,0 +1,58 @@
+"""The decode kernels' work split, stated once for the op layer and every decode template.
+
+Plain Python (the standard library only): the op layer sizes the split-KV scratch from it, and the CuTe and
+FlyDSL templates size their grids from the same numbers.
+
+A decode CTA (work-group) owns one KV head, ``ROWS`` query rows of that head's group (the GQA
+group's heads times the queries of the sequence, so K/V are read once per KV head) and one
+split of the sequence's keys. Its warps take ``BLOCK_KEYS``-key blocks of the split in turn,
+each warp a flash-attention of its own over its blocks; the CTA merges its warps at the end,
+and the LSE-combine kernel merges the splits.
+"""
+
+import functools
+
+# Query rows per CTA: one 16-row MMA tile (mma.sync m16n8k16 on Hopper).
+ROWS = 16
+# Keys per block: a block never straddles a page (page sizes are multiples of it).
+BLOCK_KEYS = 16
+# Queries per sequence the decode op takes (MSLK's decode limit as well).
+MAX_QUERIES = 16
+HEAD_DIMS = (64, 128, 256)
+# A split gets at least this many blocks per warp: fewer and its fixed costs (the Q load, the
+# in-CTA merge, the partial's write and read) outweigh the keys it reads.
+MIN_BLOCKS_PER_WARP = 4
+# CTAs of the decode kernel an SM holds at once, by head dim (its shared memory: 66, 100 and
+# 204 KB per CTA with the CuTe template's default stages, of 227 KB).
+CTAS_PER_SM = {64: 3, 128: 2, 256: 1}
+# A CTA's fixed cost, in blocks' worth of time (measured nowhere yet: a modest guess).
+SPLIT_COST_BLOCKS = 4
+# Split-KV partials are indexed with 32-bit offsets.
+MAX_PARTIAL_ELEMENTS = 2**31
+
+
+def row_tiles(queries: int, group: int) -> int:
+    """CTAs per KV head: the group's query rows (queries x heads per KV head) in ROWS-row tiles."""
+    return -(-queries * group // ROWS)
+
+
+@functools.lru_cache(maxsize=4096)
+def num_splits(batch: int, kv_heads: int, queries: int, group: int, max_keys: int, sms: int,
+               head_dim: int = 128, warps: int = 4) -> int:
+    """Split count for a decode call, from static sizes only (``max_keys``: the cache's capacity
+    per sequence), so the choice needs no look at the device lengths.
+
+    Model: CTAs run in waves of CTAS_PER_SM[head_dim] * sms, and a CTA's time is its blocks plus a fixed
+    cost of about SPLIT_COST_BLOCKS blocks (Q load, in-CTA merge, the partial's write and read):
+    time(S) = waves(S) * (blocks / S + cost). The fewest splits within 2% of the best time win;
+    no split is shorter than ``warps * MIN_BLOCKS_PER_WARP`` blocks."""
+    ctas = max(batch * kv_heads * row_tiles(queries, group), 1)
+    slots = CTAS_PER_SM.get(head_dim, 1) * sms
+    blocks = max(-(-max_keys // BLOCK_KEYS), 1)
+    most = max(blocks // (warps * MIN_BLOCKS_PER_WARP), 1)
+
+    def time(s: int) -> float:
+        return -(-ctas * s // slots) * (blocks / s + SPLIT_COST_BLOCKS)
+
+    best = min(time(s) for s in range(1, most + 1))
+    return next(s for s in range(1, most + 1) if time(s) <= 1.02 * best)

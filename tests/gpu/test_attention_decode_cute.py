@@ -1,0 +1,194 @@
+"""Decode attention and merge_attentions (CuTe, sm_90 GPUs) against a torch fp32 reference.
+
+- merge_attentions over 2-8 key chunks (fp32 and bf16 partials, an empty chunk whose partial is
+  NaN) equals one-shot attention and its LSE;
+- decode over awkward lengths (1, 17, 1000, 4097 in one batch; 0; 128k), GQA 1/4/8 and MQA, head
+  dims 64/128/256, bf16 and fp16, causal with several queries and not;
+- split-KV equals unsplit; paged equals contiguous bit for bit (random block tables, page sizes
+  16..256, same splits);
+- a CUDA graph of decode replays to eager's bytes, with lengths changed on the device between
+  replays.
+
+Tolerances: out is compared with the fp32 reference rounded to the dtype within 2e-2 (P is
+rounded to bf16 / fp16 before P V, as every flash kernel does), lse within 2e-3 (fp32 scores,
+hardware exp2 / log2).
+"""
+import math
+
+import pytest
+import torch
+
+from mslk_dsl import jit, ops
+from mslk_dsl.ops.attention_decode import decode_reference
+from mslk_dsl.testing import skipUnlessCudaCapability
+
+SM90 = skipUnlessCudaCapability((9, 0))
+OUT_TOL = 2e-2
+LSE_TOL = 2e-3
+
+
+def _partial_reference(q, k, v, scale):
+    """fp32 attention of q [B, M, H, D] over k, v [B, N, H, D]: (out [B, M, H, D], lse [B, H, M])."""
+    s = torch.einsum("bmhd,bnhd->bhmn", q.float(), k.float()) * scale
+    lse = torch.logsumexp(s, dim=-1)
+    out = torch.einsum("bhmn,bnhd->bmhd", torch.softmax(s, dim=-1), v.float())
+    return out, lse
+
+
+@SM90
+@pytest.mark.parametrize("chunks", [2, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_merge_equals_one_shot(chunks, dtype):
+    torch.manual_seed(chunks)
+    B, M, H, D, N = 3, 5, 4, 128, 1000
+    q, k, v = (torch.randn(B, n, H, D, device="cuda") for n in (M, N, N))
+    bounds = sorted(torch.randperm(N - 1)[: chunks - 1].add(1).tolist())
+    edges = [0, *bounds, N]
+    parts = [_partial_reference(q, k[:, a:b], v[:, a:b], 0.1) for a, b in zip(edges, edges[1:])]
+    outs = torch.stack([p[0] for p in parts]).to(dtype)
+    lses = torch.stack([p[1] for p in parts])
+    out, lse = ops.merge_attentions(outs, lses)
+    want_out, want_lse = _partial_reference(q, k, v, 0.1)
+    assert out.dtype == dtype and out.shape == (B, M, H, D) and lse.shape == (B, H, M)
+    tol = 1e-5 if dtype == torch.float32 else OUT_TOL
+    torch.testing.assert_close(out.float(), want_out, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-5)
+
+
+@SM90
+def test_merge_skips_empty_chunks():
+    S, B, M, H, D = 4, 2, 3, 2, 64
+    outs = torch.randn(S, B, M, H, D, device="cuda")
+    lses = torch.randn(S, B, H, M, device="cuda")
+    outs[1] = float("nan")
+    lses[1] = float("-inf")
+    lses[:, 1] = float("-inf")           # sequence 1: every chunk empty
+    out, lse = ops.merge_attentions(outs, lses)
+    keep = [0, 2, 3]
+    w = torch.softmax(lses[keep, 0], dim=0)                       # [3, H, M]
+    want = (outs[keep, 0] * w.permute(0, 2, 1)[..., None]).sum(0)
+    torch.testing.assert_close(out[0], want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse[0], torch.logsumexp(lses[keep, 0], dim=0), atol=1e-5, rtol=1e-5)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    assert torch.isneginf(lse[1]).all()
+
+
+def _cache(B, L, Hkv, D, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    k = torch.randn(B, L, Hkv, D, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(B, L, Hkv, D, device="cuda", dtype=dtype, generator=g)
+    return k, v
+
+
+def _check(got, want):
+    out, lse = got
+    want_out, want_lse = want
+    assert out.shape == want_out.shape and lse.shape == want_lse.shape
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.float(), want_out.float(), atol=OUT_TOL, rtol=OUT_TOL)
+    torch.testing.assert_close(lse, want_lse, atol=LSE_TOL, rtol=LSE_TOL)
+
+
+@SM90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("heads", [(8, 8), (32, 8), (32, 4), (16, 1)], ids=["mha", "gqa4", "gqa8", "mqa"])
+@pytest.mark.parametrize("Mq,causal", [(1, True), (4, True), (16, False)])
+def test_decode_matches_reference(dtype, D, heads, Mq, causal):
+    if D != 128 and (heads != (32, 4) or Mq != 1):
+        pytest.skip("other head dims run one GQA 8 case each")
+    Hq, Hkv = heads
+    lengths = [1, 17, 1000, 4097, 0] if not causal else [17, 1000, 4097, 300]
+    B, Lmax = len(lengths), 4200
+    torch.manual_seed(D + Mq)
+    q = torch.randn(B, Mq, Hq, D, device="cuda", dtype=dtype)
+    k, v = _cache(B, Lmax, Hkv, D, dtype, seed=D)
+    seqlen = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    got = ops.attention_decode(q, k, v, seqlen, None, None, causal, 0)
+    _check(got, decode_reference(q, k, v, seqlen, None, None, causal))
+
+
+@SM90
+def test_decode_128k():
+    Hq, Hkv, D, L = 32, 4, 128, 131072
+    q = torch.randn(1, 1, Hq, D, device="cuda", dtype=torch.bfloat16)
+    k, v = _cache(1, L, Hkv, D, torch.bfloat16, seed=3)
+    seqlen = torch.tensor([L - 5], dtype=torch.int32, device="cuda")
+    _check(ops.attention_decode(q, k, v, seqlen), decode_reference(q, k, v, seqlen))
+
+
+@SM90
+@pytest.mark.parametrize("splits", [2, 7, 64])
+def test_split_kv_equals_unsplit(splits):
+    B, Mq, Hq, Hkv, D, L = 3, 2, 32, 4, 128, 5000
+    q = torch.randn(B, Mq, Hq, D, device="cuda", dtype=torch.bfloat16)
+    k, v = _cache(B, L, Hkv, D, torch.bfloat16, seed=splits)
+    seqlen = torch.tensor([4999, 1000, 33], dtype=torch.int32, device="cuda")
+    one = ops.attention_decode(q, k, v, seqlen, None, None, True, 1)
+    many = ops.attention_decode(q, k, v, seqlen, None, None, True, splits)
+    torch.testing.assert_close(many[0].float(), one[0].float(), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(many[1], one[1], atol=1e-4, rtol=1e-4)
+    _check(many, decode_reference(q, k, v, seqlen))
+
+
+def _paged(k, v, page, generator):
+    """The contiguous cache k, v [B, L, H, D] cut into pages of ``page`` keys, stored in a random
+    order (with spare pages), and the block table that finds them."""
+    B, L, H, D = k.shape
+    per_seq = -(-L // page)
+    total = B * per_seq + 3
+    order = torch.randperm(total, generator=generator, device="cpu")[: B * per_seq].to("cuda")
+    kp = torch.randn(total, page, H, D, device="cuda", dtype=k.dtype)
+    vp = torch.randn(total, page, H, D, device="cuda", dtype=k.dtype)
+    pad = per_seq * page - L
+    kpad = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).reshape(B * per_seq, page, H, D)
+    vpad = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).reshape(B * per_seq, page, H, D)
+    kp[order], vp[order] = kpad, vpad
+    return kp, vp, order.reshape(B, per_seq).to(torch.int32)
+
+
+@SM90
+@pytest.mark.parametrize("page", [16, 32, 64, 128, 256])
+def test_paged_equals_contiguous(page):
+    B, Mq, Hq, Hkv, D, L = 4, 1, 32, 8, 128, 4100
+    g = torch.Generator().manual_seed(page)
+    q = torch.randn(B, Mq, Hq, D, device="cuda", dtype=torch.bfloat16)
+    k, v = _cache(B, L, Hkv, D, torch.bfloat16, seed=page)
+    seqlen = torch.tensor([1, 17, 4097, 1000], dtype=torch.int32, device="cuda")
+    kp, vp, table = _paged(k, v, page, g)
+    contiguous = ops.attention_decode(q, k, v, seqlen, None, None, True, 5)
+    paged = ops.attention_decode(q, kp, vp, seqlen, table, None, True, 5)
+    assert torch.equal(paged[0], contiguous[0]) and torch.equal(paged[1], contiguous[1])
+    _check(paged, decode_reference(q, kp, vp, seqlen, table))
+
+
+@SM90
+def test_cuda_graph_replays_eager_bytes():
+    B, Mq, Hq, Hkv, D, L, page = 8, 1, 32, 4, 128, 8192, 64
+    q = torch.randn(B, Mq, Hq, D, device="cuda", dtype=torch.bfloat16)
+    k, v = _cache(B, L, Hkv, D, torch.bfloat16, seed=11)
+    kp, vp, table = _paged(k, v, page, torch.Generator().manual_seed(1))
+    seqlen = torch.randint(1, L, (B,), dtype=torch.int32, device="cuda")
+    for cache in ((k, v, None), (kp, vp, table)):
+        ops.attention_decode(q, *cache[:2], seqlen, cache[2])  # compile / load outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with jit.jit_disabled(), torch.cuda.graph(graph):
+            out, lse = ops.attention_decode(q, *cache[:2], seqlen, cache[2])
+        for lengths in (torch.randint(1, L, (B,)), torch.tensor([L, 1, 2, 3, 4097, 17, 1000, 64])):
+            seqlen.copy_(lengths.to(torch.int32))
+            graph.replay()
+            eager = ops.attention_decode(q, *cache[:2], seqlen, cache[2])
+            torch.cuda.synchronize()
+            assert torch.equal(out, eager[0]) and torch.equal(lse, eager[1])
+
+
+@SM90
+def test_scale_and_strided_q():
+    B, Mq, Hq, Hkv, D, L = 2, 3, 16, 2, 64, 700
+    q = torch.randn(B, Hq, Mq, D, device="cuda", dtype=torch.float16).transpose(1, 2)  # head-major q
+    k, v = _cache(B, L, Hkv, D, torch.float16, seed=5)
+    seqlen = torch.tensor([700, 3], dtype=torch.int32, device="cuda")
+    scale = 0.3 / math.sqrt(D)
+    _check(ops.attention_decode(q, k, v, seqlen, None, scale, True, 0),
+           decode_reference(q, k, v, seqlen, None, scale, True))

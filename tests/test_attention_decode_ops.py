@@ -1,0 +1,163 @@
+"""attention_decode and merge_attentions without a GPU: bad input is refused before anything
+launches, the split heuristic, the fakes, and the bias classes' contract."""
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from mslk_dsl import ops
+from mslk_dsl.attention import decode as api
+from mslk_dsl.templates import _attention_decode_plan as plan
+
+bf16 = torch.bfloat16
+
+
+def _decode_args(B=2, Mq=1, Hq=8, Hkv=2, D=128, L=64, dtype=bf16):
+    q = torch.randn(B, Mq, Hq, D, dtype=dtype)
+    k = torch.randn(B, L, Hkv, D, dtype=dtype)
+    v = torch.randn(B, L, Hkv, D, dtype=dtype)
+    return q, k, v, torch.full((B,), L, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda a: (a[0].float(), *a[1:]), "dtype"),
+    (lambda a: (a[0], a[1].half(), *a[2:]), "dtype"),
+    (lambda a: (a[0][..., :96], a[1][..., :96], a[2][..., :96], a[3]), "head dim"),
+    (lambda a: (torch.randn(2, 17, 8, 128, dtype=bf16), *a[1:]), "queries"),
+    (lambda a: (torch.randn(2, 1, 7, 128, dtype=bf16), a[1], a[2], a[3]), "multiple"),
+    (lambda a: (*a[:3], a[3].long()), "dtype"),
+    (lambda a: (*a[:3], a[3][:1]), "kv_seqlen"),
+    (lambda a: (a[0], a[1], a[2][:, :32], a[3]), "one shape"),
+    (lambda a: (a[0], a[1][:1], a[2][:1], a[3]), "one row per sequence"),
+])
+def test_decode_refuses_bad_input(change, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        ops.attention_decode(*change(_decode_args()))
+
+
+def test_decode_refuses_bad_pages():
+    q, _, _, lengths = _decode_args()
+    k = torch.randn(10, 24, 2, 128, dtype=bf16)   # 24-key pages: not a multiple of 16
+    table = torch.zeros(2, 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="page size"):
+        ops.attention_decode(q, k, k, lengths, table)
+    k = torch.randn(10, 32, 2, 128, dtype=bf16)
+    with pytest.raises(ValueError, match="block_table has"):
+        ops.attention_decode(q, k, k, lengths, table[:1])
+    with pytest.raises(TypeError, match="dtype"):
+        ops.attention_decode(q, k, k, lengths, table.long())
+
+
+def test_decode_refuses_misaligned_cache():
+    q, k, v, lengths = _decode_args()
+    k = torch.randn(2, 64, 2, 129, dtype=bf16)[..., 1:]   # rows start 2 bytes off
+    with pytest.raises(ValueError, match="16-byte"):
+        ops.attention_decode(q, k, k, lengths)
+
+
+def test_decode_refuses_bad_scalars():
+    args = _decode_args()
+    with pytest.raises(ValueError, match="num_splits"):
+        ops.attention_decode(*args, None, None, True, -1)
+    with pytest.raises(ValueError, match="scale"):
+        ops.attention_decode(*args, None, float("nan"))
+
+
+def test_merge_refuses_bad_input():
+    outs = torch.randn(3, 2, 4, 8, 64)
+    lses = torch.randn(3, 2, 8, 4)
+    with pytest.raises(ValueError, match="lse_partials"):
+        ops.merge_attentions(outs, lses[:, :, :, :3])
+    with pytest.raises(TypeError, match="dtype"):
+        ops.merge_attentions(outs, lses.half())
+    with pytest.raises(ValueError, match="at least one"):
+        ops.merge_attentions(outs[:0], lses[:0])
+    with pytest.raises(ValueError, match="5-D"):
+        ops.merge_attentions(outs[0], lses)
+    with pytest.raises(ValueError, match="16 bytes"):
+        ops.merge_attentions(torch.randn(3, 2, 4, 8, 66), lses)
+
+
+def test_split_heuristic_fills_the_gpu_and_keeps_splits_long():
+    sms = 132
+    # One sequence, 4 KV heads, 32k keys: many splits, each at least 16 blocks of 16 keys.
+    s = plan.num_splits(1, 4, 1, 8, 32768, sms)
+    assert 16 <= s and 32768 / s >= 4 * plan.MIN_BLOCKS_PER_WARP * plan.BLOCK_KEYS
+    # Enough CTAs already (128 sequences x 4 KV heads): no split.
+    assert plan.num_splits(128, 4, 1, 8, 32768, sms) == 1
+    # Short caches are not split below the minimum.
+    assert plan.num_splits(1, 1, 1, 8, 100, sms) == 1
+    # More query rows per KV head than one tile: more CTAs, fewer splits.
+    assert plan.num_splits(1, 4, 16, 8, 131072, sms) < plan.num_splits(1, 4, 1, 8, 131072, sms)
+
+
+def test_fakes():
+    with FakeTensorMode():
+        q = torch.empty(3, 2, 32, 128, dtype=bf16, device="cuda")
+        k = torch.empty(100, 64, 4, 128, dtype=bf16, device="cuda")
+        lengths = torch.empty(3, dtype=torch.int32, device="cuda")
+        table = torch.empty(3, 7, dtype=torch.int32, device="cuda")
+        out, lse = torch.ops.mslk_dsl.attention_decode(q, k, k, lengths, table)
+        assert out.shape == (3, 2, 32, 128) and out.dtype == bf16
+        assert lse.shape == (3, 32, 2) and lse.dtype == torch.float32
+        o, l2 = torch.ops.mslk_dsl.merge_attentions(torch.empty(4, 3, 2, 32, 128, device="cuda"),
+                                                    torch.empty(4, 3, 32, 2, device="cuda"))
+        assert o.shape == (3, 2, 32, 128) and l2.shape == (3, 32, 2)
+
+
+def test_bias_classes():
+    bias = api.BlockDiagonalCausalWithOffsetPaddedKeysMask.from_seqlens(
+        q_seqlen=[1, 1, 1], kv_padding=256, kv_seqlen=[5, 256, 0])
+    assert bias.kv_seqlen.dtype == torch.int32 and bias.kv_seqlen.tolist() == [5, 256, 0]
+    assert bias.q_len == 1 and bias.kv_padding == 256
+    with pytest.raises(ValueError, match="same number of queries"):
+        api.BlockDiagonalCausalWithOffsetPaddedKeysMask.from_seqlens([1, 2], 256, [3, 4])
+    table = torch.zeros(3, 4, dtype=torch.int32)
+    paged = api.PagedBlockDiagonalCausalWithOffsetPaddedKeysMask.from_seqlens(
+        q_seqlen=[2, 2, 2], kv_seqlen=[5, 9, 64], block_tables=table, page_size=16)
+    assert paged.page_size == 16 and paged.block_tables is table
+    with pytest.raises(ValueError, match="page_size"):
+        api.PagedBlockDiagonalCausalWithOffsetPaddedKeysMask.from_seqlens([1], [3], table[:1], page_size=24)
+
+
+def test_merge_attentions_takes_lists_and_grouped_heads(monkeypatch):
+    """A list of chunks is stacked; the [.., G, H, ..] form folds G into the heads and back (the
+    op itself is the plain-torch reference here: the kernel runs on GPUs)."""
+    from mslk_dsl.ops.attention_decode import _merge_reference
+
+    monkeypatch.setattr(api.ops, "merge_attentions", _merge_reference)
+    outs = [torch.randn(2, 5, 3, 4, 64) for _ in range(3)]   # [B, M, G, H, K]
+    lses = [torch.randn(2, 3, 4, 5) for _ in range(3)]       # [B, G, H, M]
+    out, lse = api.merge_attentions(outs, lses)
+    assert out.shape == (2, 5, 3, 4, 64) and lse.shape == (2, 3, 4, 5)
+    want = torch.logsumexp(torch.stack(lses), dim=0)
+    torch.testing.assert_close(lse, want)
+    w = torch.softmax(torch.stack(lses), dim=0)               # [S, B, G, H, M]
+    torch.testing.assert_close(out, (torch.stack(outs) * w.permute(0, 1, 4, 2, 3)[..., None]).sum(0))
+    assert api.merge_attentions(outs, lses, write_lse=False)[1] is None
+
+
+def test_decode_launch_follows_the_kernel_contract():
+    """prepare() hands the kernel (q, k, v, kv_seqlen, table, out, lse, partials, partial LSEs,
+    scale, causal, paged), the partials sized by the split count, and asks for the kernel by
+    (dtype, head_dim) and the call's sizes."""
+    from mslk_dsl.ops import declarations
+
+    decl = declarations()["attention_decode"]
+    q, k, v, lengths = _decode_args(B=3, Mq=2, Hq=8, Hkv=2, D=64, L=4096)
+    outputs = [torch.empty(shape, dtype=dtype) for shape, dtype in decl.outputs(q, k, v, lengths)]
+    asked = []
+
+    def select(sig, problem):
+        asked.append((sig, problem))
+        return "kernel", {}
+
+    table = torch.zeros(3, 64, dtype=torch.int32)
+    launch = decl.prepare(select, outputs, q, k, v, lengths, table, None, False, 6)
+    assert asked == [(("bfloat16", 64), (3, 2, 8, 2, 64 * 4096))]
+    (q2, k2, v2, len2, table2, out, lse, o_part, lse_part, scale, causal, paged) = launch.args
+    assert q2 is q and k2 is k and v2 is v and len2 is lengths and table2 is table
+    assert out is outputs[0] and lse is outputs[1]
+    assert o_part.shape == (6, 3, 2, 8, 64) and o_part.dtype == torch.float32
+    assert lse_part.shape == (6, 3, 8, 2) and lse_part.dtype == torch.float32
+    assert scale == pytest.approx(64 ** -0.5) and (causal, paged) == (0, 1)
+    assert launch.scratch == (o_part, lse_part)
