@@ -119,6 +119,36 @@ def test_bias_classes():
         api.PagedBlockDiagonalCausalWithOffsetPaddedKeysMask.from_seqlens([1], [3], table[:1], page_size=24)
 
 
+def test_the_attention_api_sends_kv_cache_biases_to_decode(monkeypatch):
+    """memory_efficient_attention_forward / _partial under a KV-cache bias run attention_decode
+    (MSLK's packed q [1, B * Mq, H, D] comes back in that form), never the prefill op."""
+    import mslk_dsl.attention as attention
+    from mslk_dsl import ops
+
+    calls = []
+
+    def decode(q, k, v, lengths, table, scale, causal, splits):
+        calls.append((q.shape, k.shape, table is not None))
+        return q.new_zeros(q.shape), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+
+    def prefill(*args, **kwargs):
+        raise AssertionError("a KV-cache bias reached the prefill op")
+
+    monkeypatch.setattr(ops, "attention_decode", decode)
+    monkeypatch.setattr(ops, "attention_fwd", prefill)
+    q = torch.zeros(1, 3, 8, 64, dtype=torch.bfloat16)            # 3 sequences, one query each
+    cache = torch.zeros(1, 3 * 32, 2, 64, dtype=torch.bfloat16)   # padded to 32 keys each
+    bias = attention.BlockDiagonalCausalWithOffsetPaddedKeysMask.from_seqlens([1, 1, 1], 32, [5, 32, 1])
+    out = attention.memory_efficient_attention_forward(q, cache, cache, attn_bias=bias)
+    assert out.shape == q.shape and calls[-1] == ((3, 1, 8, 64), (3, 32, 2, 64), False)
+    assert isinstance(bias, attention.AttentionBias)
+    pages = torch.zeros(6, 16, 2, 64, dtype=torch.bfloat16)
+    paged = attention.PagedBlockDiagonalCausalWithOffsetPaddedKeysMask.from_seqlens(
+        [1, 1, 1], [5, 32, 1], torch.zeros(3, 2, dtype=torch.int32), page_size=16)
+    _, lse = attention.memory_efficient_attention_partial(q, pages, pages, attn_bias=paged)
+    assert calls[-1][2] and lse.shape == (3, 8, 1)
+
+
 def test_merge_attentions_takes_lists_and_grouped_heads(monkeypatch):
     """A list of chunks is stacked; the [.., G, H, ..] form folds G into the heads and back (the
     op itself is the plain-torch reference here: the kernel runs on GPUs)."""

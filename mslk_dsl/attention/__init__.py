@@ -4,9 +4,12 @@ divide Hq, and k / v are read as they are (MSLK asks the caller to expand them).
 
     out = memory_efficient_attention_forward(q, k, v, attn_bias=LowerTriangularMask())
     out, lse = memory_efficient_attention_partial(q, k, v, attn_bias=...)   # lse fp32 [B, Hq, Mq]
+    out, lse = merge_attentions(outs, lses)                                  # exact LSE merge
 
-Both run the ``attention_fwd`` op (``torch.ops.mslk_dsl.attention_fwd``), which validates the
-inputs before anything is launched.
+Both run the ``attention_fwd`` op (``torch.ops.mslk_dsl.attention_fwd``), or, under the KV-cache
+biases of decode (BlockDiagonalCausalWithOffsetPaddedKeysMask and its paged form), the
+``attention_decode`` op (split-KV; see decode.py). The ops validate the inputs before anything is
+launched.
 """
 from __future__ import annotations
 
@@ -15,14 +18,18 @@ import torch
 from mslk_dsl.attention import attn_bias
 from mslk_dsl.attention.attn_bias import (AttentionBias, BlockDiagonalCausalFromBottomRightMask,
                                           BlockDiagonalCausalLocalAttentionFromBottomRightMask,
-                                          BlockDiagonalCausalMask, BlockDiagonalMask,
-                                          LocalAttentionFromBottomRightMask, LowerTriangularFromBottomRightLocalAttentionMask,
-                                          LowerTriangularFromBottomRightMask, LowerTriangularMask)
+                                          BlockDiagonalCausalMask, BlockDiagonalCausalWithOffsetPaddedKeysMask,
+                                          BlockDiagonalMask, LocalAttentionFromBottomRightMask,
+                                          LowerTriangularFromBottomRightLocalAttentionMask,
+                                          LowerTriangularFromBottomRightMask, LowerTriangularMask,
+                                          PagedBlockDiagonalCausalWithOffsetPaddedKeysMask)
+from mslk_dsl.attention.decode import DECODE_BIASES, decode_partial, merge_attentions
 
 __all__ = ["AttentionBias", "BlockDiagonalCausalFromBottomRightMask", "BlockDiagonalCausalLocalAttentionFromBottomRightMask",
-           "BlockDiagonalCausalMask", "BlockDiagonalMask", "LocalAttentionFromBottomRightMask",
-           "LowerTriangularFromBottomRightLocalAttentionMask", "LowerTriangularFromBottomRightMask", "LowerTriangularMask",
-           "attn_bias", "memory_efficient_attention_forward", "memory_efficient_attention_partial"]
+           "BlockDiagonalCausalMask", "BlockDiagonalCausalWithOffsetPaddedKeysMask", "BlockDiagonalMask",
+           "LocalAttentionFromBottomRightMask", "LowerTriangularFromBottomRightLocalAttentionMask",
+           "LowerTriangularFromBottomRightMask", "LowerTriangularMask", "PagedBlockDiagonalCausalWithOffsetPaddedKeysMask",
+           "attn_bias", "memory_efficient_attention_forward", "memory_efficient_attention_partial", "merge_attentions"]
 
 
 def _mask_args(attn_bias: AttentionBias | None, q: torch.Tensor, k: torch.Tensor) -> dict:
@@ -44,6 +51,8 @@ def memory_efficient_attention_partial(q: torch.Tensor, k: torch.Tensor, v: torc
     is 0). Partial results over disjoint key sets merge exactly by their LSEs."""
     from mslk_dsl.ops import attention_fwd
 
+    if isinstance(attn_bias, DECODE_BIASES):   # a KV cache: the split-KV decode kernel
+        return decode_partial(q, k, v, attn_bias, scale)
     return attention_fwd(q, k, v, scale=scale, **_mask_args(attn_bias, q, k))
 
 

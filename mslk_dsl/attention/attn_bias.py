@@ -223,3 +223,52 @@ class BlockDiagonalCausalLocalAttentionFromBottomRightMask(BlockDiagonalMask):
 
     def _mask(self) -> dict:
         return {"causal": True, "bottom_right": True, "window_left": self._window_size - 1}
+
+
+# The KV-cache biases of decode (few queries per sequence against a long, padded or paged cache):
+# served by attention_decode (decode.py), not by the prefill kernel.
+
+def _lengths(values, device=None) -> torch.Tensor:
+    if isinstance(values, torch.Tensor):
+        return values if values.dtype == torch.int32 else values.to(torch.int32)
+    return torch.tensor(list(values), dtype=torch.int32, device=device)
+
+
+def _query_length(q_seqlen) -> int:
+    lengths = set(q_seqlen.tolist() if isinstance(q_seqlen, torch.Tensor) else q_seqlen)
+    if len(lengths) != 1:
+        raise ValueError(f"decode needs the same number of queries in every sequence, got {sorted(lengths)}")
+    return lengths.pop()
+
+
+@dataclass
+class BlockDiagonalCausalWithOffsetPaddedKeysMask(AttentionBias):
+    """Sequence b: ``q_len`` queries, the last positions of its ``kv_seqlen[b]`` keys (causal,
+    bottom-right), keys padded to ``kv_padding`` per sequence in the cache."""
+    q_len: int
+    kv_padding: int
+    kv_seqlen: torch.Tensor  # [B] int32, on the cache's device for graph capture
+
+    @classmethod
+    def from_seqlens(cls, q_seqlen: Sequence[int], kv_padding: int, kv_seqlen) -> BlockDiagonalCausalWithOffsetPaddedKeysMask:
+        return cls(_query_length(q_seqlen), kv_padding, _lengths(kv_seqlen))
+
+
+@dataclass
+class PagedBlockDiagonalCausalWithOffsetPaddedKeysMask(AttentionBias):
+    """As above, with the keys in pages of ``page_size``: ``block_tables`` [B, max_pages] int32."""
+    q_len: int
+    kv_seqlen: torch.Tensor
+    block_tables: torch.Tensor
+    page_size: int
+
+    @classmethod
+    def from_seqlens(cls, q_seqlen: Sequence[int], kv_seqlen, block_tables: torch.Tensor,
+                     page_size: int) -> PagedBlockDiagonalCausalWithOffsetPaddedKeysMask:
+        if page_size <= 0 or page_size % 16:
+            raise ValueError(f"page_size must be a positive multiple of 16, got {page_size}")
+        return cls(_query_length(q_seqlen), _lengths(kv_seqlen, block_tables.device), block_tables, page_size)
+
+    @property
+    def kv_padding(self) -> int:
+        return self.block_tables.shape[1] * self.page_size

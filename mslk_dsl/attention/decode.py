@@ -1,5 +1,5 @@
-"""Decode in MSLK's terms: the two KV-cache bias classes of ``mslk.attention.fmha.attn_bias`` that
-inference engines use, the forward that serves them with ``ops.attention_decode``, and
+"""Decode in MSLK's terms: the forward that serves the two KV-cache bias classes of attn_bias.py
+(MSLK's ``mslk.attention.fmha.attn_bias`` ones that inference engines use) with ``ops.attention_decode``, and
 ``merge_attentions`` with MSLK's argument forms.
 
 MSLK packs the batch into one sequence: q [1, B * Mq, Hq, D] (every sequence the same Mq), and
@@ -11,58 +11,11 @@ the host, so a decode step captures in a CUDA graph.
 """
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
-
 import torch
 
 from mslk_dsl import ops
-
-
-def _lengths(values, device=None) -> torch.Tensor:
-    if isinstance(values, torch.Tensor):
-        return values if values.dtype == torch.int32 else values.to(torch.int32)
-    return torch.tensor(list(values), dtype=torch.int32, device=device)
-
-
-def _query_length(q_seqlen) -> int:
-    lengths = set(q_seqlen.tolist() if isinstance(q_seqlen, torch.Tensor) else q_seqlen)
-    if len(lengths) != 1:
-        raise ValueError(f"decode needs the same number of queries in every sequence, got {sorted(lengths)}")
-    return lengths.pop()
-
-
-@dataclasses.dataclass
-class BlockDiagonalCausalWithOffsetPaddedKeysMask:
-    """Sequence b: ``q_len`` queries, the last positions of its ``kv_seqlen[b]`` keys (causal,
-    bottom-right), keys padded to ``kv_padding`` per sequence in the cache."""
-    q_len: int
-    kv_padding: int
-    kv_seqlen: torch.Tensor  # [B] int32, on the cache's device for graph capture
-
-    @classmethod
-    def from_seqlens(cls, q_seqlen: Sequence[int], kv_padding: int, kv_seqlen) -> BlockDiagonalCausalWithOffsetPaddedKeysMask:
-        return cls(_query_length(q_seqlen), kv_padding, _lengths(kv_seqlen))
-
-
-@dataclasses.dataclass
-class PagedBlockDiagonalCausalWithOffsetPaddedKeysMask:
-    """As above, with the keys in pages of ``page_size``: ``block_tables`` [B, max_pages] int32."""
-    q_len: int
-    kv_seqlen: torch.Tensor
-    block_tables: torch.Tensor
-    page_size: int
-
-    @classmethod
-    def from_seqlens(cls, q_seqlen: Sequence[int], kv_seqlen, block_tables: torch.Tensor,
-                     page_size: int) -> PagedBlockDiagonalCausalWithOffsetPaddedKeysMask:
-        if page_size <= 0 or page_size % 16:
-            raise ValueError(f"page_size must be a positive multiple of 16, got {page_size}")
-        return cls(_query_length(q_seqlen), _lengths(kv_seqlen, block_tables.device), block_tables, page_size)
-
-    @property
-    def kv_padding(self) -> int:
-        return self.block_tables.shape[1] * self.page_size
+from mslk_dsl.attention.attn_bias import (BlockDiagonalCausalWithOffsetPaddedKeysMask,
+                                          PagedBlockDiagonalCausalWithOffsetPaddedKeysMask)
 
 
 DECODE_BIASES = (BlockDiagonalCausalWithOffsetPaddedKeysMask, PagedBlockDiagonalCausalWithOffsetPaddedKeysMask)

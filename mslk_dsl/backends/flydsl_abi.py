@@ -17,6 +17,7 @@ import ctypes
 import os
 import pickle
 import struct
+from typing import Any
 
 # The scalar C types FlyDSL's export ABI names (flydsl/compiler/_aot.py, _leaf_semantic_slots).
 _SCALAR_CTYPES = {"bool": ctypes.c_bool, "int8": ctypes.c_int8, "int16": ctypes.c_int16,
@@ -39,7 +40,8 @@ def describe(launcher, args) -> dict:
 
     bound = not hasattr(launcher, "func")   # a kernel-class instance, not a @flyc.jit function
     target = launcher.__call__ if bound else launcher
-    func = type(launcher).__call__.func if bound else launcher.func
+    jit_function: Any = type(launcher).__call__ if bound else launcher
+    func = jit_function.func   # the undecorated launcher
     params = list(inspect.signature(func).parameters.values())[int(bound):]
     saved = os.environ.pop("COMPILE_ONLY", None)   # (this is the compile child's own environment)
     try:
