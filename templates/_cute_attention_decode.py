@@ -321,12 +321,15 @@ class AttentionDecode:
         D, dt = self.D, self.dtype
         b, mq, hq, hkv, n, p, s = (cute.sym_int() for _ in range(7))
 
-        def strided(shape, div, align):
-            return make_fake_tensor(dt, shape, stride=(*(cute.sym_int(divisibility=div) for _ in shape[:-1]), 1),
+        def strided(shape, div, align, wide=False):
+            # wide: a 64-bit leading stride, so a sequence's or page's offset in a cache of more
+            # than 2^31 elements (e.g. 128 sequences x 128k keys x 4 heads x 128) does not wrap
+            lead = cute.sym_int64(divisibility=div) if wide else cute.sym_int(divisibility=div)
+            return make_fake_tensor(dt, shape, stride=(lead, *(cute.sym_int(divisibility=div) for _ in shape[1:-1]), 1),
                                     assumed_align=align)
 
-        return [strided((b, mq, hq, D), 1, dt.width // 8), strided((cute.sym_int(), n, hkv, D), 8, 16),
-                strided((cute.sym_int(), n, hkv, D), 8, 16), row_major(Int32, (b,)),
+        return [strided((b, mq, hq, D), 1, dt.width // 8), strided((cute.sym_int(), n, hkv, D), 8, 16, wide=True),
+                strided((cute.sym_int(), n, hkv, D), 8, 16, wide=True), row_major(Int32, (b,)),
                 make_fake_tensor(Int32, (cute.sym_int(), p), stride=(cute.sym_int(), cute.sym_int())),
                 row_major(dt, (b, mq, hq, D), 16), row_major(Float32, (b, hq, mq)),
                 row_major(Float32, (s, b, mq, hq, D), 16), row_major(Float32, (s, b, hq, mq)),

@@ -37,7 +37,7 @@ def test_exported_kernel_matches_in_process_jit_bytes():
     launcher, args = template.build(config, "sm90a", sig)
     in_process = cute.compile(launcher, *args, options="--enable-tvm-ffi")
     out_jit = torch.empty_like(x0)
-    in_process(x0, x1, out_jit)
+    in_process(x0, x1, out_jit, torch.full((1,), 2**31 - 1, device="cuda", dtype=torch.int32))   # every row
     out_lib = ops.silu_mul(x0, x1, config=config)
     torch.cuda.synchronize()
     assert torch.equal(out_jit.view(torch.int16), out_lib.view(torch.int16))
@@ -102,14 +102,14 @@ def _native_cases():
     wq, ws = ops.quantize_fp8_row(w)
     bias = r(128)
     return {
-        "silu_mul": (ops.silu_mul, (x3, x3 * 2)),             # 3-D: the kernel sees a 2-D view
+        "silu_mul": (ops.silu_mul, (x3, x3 * 2, None)),       # 3-D: the kernel sees a 2-D view
         # Every argument of the schema, as the op passes them to its plans (scale_ub left out: None).
         "quantize_fp8_row": (ops.quantize_fp8_row, (x, None)),
-        "silu_mul_quant": (ops.silu_mul_quant, (x, x2, None)),
+        "silu_mul_quant": (ops.silu_mul_quant, (x, x2, None, None)),
         "rmsnorm": (ops.rmsnorm, (x3, weight, 1e-5)),
         "rmsnorm_add": (ops.rmsnorm_add, (x, x2, weight, 1e-6)),
         "bf16_gemm": (ops.bf16_gemm, (x[:1], w)),             # M = 1: split-K, partials per call
-        "f8f8bf16_rowwise": (ops.f8f8bf16_rowwise, (xq, wq, xs, ws, bias)),
+        "f8f8bf16_rowwise": (ops.f8f8bf16_rowwise, (xq, wq, xs, ws, bias, True)),
     }
 
 

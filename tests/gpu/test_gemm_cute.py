@@ -80,7 +80,9 @@ def _x_rows_rejects_larger_m(op, config, dtype):
         else:
             xq = torch.zeros(m, 128, device="cuda", dtype=FP8)
             wq = torch.zeros(64, 128, device="cuda", dtype=FP8)
-            ops.f8f8bf16_rowwise(xq, wq, torch.ones(m, device="cuda"), torch.ones(64, device="cuda"), config=config)
+            fast = config.get("promote", 0) == 0   # a promoting config serves use_fast_accum=False only
+            ops.f8f8bf16_rowwise(xq, wq, torch.ones(m, device="cuda"), torch.ones(64, device="cuda"),
+                                 use_fast_accum=fast, config=config)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
