@@ -116,6 +116,29 @@ def plot_membound_sweep(data, out):
     fig.savefig(os.path.join(out, "membound_sweep.png"), dpi=100)
 
 
+def plot_moe_layer(data, out):
+    """bench_moe_layer: the whole layer's speed-up over the torch pipeline per config and T, bf16
+    and FP8, with the goals (tools/bench.py moe_layer --json bench_moe_layer.json)."""
+    import matplotlib.pyplot as plt
+
+    goals = {"bf16": 1.4, "fp8": 2.0}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    for ax, precision in zip(axes, goals):
+        for config in sorted({r["config"] for r in data}):
+            pts = sorted((r["T"], r["vs torch"]) for r in data if r["config"] == config and r["precision"] == precision)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=config)
+        ax.axhline(goals[precision], color="red", lw=0.8, ls="--", label=f"goal {goals[precision]}x")
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("T (tokens)")
+        ax.set_title(f"MoE layer, {precision}: torch pipeline time / mslk_dsl time")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("speed-up")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "moe_layer.png"), dpi=110)
+
+
 def main(argv):
     folder, out = argv[0], argv[1]
     os.makedirs(out, exist_ok=True)
@@ -126,6 +149,9 @@ def main(argv):
     if random_draw:
         plot_gemm_random(random_draw, out)
     plot_memory_bound(folder, out)
+    moe_layer = _load(folder, "moe_layer")
+    if moe_layer:
+        plot_moe_layer(moe_layer, out)
     sweep = _load(folder, "membound")
     if sweep:
         plot_membound_sweep(sweep, out)
