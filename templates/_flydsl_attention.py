@@ -1,0 +1,355 @@
+"""FlyDSL flash-attention forward for CDNA3 (gfx942) and CDNA4 (gfx950), with MFMA.
+
+One kernel serves prefill, the KV chunks of a split decode, masks, varlen and GQA:
+
+  q   [B, Mq, H, D]    k, v [B, Mk, Hkv, D]    out [B, Mq, H, D]    lse [B, H, Mq] fp32
+  (varlen: B = 1, sequence s owns query rows seq_q[s]:seq_q[s+1] and keys seq_k[s]:seq_k[s+1])
+
+A block serves one KV head (``block_idx.y``) of one sequence (``block_idx.z``) and 16 rows per
+wave, where rows are (query, head of the KV head's group) pairs: row r is query r // G of q head
+hk * G + r % G (G = H // Hkv). So the G q heads that share a KV head read each K/V tile once,
+and a decode step (Mq = 1) still fills the MFMA's 16 columns with G heads.
+
+Per KV tile of ``block_n`` keys (the pattern of FlashAttention-2, with ROCm/FlyDSL's trick of
+computing the transposed scores, kernels/attention/flash_attn_generic.py):
+
+  global --buffer_load_dwordx4--> registers (next tile, in flight during this tile's math)
+         --ds_write--> LDS: K row-major, V transposed (Vt [D, block_n])
+  S^T = K Q^T     v_mfma_f32_16x16x16: A = K rows from LDS, B = Q from registers (loaded once)
+  online softmax  each lane holds 4 keys x 1 row of every 16 x 16 score tile, so a row's max
+                  and sum are a lane's own values plus two cross-lane steps (lanes l ^ 16, ^ 32)
+  O^T += Vt P^T   the scores' accumulator layout is exactly the B operand layout of the second
+                  MFMA, so P goes from fp32 to bf16/fp16 in registers, never through LDS
+
+Keys a row may see: key < Mk and  row_diag - window_left <= key <= row_diag + window_right,
+row_diag = query + (Mk - Mq if bottom_right else 0). Causal is window_right = 0 with an
+unbounded window_left (WINDOW_NONE); no mask is both unbounded. Only the KV tiles that some row
+of the block can see are visited (causal and local blocks skip the rest). Rows that see no key
+get out = 0 and lse = -inf.
+
+Out-of-range reads (rows past Mq or Mk, padding keys) come from buffer descriptors and read as
+zero, out-of-range stores are dropped: every size is dynamic. Offsets within one batch (or one
+varlen sequence's tensors) are 32-bit: a batch's slice of each tensor must stay under
+SLICE_BYTES. The last dim must be contiguous and every other stride a multiple of 8 elements
+(16-byte rows), the op layer checks both.
+
+flydsl is imported lazily inside the builders; config values reach the kernel as closure
+scalars, which FlyDSL's cache key covers.
+"""
+
+WAVE = 64
+MMA = 16  # v_mfma_f32_16x16x16_{bf16,f16}: a wave computes one 16 x 16 fp32 tile per K of 16
+LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
+K_PAD = 8  # elements after each K row in LDS: rows start on different banks, 16-byte aligned
+V_PAD = 4  # elements after each Vt row: 8-byte aligned reads, rows on different banks
+# A mask bound that never binds: window_left / window_right of "unbounded".
+WINDOW_NONE = 1 << 30
+# Size of every buffer descriptor; an offset at or past it reads 0 and drops stores.
+SLICE_BYTES = 1 << 30
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+HEAD_DIMS = (64, 128, 256)
+_DTYPES = {"bfloat16": "BFloat16", "float16": "Float16"}
+
+
+def rows_per_block(config) -> int:
+    return MMA * config["waves"]
+
+
+def threads_of(config) -> int:
+    return WAVE * config["waves"]
+
+
+def lds_bytes(config, head_dim: int, elem_bytes: int = 2) -> int:
+    bn = config["block_n"]
+    return (bn * (head_dim + K_PAD) + head_dim * (bn + V_PAD)) * elem_bytes
+
+
+def check_config(config, target: str, head_dim: int) -> str | None:
+    """Why ``config`` cannot run ``head_dim`` on ``target``, or None if it can."""
+    bn, threads = config["block_n"], threads_of(config)
+    if bn % MMA:
+        return "block_n must be a multiple of 16"
+    if (bn * head_dim // 8) % threads:
+        return "a K/V tile must split into whole 16-byte chunks per thread"
+    if lds_bytes(config, head_dim) > LDS_BYTES[target]:
+        return "the K and V tiles do not fit in LDS"
+    # registers per lane: O^T accumulators (D / 16 x 4 fp32), Q (D / 16 x 2), scores
+    # (block_n / 16 x 4), the next K/V tile in flight (2 x chunks x 4): stay in 256 VGPRs
+    in_flight = 2 * (bn * head_dim // 8 // threads) * 4
+    if head_dim // 16 * 6 + bn // 16 * 6 + in_flight > 192:
+        return "too many registers per lane"
+    return None
+
+
+def dsl_type(dtype: str):
+    import flydsl.expr as fx
+    return getattr(fx, _DTYPES[dtype])
+
+
+def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int, partial: bool = False):
+    """The ``@flyc.kernel`` and its launch geometry (rows per block, threads per block).
+
+    Kernel arguments: (q, k, v, out, lse, seq_q, seq_k, num_splits, scale, window_left,
+    window_right, bottom_right); launch on grid (ceil(max Mq * G / rows), Hkv, nseq * num_splits).
+    seq_q / seq_k are int32 [nseq + 1] sequence starts (varlen) or empty (dense). The KV tiles a
+    block visits are cut into ``num_splits`` near-equal chunks, chunk ``block_idx.z %
+    num_splits`` each; with ``partial`` out [splits, B, Mq, H, D] and lse [splits, B, H, Mq] are
+    fp32 partials (a chunk that sees no key writes lse -inf), merged by the merge kernel.
+    Without it num_splits must be 1.
+    """
+    import flydsl.compiler as flyc
+    import flydsl.expr as fx
+    from flydsl.expr import T, arith, const_expr, gpu, range_constexpr
+    from flydsl.expr import math as fmath
+    from flydsl.expr.utils.arith import fastmath
+    from flydsl._mlir.dialects.rocdl import log as log2_hw
+
+    D, BN, W = head_dim, block_n, waves
+    THREADS, BM = WAVE * W, MMA * W
+    D_TILES, N_TILES = D // MMA, BN // MMA
+    CPR = D // 8                     # 16-byte chunks per K / V row
+    CHUNKS = BN * CPR // THREADS     # chunks per thread per operand and tile
+    K_ROW, V_ROW = D + K_PAD, BN + V_PAD
+    PARTIAL = bool(partial)
+    BF16 = dtype == "bfloat16"
+    elem = dsl_type(dtype)
+    out_elem = fx.Float32 if PARTIAL else elem
+    OUT_VEC = 4
+    OOB4 = SLICE_BYTES // 8          # a 4-element (8-byte) index past every descriptor
+    OOB8 = SLICE_BYTES // 16
+    OOB1 = SLICE_BYTES // 4
+    name = (f"mslk_attention_{'partial' if PARTIAL else 'fwd'}_{dtype}_d{D}_w{W}_n{BN}")
+
+    @fx.struct
+    class Smem:
+        k: fx.Array[elem, BN * K_ROW, 16]
+        vt: fx.Array[elem, D * V_ROW, 16]
+
+    def view(ptr, vec, dt):
+        buf = fx.rocdl.make_buffer_ptr(ptr, num_records_bytes=fx.Int64(SLICE_BYTES))
+        n = SLICE_BYTES // (dt.width // 8)
+        return fx.logical_divide(fx.make_view(buf, fx.make_layout(n, 1)), fx.make_layout(vec, 1))
+
+    def g_load(v, j, vec, dt, into=None):
+        r = into if into is not None else fx.make_rmem_tensor(vec, dt)
+        fx.copy(fx.make_copy_atom(fx.rocdl.BufferCopy(vec * dt.width), dt.width), fx.slice(v, (None, j)), r)
+        return r
+
+    def g_store(v, j, value, vec, dt):
+        r = fx.make_rmem_tensor(vec, dt)
+        fx.memref_store_vec(value, r)
+        fx.copy(fx.make_copy_atom(fx.rocdl.BufferCopy(vec * dt.width), dt.width), r, fx.slice(v, (None, j)))
+
+    def mma(a, b, c):
+        a, b = a.bitcast(fx.Int16), b.bitcast(fx.Int16)
+        if BF16:
+            return fx.Vector(fx.rocdl.mfma_f32_16x16x16bf16_1k(T.vec(4, T.f32), [a, b, c]))
+        return fx.Vector(fx.rocdl.mfma_f32_16x16x16f16(T.vec(4, T.f32), [a.bitcast(fx.Float16),
+                                                                        b.bitcast(fx.Float16), c]))
+
+    def uniform(x):
+        return fx.Int32(fx.rocdl.readfirstlane(T.i32, fx.Int32(x)))
+
+    @flyc.kernel(name=name, known_block_size=[THREADS, 1, 1])
+    def attention(q: fx.Tensor, k: fx.Tensor, v: fx.Tensor, out: fx.Tensor, lse: fx.Tensor,
+                  seq_q: fx.Tensor, seq_k: fx.Tensor, num_splits: fx.Int32, scale: fx.Float32,
+                  window_left: fx.Int32, window_right: fx.Int32, bottom_right: fx.Int32):
+        tid = fx.thread_idx.x
+        lane = tid % WAVE
+        wave = uniform(tid // WAVE)
+        col = lane % MMA             # the lane's row within its wave's 16 (an MFMA column)
+        quad = lane // MMA           # which 4 of each 16 keys / head-dim values the lane holds
+        _, mq_all, heads, _ = q.shape.unpack()
+        _, mk_all, kv_heads, _ = k.shape.unpack()
+        group = heads // kv_heads
+        hk = fx.block_idx.y
+        seq = fx.block_idx.z // num_splits
+        split = fx.block_idx.z % num_splits
+        n_seq = seq_q.shape.unpack()
+        varlen = n_seq > 0
+
+        # -- the sequence's rows and keys (varlen: from the start arrays; dense: the shapes)
+        sq_view, sk_view = view(fx.get_iter(seq_q), 1, fx.Int32), view(fx.get_iter(seq_k), 1, fx.Int32)
+        sq_at = varlen.select(seq, fx.Int32(OOB1))
+        sk_at = varlen.select(seq, fx.Int32(OOB1))
+        q_start = fx.memref_load_vec(g_load(sq_view, sq_at, 1, fx.Int32))[0]
+        q_end = fx.memref_load_vec(g_load(sq_view, sq_at + 1, 1, fx.Int32))[0]
+        k_start = fx.memref_load_vec(g_load(sk_view, sk_at, 1, fx.Int32))[0]
+        k_end = fx.memref_load_vec(g_load(sk_view, sk_at + 1, 1, fx.Int32))[0]
+        q_start, k_start = uniform(q_start), uniform(k_start)
+        mq = uniform(varlen.select(q_end - q_start, mq_all))
+        mk = uniform(varlen.select(k_end - k_start, mk_all))
+        batch = varlen.select(fx.Int32(0), seq)
+
+        sqb, sqm, sqh, _ = q.stride.unpack()
+        skb, skm, skh, _ = k.stride.unpack()
+        svb, svm, svh, _ = v.stride.unpack()
+        o_strides, l_strides = out.stride.unpack(), lse.stride.unpack()
+        sob, som, soh = o_strides[-4], o_strides[-3], o_strides[-2]
+        slb, slh, slm = l_strides[-3:]
+        o_base, l_base = fx.get_iter(out), fx.get_iter(lse)
+        if const_expr(PARTIAL):   # the split's slice of the partials
+            o_base = o_base + fx.Int64(split) * fx.Int64(o_strides[0])
+            l_base = l_base + fx.Int64(split) * fx.Int64(l_strides[0])
+        # offsets inside a slice are 32-bit (slices stay under SLICE_BYTES)
+        sqm, sqh, skm, skh = fx.Int32(sqm), fx.Int32(sqh), fx.Int32(skm), fx.Int32(skh)
+        svm, svh, som, soh = fx.Int32(svm), fx.Int32(svh), fx.Int32(som), fx.Int32(soh)
+        slh, slm = fx.Int32(slh), fx.Int32(slm)
+        q_view = view(fx.get_iter(q) + fx.Int64(batch) * fx.Int64(sqb) + fx.Int64(q_start) * fx.Int64(sqm), 4, elem)
+        k_view = view(fx.get_iter(k) + fx.Int64(batch) * fx.Int64(skb) + fx.Int64(k_start) * fx.Int64(skm), 8, elem)
+        v_view = view(fx.get_iter(v) + fx.Int64(batch) * fx.Int64(svb) + fx.Int64(k_start) * fx.Int64(svm), 8, elem)
+        o_view = view(o_base + fx.Int64(batch) * fx.Int64(sob) + fx.Int64(q_start) * fx.Int64(som),
+                      OUT_VEC, out_elem)
+        l_view = view(l_base + fx.Int64(batch) * fx.Int64(slb) + fx.Int64(q_start) * fx.Int64(slm),
+                      1, fx.Float32)
+
+        # -- this lane's row: query m of q head h
+        row0 = fx.block_idx.x * BM
+        row = row0 + wave * MMA + col
+        m = row // group
+        h = hk * group + row % group
+        row_ok = m < mq
+        diag_shift = (bottom_right != 0).select(mk - mq, fx.Int32(0))
+        diag = m + diag_shift
+
+        # -- the KV tiles some row of the block can see
+        m_first = row0 // group
+        m_last = fx.min((row0 + (BM - 1)) // group, mq - 1)
+        kv_lo = fx.max(m_first + diag_shift - window_left, fx.Int32(0))
+        kv_hi = fx.min(m_last + diag_shift + window_right + 1, mk)
+        kv_hi = (m_first < mq).select(kv_hi, fx.Int32(0))
+        t_first = kv_lo // BN
+        t_last = fx.max((kv_hi + (BN - 1)) // BN, t_first)
+        per_split = (t_last - t_first + (num_splits - 1)) // num_splits
+        t_begin = uniform(fx.min(t_first + split * per_split, t_last))
+        t_end = uniform(fx.min(t_begin + per_split, t_last))
+
+        # -- Q^T as the B operand of S^T = K Q^T, in registers for the whole loop
+        q_frag = []
+        for kk in range_constexpr(D_TILES):
+            q_idx = fx.Int32((m * sqm + h * sqh + kk * MMA + quad * 4) // 4)
+            q_frag.append(fx.memref_load_vec(g_load(q_view, row_ok.select(q_idx, fx.Int32(OOB4)), 4, elem)))
+
+        lds = fx.SharedAllocator().allocate(Smem).peek()
+        k_lds = fx.make_view(lds.k.ptr, fx.make_layout(BN * K_ROW, 1))
+        vt_lds = fx.make_view(lds.vt.ptr, fx.make_layout(D * V_ROW, 1))
+        k_lds8 = fx.logical_divide(k_lds, fx.make_layout(8, 1))
+        k_lds4 = fx.logical_divide(k_lds, fx.make_layout(4, 1))
+        vt_lds4 = fx.logical_divide(vt_lds, fx.make_layout(4, 1))
+        lds_copy128 = fx.make_copy_atom(fx.UniversalCopy128b(), elem.width)
+        lds_copy64 = fx.make_copy_atom(fx.UniversalCopy64b(), elem.width)
+
+        # -- K / V tile loads: chunk c of a tile is row c // CPR, 16-byte column c % CPR
+        k_regs = [fx.make_rmem_tensor(8, elem) for _ in range_constexpr(CHUNKS)]
+        v_regs = [fx.make_rmem_tensor(8, elem) for _ in range_constexpr(CHUNKS)]
+
+        def load_tile(t):
+            for c in range_constexpr(CHUNKS):
+                chunk = tid + c * THREADS
+                key = t * BN + chunk // CPR
+                ok = key < mk
+                jk = fx.Int32((key * skm + hk * skh + (chunk % CPR) * 8) // 8)
+                jv = fx.Int32((key * svm + hk * svh + (chunk % CPR) * 8) // 8)
+                g_load(k_view, ok.select(jk, fx.Int32(OOB8)), 8, elem, into=k_regs[c])
+                g_load(v_view, ok.select(jv, fx.Int32(OOB8)), 8, elem, into=v_regs[c])
+
+        def store_tile():
+            for c in range_constexpr(CHUNKS):
+                chunk = tid + c * THREADS
+                r, c8 = chunk // CPR, chunk % CPR
+                fx.copy(lds_copy128, k_regs[c], fx.slice(k_lds8, (None, r * (K_ROW // 8) + c8)))
+                vals = fx.memref_load_vec(v_regs[c])
+                for e in range_constexpr(8):
+                    fx.memref_store(vals[e], vt_lds, (c8 * 8 + e) * V_ROW + r)
+
+        def lds_frag(v4, j):
+            r = fx.make_rmem_tensor(4, elem)
+            fx.copy(lds_copy64, fx.slice(v4, (None, j)), r)
+            return fx.memref_load_vec(r)
+
+        o_acc = [fx.make_rmem_tensor(4, fx.Float32) for _ in range_constexpr(D_TILES)]
+        for dt in range_constexpr(D_TILES):
+            o_acc[dt].fill(0.0)
+        stats = fx.make_rmem_tensor(2, fx.Float32)   # running max (log2 units), running sum
+        stats[0] = fx.Float32(float("-inf"))
+        stats[1] = fx.Float32(0.0)
+        scale_log2 = scale * LOG2E
+        neg_inf = fx.Float32(float("-inf"))
+
+        load_tile(t_begin)
+        for t in range(t_begin, t_end, 1):
+            gpu.barrier()                # every wave is done reading the previous tile
+            store_tile()
+            gpu.barrier()
+            load_tile(t + 1)             # in flight during this tile's math (past Mk: zeros)
+            kv0 = t * BN
+
+            # S^T tiles: lane holds keys kv0 + 16 j + 4 quad + i (i < 4) of its row
+            s = []
+            for j in range_constexpr(N_TILES):
+                acc = fx.Vector.filled(4, 0.0, fx.Float32)
+                for kk in range_constexpr(D_TILES):
+                    acc = mma(lds_frag(k_lds4, (j * MMA + col) * (K_ROW // 4) + kk * 4 + quad), q_frag[kk], acc)
+                for i in range_constexpr(4):
+                    key = kv0 + j * MMA + quad * 4 + i
+                    ok = (key < mk) & (key >= diag - window_left) & (key <= diag + window_right)
+                    s.append(ok.select(acc[i] * scale_log2, neg_inf))
+
+            # online softmax: the row's max over this tile, across the 4 lanes of the row
+            mx = s[0]
+            for x in s[1:]:
+                mx = fx.max(mx, x)
+            mx = fx.max(mx, mx.shuffle_xor(16, WAVE))
+            mx = fx.max(mx, mx.shuffle_xor(32, WAVE))
+            m_old = stats[0]
+            m_new = fx.max(m_old, mx)
+            m_use = (m_new == neg_inf).select(fx.Float32(0.0), m_new)   # no key seen yet
+            with fastmath(arith.FastMathFlags.afn):
+                corr = fmath.exp2(m_old - m_use)
+                p = [fmath.exp2(x - m_use) for x in s]
+            total = p[0]
+            for x in p[1:]:
+                total = total + x
+            stats[0] = m_new
+            stats[1] = stats[1] * corr + total
+
+            # O^T = O^T * corr + Vt P^T; P^T's B layout is the scores' accumulator layout
+            p_frag = [fx.Vector.from_elements(p[4 * j:4 * j + 4], fx.Float32).to(elem)
+                      for j in range_constexpr(N_TILES)]
+            for dt in range_constexpr(D_TILES):
+                acc = fx.memref_load_vec(o_acc[dt]) * corr
+                for j in range_constexpr(N_TILES):
+                    acc = mma(lds_frag(vt_lds4, (dt * MMA + col) * (V_ROW // 4) + j * 4 + quad), p_frag[j], acc)
+                fx.memref_store_vec(acc, o_acc[dt])
+
+        # -- epilogue: the row's sum across its 4 lanes, out = O / l, lse = ln(sum exp(s))
+        total = stats[1]
+        total = total + total.shuffle_xor(16, WAVE)
+        total = total + total.shuffle_xor(32, WAVE)
+        seen = total > fx.Float32(0.0)
+        # v_rcp_f32 / v_log_f32 (log2) directly: total >= 1 where a key was seen
+        inv = seen.select(fx.Float32(fx.rocdl.rcp(T.f32, total)), fx.Float32(0.0))
+        for dt in range_constexpr(D_TILES):
+            o = fx.memref_load_vec(o_acc[dt]) * inv
+            o_idx = fx.Int32((m * som + h * soh + dt * MMA + quad * 4) // 4)
+            g_store(o_view, row_ok.select(o_idx, fx.Int32(OOB4)), o.to(out_elem), OUT_VEC, out_elem)
+        lse_val = seen.select((stats[0] + fx.Float32(log2_hw(T.f32, total.ir_value()))) * LN2, neg_inf)
+        l_idx = fx.Int32(h * slh + m * slm)
+        g_store(l_view, (row_ok & (quad == 0)).select(l_idx, fx.Int32(OOB1)),
+                fx.Vector.from_elements([lse_val], fx.Float32), 1, fx.Float32)
+
+    return attention, BM, THREADS
+
+
+CUS = {"gfx942": 304, "gfx950": 256}  # MI300X, MI355X
+
+
+def grid_for(q, k, seq_q, max_seqlen_q, num_splits, rows):
+    """(row tiles of the longest sequence, KV heads, sequences x splits), inside a @flyc.jit."""
+    batch, _, heads, _ = q.shape.unpack()
+    _, _, kv_heads, _ = k.shape.unpack()
+    n_seq = seq_q.shape.unpack()
+    seqs = (n_seq > 0).select(n_seq - 1, batch)
+    group = heads // kv_heads
+    return ((max_seqlen_q * group + (rows - 1)) // rows, kv_heads, seqs * num_splits)
