@@ -46,6 +46,9 @@ V_PAD = 4  # elements after each Vt row: 8-byte aligned reads, rows on different
 WINDOW_NONE = 1 << 30
 # Size of every buffer descriptor; an offset at or past it reads 0 and drops stores.
 SLICE_BYTES = 1 << 30
+# merge: a lane holds MERGE_VEC elements of a row, a wave MERGE_MAX_DIM
+MERGE_VEC = 4
+MERGE_MAX_DIM = WAVE * MERGE_VEC
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 HEAD_DIMS = (64, 128, 256)
@@ -75,9 +78,10 @@ def check_config(config, target: str, head_dim: int) -> str | None:
     if lds_bytes(config, head_dim) > LDS_BYTES[target]:
         return "the K and V tiles do not fit in LDS"
     # registers per lane: O^T accumulators (D / 16 x 4 fp32), Q (D / 16 x 2), scores
-    # (block_n / 16 x 4), the next K/V tile in flight (2 x chunks x 4): stay in 256 VGPRs
+    # (block_n / 16 x 4, and their bf16 / fp16 copies), the next K/V tile in flight (2 x chunks
+    # x 4): at most 160 of them, which leaves room for addresses in 256 VGPRs
     in_flight = 2 * (bn * head_dim // 8 // threads) * 4
-    if head_dim // 16 * 6 + bn // 16 * 6 + in_flight > 192:
+    if head_dim // 16 * 6 + bn // 16 * 6 + in_flight > 160:
         return "too many registers per lane"
     return None
 
@@ -87,7 +91,8 @@ def dsl_type(dtype: str):
     return getattr(fx, _DTYPES[dtype])
 
 
-def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int, partial: bool = False):
+def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int, partial: bool = False,
+                          paged: bool = False):
     """The ``@flyc.kernel`` and its launch geometry (rows per block, threads per block).
 
     Kernel arguments: (q, k, v, out, lse, seq_q, seq_k, num_splits, scale, window_left,
@@ -96,7 +101,10 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
     block visits are cut into ``num_splits`` near-equal chunks, chunk ``block_idx.z %
     num_splits`` each; with ``partial`` out [splits, B, Mq, H, D] and lse [splits, B, H, Mq] are
     fp32 partials (a chunk that sees no key writes lse -inf), merged by the merge kernel.
-    Without it num_splits must be 1.
+    Without it num_splits must be 1. With ``paged`` k / v are caches [pages, page_size, Hkv, D],
+    seq_q the KV lengths [B] and seq_k the block table [B, max pages] (both int32, on the
+    device); a page must hold whole KV tiles (page_size % block_n == 0) unless every sequence
+    fits in its first page (a dense [B, Mk, Hkv, D] cache with table [[0], [1], ...]).
     """
     import flydsl.compiler as flyc
     import flydsl.expr as fx
@@ -112,6 +120,7 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
     CHUNKS = BN * CPR // THREADS     # chunks per thread per operand and tile
     K_ROW, V_ROW = D + K_PAD, BN + V_PAD
     PARTIAL = bool(partial)
+    PAGED = bool(paged)
     BF16 = dtype == "bfloat16"
     elem = dsl_type(dtype)
     out_elem = fx.Float32 if PARTIAL else elem
@@ -119,7 +128,7 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
     OOB4 = SLICE_BYTES // 8          # a 4-element (8-byte) index past every descriptor
     OOB8 = SLICE_BYTES // 16
     OOB1 = SLICE_BYTES // 4
-    name = (f"mslk_attention_{'partial' if PARTIAL else 'fwd'}_{dtype}_d{D}_w{W}_n{BN}")
+    name = f"mslk_attention_{'partial' if PARTIAL else 'fwd'}{'_paged' if PAGED else ''}_{dtype}_d{D}_w{W}_n{BN}"
 
     @fx.struct
     class Smem:
@@ -166,21 +175,29 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
         hk = fx.block_idx.y
         seq = fx.block_idx.z // num_splits
         split = fx.block_idx.z % num_splits
-        n_seq = seq_q.shape.unpack()
-        varlen = n_seq > 0
+        if const_expr(PAGED):
+            # seq_q: KV lengths [B] (on the device: a CUDA / HIP graph replays with new ones);
+            # seq_k: the block table [B, pages]; k / v: caches [pages, page_size, Hkv, D]
+            mq = mq_all
+            mk = uniform(fx.memref_load_vec(g_load(view(fx.get_iter(seq_q), 1, fx.Int32), seq, 1, fx.Int32))[0])
+            q_start, k_start, batch = fx.Int32(0), fx.Int32(0), seq
+            table_view = view(fx.get_iter(seq_k) + fx.Int64(seq) * fx.Int64(seq_k.stride.unpack()[0]), 1, fx.Int32)
+        else:
+            n_seq = seq_q.shape.unpack()
+            varlen = n_seq > 0
 
-        # -- the sequence's rows and keys (varlen: from the start arrays; dense: the shapes)
-        sq_view, sk_view = view(fx.get_iter(seq_q), 1, fx.Int32), view(fx.get_iter(seq_k), 1, fx.Int32)
-        sq_at = varlen.select(seq, fx.Int32(OOB1))
-        sk_at = varlen.select(seq, fx.Int32(OOB1))
-        q_start = fx.memref_load_vec(g_load(sq_view, sq_at, 1, fx.Int32))[0]
-        q_end = fx.memref_load_vec(g_load(sq_view, sq_at + 1, 1, fx.Int32))[0]
-        k_start = fx.memref_load_vec(g_load(sk_view, sk_at, 1, fx.Int32))[0]
-        k_end = fx.memref_load_vec(g_load(sk_view, sk_at + 1, 1, fx.Int32))[0]
-        q_start, k_start = uniform(q_start), uniform(k_start)
-        mq = uniform(varlen.select(q_end - q_start, mq_all))
-        mk = uniform(varlen.select(k_end - k_start, mk_all))
-        batch = varlen.select(fx.Int32(0), seq)
+            # -- the sequence's rows and keys (varlen: from the start arrays; dense: the shapes)
+            sq_view, sk_view = view(fx.get_iter(seq_q), 1, fx.Int32), view(fx.get_iter(seq_k), 1, fx.Int32)
+            sq_at = varlen.select(seq, fx.Int32(OOB1))
+            sk_at = varlen.select(seq, fx.Int32(OOB1))
+            q_start = fx.memref_load_vec(g_load(sq_view, sq_at, 1, fx.Int32))[0]
+            q_end = fx.memref_load_vec(g_load(sq_view, sq_at + 1, 1, fx.Int32))[0]
+            k_start = fx.memref_load_vec(g_load(sk_view, sk_at, 1, fx.Int32))[0]
+            k_end = fx.memref_load_vec(g_load(sk_view, sk_at + 1, 1, fx.Int32))[0]
+            q_start, k_start = uniform(q_start), uniform(k_start)
+            mq = uniform(varlen.select(q_end - q_start, mq_all))
+            mk = uniform(varlen.select(k_end - k_start, mk_all))
+            batch = varlen.select(fx.Int32(0), seq)
 
         sqb, sqm, sqh, _ = q.stride.unpack()
         skb, skm, skh, _ = k.stride.unpack()
@@ -245,14 +262,26 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
         v_regs = [fx.make_rmem_tensor(8, elem) for _ in range_constexpr(CHUNKS)]
 
         def load_tile(t):
+            key0 = t * BN
+            if const_expr(PAGED):
+                # a tile lies in one page (page_size % block_n == 0, or one page per sequence)
+                page = uniform(fx.memref_load_vec(g_load(table_view, key0 // mk_all, 1, fx.Int32))[0])
+                in_page = key0 % mk_all
+                k_tile = view(fx.get_iter(k) + fx.Int64(page) * fx.Int64(skb) + fx.Int64(in_page) * fx.Int64(skm),
+                              8, elem)
+                v_tile = view(fx.get_iter(v) + fx.Int64(page) * fx.Int64(svb) + fx.Int64(in_page) * fx.Int64(svm),
+                              8, elem)
+                first = fx.Int32(0)
+            else:
+                k_tile, v_tile, first = k_view, v_view, key0
             for c in range_constexpr(CHUNKS):
                 chunk = tid + c * THREADS
-                key = t * BN + chunk // CPR
-                ok = key < mk
-                jk = fx.Int32((key * skm + hk * skh + (chunk % CPR) * 8) // 8)
-                jv = fx.Int32((key * svm + hk * svh + (chunk % CPR) * 8) // 8)
-                g_load(k_view, ok.select(jk, fx.Int32(OOB8)), 8, elem, into=k_regs[c])
-                g_load(v_view, ok.select(jv, fx.Int32(OOB8)), 8, elem, into=v_regs[c])
+                r = chunk // CPR
+                ok = key0 + r < mk
+                jk = fx.Int32(((first + r) * skm + hk * skh + (chunk % CPR) * 8) // 8)
+                jv = fx.Int32(((first + r) * svm + hk * svh + (chunk % CPR) * 8) // 8)
+                g_load(k_tile, ok.select(jk, fx.Int32(OOB8)), 8, elem, into=k_regs[c])
+                g_load(v_tile, ok.select(jv, fx.Int32(OOB8)), 8, elem, into=v_regs[c])
 
         def store_tile():
             for c in range_constexpr(CHUNKS):
@@ -340,6 +369,81 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
                 fx.Vector.from_elements([lse_val], fx.Float32), 1, fx.Float32)
 
     return attention, BM, THREADS
+
+
+def make_merge_kernel(*, partial_dtype: str, dtype: str, waves: int):
+    """The ``@flyc.kernel`` merge(parts, lses, out, lse) (see merge_attentions_flydsl.py) and its
+    rows (waves) per block; launch on ceil(B * M * H / waves) blocks of 64 * waves threads."""
+    import flydsl.compiler as flyc
+    import flydsl.expr as fx
+    from flydsl.expr import T, arith
+    from flydsl.expr import math as fmath
+    from flydsl.expr.utils.arith import fastmath
+    from flydsl._mlir.dialects.rocdl import log as log2_hw
+
+    from mslk_dsl.templates import _flydsl_rowwise as rw
+
+    WAVES = waves
+    THREADS = WAVE * WAVES
+    in_t, out_t = rw.elem_type(partial_dtype), rw.elem_type(dtype)
+    name = f"mslk_merge_attentions_{partial_dtype}_{dtype}_w{WAVES}"
+
+    def row_view(base, nbytes, vec, dt):
+        buf = fx.rocdl.make_buffer_ptr(base, num_records_bytes=nbytes)
+        return fx.logical_divide(fx.make_view(buf, fx.make_layout(MERGE_MAX_DIM, 1)), fx.make_layout(vec, 1))
+
+    @flyc.kernel(name=name, known_block_size=[THREADS, 1, 1])
+    def merge_kernel(parts: fx.Tensor, lses: fx.Tensor, out: fx.Tensor, lse: fx.Tensor):
+        lane = fx.thread_idx.x % WAVE
+        wave = fx.Int32(fx.rocdl.readfirstlane(T.i32, fx.thread_idx.x // WAVE))
+        splits, batch, mq, heads, dim = parts.shape.unpack()
+        row = fx.block_idx.x * WAVES + wave
+        h = row % heads
+        m = (row // heads) % mq
+        b = row // (heads * mq)
+        ok = row < batch * mq * heads
+        ps, ls, os_, lo = parts.stride.unpack(), lses.stride.unpack(), out.stride.unpack(), lse.stride.unpack()
+        part_row = fx.Int64(b) * fx.Int64(ps[1]) + fx.Int64(m) * fx.Int64(ps[2]) + fx.Int64(h) * fx.Int64(ps[3])
+        lse_row = fx.Int64(b) * fx.Int64(ls[1]) + fx.Int64(h) * fx.Int64(ls[2]) + fx.Int64(m) * fx.Int64(ls[3])
+        row_bytes = ok.select(fx.Int64(dim) * (in_t.width // 8), fx.Int64(0))
+        lse_bytes = ok.select(fx.Int64(4), fx.Int64(0))
+        neg_inf = fx.Float32(float("-inf"))
+
+        acc = fx.make_rmem_tensor(MERGE_VEC, fx.Float32)
+        acc.fill(0.0)
+        stats = fx.make_rmem_tensor(2, fx.Float32)   # running max (log2 units), running sum
+        stats[0] = neg_inf
+        stats[1] = fx.Float32(0.0)
+        for s in range(0, splits, 1):
+            lv = row_view(fx.get_iter(lses) + fx.Int64(s) * fx.Int64(ls[0]) + lse_row, lse_bytes, 1, fx.Float32)
+            pv = row_view(fx.get_iter(parts) + fx.Int64(s) * fx.Int64(ps[0]) + part_row, row_bytes, MERGE_VEC, in_t)
+            l_s = rw.load(lv, fx.Int32(0), 1)[0] * LOG2E
+            o_s = rw.load(pv, lane, MERGE_VEC).to(fx.Float32)
+            m_old = stats[0]
+            m_new = fx.max(m_old, l_s)
+            m_use = (m_new == neg_inf).select(fx.Float32(0.0), m_new)
+            with fastmath(arith.FastMathFlags.afn):
+                keep = fmath.exp2(m_old - m_use)
+                weight = fmath.exp2(l_s - m_use)
+            fx.memref_store_vec(fx.memref_load_vec(acc) * keep + o_s * weight, acc)
+            stats[0] = m_new
+            stats[1] = stats[1] * keep + weight
+
+        total = stats[1]
+        seen = total > fx.Float32(0.0)
+        inv = seen.select(fx.Float32(fx.rocdl.rcp(T.f32, total)), fx.Float32(0.0))
+        out_row = (fx.Int64(b) * fx.Int64(os_[0]) + fx.Int64(m) * fx.Int64(os_[1])
+                   + fx.Int64(h) * fx.Int64(os_[2]))
+        ov = row_view(fx.get_iter(out) + out_row, ok.select(fx.Int64(dim) * (out_t.width // 8), fx.Int64(0)),
+                      MERGE_VEC, out_t)
+        rw.store(ov, lane, (fx.memref_load_vec(acc) * inv).to(out_t), MERGE_VEC)
+        lse_out = (fx.Int64(b) * fx.Int64(lo[0]) + fx.Int64(h) * fx.Int64(lo[1]) + fx.Int64(m) * fx.Int64(lo[2]))
+        lv_out = row_view(fx.get_iter(lse) + lse_out, (ok & (lane == 0)).select(fx.Int64(4), fx.Int64(0)),
+                          1, fx.Float32)
+        lse_val = seen.select((stats[0] + fx.Float32(log2_hw(T.f32, total.ir_value()))) * LN2, neg_inf)
+        rw.store(lv_out, fx.Int32(0), fx.Vector.from_elements([lse_val], fx.Float32), 1)
+
+    return merge_kernel, WAVES
 
 
 CUS = {"gfx942": 304, "gfx950": 256}  # MI300X, MI355X
