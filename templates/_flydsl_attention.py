@@ -1,9 +1,14 @@
 """FlyDSL flash-attention forward for CDNA3 (gfx942) and CDNA4 (gfx950), with MFMA.
 
-One kernel serves prefill, the KV chunks of a split decode, masks, varlen and GQA:
+One kernel serves prefill (dense or packed sequences), the KV splits of decode over a
+contiguous or paged cache, the masks and GQA:
 
-  q   [B, Mq, H, D]    k, v [B, Mk, Hkv, D]    out [B, Mq, H, D]    lse [B, H, Mq] fp32
-  (varlen: B = 1, sequence s owns query rows seq_q[s]:seq_q[s+1] and keys seq_k[s]:seq_k[s+1])
+  dense   q [B, Mq, H, D]  k, v [B, Mk, Hkv, D]  out [B, Mq, H, D]  lse [B, H, Mq] fp32
+  varlen  q [Tq, H, D]     k, v [Tk, Hkv, D]     out [Tq, H, D]     lse [H, Tq]
+          sequence s: query rows seqstart_q[s]:seqstart_q[s+1], keys seqstart_k[s]:seqstart_k[s+1]
+  decode  q [B, Mq, H, D]  k, v [N, page, Hkv, D]  fp32 partials out [S, B, Mq, H, D], lse
+          [S, B, H, Mq]; sequence b has kv_seqlen[b] keys, in pages block_table[b, j // page]
+          (paged) or in row b of the cache (contiguous: N = B)
 
 A block serves one KV head (``block_idx.y``) of one sequence (``block_idx.z``) and 16 rows per
 wave, where rows are (query, head of the KV head's group) pairs: row r is query r // G of q head
@@ -21,11 +26,14 @@ computing the transposed scores, kernels/attention/flash_attn_generic.py):
   O^T += Vt P^T   the scores' accumulator layout is exactly the B operand layout of the second
                   MFMA, so P goes from fp32 to bf16/fp16 in registers, never through LDS
 
-Keys a row may see: key < Mk and  row_diag - window_left <= key <= row_diag + window_right,
-row_diag = query + (Mk - Mq if bottom_right else 0). Causal is window_right = 0 with an
-unbounded window_left (WINDOW_NONE); no mask is both unbounded. Only the KV tiles that some row
-of the block can see are visited (causal and local blocks skip the rest). Rows that see no key
-get out = 0 and lse = -inf.
+Keys a row may see, per sequence of Mq queries and Mk keys (the op layer's convention, see
+mslk_dsl/ops/attention.py): key j < Mk is visible to query i when
+    -window_left <= j - i - (Mk - Mq) <= window_right
+(a band around the bottom-right diagonal; the op shifts a top-left band by Mk - Mq; a side
+without bound is WINDOW_NONE). The mask family is static ("none" compares nothing but the
+sequence end, "causal" the right bound, "local" both). Only the KV tiles that some row of the
+block can see are visited (causal and local blocks skip the rest); rows that see no key get
+out = 0 and lse = -inf.
 
 Out-of-range reads (rows past Mq or Mk, padding keys) come from buffer descriptors and read as
 zero, out-of-range stores are dropped: every size is dynamic. Offsets within one batch (or one
@@ -91,20 +99,21 @@ def dsl_type(dtype: str):
     return getattr(fx, _DTYPES[dtype])
 
 
-def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int, partial: bool = False,
-                          paged: bool = False):
+MASKS = ("none", "causal", "local")
+
+
+def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int, mask: str = "local",
+                          varlen: bool = False, decode: bool = False):
     """The ``@flyc.kernel`` and its launch geometry (rows per block, threads per block).
 
-    Kernel arguments: (q, k, v, out, lse, seq_q, seq_k, num_splits, scale, window_left,
-    window_right, bottom_right); launch on grid (ceil(max Mq * G / rows), Hkv, nseq * num_splits).
-    seq_q / seq_k are int32 [nseq + 1] sequence starts (varlen) or empty (dense). The KV tiles a
-    block visits are cut into ``num_splits`` near-equal chunks, chunk ``block_idx.z %
-    num_splits`` each; with ``partial`` out [splits, B, Mq, H, D] and lse [splits, B, H, Mq] are
-    fp32 partials (a chunk that sees no key writes lse -inf), merged by the merge kernel.
-    Without it num_splits must be 1. With ``paged`` k / v are caches [pages, page_size, Hkv, D],
-    seq_q the KV lengths [B] and seq_k the block table [B, max pages] (both int32, on the
-    device); a page must hold whole KV tiles (page_size % block_n == 0) unless every sequence
-    fits in its first page (a dense [B, Mk, Hkv, D] cache with table [[0], [1], ...]).
+    Kernel arguments: (q, k, v, out, lse, seq_q, seq_k, table, scale, window_left, window_right,
+    paged), on grid (ceil(Mq * G / rows), Hkv, sequences * splits), layouts as in the module
+    docstring:
+      prefill: seq_q / seq_k the int32 sequence starts (``varlen``; else unread placeholders),
+               table and paged unread;
+      decode:  seq_q unread, seq_k kv_seqlen [B], table the block table [B, max pages] (read when
+               paged != 0), out / lse the fp32 partials; the S = out.shape[0] splits cut each
+               sequence's KV tiles into near-equal chunks. A page holds a multiple of 16 keys.
     """
     import flydsl.compiler as flyc
     import flydsl.expr as fx
@@ -113,30 +122,35 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
     from flydsl.expr.utils.arith import fastmath
     from flydsl._mlir.dialects.rocdl import log as log2_hw
 
+    if mask not in MASKS:
+        raise ValueError(f"attention kernel: mask {mask!r} is not one of {MASKS}")
     D, BN, W = head_dim, block_n, waves
     THREADS, BM = WAVE * W, MMA * W
     D_TILES, N_TILES = D // MMA, BN // MMA
     CPR = D // 8                     # 16-byte chunks per K / V row
     CHUNKS = BN * CPR // THREADS     # chunks per thread per operand and tile
     K_ROW, V_ROW = D + K_PAD, BN + V_PAD
-    PARTIAL = bool(partial)
-    PAGED = bool(paged)
+    DECODE, VARLEN = bool(decode), bool(varlen) and not decode
+    LEFT, RIGHT = mask == "local", mask in ("causal", "local")   # which band sides to compare
     BF16 = dtype == "bfloat16"
     elem = dsl_type(dtype)
-    out_elem = fx.Float32 if PARTIAL else elem
+    out_elem = fx.Float32 if DECODE else elem
     OUT_VEC = 4
     OOB4 = SLICE_BYTES // 8          # a 4-element (8-byte) index past every descriptor
     OOB8 = SLICE_BYTES // 16
     OOB1 = SLICE_BYTES // 4
-    name = f"mslk_attention_{'partial' if PARTIAL else 'fwd'}{'_paged' if PAGED else ''}_{dtype}_d{D}_w{W}_n{BN}"
+    OOB_OUT = SLICE_BYTES // (OUT_VEC * out_elem.width // 8)
+    kind = "decode" if DECODE else ("varlen" if VARLEN else "fwd")
+    name = f"mslk_attention_{kind}_{mask}_{dtype}_d{D}_w{W}_n{BN}"
 
     @fx.struct
     class Smem:
         k: fx.Array[elem, BN * K_ROW, 16]
         vt: fx.Array[elem, D * V_ROW, 16]
 
-    def view(ptr, vec, dt):
-        buf = fx.rocdl.make_buffer_ptr(ptr, num_records_bytes=fx.Int64(SLICE_BYTES))
+    def view(ptr, vec, dt, nbytes=None):
+        size = fx.Int64(SLICE_BYTES) if nbytes is None else nbytes
+        buf = fx.rocdl.make_buffer_ptr(ptr, num_records_bytes=size)
         n = SLICE_BYTES // (dt.width // 8)
         return fx.logical_divide(fx.make_view(buf, fx.make_layout(n, 1)), fx.make_layout(vec, 1))
 
@@ -144,6 +158,9 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
         r = into if into is not None else fx.make_rmem_tensor(vec, dt)
         fx.copy(fx.make_copy_atom(fx.rocdl.BufferCopy(vec * dt.width), dt.width), fx.slice(v, (None, j)), r)
         return r
+
+    def g_scalar(v, j):
+        return fx.memref_load_vec(g_load(v, j, 1, fx.Int32))[0]
 
     def g_store(v, j, value, vec, dt):
         r = fx.make_rmem_tensor(vec, dt)
@@ -160,66 +177,89 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
     def uniform(x):
         return fx.Int32(fx.rocdl.readfirstlane(T.i32, fx.Int32(x)))
 
+    def base(tensor, *index_strides):
+        """The tensor's address plus sum(index * stride), in 64 bits."""
+        addr = fx.get_iter(tensor)
+        for index, stride in index_strides:
+            addr = addr + fx.Int64(index) * fx.Int64(stride)
+        return addr
+
     @flyc.kernel(name=name, known_block_size=[THREADS, 1, 1])
     def attention(q: fx.Tensor, k: fx.Tensor, v: fx.Tensor, out: fx.Tensor, lse: fx.Tensor,
-                  seq_q: fx.Tensor, seq_k: fx.Tensor, num_splits: fx.Int32, scale: fx.Float32,
-                  window_left: fx.Int32, window_right: fx.Int32, bottom_right: fx.Int32):
+                  seq_q: fx.Tensor, seq_k: fx.Tensor, table: fx.Tensor, scale: fx.Float32,
+                  window_left: fx.Int32, window_right: fx.Int32, paged: fx.Int32):
         tid = fx.thread_idx.x
         lane = tid % WAVE
         wave = uniform(tid // WAVE)
         col = lane % MMA             # the lane's row within its wave's 16 (an MFMA column)
         quad = lane // MMA           # which 4 of each 16 keys / head-dim values the lane holds
-        _, mq_all, heads, _ = q.shape.unpack()
-        _, mk_all, kv_heads, _ = k.shape.unpack()
-        group = heads // kv_heads
         hk = fx.block_idx.y
-        seq = fx.block_idx.z // num_splits
-        split = fx.block_idx.z % num_splits
-        if const_expr(PAGED):
-            # seq_q: KV lengths [B] (on the device: a CUDA / HIP graph replays with new ones);
-            # seq_k: the block table [B, pages]; k / v: caches [pages, page_size, Hkv, D]
-            mq = mq_all
-            mk = uniform(fx.memref_load_vec(g_load(view(fx.get_iter(seq_q), 1, fx.Int32), seq, 1, fx.Int32))[0])
-            q_start, k_start, batch = fx.Int32(0), fx.Int32(0), seq
-            table_view = view(fx.get_iter(seq_k) + fx.Int64(seq) * fx.Int64(seq_k.stride.unpack()[0]), 1, fx.Int32)
-        else:
-            n_seq = seq_q.shape.unpack()
-            varlen = n_seq > 0
-
-            # -- the sequence's rows and keys (varlen: from the start arrays; dense: the shapes)
-            sq_view, sk_view = view(fx.get_iter(seq_q), 1, fx.Int32), view(fx.get_iter(seq_k), 1, fx.Int32)
-            sq_at = varlen.select(seq, fx.Int32(OOB1))
-            sk_at = varlen.select(seq, fx.Int32(OOB1))
-            q_start = fx.memref_load_vec(g_load(sq_view, sq_at, 1, fx.Int32))[0]
-            q_end = fx.memref_load_vec(g_load(sq_view, sq_at + 1, 1, fx.Int32))[0]
-            k_start = fx.memref_load_vec(g_load(sk_view, sk_at, 1, fx.Int32))[0]
-            k_end = fx.memref_load_vec(g_load(sk_view, sk_at + 1, 1, fx.Int32))[0]
-            q_start, k_start = uniform(q_start), uniform(k_start)
-            mq = uniform(varlen.select(q_end - q_start, mq_all))
-            mk = uniform(varlen.select(k_end - k_start, mk_all))
-            batch = varlen.select(fx.Int32(0), seq)
-
-        sqb, sqm, sqh, _ = q.stride.unpack()
-        skb, skm, skh, _ = k.stride.unpack()
-        svb, svm, svh, _ = v.stride.unpack()
+        q_strides, k_strides, v_strides = q.stride.unpack(), k.stride.unpack(), v.stride.unpack()
         o_strides, l_strides = out.stride.unpack(), lse.stride.unpack()
-        sob, som, soh = o_strides[-4], o_strides[-3], o_strides[-2]
-        slb, slh, slm = l_strides[-3:]
-        o_base, l_base = fx.get_iter(out), fx.get_iter(lse)
-        if const_expr(PARTIAL):   # the split's slice of the partials
-            o_base = o_base + fx.Int64(split) * fx.Int64(o_strides[0])
-            l_base = l_base + fx.Int64(split) * fx.Int64(l_strides[0])
+        if const_expr(VARLEN):
+            mq_all, heads, _ = q.shape.unpack()
+            mk_all, kv_heads, _ = k.shape.unpack()
+        else:
+            _, mq_all, heads, _ = q.shape.unpack()
+            _, mk_all, kv_heads, _ = k.shape.unpack()   # decode: mk_all is the page size
+        group = heads // kv_heads
+        if const_expr(DECODE):
+            splits = out.shape.unpack()[0]
+            seq = fx.block_idx.z // splits
+            split = fx.block_idx.z % splits
+        else:
+            seq = fx.block_idx.z
+            split = fx.Int32(0)
+            splits = fx.Int32(1)
+
+        # -- the sequence: first query / key rows, lengths, and the 64-bit bases of its slices
+        if const_expr(VARLEN):
+            sq_view, sk_view = view(fx.get_iter(seq_q), 1, fx.Int32), view(fx.get_iter(seq_k), 1, fx.Int32)
+            q_start, k_start = uniform(g_scalar(sq_view, seq)), uniform(g_scalar(sk_view, seq))
+            mq = uniform(g_scalar(sq_view, seq + 1)) - q_start
+            mk = uniform(g_scalar(sk_view, seq + 1)) - k_start
+            sqm, sqh = q_strides[0], q_strides[1]
+            skm, skh = k_strides[0], k_strides[1]
+            svm, svh = v_strides[0], v_strides[1]
+            som, soh = o_strides[0], o_strides[1]
+            slh, slm = l_strides[0], l_strides[1]
+            q_base, o_base = base(q, (q_start, sqm)), base(out, (q_start, som))
+            k_base, v_base = base(k, (k_start, skm)), base(v, (k_start, svm))
+            l_base = base(lse, (q_start, slm))
+        else:
+            mq = mq_all
+            if const_expr(DECODE):
+                mk = uniform(g_scalar(view(fx.get_iter(seq_k), 1, fx.Int32), seq))
+            else:
+                mk = mk_all
+            sqm, sqh = q_strides[1], q_strides[2]
+            skm, skh = k_strides[1], k_strides[2]
+            svm, svh = v_strides[1], v_strides[2]
+            som, soh = o_strides[-3], o_strides[-2]
+            slh, slm = l_strides[-2], l_strides[-1]
+            q_base = base(q, (seq, q_strides[0]))
+            k_base, v_base = base(k, (seq, k_strides[0])), base(v, (seq, v_strides[0]))
+            o_base = base(out, (seq, o_strides[-4]))
+            l_base = base(lse, (seq, l_strides[-3]))
+            if const_expr(DECODE):   # the split's slice of the partials
+                o_base = o_base + fx.Int64(split) * fx.Int64(o_strides[0])
+                l_base = l_base + fx.Int64(split) * fx.Int64(l_strides[0])
         # offsets inside a slice are 32-bit (slices stay under SLICE_BYTES)
         sqm, sqh, skm, skh = fx.Int32(sqm), fx.Int32(sqh), fx.Int32(skm), fx.Int32(skh)
         svm, svh, som, soh = fx.Int32(svm), fx.Int32(svh), fx.Int32(som), fx.Int32(soh)
         slh, slm = fx.Int32(slh), fx.Int32(slm)
-        q_view = view(fx.get_iter(q) + fx.Int64(batch) * fx.Int64(sqb) + fx.Int64(q_start) * fx.Int64(sqm), 4, elem)
-        k_view = view(fx.get_iter(k) + fx.Int64(batch) * fx.Int64(skb) + fx.Int64(k_start) * fx.Int64(skm), 8, elem)
-        v_view = view(fx.get_iter(v) + fx.Int64(batch) * fx.Int64(svb) + fx.Int64(k_start) * fx.Int64(svm), 8, elem)
-        o_view = view(o_base + fx.Int64(batch) * fx.Int64(sob) + fx.Int64(q_start) * fx.Int64(som),
-                      OUT_VEC, out_elem)
-        l_view = view(l_base + fx.Int64(batch) * fx.Int64(slb) + fx.Int64(q_start) * fx.Int64(slm),
-                      1, fx.Float32)
+        q_view = view(q_base, 4, elem)
+        k_view, v_view = view(k_base, 8, elem), view(v_base, 8, elem)
+        o_view = view(o_base, OUT_VEC, out_elem)
+        l_view = view(l_base, 1, fx.Float32)
+        if const_expr(DECODE):
+            # the block table, bounded by its own bytes (a contiguous cache passes a placeholder)
+            t_rows, t_cols = table.shape.unpack()
+            t_stride = table.stride.unpack()[0]
+            table_view = view(fx.get_iter(table), 1, fx.Int32,
+                              (fx.Int64(t_rows - 1) * fx.Int64(t_stride) + fx.Int64(t_cols)) * 4)
+            table_row = seq * fx.Int32(t_stride)
+            is_paged = paged != 0
 
         # -- this lane's row: query m of q head h
         row0 = fx.block_idx.x * BM
@@ -227,18 +267,27 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
         m = row // group
         h = hk * group + row % group
         row_ok = m < mq
-        diag_shift = (bottom_right != 0).select(mk - mq, fx.Int32(0))
-        diag = m + diag_shift
+        diag = m + (mk - mq)         # the row's key on the bottom-right diagonal
+        row_lo, row_hi = fx.Int32(0), mk   # the keys [row_lo, row_hi) the row sees
+        if const_expr(LEFT):
+            row_lo = fx.max(diag - window_left, fx.Int32(0))
+        if const_expr(RIGHT):
+            row_hi = fx.min(diag + window_right + 1, mk)
+        row_span = fx.Uint32(fx.max(row_hi - row_lo, fx.Int32(0)))
 
-        # -- the KV tiles some row of the block can see
+        # -- the KV tiles some row of the block can see, cut into the block's split
         m_first = row0 // group
         m_last = fx.min((row0 + (BM - 1)) // group, mq - 1)
-        kv_lo = fx.max(m_first + diag_shift - window_left, fx.Int32(0))
-        kv_hi = fx.min(m_last + diag_shift + window_right + 1, mk)
+        kv_lo = fx.Int32(0)
+        kv_hi = mk
+        if const_expr(LEFT):
+            kv_lo = fx.max(m_first + (mk - mq) - window_left, fx.Int32(0))
+        if const_expr(RIGHT):
+            kv_hi = fx.min(m_last + (mk - mq) + window_right + 1, mk)
         kv_hi = (m_first < mq).select(kv_hi, fx.Int32(0))
         t_first = kv_lo // BN
         t_last = fx.max((kv_hi + (BN - 1)) // BN, t_first)
-        per_split = (t_last - t_first + (num_splits - 1)) // num_splits
+        per_split = (t_last - t_first + (splits - 1)) // splits
         t_begin = uniform(fx.min(t_first + split * per_split, t_last))
         t_end = uniform(fx.min(t_begin + per_split, t_last))
 
@@ -262,26 +311,25 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
         v_regs = [fx.make_rmem_tensor(8, elem) for _ in range_constexpr(CHUNKS)]
 
         def load_tile(t):
-            key0 = t * BN
-            if const_expr(PAGED):
-                # a tile lies in one page (page_size % block_n == 0, or one page per sequence)
-                page = uniform(fx.memref_load_vec(g_load(table_view, key0 // mk_all, 1, fx.Int32))[0])
-                in_page = key0 % mk_all
-                k_tile = view(fx.get_iter(k) + fx.Int64(page) * fx.Int64(skb) + fx.Int64(in_page) * fx.Int64(skm),
-                              8, elem)
-                v_tile = view(fx.get_iter(v) + fx.Int64(page) * fx.Int64(svb) + fx.Int64(in_page) * fx.Int64(svm),
-                              8, elem)
-                first = fx.Int32(0)
-            else:
-                k_tile, v_tile, first = k_view, v_view, key0
             for c in range_constexpr(CHUNKS):
                 chunk = tid + c * THREADS
-                r = chunk // CPR
-                ok = key0 + r < mk
-                jk = fx.Int32(((first + r) * skm + hk * skh + (chunk % CPR) * 8) // 8)
-                jv = fx.Int32(((first + r) * svm + hk * svh + (chunk % CPR) * 8) // 8)
-                g_load(k_tile, ok.select(jk, fx.Int32(OOB8)), 8, elem, into=k_regs[c])
-                g_load(v_tile, ok.select(jv, fx.Int32(OOB8)), 8, elem, into=v_regs[c])
+                key = t * BN + chunk // CPR
+                ok = key < mk
+                k_pass, v_pass, at = k_view, v_view, key
+                if const_expr(DECODE):
+                    # A wave's rows of one pass (64 / CPR <= 8 consecutive keys) lie in one
+                    # 16-key block, so in one page: the page, its base and its descriptor are
+                    # wave-uniform. Contiguous: page b is the sequence's row of the cache.
+                    slot = is_paged.select(uniform(key) // mk_all, fx.Int32(0))
+                    entry = is_paged.select(table_row + fx.min(slot, t_cols - 1), fx.Int32(OOB1))
+                    page = is_paged.select(uniform(g_scalar(table_view, entry)), seq)
+                    k_pass = view(base(k, (page, k_strides[0])), 8, elem)
+                    v_pass = view(base(v, (page, v_strides[0])), 8, elem)
+                    at = key - slot * mk_all
+                jk = fx.Int32((at * skm + hk * skh + (chunk % CPR) * 8) // 8)
+                jv = fx.Int32((at * svm + hk * svh + (chunk % CPR) * 8) // 8)
+                g_load(k_pass, ok.select(jk, fx.Int32(OOB8)), 8, elem, into=k_regs[c])
+                g_load(v_pass, ok.select(jv, fx.Int32(OOB8)), 8, elem, into=v_regs[c])
 
         def store_tile():
             for c in range_constexpr(CHUNKS):
@@ -314,15 +362,17 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
             load_tile(t + 1)             # in flight during this tile's math (past Mk: zeros)
             kv0 = t * BN
 
-            # S^T tiles: lane holds keys kv0 + 16 j + 4 quad + i (i < 4) of its row
+            # S^T tiles: lane holds keys kv0 + 16 j + 4 quad + i (i < 4) of its row. A key is
+            # visible when key - row_lo < row_span as unsigned: one compare per score (three
+            # compares each kept 16 mask pairs live and spilled SGPRs)
+            rel0 = kv0 + quad * 4 - row_lo
             s = []
             for j in range_constexpr(N_TILES):
                 acc = fx.Vector.filled(4, 0.0, fx.Float32)
                 for kk in range_constexpr(D_TILES):
                     acc = mma(lds_frag(k_lds4, (j * MMA + col) * (K_ROW // 4) + kk * 4 + quad), q_frag[kk], acc)
                 for i in range_constexpr(4):
-                    key = kv0 + j * MMA + quad * 4 + i
-                    ok = (key < mk) & (key >= diag - window_left) & (key <= diag + window_right)
+                    ok = fx.Uint32(rel0 + (j * MMA + i)) < row_span
                     s.append(ok.select(acc[i] * scale_log2, neg_inf))
 
             # online softmax: the row's max over this tile, across the 4 lanes of the row
@@ -362,7 +412,7 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
         for dt in range_constexpr(D_TILES):
             o = fx.memref_load_vec(o_acc[dt]) * inv
             o_idx = fx.Int32((m * som + h * soh + dt * MMA + quad * 4) // 4)
-            g_store(o_view, row_ok.select(o_idx, fx.Int32(OOB4)), o.to(out_elem), OUT_VEC, out_elem)
+            g_store(o_view, row_ok.select(o_idx, fx.Int32(OOB_OUT)), o.to(out_elem), OUT_VEC, out_elem)
         lse_val = seen.select((stats[0] + fx.Float32(log2_hw(T.f32, total.ir_value()))) * LN2, neg_inf)
         l_idx = fx.Int32(h * slh + m * slm)
         g_store(l_view, (row_ok & (quad == 0)).select(l_idx, fx.Int32(OOB1)),
@@ -449,11 +499,15 @@ def make_merge_kernel(*, partial_dtype: str, dtype: str, waves: int):
 CUS = {"gfx942": 304, "gfx950": 256}  # MI300X, MI355X
 
 
-def grid_for(q, k, seq_q, max_seqlen_q, num_splits, rows):
-    """(row tiles of the longest sequence, KV heads, sequences x splits), inside a @flyc.jit."""
-    batch, _, heads, _ = q.shape.unpack()
-    _, _, kv_heads, _ = k.shape.unpack()
-    n_seq = seq_q.shape.unpack()
-    seqs = (n_seq > 0).select(n_seq - 1, batch)
-    group = heads // kv_heads
-    return ((max_seqlen_q * group + (rows - 1)) // rows, kv_heads, seqs * num_splits)
+def grid_for(q, k, seqstart_q, rows, varlen: bool):
+    """Prefill: (row tiles of q's rows, KV heads, sequences), inside a @flyc.jit. Packed
+    sequences size the row tiles by all of q's rows (the longest sequence is not known on the
+    host): the blocks past a sequence's end skip its keys and store nothing."""
+    if varlen:
+        m, heads, _ = q.shape.unpack()
+        _, kv_heads, _ = k.shape.unpack()
+        seqs = seqstart_q.shape.unpack() - 1
+    else:
+        seqs, m, heads, _ = q.shape.unpack()
+        _, _, kv_heads, _ = k.shape.unpack()
+    return ((m * (heads // kv_heads) + (rows - 1)) // rows, kv_heads, seqs)
