@@ -54,9 +54,8 @@ V_PAD = 4  # elements after each Vt row: 8-byte aligned reads, rows on different
 WINDOW_NONE = 1 << 30
 # Size of every buffer descriptor; an offset at or past it reads 0 and drops stores.
 SLICE_BYTES = 1 << 30
-# merge: a lane holds MERGE_VEC elements of a row, a wave MERGE_MAX_DIM
+# merge: a lane holds MERGE_VEC elements of an aligned row per pass
 MERGE_VEC = 4
-MERGE_MAX_DIM = WAVE * MERGE_VEC
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 HEAD_DIMS = (64, 128, 256)
@@ -421,9 +420,16 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
     return attention, BM, THREADS
 
 
-def make_merge_kernel(*, partial_dtype: str, dtype: str, waves: int):
-    """The ``@flyc.kernel`` merge(parts, lses, out, lse) (see merge_attentions_flydsl.py) and its
-    rows (waves) per block; launch on ceil(B * M * H / waves) blocks of 64 * waves threads."""
+def make_merge_kernel(*, dtype: str, out_dtype: str, aligned: bool, waves: int):
+    """The ``@flyc.kernel`` merge(parts, lses, out, lse) of merge_attentions_flydsl.py and its rows
+    (waves) per block; launch on ceil(B * M * H / waves) blocks of 64 * waves threads.
+
+    One wave merges one (b, m, h) row, in passes over D of 64 lanes x ``vec`` elements (4 when
+    ``aligned``: rows 16-byte aligned and D % 4 == 0; else 1), folding the splits in order with a
+    running max (each partial read once). Every (row, split) slice has its own buffer descriptor
+    of exactly D elements, from a 64-bit address: lanes past D read zeros and store nothing, the
+    tensors have no size limit, and an empty split (lse -inf) gets a descriptor of 0 bytes, so
+    whatever its partial holds reads as zeros."""
     import flydsl.compiler as flyc
     import flydsl.expr as fx
     from flydsl.expr import T, arith
@@ -435,12 +441,18 @@ def make_merge_kernel(*, partial_dtype: str, dtype: str, waves: int):
 
     WAVES = waves
     THREADS = WAVE * WAVES
-    in_t, out_t = rw.elem_type(partial_dtype), rw.elem_type(dtype)
-    name = f"mslk_merge_attentions_{partial_dtype}_{dtype}_w{WAVES}"
+    VEC = MERGE_VEC if aligned else 1
+    in_t, out_t = rw.elem_type(dtype), rw.elem_type(out_dtype)
+    name = f"mslk_merge_attentions_{dtype}_{out_dtype}_v{VEC}_w{WAVES}"
 
-    def row_view(base, nbytes, vec, dt):
+    def row_view(base, nbytes, dt):
         buf = fx.rocdl.make_buffer_ptr(base, num_records_bytes=nbytes)
-        return fx.logical_divide(fx.make_view(buf, fx.make_layout(MERGE_MAX_DIM, 1)), fx.make_layout(vec, 1))
+        n = SLICE_BYTES // (dt.width // 8)
+        return fx.logical_divide(fx.make_view(buf, fx.make_layout(n, 1)), fx.make_layout(VEC, 1))
+
+    def scalar_view(base, nbytes):
+        buf = fx.rocdl.make_buffer_ptr(base, num_records_bytes=nbytes)
+        return fx.logical_divide(fx.make_view(buf, fx.make_layout(1, 1)), fx.make_layout(1, 1))
 
     @flyc.kernel(name=name, known_block_size=[THREADS, 1, 1])
     def merge_kernel(parts: fx.Tensor, lses: fx.Tensor, out: fx.Tensor, lse: fx.Tensor):
@@ -455,48 +467,46 @@ def make_merge_kernel(*, partial_dtype: str, dtype: str, waves: int):
         ps, ls, os_, lo = parts.stride.unpack(), lses.stride.unpack(), out.stride.unpack(), lse.stride.unpack()
         part_row = fx.Int64(b) * fx.Int64(ps[1]) + fx.Int64(m) * fx.Int64(ps[2]) + fx.Int64(h) * fx.Int64(ps[3])
         lse_row = fx.Int64(b) * fx.Int64(ls[1]) + fx.Int64(h) * fx.Int64(ls[2]) + fx.Int64(m) * fx.Int64(ls[3])
+        out_row = fx.Int64(b) * fx.Int64(os_[0]) + fx.Int64(m) * fx.Int64(os_[1]) + fx.Int64(h) * fx.Int64(os_[2])
         row_bytes = ok.select(fx.Int64(dim) * (in_t.width // 8), fx.Int64(0))
         lse_bytes = ok.select(fx.Int64(4), fx.Int64(0))
+        ov = row_view(fx.get_iter(out) + out_row, ok.select(fx.Int64(dim) * (out_t.width // 8), fx.Int64(0)), out_t)
         neg_inf = fx.Float32(float("-inf"))
 
-        acc = fx.make_rmem_tensor(MERGE_VEC, fx.Float32)
-        acc.fill(0.0)
+        acc = fx.make_rmem_tensor(VEC, fx.Float32)
         stats = fx.make_rmem_tensor(2, fx.Float32)   # running max (log2 units), running sum
-        stats[0] = neg_inf
-        stats[1] = fx.Float32(0.0)
-        for s in range(0, splits, 1):
-            lv = row_view(fx.get_iter(lses) + fx.Int64(s) * fx.Int64(ls[0]) + lse_row, lse_bytes, 1, fx.Float32)
-            pv = row_view(fx.get_iter(parts) + fx.Int64(s) * fx.Int64(ps[0]) + part_row, row_bytes, MERGE_VEC, in_t)
-            l_s = rw.load(lv, fx.Int32(0), 1)[0] * LOG2E
-            o_s = rw.load(pv, lane, MERGE_VEC).to(fx.Float32)
-            m_old = stats[0]
-            m_new = fx.max(m_old, l_s)
-            m_use = (m_new == neg_inf).select(fx.Float32(0.0), m_new)
-            with fastmath(arith.FastMathFlags.afn):
-                keep = fmath.exp2(m_old - m_use)
-                weight = fmath.exp2(l_s - m_use)
-            fx.memref_store_vec(fx.memref_load_vec(acc) * keep + o_s * weight, acc)
-            stats[0] = m_new
-            stats[1] = stats[1] * keep + weight
+        for chunk in range(0, (dim + (WAVE * VEC - 1)) // (WAVE * VEC), 1):
+            acc.fill(0.0)
+            stats[0] = neg_inf
+            stats[1] = fx.Float32(0.0)
+            for s in range(0, splits, 1):
+                lv = scalar_view(fx.get_iter(lses) + fx.Int64(s) * fx.Int64(ls[0]) + lse_row, lse_bytes)
+                l_s = rw.load(lv, fx.Int32(0), 1)[0] * LOG2E
+                live = row_bytes * (l_s != neg_inf).select(fx.Int64(1), fx.Int64(0))
+                pv = row_view(fx.get_iter(parts) + fx.Int64(s) * fx.Int64(ps[0]) + part_row, live, in_t)
+                o_s = rw.load(pv, chunk * WAVE + lane, VEC).to(fx.Float32)
+                m_old = stats[0]
+                m_new = fx.max(m_old, l_s)
+                m_use = (m_new == neg_inf).select(fx.Float32(0.0), m_new)
+                with fastmath(arith.FastMathFlags.afn):
+                    keep = fmath.exp2(m_old - m_use)
+                    weight = fmath.exp2(l_s - m_use)
+                fx.memref_store_vec(fx.memref_load_vec(acc) * keep + o_s * weight, acc)
+                stats[0] = m_new
+                stats[1] = stats[1] * keep + weight
+            total = stats[1]
+            inv = (total > fx.Float32(0.0)).select(fx.Float32(fx.rocdl.rcp(T.f32, total)), fx.Float32(0.0))
+            rw.store(ov, chunk * WAVE + lane, (fx.memref_load_vec(acc) * inv).to(out_t), VEC)
 
+        # the row's LSE, from the last pass's statistics (every pass sees the same splits)
         total = stats[1]
-        seen = total > fx.Float32(0.0)
-        inv = seen.select(fx.Float32(fx.rocdl.rcp(T.f32, total)), fx.Float32(0.0))
-        out_row = (fx.Int64(b) * fx.Int64(os_[0]) + fx.Int64(m) * fx.Int64(os_[1])
-                   + fx.Int64(h) * fx.Int64(os_[2]))
-        ov = row_view(fx.get_iter(out) + out_row, ok.select(fx.Int64(dim) * (out_t.width // 8), fx.Int64(0)),
-                      MERGE_VEC, out_t)
-        rw.store(ov, lane, (fx.memref_load_vec(acc) * inv).to(out_t), MERGE_VEC)
-        lse_out = (fx.Int64(b) * fx.Int64(lo[0]) + fx.Int64(h) * fx.Int64(lo[1]) + fx.Int64(m) * fx.Int64(lo[2]))
-        lv_out = row_view(fx.get_iter(lse) + lse_out, (ok & (lane == 0)).select(fx.Int64(4), fx.Int64(0)),
-                          1, fx.Float32)
-        lse_val = seen.select((stats[0] + fx.Float32(log2_hw(T.f32, total.ir_value()))) * LN2, neg_inf)
+        lse_val = (total > fx.Float32(0.0)).select(
+            (stats[0] + fx.Float32(log2_hw(T.f32, total.ir_value()))) * LN2, neg_inf)
+        lse_out = fx.Int64(b) * fx.Int64(lo[0]) + fx.Int64(h) * fx.Int64(lo[1]) + fx.Int64(m) * fx.Int64(lo[2])
+        lv_out = scalar_view(fx.get_iter(lse) + lse_out, (ok & (lane == 0)).select(fx.Int64(4), fx.Int64(0)))
         rw.store(lv_out, fx.Int32(0), fx.Vector.from_elements([lse_val], fx.Float32), 1)
 
     return merge_kernel, WAVES
-
-
-CUS = {"gfx942": 304, "gfx950": 256}  # MI300X, MI355X
 
 
 def grid_for(q, k, seqstart_q, rows, varlen: bool):

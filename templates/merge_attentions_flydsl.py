@@ -1,27 +1,23 @@
-"""merge_attentions on ROCm (FlyDSL): the exact log-sum-exp merge of attention partials.
+"""merge_attentions on ROCm (FlyDSL): the exact log-sum-exp merge of partial attentions.
 
-Calling convention: kernel(parts, lses, out, lse)
-  parts [S, B, M, H, D] (fp32, bf16 or fp16: the partial_dtype), lses [S, B, H, M] fp32 (natural
-  log; -inf for a partial that saw no key), out [B, M, H, D] (dtype), lse [B, H, M] fp32:
-    lse = log(sum_s exp(lses[s]))      out = sum_s exp(lses[s] - lse) * parts[s]
-  A row whose partials are all -inf gets out = 0 and lse = -inf. Strides are free except the last
-  (contiguous) and a multiple of 4 elements; D <= 256 and D % 4 == 0. All sizes are dynamic.
-
-One wave merges one (b, m, h) row: lane l holds elements [4 l, 4 l + 4) of D, and the splits are
-folded in order with a running max, so each partial is read once (online softmax over splits).
-Every (row, split) slice has its own buffer descriptor of exactly D elements, from a 64-bit
-address: lanes past D read zeros and store nothing, and no size limit applies to the tensors.
+Calling convention (the op's, see mslk_dsl/ops/attention_decode.py): kernel(parts, lses, out, lse)
+  parts [S, B, M, H, D] (fp32, bf16 or fp16), lses [S, B, H, M] fp32 (natural log; -inf for a
+  partial that saw no key, whatever its out holds), out [B, M, H, D] of the partials' dtype,
+  lse [B, H, M] fp32:
+    lse = log(sum_s exp(lses[s]))      out = sum_s exp(lses[s] - lse) * parts[s]  (fp32, rounded once)
+  A row whose partials are all -inf gets out = 0 and lse = -inf. Any strides with a unit last one;
+  every size is dynamic. ``aligned``: rows 16-byte aligned and D % 4 == 0 (4 elements per load),
+  else one element per load.
+Kernel: make_merge_kernel in templates/_flydsl_attention.py (the decode template launches it too).
 """
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
 
 from mslk_dsl.templates import _flydsl_attention as attn
 
-OUT_DTYPES = ("bfloat16", "float16", "float32")
-# Partials in fp32, as the split attention kernels write them.
-PARTIAL_DTYPES = ("float32",)
+DTYPES = ("float32", "bfloat16", "float16")
 TARGETS = ("gfx942", "gfx950")
-
+# Rows (one per wave) per work-group.
 CONFIGS = [dict(waves=4), dict(waves=8)]
 
 
@@ -34,8 +30,8 @@ def build(config, target, sig):
     import flydsl.compiler as flyc
     import flydsl.expr as fx
 
-    merge_kernel, rows = attn.make_merge_kernel(partial_dtype=sig["partial_dtype"], dtype=sig["dtype"],
-                                                waves=config["waves"])
+    merge_kernel, rows = attn.make_merge_kernel(dtype=sig["dtype"], out_dtype=sig["dtype"],
+                                                aligned=bool(sig["aligned"]), waves=config["waves"])
     threads = attn.WAVE * rows
 
     @flyc.jit
@@ -45,13 +41,14 @@ def build(config, target, sig):
         merge_kernel(parts, lses, out, lse).launch(grid=((batch * mq * heads + (rows - 1)) // rows, 1, 1),
                                                    block=(threads, 1, 1), stream=stream)
 
-    parts = torch.empty(3, 2, 5, 4, 128, dtype=getattr(torch, sig["partial_dtype"]))
-    return merge_attentions, (parts, torch.empty(3, 2, 4, 5), torch.empty(2, 5, 4, 128, dtype=getattr(torch, sig["dtype"])),
-                              torch.empty(2, 4, 5))
+    t = getattr(torch, sig["dtype"])
+    d = 128 if sig["aligned"] else 129
+    return merge_attentions, (torch.empty(3, 2, 5, 4, d, dtype=t), torch.empty(3, 2, 4, 5),
+                              torch.empty(2, 5, 4, d, dtype=t), torch.empty(2, 4, 5))
 
 
 TEMPLATE = Template(op="merge_attentions", backend="flydsl", targets=TARGETS,
-                    signatures={"dtype": OUT_DTYPES, "partial_dtype": PARTIAL_DTYPES},
+                    signatures={"dtype": DTYPES, "aligned": (True, False)},
                     configs=CONFIGS, heuristic=_heuristic, build=build,
                     block_threads=lambda config: attn.WAVE * config["waves"],
                     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)
