@@ -176,6 +176,11 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
     def uniform(x):
         return fx.Int32(fx.rocdl.readfirstlane(T.i32, fx.Int32(x)))
 
+    def fmax(a, b):
+        # maxnum (v_max_f32): scores are never NaN for finite inputs, and fx.max's NaN-propagating
+        # maximum costs a compare and a select per call
+        return fx.Float32(fx.arith.maxnumf(a, b))
+
     def base(tensor, *index_strides):
         """The tensor's address plus sum(index * stride), in 64 bits."""
         addr = fx.get_iter(tensor)
@@ -377,11 +382,11 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
             # online softmax: the row's max over this tile, across the 4 lanes of the row
             mx = s[0]
             for x in s[1:]:
-                mx = fx.max(mx, x)
-            mx = fx.max(mx, mx.shuffle_xor(16, WAVE))
-            mx = fx.max(mx, mx.shuffle_xor(32, WAVE))
+                mx = fmax(mx, x)
+            mx = fmax(mx, mx.shuffle_xor(16, WAVE))
+            mx = fmax(mx, mx.shuffle_xor(32, WAVE))
             m_old = stats[0]
-            m_new = fx.max(m_old, mx)
+            m_new = fmax(m_old, mx)
             m_use = (m_new == neg_inf).select(fx.Float32(0.0), m_new)   # no key seen yet
             with fastmath(arith.FastMathFlags.afn):
                 corr = fmath.exp2(m_old - m_use)
