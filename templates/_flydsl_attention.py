@@ -39,7 +39,7 @@ Out-of-range reads (rows past Mq or Mk, padding keys) come from buffer descripto
 zero, out-of-range stores are dropped: every size is dynamic. Offsets within one batch (or one
 varlen sequence's tensors) are 32-bit: a batch's slice of each tensor must stay under
 SLICE_BYTES. The last dim must be contiguous and every other stride a multiple of 8 elements
-(16-byte rows), the op layer checks both.
+(16-byte rows), the op layer checks both (decode's q may have any strides: it is read once).
 
 flydsl is imported lazily inside the builders; config values reach the kernel as closure
 scalars, which FlyDSL's cache key covers.
@@ -101,8 +101,8 @@ def dsl_type(dtype: str):
 MASKS = ("none", "causal", "local")
 
 
-def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int, mask: str = "local",
-                          varlen: bool = False, decode: bool = False):
+def make_attention_kernel(*, target: str, dtype: str, head_dim: int, waves: int, block_n: int,
+                          mask: str = "local", varlen: bool = False, decode: bool = False):
     """The ``@flyc.kernel`` and its launch geometry (rows per block, threads per block).
 
     Kernel arguments: (q, k, v, out, lse, seq_q, seq_k, table, scale, window_left, window_right,
@@ -126,6 +126,12 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
     D, BN, W = head_dim, block_n, waves
     THREADS, BM = WAVE * W, MMA * W
     D_TILES, N_TILES = D // MMA, BN // MMA
+    # gfx950's v_mfma_f32_16x16x32 takes 8 elements per lane (twice the K of gfx942's 16x16x16,
+    # at twice the rate): QK^T steps 32 head-dim values; PV pairs two 16-key tiles (see below)
+    WIDE = target == "gfx950"
+    MMA_K = 32 if WIDE else 16
+    LANE_K = MMA_K // 4              # elements of one operand per lane
+    K_STEPS = D // MMA_K
     CPR = D // 8                     # 16-byte chunks per K / V row
     CHUNKS = BN * CPR // THREADS     # chunks per thread per operand and tile
     K_ROW, V_ROW = D + K_PAD, BN + V_PAD
@@ -135,9 +141,10 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
     elem = dsl_type(dtype)
     out_elem = fx.Float32 if DECODE else elem
     OUT_VEC = 4
-    OOB4 = SLICE_BYTES // 8          # a 4-element (8-byte) index past every descriptor
-    OOB8 = SLICE_BYTES // 16
+    OOB8 = SLICE_BYTES // 16         # an 8-element (16-byte) index past every descriptor
     OOB1 = SLICE_BYTES // 4
+    OOB2 = SLICE_BYTES // 2
+    OOB_Q = SLICE_BYTES // (LANE_K * elem.width // 8)
     OOB_OUT = SLICE_BYTES // (OUT_VEC * out_elem.width // 8)
     kind = "decode" if DECODE else ("varlen" if VARLEN else "fwd")
     name = f"mslk_attention_{kind}_{mask}_{dtype}_d{D}_w{W}_n{BN}"
@@ -167,11 +174,17 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
         fx.copy(fx.make_copy_atom(fx.rocdl.BufferCopy(vec * dt.width), dt.width), r, fx.slice(v, (None, j)))
 
     def mma(a, b, c):
+        if WIDE:
+            op = fx.rocdl.mfma_f32_16x16x32_bf16 if BF16 else fx.rocdl.mfma_f32_16x16x32_f16
+            return fx.Vector(op(T.vec(4, T.f32), [a, b, c]))
         a, b = a.bitcast(fx.Int16), b.bitcast(fx.Int16)
         if BF16:
             return fx.Vector(fx.rocdl.mfma_f32_16x16x16bf16_1k(T.vec(4, T.f32), [a, b, c]))
         return fx.Vector(fx.rocdl.mfma_f32_16x16x16f16(T.vec(4, T.f32), [a.bitcast(fx.Float16),
                                                                         b.bitcast(fx.Float16), c]))
+
+    def concat(a, b):
+        return fx.Vector.from_elements([a[i] for i in range(len(a))] + [b[i] for i in range(len(b))], elem)
 
     def uniform(x):
         return fx.Int32(fx.rocdl.readfirstlane(T.i32, fx.Int32(x)))
@@ -252,7 +265,7 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
         sqm, sqh, skm, skh = fx.Int32(sqm), fx.Int32(sqh), fx.Int32(skm), fx.Int32(skh)
         svm, svh, som, soh = fx.Int32(svm), fx.Int32(svh), fx.Int32(som), fx.Int32(soh)
         slh, slm = fx.Int32(slh), fx.Int32(slm)
-        q_view = view(q_base, 4, elem)
+        q_view, q_view1 = view(q_base, LANE_K, elem), view(q_base, 1, elem)
         k_view, v_view = view(k_base, 8, elem), view(v_base, 8, elem)
         o_view = view(o_base, OUT_VEC, out_elem)
         l_view = view(l_base, 1, fx.Float32)
@@ -297,9 +310,17 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
 
         # -- Q^T as the B operand of S^T = K Q^T, in registers for the whole loop
         q_frag = []
-        for kk in range_constexpr(D_TILES):
-            q_idx = fx.Int32((m * sqm + h * sqh + kk * MMA + quad * 4) // 4)
-            q_frag.append(fx.memref_load_vec(g_load(q_view, row_ok.select(q_idx, fx.Int32(OOB4)), 4, elem)))
+        for kk in range_constexpr(K_STEPS):
+            q_at = m * sqm + h * sqh + kk * MMA_K + quad * LANE_K
+            if const_expr(DECODE):
+                # decode takes q with any strides: 2-byte loads (once per block)
+                q_elems = [g_load(q_view1, row_ok.select(q_at + e, fx.Int32(OOB2)), 1, elem)
+                           for e in range_constexpr(LANE_K)]
+                q_frag.append(fx.Vector.from_elements([fx.memref_load_vec(x)[0] for x in q_elems], elem))
+            else:
+                q_idx = fx.Int32(q_at // LANE_K)
+                q_frag.append(fx.memref_load_vec(g_load(q_view, row_ok.select(q_idx, fx.Int32(OOB_Q)), LANE_K,
+                                                        elem)))
 
         lds = fx.SharedAllocator().allocate(Smem).peek()
         k_lds = fx.make_view(lds.k.ptr, fx.make_layout(BN * K_ROW, 1))
@@ -349,6 +370,11 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
             fx.copy(lds_copy64, fx.slice(v4, (None, j)), r)
             return fx.memref_load_vec(r)
 
+        def lds_frag8(v8, j):
+            r = fx.make_rmem_tensor(8, elem)
+            fx.copy(lds_copy128, fx.slice(v8, (None, j)), r)
+            return fx.memref_load_vec(r)
+
         o_acc = [fx.make_rmem_tensor(4, fx.Float32) for _ in range_constexpr(D_TILES)]
         for dt in range_constexpr(D_TILES):
             o_acc[dt].fill(0.0)
@@ -373,8 +399,12 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
             s = []
             for j in range_constexpr(N_TILES):
                 acc = fx.Vector.filled(4, 0.0, fx.Float32)
-                for kk in range_constexpr(D_TILES):
-                    acc = mma(lds_frag(k_lds4, (j * MMA + col) * (K_ROW // 4) + kk * 4 + quad), q_frag[kk], acc)
+                for kk in range_constexpr(K_STEPS):
+                    if const_expr(WIDE):
+                        k_part = lds_frag8(k_lds8, (j * MMA + col) * (K_ROW // 8) + kk * 4 + quad)
+                    else:
+                        k_part = lds_frag(k_lds4, (j * MMA + col) * (K_ROW // 4) + kk * 4 + quad)
+                    acc = mma(k_part, q_frag[kk], acc)
                 for i in range_constexpr(4):
                     ok = fx.Uint32(rel0 + (j * MMA + i)) < row_span
                     s.append(ok.select(acc[i] * scale_log2, neg_inf))
@@ -398,12 +428,19 @@ def make_attention_kernel(*, dtype: str, head_dim: int, waves: int, block_n: int
             stats[1] = stats[1] * corr + total
 
             # O^T = O^T * corr + Vt P^T; P^T's B layout is the scores' accumulator layout
-            p_frag = [fx.Vector.from_elements(p[4 * j:4 * j + 4], fx.Float32).to(elem)
-                      for j in range_constexpr(N_TILES)]
+            # wide: the K index 8 quad + i of step jj is key 32 jj + 4 quad + i, and 8 quad + 4 + i
+            # is key 32 jj + 16 + 4 quad + i: the lane's scores of tiles 2 jj and 2 jj + 1 in order
+            p_frag = [fx.Vector.from_elements(p[LANE_K * j:LANE_K * j + LANE_K], fx.Float32).to(elem)
+                      for j in range_constexpr(BN // MMA_K)]
             for dt in range_constexpr(D_TILES):
                 acc = fx.memref_load_vec(o_acc[dt]) * corr
-                for j in range_constexpr(N_TILES):
-                    acc = mma(lds_frag(vt_lds4, (dt * MMA + col) * (V_ROW // 4) + j * 4 + quad), p_frag[j], acc)
+                for j in range_constexpr(BN // MMA_K):
+                    v_at = (dt * MMA + col) * (V_ROW // 4) + quad
+                    if const_expr(WIDE):
+                        v_part = concat(lds_frag(vt_lds4, v_at + 8 * j), lds_frag(vt_lds4, v_at + 8 * j + 4))
+                    else:
+                        v_part = lds_frag(vt_lds4, v_at + 4 * j)
+                    acc = mma(v_part, p_frag[j], acc)
                 fx.memref_store_vec(acc, o_acc[dt])
 
         # -- epilogue: the row's sum across its 4 lanes, out = O / l, lse = ln(sum exp(s))

@@ -46,7 +46,7 @@ def build(config, target, sig):
     import flydsl.expr as fx
 
     dtype, d = sig["dtype"], sig["head_dim"]
-    kernel, rows, threads = attn.make_attention_kernel(dtype=dtype, head_dim=d, waves=config["waves"],
+    kernel, rows, threads = attn.make_attention_kernel(target=target, dtype=dtype, head_dim=d, waves=config["waves"],
                                                        block_n=config["block_n"], mask="causal", decode=True)
     merge, merge_rows = attn.make_merge_kernel(dtype="float32", out_dtype=dtype, aligned=True,
                                                waves=MERGE_WAVES)

@@ -60,7 +60,7 @@ def build(config, target, sig):
 
     varlen = config["varlen"]
     kernel, rows, threads = attn.make_attention_kernel(
-        dtype=sig["dtype"], head_dim=sig["head_dim"], waves=config["waves"], block_n=config["block_n"],
+        target=target, dtype=sig["dtype"], head_dim=sig["head_dim"], waves=config["waves"], block_n=config["block_n"],
         mask=config["mask"], varlen=varlen)
 
     @flyc.jit
