@@ -246,7 +246,7 @@ def make_attention_kernel(*, target: str, dtype: str, head_dim: int, waves: int,
         else:
             mq = mq_all
             if const_expr(DECODE):
-                mk = uniform(g_scalar(view(fx.get_iter(seq_k), 1, fx.Int32), seq))
+                mk = uniform(g_scalar(view(fx.get_iter(seq_k), 1, fx.Int32), seq * fx.Int32(seq_k.stride.unpack())))
             else:
                 mk = mk_all
             sqm, sqh = q_strides[1], q_strides[2]
@@ -272,10 +272,12 @@ def make_attention_kernel(*, target: str, dtype: str, head_dim: int, waves: int,
         if const_expr(DECODE):
             # the block table, bounded by its own bytes (a contiguous cache passes a placeholder)
             t_rows, t_cols = table.shape.unpack()
-            t_stride = table.stride.unpack()[0]
+            t_row_stride, t_col_stride = table.stride.unpack()
             table_view = view(fx.get_iter(table), 1, fx.Int32,
-                              (fx.Int64(t_rows - 1) * fx.Int64(t_stride) + fx.Int64(t_cols)) * 4)
-            table_row = seq * fx.Int32(t_stride)
+                              (fx.Int64(t_rows - 1) * fx.Int64(t_row_stride)
+                               + fx.Int64(t_cols - 1) * fx.Int64(t_col_stride) + 1) * 4)
+            table_row = seq * fx.Int32(t_row_stride)
+            t_col_stride = fx.Int32(t_col_stride)
             is_paged = paged != 0
 
         # -- this lane's row: query m of q head h
@@ -346,7 +348,7 @@ def make_attention_kernel(*, target: str, dtype: str, head_dim: int, waves: int,
                     # 16-key block, so in one page: the page, its base and its descriptor are
                     # wave-uniform. Contiguous: page b is the sequence's row of the cache.
                     slot = is_paged.select(uniform(key) // mk_all, fx.Int32(0))
-                    entry = is_paged.select(table_row + fx.min(slot, t_cols - 1), fx.Int32(OOB1))
+                    entry = is_paged.select(table_row + fx.min(slot, t_cols - 1) * t_col_stride, fx.Int32(OOB1))
                     page = is_paged.select(uniform(g_scalar(table_view, entry)), seq)
                     k_pass = view(base(k, (page, k_strides[0])), 8, elem)
                     v_pass = view(base(v, (page, v_strides[0])), 8, elem)

@@ -30,14 +30,18 @@ MERGE_WAVES = 4
 CONFIGS = tuple(dict(waves=4, block_n=n) for n in (32, 64))
 
 
-def _valid(config, target, sig):
+def _fits(config, target, sig):
     return target in TARGETS and attn.check_config(config, target, sig["head_dim"]) is None
 
 
 def _heuristic(target, sig, problem):
     """Four waves (256 threads move each KV tile) and the widest tile that fits."""
-    fits = [c for c in CONFIGS if c["waves"] == 4 and _valid(c, target, sig)]
-    return dict(max(fits, key=lambda c: c["block_n"]))
+    return dict(max((c for c in CONFIGS if _fits(c, target, sig)), key=lambda c: c["block_n"]))
+
+
+def _valid(config, target, sig):
+    # one kernel per (target, dtype, head dim): the heuristic's
+    return config == _heuristic(target, sig, {})
 
 
 def build(config, target, sig):

@@ -26,14 +26,20 @@ TARGETS = ("gfx942", "gfx950")
 BLOCK_N = (32, 64, 128)
 
 # Four waves (64 query rows per block); eight spilled with bf16, whose fp32 -> bf16 rounding is
-# VALU code on gfx942. Every KV tile width for every (mask family, dense / packed): ``valid``
-# keeps those that fit a head dim and target.
+# VALU code on gfx942. Every (mask family, dense / packed) with each KV tile width; ``valid``
+# keeps the widest tile that fits the head dim and target (fewer barriers and rescales per key),
+# so a (target, dtype, head dim) has six kernels, as many as the CuTe template's.
 CONFIGS = tuple(dict(waves=4, block_n=n, mask=mask, varlen=varlen)
                 for n in BLOCK_N for mask in attn.MASKS for varlen in (False, True))
 
 
+def _widest(target, head_dim) -> int:
+    return max(n for n in BLOCK_N if attn.check_config({"waves": 4, "block_n": n}, target, head_dim) is None)
+
+
 def _valid(config, target, sig):
-    return target in TARGETS and attn.check_config(config, target, sig["head_dim"]) is None
+    return (target in TARGETS and attn.check_config(config, target, sig["head_dim"]) is None
+            and config["block_n"] == _widest(target, sig["head_dim"]))
 
 
 def _wanted(problem) -> tuple[str, bool]:
@@ -46,11 +52,10 @@ def _serves(config, problem):
 
 
 def _heuristic(target, sig, problem):
-    """The widest KV tile that fits LDS and registers (fewer barriers and rescales per key):
+    """The call's mask family and layout with the widest KV tile that fits LDS and registers:
     128 keys at head dim 64 (and at 128 on gfx950), 64 at 128, 32 at 256."""
     mask, varlen = _wanted(problem)
-    fits = [c for c in CONFIGS if (c["mask"], c["varlen"]) == (mask, varlen) and _valid(c, target, sig)]
-    return dict(max(fits, key=lambda c: c["block_n"]))
+    return dict(waves=4, block_n=_widest(target, sig["head_dim"]), mask=mask, varlen=varlen)
 
 
 def build(config, target, sig):
