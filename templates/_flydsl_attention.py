@@ -20,11 +20,13 @@ computing the transposed scores, kernels/attention/flash_attn_generic.py):
 
   global --buffer_load_dwordx4--> registers (next tile, in flight during this tile's math)
          --ds_write--> LDS: K row-major, V transposed (Vt [D, block_n])
-  S^T = K Q^T     v_mfma_f32_16x16x16: A = K rows from LDS, B = Q from registers (loaded once)
+  S^T = K Q^T     MFMA: A = K rows from LDS, B = Q from registers (loaded once)
   online softmax  each lane holds 4 keys x 1 row of every 16 x 16 score tile, so a row's max
                   and sum are a lane's own values plus two cross-lane steps (lanes l ^ 16, ^ 32)
   O^T += Vt P^T   the scores' accumulator layout is exactly the B operand layout of the second
                   MFMA, so P goes from fp32 to bf16/fp16 in registers, never through LDS
+The MFMA is v_mfma_f32_16x16x16 on gfx942 and v_mfma_f32_16x16x32 on gfx950 (twice the K per
+instruction); both give the 16 x 16 fp32 tile the softmax works on.
 
 Keys a row may see, per sequence of Mq queries and Mk keys (the op layer's convention, see
 mslk_dsl/ops/attention.py): key j < Mk is visible to query i when
@@ -59,11 +61,9 @@ MERGE_VEC = 4
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 HEAD_DIMS = (64, 128, 256)
+# Mask families a kernel is built for (the attention op's, in its order).
+MASKS = ("none", "causal", "local")
 _DTYPES = {"bfloat16": "BFloat16", "float16": "Float16"}
-
-
-def rows_per_block(config) -> int:
-    return MMA * config["waves"]
 
 
 def threads_of(config) -> int:
@@ -96,9 +96,6 @@ def check_config(config, target: str, head_dim: int) -> str | None:
 def dsl_type(dtype: str):
     import flydsl.expr as fx
     return getattr(fx, _DTYPES[dtype])
-
-
-MASKS = ("none", "causal", "local")
 
 
 def make_attention_kernel(*, target: str, dtype: str, head_dim: int, waves: int, block_n: int,
