@@ -461,13 +461,13 @@ def make_attention_kernel(*, target: str, dtype: str, head_dim: int, waves: int,
     return attention, BM, THREADS
 
 
-def make_merge_kernel(*, dtype: str, out_dtype: str, aligned: bool, waves: int):
+def make_merge_kernel(*, dtype: str, out_dtype: str, waves: int):
     """The ``@flyc.kernel`` merge(parts, lses, out, lse) of merge_attentions_flydsl.py and its rows
     (waves) per block; launch on ceil(B * M * H / waves) blocks of 64 * waves threads.
 
-    One wave merges one (b, m, h) row, in passes over D of 64 lanes x ``vec`` elements (4 when
-    ``aligned``: rows 16-byte aligned and D % 4 == 0; else 1), folding the splits in order with a
-    running max (each partial read once). Every (row, split) slice has its own buffer descriptor
+    One wave merges one (b, m, h) row, in passes over D of 64 lanes x MERGE_VEC elements (rows
+    are 16-byte aligned multiples of 16 bytes), folding the splits in order with a running max
+    (each partial read once). Every (row, split) slice has its own buffer descriptor
     of exactly D elements, from a 64-bit address: lanes past D read zeros and store nothing, the
     tensors have no size limit, and an empty split (lse -inf) gets a descriptor of 0 bytes, so
     whatever its partial holds reads as zeros."""
@@ -482,9 +482,9 @@ def make_merge_kernel(*, dtype: str, out_dtype: str, aligned: bool, waves: int):
 
     WAVES = waves
     THREADS = WAVE * WAVES
-    VEC = MERGE_VEC if aligned else 1
+    VEC = MERGE_VEC
     in_t, out_t = rw.elem_type(dtype), rw.elem_type(out_dtype)
-    name = f"mslk_merge_attentions_{dtype}_{out_dtype}_v{VEC}_w{WAVES}"
+    name = f"mslk_merge_attentions_{dtype}_{out_dtype}_w{WAVES}"
 
     def row_view(base, nbytes, dt):
         buf = fx.rocdl.make_buffer_ptr(base, num_records_bytes=nbytes)

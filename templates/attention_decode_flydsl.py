@@ -52,8 +52,7 @@ def build(config, target, sig):
     dtype, d = sig["dtype"], sig["head_dim"]
     kernel, rows, threads = attn.make_attention_kernel(target=target, dtype=dtype, head_dim=d, waves=config["waves"],
                                                        block_n=config["block_n"], mask="causal", decode=True)
-    merge, merge_rows = attn.make_merge_kernel(dtype="float32", out_dtype=dtype, aligned=True,
-                                               waves=MERGE_WAVES)
+    merge, merge_rows = attn.make_merge_kernel(dtype="float32", out_dtype=dtype, waves=MERGE_WAVES)
 
     @flyc.jit
     def attention_decode(q: fx.Tensor, k: fx.Tensor, v: fx.Tensor, kv_seqlen: fx.Tensor, block_table: fx.Tensor,

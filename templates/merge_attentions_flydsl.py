@@ -5,9 +5,9 @@ Calling convention (the op's, see mslk_dsl/ops/attention_decode.py): kernel(part
   partial that saw no key, whatever its out holds), out [B, M, H, D] of the partials' dtype,
   lse [B, H, M] fp32:
     lse = log(sum_s exp(lses[s]))      out = sum_s exp(lses[s] - lse) * parts[s]  (fp32, rounded once)
-  A row whose partials are all -inf gets out = 0 and lse = -inf. Any strides with a unit last one;
-  every size is dynamic. ``aligned``: rows 16-byte aligned and D % 4 == 0 (4 elements per load),
-  else one element per load.
+  A row whose partials are all -inf gets out = 0 and lse = -inf. Rows start 16-byte aligned and
+  are a multiple of 16 bytes long (the op checks D and copies misaligned tensors): a lane loads 4
+  elements at a time. Any strides with a unit last one; every size is dynamic.
 Kernel: make_merge_kernel in templates/_flydsl_attention.py (the decode template launches it too).
 """
 from mslk_dsl.template import Template
@@ -30,8 +30,7 @@ def build(config, target, sig):
     import flydsl.compiler as flyc
     import flydsl.expr as fx
 
-    merge_kernel, rows = attn.make_merge_kernel(dtype=sig["dtype"], out_dtype=sig["dtype"],
-                                                aligned=bool(sig["aligned"]), waves=config["waves"])
+    merge_kernel, rows = attn.make_merge_kernel(dtype=sig["dtype"], out_dtype=sig["dtype"], waves=config["waves"])
     threads = attn.WAVE * rows
 
     @flyc.jit
@@ -42,13 +41,13 @@ def build(config, target, sig):
                                                    block=(threads, 1, 1), stream=stream)
 
     t = getattr(torch, sig["dtype"])
-    d = 128 if sig["aligned"] else 129
+    d = 128
     return merge_attentions, (torch.empty(3, 2, 5, 4, d, dtype=t), torch.empty(3, 2, 4, 5),
                               torch.empty(2, 5, 4, d, dtype=t), torch.empty(2, 4, 5))
 
 
 TEMPLATE = Template(op="merge_attentions", backend="flydsl", targets=TARGETS,
-                    signatures={"dtype": DTYPES, "aligned": (True, False)},
+                    signatures={"dtype": DTYPES},
                     configs=CONFIGS, heuristic=_heuristic, build=build,
                     block_threads=lambda config: attn.WAVE * config["waves"],
                     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)
