@@ -69,6 +69,10 @@ ISA_EXPECT_GFX942 = {
     "f8f8bf16_rowwise_grouped_stacked": [r"v_mfma_f32_\w+fp8"],
     "rmsnorm": [r"v_rsq_f32"],
     "rmsnorm_add": [r"v_rsq_f32"],
+    # flash attention: both GEMMs on MFMA, K / V tiles in 16-byte loads, exp2 in hardware
+    "attention_fwd": [r"v_mfma_f32_16x16x16_?(bf16|f16)\b", r"buffer_load_dwordx4", r"v_exp_f32"],
+    "attention_decode": [r"v_mfma_f32_16x16x16_?(bf16|f16)\b", r"buffer_load_dwordx4", r"v_exp_f32"],
+    "merge_attentions": [r"v_exp_f32", r"v_rcp_f32"],
 }
 ISA_VECTOR = r"(global|buffer)_(load|store)_dwordx4"
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}

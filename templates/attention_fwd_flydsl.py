@@ -1,0 +1,97 @@
+"""attention_fwd on ROCm (FlyDSL, MFMA): flash-attention forward with the fp32 log-sum-exp.
+
+Calling convention (the op's, see mslk_dsl/ops/attention.py):
+  kernel(q, k, v, out, lse, seqstart_q, seqstart_k, scale, window_left, window_right)
+  dense:   q [B, Mq, Hq, D], k / v [B, Mk, Hkv, D], out [B, Mq, Hq, D], lse fp32 [B, Hq, Mq]
+  varlen:  q [Tq, Hq, D], k / v [Tk, Hkv, D], out [Tq, Hq, D], lse fp32 [Hq, Tq],
+           seqstart_q / seqstart_k int32 [n + 1] (unread placeholders when dense)
+  scale: the softmax scale; window_left / window_right: the band -left <= j - i - (Mk - Mq) <=
+  right around each sequence's bottom-right diagonal (WINDOW_NONE where unbounded), read by the
+  configs whose mask family compares that side.
+Hq is a multiple of Hkv: the Hq / Hkv query heads of a KV head share its blocks, K / V are never
+expanded. Last dims contiguous, other strides multiples of 8 elements, each batch's (sequence's)
+slice of a tensor under 1 GiB. Every size is dynamic: one kernel per (dtype, head dim, config).
+
+A config fixes the KV tile (block_n), the waves (16 query rows each), the mask family and dense
+vs packed sequences; ``serves`` matches the last two to the call, as the CuTe template does.
+Kernel: templates/_flydsl_attention.py.
+"""
+from mslk_dsl.template import Template
+from mslk_dsl.templates import _kernel_limits as limits
+
+from mslk_dsl.templates import _flydsl_attention as attn
+
+DTYPES = ("bfloat16", "float16")
+TARGETS = ("gfx942", "gfx950")
+BLOCK_N = (32, 64, 128)
+
+# Four waves (64 query rows per block); eight spilled with bf16, whose fp32 -> bf16 rounding is
+# VALU code on gfx942. Every (mask family, dense / packed) with each KV tile width; ``valid``
+# keeps the widest tile that fits the head dim and target (fewer barriers and rescales per key),
+# so a (target, dtype, head dim) has six kernels, as many as the CuTe template's.
+CONFIGS = tuple(dict(waves=4, block_n=n, mask=mask, varlen=varlen)
+                for n in BLOCK_N for mask in attn.MASKS for varlen in (False, True))
+
+
+def _widest(target, head_dim) -> int:
+    return max(n for n in BLOCK_N if attn.check_config({"waves": 4, "block_n": n}, target, head_dim) is None)
+
+
+def _valid(config, target, sig):
+    return (target in TARGETS and attn.check_config(config, target, sig["head_dim"]) is None
+            and config["block_n"] == _widest(target, sig["head_dim"]))
+
+
+def _wanted(problem) -> tuple[str, bool]:
+    """(mask family, packed) of a call; a generic problem means dense with no mask."""
+    return attn.MASKS[int(problem.get("mask", 0))], bool(problem.get("varlen", 0))
+
+
+def _serves(config, problem):
+    return (config["mask"], config["varlen"]) == _wanted(problem)
+
+
+def _heuristic(target, sig, problem):
+    """The call's mask family and layout with the widest KV tile that fits LDS and registers:
+    128 keys at head dim 64 (and at 128 on gfx950), 64 at 128, 32 at 256."""
+    mask, varlen = _wanted(problem)
+    return dict(waves=4, block_n=_widest(target, sig["head_dim"]), mask=mask, varlen=varlen)
+
+
+def build(config, target, sig):
+    import torch
+    import flydsl.compiler as flyc
+    import flydsl.expr as fx
+
+    varlen = config["varlen"]
+    kernel, rows, threads = attn.make_attention_kernel(
+        target=target, dtype=sig["dtype"], head_dim=sig["head_dim"], waves=config["waves"], block_n=config["block_n"],
+        mask=config["mask"], varlen=varlen)
+
+    @flyc.jit
+    def attention_fwd(q: fx.Tensor, k: fx.Tensor, v: fx.Tensor, out: fx.Tensor, lse: fx.Tensor,
+                      seqstart_q: fx.Tensor, seqstart_k: fx.Tensor, scale: fx.Float32, window_left: fx.Int32,
+                      window_right: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+        # the block table and paged flag of the decode variant are unread here
+        kernel(q, k, v, out, lse, seqstart_q, seqstart_k, seqstart_k, scale, window_left, window_right,
+               fx.Int32(0)).launch(grid=attn.grid_for(q, k, seqstart_q, rows, varlen),
+                                   block=(threads, 1, 1), stream=stream)
+
+    t = getattr(torch, sig["dtype"])
+    d = sig["head_dim"]
+    lead = () if varlen else (2,)
+    q = torch.empty(*lead, 48, 8, d, dtype=t)
+    kv = torch.empty(*lead, 80, 2, d, dtype=t)
+    lse = torch.empty(*lead, 8, 48, dtype=torch.float32)
+    starts = torch.tensor([0, 20, 48] if varlen else [0], dtype=torch.int32)
+    kstarts = torch.tensor([0, 30, 80] if varlen else [0], dtype=torch.int32)
+    return attention_fwd, (q, kv, kv.clone(), torch.empty_like(q), lse, starts, kstarts, 0.125,
+                           attn.WINDOW_NONE, 0)
+
+
+TEMPLATE = Template(op="attention_fwd", backend="flydsl", targets=TARGETS,
+                    signatures={"dtype": DTYPES, "head_dim": attn.HEAD_DIMS},
+                    configs=CONFIGS, valid=_valid, heuristic=_heuristic, serves=_serves, build=build,
+                    block_threads=attn.threads_of,
+                    # LDS-bound work-groups: two or three per CU, as the GEMMs' tiles.
+                    occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR)
