@@ -109,6 +109,7 @@ def test_bf16_gemm_strided_input_and_stream():
     x = big[:, :256]
     w = randn(384, 256, seed=4).to(torch.bfloat16)
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())   # x and w were made on the default stream
     with torch.cuda.stream(stream):
         out = ops.bf16_gemm(x, w)
     stream.synchronize()
