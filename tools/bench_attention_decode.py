@@ -9,6 +9,12 @@ with each backend that serves the case (cuDNN, flash, efficient; enable_gqa, K/V
 and FlashAttention-4 (``flash_attn.cute.flash_attn_func``) where it is installed. Times are
 medians of triton.testing.do_bench (CUDA events, L2 flushed between runs).
 
+Two timings of each: eager (back-to-back calls from Python: the host's launch cost included,
+which is what small cases are bound by) and graph (``graph ms``, ``graph TB/s``, ``graph % copy``:
+GRAPH_CALLS calls captured in one CUDA graph and replayed, the time divided by the calls; what a
+serving engine that replays graphs sees). The graphed calls rotate over copies of q/k/v enough
+to keep a call's KV out of L2 when the next call of the same copy runs.
+
   python tools/bench_attention_decode.py [--batches 1,32,128] [--kv 4096,32768,131072]
       [--hq 32] [--hkv 4] [--d 128] [--page 64] [--splits N] [--peers sdpa,fa4] [--json PATH]
 """
@@ -19,6 +25,33 @@ import json
 import sys
 
 from bench_common import cuda_or_exit, table
+
+GRAPH_CALLS = 16
+L2_CLEAR_BYTES = 256 << 20  # a call's KV is read again only after this many bytes of other KV
+
+
+def _graph_ms(torch, do_bench, make_call, copies: int) -> float | None:
+    """Milliseconds per call of GRAPH_CALLS calls replayed from one CUDA graph; ``make_call(i)``
+    gives the i-th copy's call. None where a call cannot be captured."""
+    calls = [make_call(i % copies) for i in range(GRAPH_CALLS)]
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):   # warm up off the default stream, as capture requires
+            for fn in calls[:copies]:
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for fn in calls:
+                fn()
+        graph.replay()
+        torch.cuda.synchronize()
+    except Exception as e:
+        print(f"graph capture failed: {type(e).__name__}: {str(e)[:160]}", file=sys.stderr)
+        return None
+    return do_bench(graph.replay, return_mode="median") / GRAPH_CALLS
 
 
 def _peers(torch, q, k, v, which):
@@ -67,30 +100,51 @@ def _paged(torch, k, v, page):
     return kp, vp, order.reshape(B, per_seq).to(torch.int32)
 
 
-def _bench_case(torch, ops, timed, B, L, args) -> list[dict]:
+def _bench_case(torch, ops, timed, do_bench, B, L, args) -> list[dict]:
     q = torch.randn(B, 1, args.hq, args.d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(B, L, args.hkv, args.d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     seqlen = torch.full((B,), L, dtype=torch.int32, device="cuda")
     nbytes = 2 * k.numel() * k.element_size()
+    copies = min(GRAPH_CALLS, -(-L2_CLEAR_BYTES // nbytes))
+    qkv = [(q, k, v)] + [(q.clone(), k.clone(), v.clone()) for _ in range(copies - 1)]
     # The copy roofline: read + write of up to 8 GB (its bandwidth is flat past a few hundred MB).
     copy_bytes = min(nbytes, 8 << 30)
     src = torch.empty(copy_bytes // 4, device="cuda", dtype=torch.int16)
     dst = torch.empty_like(src)
     copy_tbps = copy_bytes / timed(lambda: dst.copy_(src)) * 1e-9
     src = dst = None
-    base = {name: timed(fn) for name, fn in _peers(torch, q, k, v, args.peers.split(",")).items()}
-    ours = {"contiguous": timed(lambda: ops.attention_decode(q, k, v, seqlen, None, None, True, args.splits))}
-    kp, vp, tbl = _paged(torch, k, v, args.page)
-    ours["paged"] = timed(lambda: ops.attention_decode(q, kp, vp, seqlen, tbl, None, True, args.splits))
+    which = args.peers.split(",")
+    peers = [_peers(torch, *qkv[i], which) for i in range(copies)]
+    base = {name: timed(fn) for name, fn in peers[0].items()}
+    base_graph = {name: _graph_ms(torch, do_bench, lambda i, name=name: peers[i][name], copies) for name in base}
+
+    def decode(i):
+        qi, ki, vi = qkv[i]
+        return lambda: ops.attention_decode(qi, ki, vi, seqlen, None, None, True, args.splits)
+
+    ours = {"contiguous": (timed(decode(0)), _graph_ms(torch, do_bench, decode, copies))}
+    paged = [_paged(torch, ki, vi, args.page) for _, ki, vi in qkv]
+
+    def decode_paged(i):
+        kp, vp, tbl = paged[i]
+        return lambda: ops.attention_decode(qkv[i][0], kp, vp, seqlen, tbl, None, True, args.splits)
+
+    ours["paged"] = (timed(decode_paged(0)), _graph_ms(torch, do_bench, decode_paged, copies))
     rows = []
-    for layout, ms in ours.items():
+    for layout, (ms, graph_ms) in ours.items():
         tbps = nbytes / ms * 1e-9
-        row = {"B": B, "KV": L, "layout": layout, "splits": _splits(q, k if layout == "contiguous" else kp,
-                                                                     None if layout == "contiguous" else tbl, args),
+        kc, table_ = (k, None) if layout == "contiguous" else (paged[0][0], paged[0][2])
+        row = {"B": B, "KV": L, "layout": layout, "splits": _splits(q, kc, table_, args),
                "ms": ms, "TB/s": tbps, "copy TB/s": copy_tbps, "% copy": 100.0 * tbps / copy_tbps}
+        if graph_ms is not None:
+            row["graph ms"] = graph_ms
+            row["graph TB/s"] = nbytes / graph_ms * 1e-9
+            row["graph % copy"] = 100.0 * row["graph TB/s"] / copy_tbps
         for name, peer_ms in base.items():
             row[f"{name} TB/s"] = nbytes / peer_ms * 1e-9
+            if base_graph[name] is not None:
+                row[f"{name} graph TB/s"] = nbytes / base_graph[name] * 1e-9
         rows.append(row)
     return rows
 
@@ -117,7 +171,11 @@ def main(argv=None) -> int:
     if found is None:
         return 0
     torch, do_bench = found
-    from mslk_dsl import ops
+    from mslk_dsl import native, ops
+
+    # Eager times are of the served path: the native launcher's plans once it is built.
+    native.load_in_background()
+    native.wait_until_loaded(timeout=90)
 
     def timed(fn):
         fn()
@@ -127,7 +185,7 @@ def main(argv=None) -> int:
     rows = []
     for B in (int(x) for x in args.batches.split(",")):
         for L in (int(x) for x in args.kv.split(",")):
-            case = _bench_case(torch, ops, timed, B, L, args)
+            case = _bench_case(torch, ops, timed, do_bench, B, L, args)
             for r in case:  # as it goes: a run cut short still reports what it measured
                 print({c: round(x, 4) if isinstance(x, float) else x for c, x in r.items()}, flush=True)
             rows += case
