@@ -1,6 +1,9 @@
-"""Pieces every benchmark family shares: the GPU check, shape lists, config labels, tables."""
+"""Pieces every benchmark family shares: the GPU check, shape lists, config labels, tables,
+geometric means and the JSON file."""
 from __future__ import annotations
 
+import json
+import math
 import sys
 
 
@@ -32,3 +35,16 @@ def table(rows: list[dict], cols: list[str]) -> None:
     print("| " + " | ".join("---" for _ in cols) + " |")
     for r in rows:
         print("| " + " | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+
+
+def geomean(values) -> float:
+    """The geometric mean of positive numbers (nan for none): how speed ratios are summarized."""
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def save_json(path: str | None, results) -> None:
+    """Write a run's results where --json asked (nothing without it)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)

@@ -27,7 +27,7 @@ import math
 import statistics
 import sys
 
-from bench_common import cuda_or_exit
+from bench_common import cuda_or_exit, geomean
 
 M_VALUES = (1, 16, 128, 512, 2048, 8192, 16384)
 NK_VALUES = ((8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (4096, 4096), (14336, 4096))
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
             print(f"| {m} | {n} | {k} | {config_name(r['config'])} | {r['ms']:.4f} | {r['tflops']:.1f} | "
                   f"{r['torch_tflops']:.1f} | {r['ratio']:.3f} |", flush=True)
             torch.cuda.empty_cache()
-        summary[op] = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
+        summary[op] = geomean(ratios)
         print(f"\n{op}: geometric mean ratio (torch time / ours) = {summary[op]:.3f}")
     if args.json:
         with open(args.json, "w") as f:

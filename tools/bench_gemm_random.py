@@ -21,6 +21,8 @@ import random
 import statistics
 import sys
 
+from bench_common import geomean
+
 # (N, K, where) of y = x @ w.T for w [N, K]; fused QKV / gate-up as served.
 LAYERS = (
     (6144, 4096, "Llama-3.1-8B qkv"), (4096, 4096, "Llama-3.1-8B o"), (28672, 4096, "Llama-3.1-8B gate_up"),
@@ -122,7 +124,7 @@ def summarize(op: str, rows: list[dict]) -> dict:
     from mslk_dsl.template import config_name
 
     ratios = [r["ratio"] for r in rows]
-    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    geo = geomean(ratios)
     large = [r["ratio"] for r in rows if r["M"] >= 64]
     print(f"\n{op}: {len(rows)} shapes, geometric mean {geo:.3f}, minimum {min(ratios):.3f}"
           + (f", minimum at M >= 64 {min(large):.3f}" if large else ""))

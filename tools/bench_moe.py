@@ -18,11 +18,9 @@ Times are medians of triton.testing.do_bench (CUDA events).
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 
-from bench_common import cuda_or_exit, table
+from bench_common import cuda_or_exit, geomean, save_json, table
 
 # (T tokens, top_k, D hidden): A = T * top_k rows of D elements.
 ROW_SHAPES = ((65536, 1, 5120), (16384, 4, 5120), (8192, 8, 7168), (8192, 8, 8192), (1024, 8, 5120))
@@ -175,12 +173,10 @@ def main(argv=None) -> int:
         rows = [bench_index_shuffling(torch, ops, do_bench, t, e, k) for t, e, k in route_shapes]
         print("\n### index_shuffling (bf16 scores) vs torch.topk + argsort + bincount\n")
         table(rows, ["T", "E", "top_k", "ms", "torch ms", "speedup"])
-        geo = math.exp(sum(math.log(r["speedup"]) for r in rows) / len(rows))
+        geo = geomean(r["speedup"] for r in rows)
         print(f"\ngeometric mean speedup: {geo:.2f}x")
         results += rows
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    save_json(args.json, results)
     return 0
 
 

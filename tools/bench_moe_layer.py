@@ -26,11 +26,9 @@ composite (index_select, score multiply, absmax, divide, FP8 cast).
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 
-from bench_common import cuda_or_exit, table
+from bench_common import cuda_or_exit, geomean, save_json, table
 
 # name: (E, top_k, D, H, prefill T)
 CONFIGS = {"deepseek": (128, 8, 7168, 2048, 4096), "llama4": (16, 1, 5120, 8192, 8192),
@@ -256,13 +254,11 @@ def main(argv=None) -> int:
     if have_grouped and rows:
         for precision, goal in (("bf16", 1.4), ("fp8", 2.0)):
             sel = [r["vs torch"] for r in rows if r["precision"] == precision]
-            geo = math.exp(sum(math.log(v) for v in sel) / len(sel))
+            geo = geomean(sel)
             print(f"\n{precision}: geometric mean {geo:.2f}x the torch pipeline (goal {goal}x), "
                   f"min {min(sel):.2f}x")
     results += rows
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    save_json(args.json, results)
     return 0
 
 

@@ -23,6 +23,8 @@ import sys
 import tempfile
 import textwrap
 
+from bench_common import save_json
+
 # Wraps the functions each stage of a first call runs in, in the probe process only (nothing is
 # imported ahead of the first call, so its cost is unchanged), and adds up each stage's own
 # seconds: a stage running inside another (discovery inside choosing the config, importing tvm_ffi
@@ -167,7 +169,5 @@ def main(argv: list[str]) -> int:
     print("| --- |" + " ---: |" * len(STAGES))
     for name, row in results.items():
         print(f"| {name} | " + " | ".join(f"{row['stages_ms'][k]:.1f}" for k in STAGES) + " |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    save_json(args.json, results)
     return 0

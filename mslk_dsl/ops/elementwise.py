@@ -33,23 +33,7 @@ def _check_pair(op: str, x0, x1) -> None:
 
 
 def _check_scale_ub(op: str, scale_ub, x: torch.Tensor, x_name: str) -> None:
-    if scale_ub is None:
-        return
-    check.tensor(op, "scale_ub", scale_ub, (torch.float32,), min_ndim=0)
-    if scale_ub.numel() != 1:
-        raise ValueError(f"{op}: scale_ub must hold one element, got shape {tuple(scale_ub.shape)}")
-    check.same_device(op, x_name, x, scale_ub=scale_ub)
-
-
-def _check_valid_count(op: str, valid_token_count, x: torch.Tensor, x_name: str) -> None:
-    """MSLK's ``valid_token_count``: a one-element int32 tensor on x's device, read by the kernel."""
-    if valid_token_count is None:
-        return
-    check.tensor(op, "valid_token_count", valid_token_count, (torch.int32,), min_ndim=0)
-    if valid_token_count.numel() != 1:
-        raise ValueError(f"{op}: valid_token_count must hold one element, got shape "
-                         f"{tuple(valid_token_count.shape)}")
-    check.same_device(op, x_name, x, valid_token_count=valid_token_count)
+    check.one_element(op, "scale_ub", scale_ub, torch.float32, x, x_name)
 
 
 # The row count the kernels read without valid_token_count: every row (they take min(M, count)).
@@ -105,7 +89,7 @@ def _quantize_reference(x, scale_ub=None):
 # -- silu_mul -------------------------------------------------------------------------------------------
 def _check_silu_mul(x0, x1, valid_token_count):
     _check_pair("silu_mul", x0, x1)
-    _check_valid_count("silu_mul", valid_token_count, x0, "x0")
+    check.one_element("silu_mul", "valid_token_count", valid_token_count, torch.int32, x0, "x0")
 
 
 def _prepare_silu_mul(select, outputs, x0, x1, valid_token_count):
@@ -165,7 +149,7 @@ def _check_silu_mul_quant(x0, x1, scale_ub, valid_token_count):
     _check_pair(op, x0, x1)
     check.nonempty_rows(op, "x0", x0)
     _check_scale_ub(op, scale_ub, x0, "x0")
-    _check_valid_count(op, valid_token_count, x0, "x0")
+    check.one_element(op, "valid_token_count", valid_token_count, torch.int32, x0, "x0")
 
 
 def _prepare_silu_mul_quant(select, outputs, x0, x1, scale_ub, valid_token_count):

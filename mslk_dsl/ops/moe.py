@@ -19,13 +19,7 @@ SCORE_DTYPES = tuple(getattr(torch, name) for name in limits.SCORE_DTYPES)
 
 
 def _check_valid_count(op: str, valid_token_count, like: torch.Tensor, like_name: str) -> None:
-    if valid_token_count is None:
-        return
-    check.tensor(op, "valid_token_count", valid_token_count, (torch.int32,), min_ndim=0)
-    if valid_token_count.numel() != 1:
-        raise ValueError(f"{op}: valid_token_count must hold one element, got shape "
-                         f"{tuple(valid_token_count.shape)}")
-    check.same_device(op, like_name, like, valid_token_count=valid_token_count)
+    check.one_element(op, "valid_token_count", valid_token_count, torch.int32, like, like_name)
 
 
 def _valid_arg(valid_token_count, device) -> torch.Tensor:

@@ -40,6 +40,17 @@ def same_device(op: str, first: str, t0: torch.Tensor, **others: torch.Tensor) -
             raise ValueError(f"{op}: {name} is on {t.device} but {first} is on {t0.device}")
 
 
+def one_element(op: str, name: str, t, dtype: torch.dtype, like: torch.Tensor, like_name: str) -> None:
+    """An optional one-element tensor the kernel reads on the device (MSLK's ``scale_ub``,
+    ``valid_token_count``): absent, or of ``dtype``, one element, on ``like``'s device."""
+    if t is None:
+        return
+    tensor(op, name, t, (dtype,), min_ndim=0)
+    if t.numel() != 1:
+        raise ValueError(f"{op}: {name} must hold one element, got shape {tuple(t.shape)}")
+    same_device(op, like_name, like, **{name: t})
+
+
 def gpu(op: str, name: str, t: torch.Tensor) -> None:
     if t.device.type != "cuda":
         raise UnsupportedDeviceError(f"{op}: {name} is on {t.device}; mslk-dsl kernels run on CUDA or ROCm "
