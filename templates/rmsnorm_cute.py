@@ -176,18 +176,25 @@ def _build(config, target, sig, residual):
     return rmsnorm, [rows[0], weight, rows[2], *tail]
 
 
-def _scalar_long_rows(config, target) -> bool:
-    """The configs whose kernels use local memory: one element per access over 32 chunks (the
-    unaligned path for rows of up to 16K elements) keeps 8-24 bytes per thread in local memory
-    (resource reports). Rows that are not 16-byte aligned are rare; their speed is not a goal."""
-    return config["vec"] == 1 and config["chunks"] >= 32
+def _spilling_configs(config, target) -> bool:
+    """The configs whose kernels use local memory (resource reports):
+    - one element per access over 32 chunks (the unaligned path for rows of up to 16K elements)
+      keeps 8-24 bytes per thread in local memory; rows that are not 16-byte aligned are rare and
+      their speed is not a goal;
+    - fp32 x (4-element vectors: only fp32 rows take them) with 16 values per thread in a
+      1024-thread CTA (64 registers each) or 32 in a smaller one: x, its fp32 weight and the
+      sums outgrow the registers by 16-32 bytes per thread. Those tiles serve the longest fp32
+      rows; the spill is a few stores per row, not measured against a spill-free plan yet."""
+    values = config["vec"] * config["chunks"]
+    long_fp32 = config["vec"] == 4 and values >= (16 if config["threads"] > 512 else 32)
+    return (config["vec"] == 1 and config["chunks"] >= 32) or long_fp32
 
 
 def _template(op, residual):
     return Template(op=op, backend="cute", targets=("sm90a",),
                     signatures={"dtype": DTYPES, "aligned": (True, False), "fp32_weight": (False, True)},
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic,
-                    build=functools.partial(_build, residual=residual), spills_allowed=_scalar_long_rows,
+                    build=functools.partial(_build, residual=residual), spills_allowed=_spilling_configs,
                     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)
 
 
