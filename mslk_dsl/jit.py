@@ -218,7 +218,18 @@ def build_and_load(key: KernelKey, template: Template, target: Target):
             entry = outcome
         else:
             stats["disk"] += 1
-        kernel = get_backend(key.backend).load(entry)
+        try:
+            kernel = get_backend(key.backend).load(entry)
+        except Exception as gone:
+            if os.path.isdir(entry.path):
+                raise
+            # Another process's size-bounded prune removed the entry between its publish (or
+            # lookup) and this load: build it again, still under the key's lock.
+            outcome = compile_and_publish(store, [(key, template, target)])[0]
+            if isinstance(outcome, BaseException):
+                raise outcome from gone
+            entry = outcome
+            kernel = get_backend(key.backend).load(entry)
     limit = env.cache_max_size()
     if limit is not None:
         store.prune(limit, keep=(entry.path,))

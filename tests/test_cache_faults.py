@@ -65,6 +65,22 @@ def test_fake_backend_builds_once_then_loads(fake, cache_dir):
     assert fake.compiles == 1 and jit.stats["disk"] == 1
 
 
+def test_an_entry_pruned_between_publish_and_load_is_built_again(fake, cache_dir, monkeypatch):
+    """Another process's size-bounded prune may remove an entry right after this one published it
+    (seen in the torture test): the builder compiles it again instead of failing the call."""
+    publish = KernelCache.publish
+
+    def publish_then_pruned(self, *args, **kwargs):
+        entry = publish(self, *args, **kwargs)
+        if fake.compiles == 1:   # the first build only: a concurrent prune removes it at once
+            shutil.rmtree(entry.path)
+        return entry
+
+    monkeypatch.setattr(KernelCache, "publish", publish_then_pruned)
+    assert served_ok(128, 2)
+    assert fake.compiles == 2
+
+
 def test_full_disk_gives_one_clear_line_and_leaves_no_staging(fake, cache_dir, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
