@@ -79,7 +79,7 @@ def test_kernel_band_is_the_reference_mask(Mq, Mk, mask):
     i, j = torch.arange(Mq)[:, None], torch.arange(Mk)[None, :]
     d = j - i - (Mk - Mq)
     kernel_sees = (d >= -left) & (d <= right)
-    want = ab._visible(Mq, Mk, **mask)
+    want = attn.visible_keys(Mq, Mk, **mask)
     assert torch.equal(kernel_sees, want)
     if family == attn.MASK_NONE:
         assert bool(want.all())

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mslk_dsl.ops.attention import visible_keys
+
 
 class AttentionBias:
     """Base class of the biases (MSLK's name)."""
@@ -40,7 +42,7 @@ class AttentionBias:
         *lead, mq, mk = shape
         visible = torch.zeros(mq, mk, dtype=torch.bool, device=device)
         for (q0, q1), (k0, k1), args in self._blocks(mq, mk):
-            visible[q0:q1, k0:k1] = _visible(q1 - q0, k1 - k0, device=device, **args)
+            visible[q0:q1, k0:k1] = visible_keys(q1 - q0, k1 - k0, device=device, **args)
         bias = torch.zeros(mq, mk, dtype=dtype, device=device).masked_fill(~visible, -math.inf)
         return bias.expand(*lead, mq, mk) if lead else bias
 
@@ -49,21 +51,6 @@ class AttentionBias:
         args = {key: value for key, value in self.fwd_args(torch.empty(1, mq, 1, 1), torch.empty(1, mk, 1, 1)).items()
                 if key in ("causal", "bottom_right", "window_left", "window_right")}
         return [((0, mq), (0, mk), args)]
-
-
-def _visible(mq: int, mk: int, causal=False, bottom_right=False, window_left=-1, window_right=-1,
-             device="cpu") -> torch.Tensor:
-    i = torch.arange(mq, device=device)[:, None]
-    j = torch.arange(mk, device=device)[None, :]
-    d = j - i - ((mk - mq) if bottom_right else 0)
-    visible = torch.ones(mq, mk, dtype=torch.bool, device=device)
-    if causal:
-        visible &= d <= 0
-    if window_left >= 0:
-        visible &= d >= -window_left
-    if window_right >= 0:
-        visible &= d <= window_right
-    return visible
 
 
 class LowerTriangularMask(AttentionBias):

@@ -148,6 +148,23 @@ def _prepare_attention(select, outputs, q, k, v, seqstart_q=None, seqstart_k=Non
     return Launch(kernel, (*args, sm_scale, left, right))
 
 
+def visible_keys(mq: int, mk: int, causal=False, bottom_right=False, window_left=-1, window_right=-1,
+                 device="cpu") -> torch.Tensor:
+    """[mq, mk] bool: which keys each query of one sequence sees under the op's mask arguments
+    (the diagonal at the top-left or bottom-right corner; windows counted from it; -1: none)."""
+    i = torch.arange(mq, device=device)[:, None]
+    j = torch.arange(mk, device=device)[None, :]
+    d = j - i - ((mk - mq) if bottom_right else 0)
+    visible = torch.ones(mq, mk, dtype=torch.bool, device=device)
+    if causal:
+        visible &= d <= 0
+    if window_left >= 0:
+        visible &= d >= -window_left
+    if window_right >= 0:
+        visible &= d <= window_right
+    return visible
+
+
 def attention_reference(q, k, v, seqstart_q=None, seqstart_k=None, max_seqlen_q=None, max_seqlen_k=None,
                         causal=False, bottom_right=False, window_left=-1, window_right=-1, scale=None):
     """The op in fp32 torch: (out in q's dtype, lse fp32), each sequence on its own."""
@@ -166,16 +183,7 @@ def attention_reference(q, k, v, seqstart_q=None, seqstart_k=None, max_seqlen_q=
         ks = k[b, k0:k1].float().transpose(0, 1).repeat_interleave(group, 0)    # [Hq, mk, K]
         vs = v[b, k0:k1].float().transpose(0, 1).repeat_interleave(group, 0)
         mq, mk = q1 - q0, k1 - k0
-        i = torch.arange(mq, device=q.device)[:, None]
-        j = torch.arange(mk, device=q.device)[None, :]
-        d = j - i - ((mk - mq) if bottom_right else 0)
-        visible = torch.ones(mq, mk, dtype=torch.bool, device=q.device)
-        if causal:
-            visible &= d <= 0
-        if window_left >= 0:
-            visible &= d >= -window_left
-        if window_right >= 0:
-            visible &= d <= window_right
+        visible = visible_keys(mq, mk, causal, bottom_right, window_left, window_right, q.device)
         s = (qs @ ks.transpose(1, 2)) * sm_scale
         s = s.masked_fill(~visible, float("-inf"))
         row_lse = torch.logsumexp(s, dim=-1)                                   # [Hq, mq]
