@@ -1,13 +1,14 @@
 """attention_fwd on ROCm (FlyDSL, MFMA): flash-attention forward with the fp32 log-sum-exp.
 
 Calling convention (the op's, see mslk_dsl/ops/attention.py):
-  kernel(q, k, v, out, lse, seqstart_q, seqstart_k, scale, window_left, window_right)
+  kernel(q, k, v, out, lse, seqstart_q, seqstart_k, scale, window_left, window_right, max_ctas)
   dense:   q [B, Mq, Hq, D], k / v [B, Mk, Hkv, D], out [B, Mq, Hq, D], lse fp32 [B, Hq, Mq]
   varlen:  q [Tq, Hq, D], k / v [Tk, Hkv, D], out [Tq, Hq, D], lse fp32 [Hq, Tq],
            seqstart_q / seqstart_k int32 [n + 1] (unread placeholders when dense)
   scale: the softmax scale; window_left / window_right: the band -left <= j - i - (Mk - Mq) <=
   right around each sequence's bottom-right diagonal (WINDOW_NONE where unbounded), read by the
-  configs whose mask family compares that side.
+  configs whose mask family compares that side. max_ctas (the CU count, which bounds the CuTe
+  kernel's persistent grid) is unread here.
 Hq is a multiple of Hkv: the Hq / Hkv query heads of a KV head share its blocks, K / V are never
 expanded. Last dims contiguous, other strides multiples of 8 elements, each batch's (sequence's)
 slice of a tensor under 1 GiB. Every size is dynamic: one kernel per (dtype, head dim, config).
@@ -71,7 +72,7 @@ def build(config, target, sig):
     @flyc.jit
     def attention_fwd(q: fx.Tensor, k: fx.Tensor, v: fx.Tensor, out: fx.Tensor, lse: fx.Tensor,
                       seqstart_q: fx.Tensor, seqstart_k: fx.Tensor, scale: fx.Float32, window_left: fx.Int32,
-                      window_right: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+                      window_right: fx.Int32, max_ctas: fx.Int32, stream: fx.Stream = fx.Stream(None)):
         # the block table and paged flag of the decode variant are unread here
         kernel(q, k, v, out, lse, seqstart_q, seqstart_k, seqstart_k, scale, window_left, window_right,
                fx.Int32(0)).launch(grid=attn.grid_for(q, k, seqstart_q, rows, varlen),
@@ -86,7 +87,7 @@ def build(config, target, sig):
     starts = torch.tensor([0, 20, 48] if varlen else [0], dtype=torch.int32)
     kstarts = torch.tensor([0, 30, 80] if varlen else [0], dtype=torch.int32)
     return attention_fwd, (q, kv, kv.clone(), torch.empty_like(q), lse, starts, kstarts, 0.125,
-                           attn.WINDOW_NONE, 0)
+                           attn.WINDOW_NONE, 0, 1)
 
 
 TEMPLATE = Template(op="attention_fwd", backend="flydsl", targets=TARGETS,

@@ -30,7 +30,7 @@ import torch
 
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
-from mslk_dsl.ops.dispatch import dtype_name, placeholder
+from mslk_dsl.ops.dispatch import dtype_name, placeholder, sm_count
 from mslk_dsl.templates import _attention_limits as limits
 
 OP = "attention_fwd"
@@ -145,7 +145,8 @@ def _prepare_attention(select, outputs, q, k, v, seqstart_q=None, seqstart_k=Non
         args = (q[0], k[0], v[0], out[0], lse[0], seqstart_q, seqstart_k)
     else:
         args = (q, k, v, out, lse, placeholder(dev, torch.int32), placeholder(dev, torch.int32))
-    return Launch(kernel, (*args, sm_scale, left, right))
+    # The SM count bounds the grid of persistent kernels.
+    return Launch(kernel, (*args, sm_scale, left, right, sm_count(dev)))
 
 
 def visible_keys(mq: int, mk: int, causal=False, bottom_right=False, window_left=-1, window_right=-1,

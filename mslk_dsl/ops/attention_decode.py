@@ -25,14 +25,13 @@ attention_decode(q, k, v, kv_seqlen, block_table=None, scale=None, causal=True, 
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
-from mslk_dsl.ops.dispatch import dtype_name, placeholder
+from mslk_dsl.ops.dispatch import dtype_name, placeholder, sm_count
 from mslk_dsl.templates import _attention_decode_plan as plan
 
 _ALIGN = 16  # cp.async moves 16-byte pieces of K/V rows
@@ -108,11 +107,6 @@ merge_attentions = declare(OpDecl(
 
 
 # -- attention_decode --------------------------------------------------------------------------------
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _strides_aligned(t: torch.Tensor) -> bool:
     per = _ALIGN // t.element_size()
     return t.data_ptr() % _ALIGN == 0 and all(s % per == 0 for s in t.stride()[:-1])
@@ -177,7 +171,7 @@ def splits_for(q, k, block_table, num_splits: int = 0) -> int:
     Hkv = k.shape[2]
     if num_splits:
         return num_splits
-    return plan.num_splits(B, Hkv, Mq, Hq // Hkv, max_keys(k, block_table), _sm_count(q.device), D)
+    return plan.num_splits(B, Hkv, Mq, Hq // Hkv, max_keys(k, block_table), sm_count(q.device), D)
 
 
 def _prepare_decode(select, outputs, q, k, v, kv_seqlen, block_table, scale, causal, num_splits):

@@ -5,6 +5,7 @@ compile); later calls are one dict lookup. Launch plans (call.py, mslk_dsl.nativ
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -24,6 +25,12 @@ _DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in (
 
 
 _placeholders: dict = {}
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors (CUs on ROCm) of ``device``: split and persistent-grid sizes."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def placeholder(device: torch.device, dtype: torch.dtype, fill: int | float = 0) -> torch.Tensor:

@@ -4,7 +4,8 @@ Cases: head dims 64 / 128 / 256; no mask, causal aligned top-left and bottom-rig
 and Mq > Mk (bottom-right then leaves the first Mq - Mk rows with no key: out 0, lse -inf),
 sliding windows; GQA ratios 1 / 4 / 8 and MQA; packed sequences (1 to 64 of them, lengths drawn
 from {1, 17, 1000, 4097}, q and k lengths drawn apart); q / k / v as strided views (a packed qkv
-buffer, a padded batch); fp16; the partial API's LSE.
+buffer, a padded batch); fp16; the partial API's LSE; every config, and the persistent ones on more
+tiles than SMs.
 
 Tolerance: out within 2.5e-2 (bf16) / 1e-2 (fp16) absolute of the reference computed in fp32 and
 rounded once, which is what the rounding of P to 16 bits before the PV product costs on N(0, 1)
@@ -181,6 +182,33 @@ def test_every_config(config, dtype):
     out, lse = ops.attention_fwd(q, k, v, config=config, **kwargs)
     ref_out, ref_lse = attention_reference(q, k, v, **kwargs)
     assert (out.float() - ref_out.float()).abs().max().item() <= ATOL[dtype]
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert (lse[finite] - ref_lse[finite]).abs().max().item() <= 1e-3
+
+
+def _persistent_configs():
+    from mslk_dsl import registry
+    from mslk_dsl.template import config_name
+
+    (t,) = registry.get_templates(op="attention_fwd", backend="cute")
+    return [pytest.param(c, id=config_name(c)) for c in t.all_configs() if c["persistent"]]
+
+
+@SM90
+@pytest.mark.parametrize("config", _persistent_configs())
+def test_persistent_grid_walks_many_tiles(config):
+    """A persistent config on more tiles than the GPU has SMs (3 x 16 heads x 9+ m blocks): each
+    CTA computes several tiles one after another, reusing its shared memory and barriers."""
+    torch.manual_seed(6)
+    d, mask = config["head_dim"], {"none": {}, "causal": {"causal": True},
+                                   "local": {"bottom_right": True, "window_left": 300, "window_right": 40}}
+    q, k, v = _rand(3, 1100, 16, d), _rand(3, 1100, 4, d), _rand(3, 1100, 4, d)
+    tiles = 3 * 16 * -(-1100 // config["tile_m"])
+    assert tiles > torch.cuda.get_device_properties(0).multi_processor_count
+    out, lse = ops.attention_fwd(q, k, v, config=config, **mask[config["mask"]])
+    ref_out, ref_lse = attention_reference(q, k, v, **mask[config["mask"]])
+    assert (out.float() - ref_out.float()).abs().max().item() <= ATOL[q.dtype]
     finite = torch.isfinite(ref_lse)
     assert torch.equal(finite, torch.isfinite(lse))
     assert (lse[finite] - ref_lse[finite]).abs().max().item() <= 1e-3
