@@ -5,11 +5,11 @@ mixed lengths) the table gives TFLOP/s of mslk-dsl's kernel, of each torch SDPA 
 the case (flash, cuDNN, efficient: torch.nn.attention.sdpa_kernel), and of FA4
 (flash_attn.cute.flash_attn_func / flash_attn_varlen_func) when it is importable, then our
 speedup over the best SDPA backend and over FA4. All on the same N(0, 1) bf16 data, in one run;
-times are medians of triton.testing.do_bench. FLOPs: 4 * B * H * S^2 * D (halved for causal, as
+times are medians of triton.testing.do_bench over 100 ms of calls. FLOPs: 4 * B * H * S^2 * D (halved for causal, as
 FA's benchmarks count), for packed sequences summed over the sequences.
 
   python tools/bench.py attention [--heads 32] [--dims 64,128,256] [--shapes 16x1024,4x4096,1x16384]
-                                  [--fa4-dims 128] [--sweep] [--json PATH]
+                                  [--fa4-dims 128] [--sdpa flash,cudnn,efficient] [--sweep] [--json PATH]
 --sweep also times every config of the template that serves each dense case (for tuning the
 heuristic), one row per config.
 """
@@ -44,12 +44,13 @@ def _fa4():
 def _time(do_bench, fn):
     try:
         fn()
-        return do_bench(fn, warmup=10, rep=40, return_mode="median")
+        # 100 ms: a 16k-row call takes ~13 ms, and a median of three was seen 10-20% off.
+        return do_bench(fn, warmup=25, rep=100, return_mode="median")
     except Exception as e:  # a backend that does not serve the case
         return f"{type(e).__name__}"
 
 
-def _dense_case(torch, do_bench, ops, fa4, B, S, H, D, causal, with_fa4):
+def _dense_case(torch, do_bench, ops, fa4, B, S, H, D, causal, with_fa4, sdpa):
     from torch.nn.attention import sdpa_kernel
     import torch.nn.functional as F
 
@@ -58,6 +59,9 @@ def _dense_case(torch, do_bench, ops, fa4, B, S, H, D, causal, with_fa4):
     times = {"mslk_dsl": _time(do_bench, lambda: ops.attention_fwd(q, k, v, causal=causal))}
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # SDPA's [B, H, S, D], as views
     for name, backend in _sdpa_backends(torch).items():
+        if name not in sdpa:
+            continue
+
         def run(backend=backend):
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
@@ -87,6 +91,7 @@ def _sweep_rows(torch, do_bench, ops, B, S, H, D, causal):
             rows.append({"case": f"B{B} S{S} H{H} D{D}{' causal' if causal else ''}", "config": config_name(config),
                          "mslk_dsl": flops / ms / 1e9 if isinstance(ms, float) else ms,
                          "max_diff_vs_default": diff.item()})
+            print(rows[-1], flush=True)
     return rows
 
 
@@ -124,6 +129,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--shapes", default=",".join(f"{b}x{s}" for b, s in SHAPES))
     parser.add_argument("--fa4-dims", default="64,128,256",
                         help="head dims to time FA4 at (it compiles each variant on first use)")
+    parser.add_argument("--sdpa", default="flash,cudnn,efficient",
+                        help="torch SDPA backends to time (cuDNN is the fastest on the H200)")
     parser.add_argument("--sweep", action="store_true", help="also time every config serving each dense case")
     parser.add_argument("--json", metavar="PATH", help="write the results here")
     args = parser.parse_args(argv)
@@ -140,7 +147,8 @@ def main(argv: list[str]) -> int:
         for B, S in parse_shapes(args.shapes):
             for causal in (False, True):
                 torch.manual_seed(0)
-                flops, times = _dense_case(torch, do_bench, ops, fa4, B, S, args.heads, D, causal, D in fa4_dims)
+                flops, times = _dense_case(torch, do_bench, ops, fa4, B, S, args.heads, D, causal, D in fa4_dims,
+                                           args.sdpa.split(","))
                 rows.append(_row(f"B{B} S{S} H{args.heads} D{D}{' causal' if causal else ''}", flops, times))
                 print(rows[-1], flush=True)
                 if args.sweep:
