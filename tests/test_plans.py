@@ -160,3 +160,11 @@ def test_gather_plans_int32_indices_only(stand_in):
     for _ in range(2):
         ops.gather_scale_dense_tokens(x, tok.long(), exp.long(), scores)
     assert len(chosen) == 3
+
+
+def test_an_unhashable_value_gets_the_checks_message(stand_in):
+    """A plan_values argument of a wrong, unhashable type reaches the op's checks, not a hashing
+    error of the plan lookup."""
+    ops.attention_decode(*_decode_args())                 # a plan exists
+    with pytest.raises(ValueError, match="scale must be a positive finite float"):
+        ops.attention_decode(*_decode_args(), None, [0.5])

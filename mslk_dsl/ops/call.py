@@ -245,7 +245,8 @@ def python_plan_call(decl: OpDecl, inputs: tuple, config):
     if plans:
         try:
             plan = plans.get(_plan_key(decl.name, inputs))
-        except (AttributeError, RuntimeError):  # not tensors (the checks say so), or no storage
+        except (AttributeError, RuntimeError, TypeError):  # not tensors or unhashable values (the checks
+            # say so), or no storage
             plan = None
         if plan is not None:
             return plan(inputs)
