@@ -224,7 +224,8 @@ class KernelCache:
     def publish(self, key: KernelKey, staging: str, info: dict) -> Entry:
         """Seal ``staging`` (hash its files, write meta.json last) and rename it into place. On
         any failure (a full disk) the staging directory is removed: nothing finished stays hidden."""
-        assert self.writable, "cannot publish into a read-only layer"
+        if not self.writable:
+            raise CacheError(f"{self.root} is a read-only layer (a bundle): kernels are published into the cache")
         try:
             files = {}
             for name in sorted(os.listdir(staging)):

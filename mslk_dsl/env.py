@@ -51,6 +51,17 @@ def _get(name: str, default: str = "") -> str:
     return os.environ.get(name, default)
 
 
+def aot_path_setting() -> str:
+    """MSLK_DSL_AOT_PATH as set (the key under which the installed bundles' scan is cached)."""
+    return _get("MSLK_DSL_AOT_PATH")
+
+
+def cxx() -> str | None:
+    """The C++ compiler named by CXX (the toolchain's variable, not one of mslk-dsl's settings),
+    for the native launcher's build; None where unset."""
+    return _get("CXX") or None
+
+
 def _flag(name: str) -> bool:
     return _get(name).strip().lower() in ("1", "true", "yes", "on")
 

@@ -74,7 +74,7 @@ def _layers():
 def _bundle_layers():
     # Lazily: finding the bundle wheels scans every installed distribution, which a kernel
     # found in MSLK_DSL_AOT_PATH or in the package's own bundle never needs.
-    aot_path, use_bundled = os.environ.get("MSLK_DSL_AOT_PATH", ""), env.use_bundled()
+    aot_path, use_bundled = env.aot_path_setting(), env.use_bundled()
     local = _local_bundle_roots(use_bundled)
     for root in local:
         yield KernelCache(root, writable=False)

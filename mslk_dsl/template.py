@@ -66,6 +66,10 @@ class Template:
                  its compiled kernels may have; checked over every compiled kernel.
     spills_allowed: its compiled kernels may spill (scratch memory, or AMD registers spilled): True,
                  or ``(config, target) -> bool`` for the configs that do, with the reason beside it.
+    instructions: what the compiled code must contain, by the code the CPU compile tests read:
+                 "ptx" and "sass" (CuTe, for sm90a), "isa" (FlyDSL, for gfx942); each a list of
+                 regexes (the warpgroup MMAs, TMA copies or MFMAs the kernel is written to use),
+                 so a change that loses one fails a CPU test (tests/test_compile_templates.py).
     name:        template name, unique per (op, backend); defaults to the module name.
     entry:       symbol name of the exported function (CuTe), defaults to the op name.
     """
@@ -83,9 +87,17 @@ class Template:
     block_threads: Callable[[Config], int] | None = None
     occupancy_floor: float = 0.0
     spills_allowed: bool | Callable[[Config, str], bool] = False
+    instructions: Mapping[str, Sequence[str]] = field(default_factory=dict)
     name: str = ""
     # Filled in by the registry: the file the template came from (for the key's digest).
     source: str = ""
+
+    def __post_init__(self):
+        code_kinds = {"cute": {"ptx", "sass"}, "flydsl": {"isa"}}.get(self.backend, set())
+        unknown = set(self.instructions) - code_kinds
+        if unknown:
+            raise ValueError(f"template {self.name or self.op!r}: instructions name {sorted(unknown)}; a "
+                             f"{self.backend} template's code is checked as {sorted(code_kinds)}")
 
     def all_configs(self) -> list[dict]:
         if self.configs:

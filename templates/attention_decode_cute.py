@@ -47,4 +47,7 @@ def _build(config, target, sig):
 TEMPLATE = Template(op="attention_decode", backend="cute", targets=("sm90a",),
                     signatures={"dtype": DTYPES, "head_dim": plan.HEAD_DIMS},
                     space={"warps": (4,), "stages": (2, 3, 4)}, valid=_valid, heuristic=_heuristic,
-                    build=_build, block_threads=lambda config: 32 * config["warps"], occupancy_floor=0.06)
+                    build=_build, block_threads=lambda config: 32 * config["warps"], occupancy_floor=0.06,
+                    instructions={"ptx": [r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16\.bf16|f16\.f16)\.f32",
+                                         r"cp\.async\.cg\.shared\.global",
+                                         r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans"]})

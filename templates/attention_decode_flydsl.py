@@ -84,4 +84,7 @@ def build(config, target, sig):
 TEMPLATE = Template(op="attention_decode", backend="flydsl", targets=TARGETS,
                     signatures={"dtype": DTYPES, "head_dim": attn.HEAD_DIMS},
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build,
-                    block_threads=attn.threads_of, occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR)
+                    block_threads=attn.threads_of, occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR,
+                    instructions={"isa": [r"v_mfma_f32_16x16x16_?(bf16|f16)\b",
+                                         r"buffer_load_dwordx4",
+                                         r"v_exp_f32"]})

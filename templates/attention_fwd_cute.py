@@ -127,4 +127,9 @@ TEMPLATE = Template(op="attention_fwd", backend="cute", targets=("sm90a",),
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, serves=_serves, build=build,
                     block_threads=_block_threads,
                     # One large CTA per SM by design, as the GEMMs.
-                    occupancy_floor=kernel_limits.GEMM_OCCUPANCY_FLOOR)
+                    occupancy_floor=kernel_limits.GEMM_OCCUPANCY_FLOOR,
+                    instructions={"ptx": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.(bf16\.bf16|f16\.f16)",
+                                         r"cp\.async\.bulk\.tensor\.\dd",
+                                         r"setmaxnreg"],
+                                  "sass": [r"HGMMA\.64x\d+x16\.F32",
+                                          r"UTMALDG\.\dD"]})

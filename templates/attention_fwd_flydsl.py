@@ -95,4 +95,7 @@ TEMPLATE = Template(op="attention_fwd", backend="flydsl", targets=TARGETS,
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, serves=_serves, build=build,
                     block_threads=attn.threads_of,
                     # LDS-bound work-groups: two or three per CU, as the GEMMs' tiles.
-                    occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR)
+                    occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR,
+                    instructions={"isa": [r"v_mfma_f32_16x16x16_?(bf16|f16)\b",
+                                         r"buffer_load_dwordx4",
+                                         r"v_exp_f32"]})

@@ -49,4 +49,9 @@ def build(config, target, sig):
 TEMPLATE = Template(op="bf16_gemm", backend="cute", targets=("sm90a",),
                     signatures={"dtype": DTYPES}, configs=gemm_configs.BF16_CONFIGS,
                     heuristic=_heuristic, serves=gemm_configs.serves, build=build,
-                    occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR)
+                    occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR,
+                    instructions={"ptx": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.(bf16\.bf16|f16\.f16)",
+                                         r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global|cp\.async\.bulk\.tensor\.2d\.shared::cta\.global",
+                                         r"setmaxnreg"],
+                                  "sass": [r"HGMMA\.64x\d+x16\.F32",
+                                          r"UTMALDG\.2D"]})

@@ -42,4 +42,5 @@ def build(config, target, sig):
 TEMPLATE = Template(op="bf16_gemm", backend="flydsl", targets=("gfx942", "gfx950"),
                     signatures={"dtype": DTYPES}, configs=CONFIGS, valid=_valid, heuristic=_heuristic,
                     build=build, spills_allowed=gemm.spills_sgprs,
-                    occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR)
+                    occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR,
+                    instructions={"isa": [r"v_mfma_f32_\w+_(bf16|f16)\b"]})

@@ -47,4 +47,10 @@ def build(config, target, sig):
 
 TEMPLATE = Template(op="bf16bf16bf16_grouped_stacked", backend="cute", targets=("sm90a",),
                     signatures={"index_dtype": INDEX_DTYPES}, configs=space.BF16_CONFIGS,
-                    heuristic=_heuristic, build=build, occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR)
+                    heuristic=_heuristic, build=build, occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR,
+                    instructions={"ptx": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16",
+                                         r"cp\.async\.bulk\.tensor\.2d\.shared::(cluster|cta)\.global",
+                                         r"cp\.async\.bulk\.tensor\.3d\.global\.shared::cta",
+                                         r"vote\.sync\.ballot",
+                                         r"shfl\.sync\.up",
+                                         r"setmaxnreg"]})

@@ -41,4 +41,5 @@ def build(config, target, sig):
 TEMPLATE = Template(op="bf16bf16bf16_grouped_stacked", backend="flydsl", targets=("gfx942", "gfx950"),
                     signatures={"index_dtype": INDEX_DTYPES}, configs=CONFIGS, valid=_valid,
                     heuristic=_heuristic, build=build, spills_allowed=gemm.spills_sgprs,
-                    occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR)
+                    occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR,
+                    instructions={"isa": [r"v_mfma_f32_\w+_bf16\b"]})

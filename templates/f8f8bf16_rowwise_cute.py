@@ -123,4 +123,9 @@ def build(config, target, sig):
 TEMPLATE = Template(op="f8f8bf16_rowwise", backend="cute", targets=("sm90a",),
                     signatures={"bias": BIAS, "fast_accum": (True, False)}, configs=gemm_configs.FP8_CONFIGS,
                     valid=_valid, heuristic=_heuristic, serves=gemm_configs.serves, build=build,
-                    occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR)
+                    occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR,
+                    instructions={"ptx": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3",
+                                         r"cp\.async\.bulk\.tensor\.2d",
+                                         r"setmaxnreg"],
+                                  "sass": [r"QGMMA\.64x\d+x32\.F32\.E4M3\.E4M3",
+                                          r"UTMALDG\.2D"]})

@@ -56,4 +56,5 @@ def build(config, target, sig):
 TEMPLATE = Template(op="f8f8bf16_rowwise", backend="flydsl", targets=("gfx942", "gfx950"),
                     signatures={"bias": BIAS, "fast_accum": (True, False)}, configs=CONFIGS, valid=_valid,
                     heuristic=_heuristic, build=build, spills_allowed=gemm.spills_sgprs,
-                    occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR)
+                    occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR,
+                    instructions={"isa": [r"v_mfma_f32_\w+fp8"]})

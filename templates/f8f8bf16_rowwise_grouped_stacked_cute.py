@@ -102,4 +102,8 @@ def build(config, target, sig):
 
 TEMPLATE = Template(op="f8f8bf16_rowwise_grouped_stacked", backend="cute", targets=("sm90a",),
                     signatures={"index_dtype": INDEX_DTYPES}, configs=space.FP8_CONFIGS,
-                    heuristic=_heuristic, build=build, occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR)
+                    heuristic=_heuristic, build=build, occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR,
+                    instructions={"ptx": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3",
+                                         r"cp\.async\.bulk\.tensor\.3d\.global\.shared::cta",
+                                         r"vote\.sync\.ballot",
+                                         r"setmaxnreg"]})

@@ -73,4 +73,5 @@ def build(config, target, sig):
 
 TEMPLATE = Template(op="index_shuffling", backend="cute", targets=("sm90a",), signatures=space.SIGNATURES,
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build,
-occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)
+                    occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR,
+                    instructions={"ptx": [r"shfl\.sync"]})

@@ -50,4 +50,6 @@ TEMPLATE = Template(op="merge_attentions", backend="flydsl", targets=TARGETS,
                     signatures={"dtype": DTYPES},
                     configs=CONFIGS, heuristic=_heuristic, build=build,
                     block_threads=lambda config: attn.WAVE * config["waves"],
-                    occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)
+                    occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR,
+                    instructions={"isa": [r"v_exp_f32",
+                                         r"v_rcp_f32"]})

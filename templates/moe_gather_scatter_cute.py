@@ -102,5 +102,6 @@ TEMPLATES = [
              heuristic=_heuristic, build=_build_gather, occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR),
     Template(op="scatter_add_dense_tokens", backend="cute", targets=("sm90a",), signatures=shared.SIGNATURES,
              space=shared.SCATTER_SPACE, heuristic=_scatter_heuristic, build=_build_scatter,
-    occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR),
+             occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR,
+             instructions={"ptx": [r"(red|atom)\.global(\.\w+)*\.add"]}),
 ]

@@ -213,7 +213,8 @@ def _template(op: str, fused_add: bool) -> Template:
     return Template(op=op, backend="flydsl", targets=TARGETS,
                     signatures={"dtype": DTYPES, "aligned": (True, False), "fp32_weight": (False, True)},
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=_builder(fused_add),
-                    occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)
+                    occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR,
+                    instructions={"isa": [r"v_rsq_f32"]})
 
 
 TEMPLATES = [_template("rmsnorm", False), _template("rmsnorm_add", True)]

@@ -18,6 +18,18 @@ os.environ.pop("MSLK_DSL_DISABLE_JIT", None)
 os.environ.pop("MSLK_DSL_AOT_PATH", None)
 
 
+@pytest.fixture(autouse=True)
+def _no_launch_plans_across_tests():
+    """Tests stand in kernels for ops; a Python launch plan made under one test's stand-in must
+    not serve a later test's call of the same layout."""
+    yield
+    import sys
+
+    call = sys.modules.get("mslk_dsl.ops.call")
+    if call is not None:
+        call.clear_python_plans()
+
+
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     """A fresh, empty writable cache for one test (and a clean in-process memo)."""

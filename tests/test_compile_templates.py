@@ -30,50 +30,11 @@ from mslk_dsl.cache import KernelCache
 from mslk_dsl.keys import KernelKey
 from mslk_dsl.template import config_name
 
-# Instructions the code must contain, by op. Regexes over PTX (CuTe) or the final ISA (FlyDSL,
-# gfx942, kept with MSLK_DSL_KEEP_ISA=1).
-PTX_EXPECT = {
-    "bf16_gemm": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.(bf16\.bf16|f16\.f16)",
-                  r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global|cp\.async\.bulk\.tensor\.2d\.shared::cta\.global",
-                  r"setmaxnreg"],
-    "f8f8bf16_rowwise": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3",
-                         r"cp\.async\.bulk\.tensor\.2d", r"setmaxnreg"],
-    # The grouped GEMMs also walk M_sizes with warp scans and ballots, and store through the
-    # 3-D ragged TMA view that clips each group's rows.
-    "bf16bf16bf16_grouped_stacked": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16",
-                                     r"cp\.async\.bulk\.tensor\.2d\.shared::(cluster|cta)\.global",
-                                     r"cp\.async\.bulk\.tensor\.3d\.global\.shared::cta", r"vote\.sync\.ballot",
-                                     r"shfl\.sync\.up", r"setmaxnreg"],
-    "f8f8bf16_rowwise_grouped_stacked": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3",
-                                         r"cp\.async\.bulk\.tensor\.3d\.global\.shared::cta",
-                                         r"vote\.sync\.ballot", r"setmaxnreg"],
-    "attention_fwd": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.(bf16\.bf16|f16\.f16)",
-                      r"cp\.async\.bulk\.tensor\.\dd", r"setmaxnreg"],
-    "index_shuffling": [r"shfl\.sync"],
-    "attention_decode": [r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16\.bf16|f16\.f16)\.f32",
-                         r"cp\.async\.cg\.shared\.global", r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans"],
-    "scatter_add_dense_tokens": [r"(red|atom)\.global(\.\w+)*\.add"],
-}
+# What each kernel's code must contain is declared by its template (Template.instructions:
+# "ptx", "sass" for sm90a; "isa" for gfx942, kept with MSLK_DSL_KEEP_ISA=1).
+
 # 16-byte vector accesses, for configs that move 16 bytes per access on aligned rows.
 PTX_VECTOR = r"(ld|st)\.global(\.[\w:]+)*\.v4\.(b32|u32|f32)"
-# The SASS of the Hopper GEMMs (from kernel.cubin): warpgroup MMAs and TMA loads.
-SASS_EXPECT = {
-    "bf16_gemm": [r"HGMMA\.64x\d+x16\.F32", r"UTMALDG\.2D"],
-    "f8f8bf16_rowwise": [r"QGMMA\.64x\d+x32\.F32\.E4M3\.E4M3", r"UTMALDG\.2D"],
-    "attention_fwd": [r"HGMMA\.64x\d+x16\.F32", r"UTMALDG\.\dD"],
-}
-ISA_EXPECT_GFX942 = {
-    "bf16_gemm": [r"v_mfma_f32_\w+_(bf16|f16)\b"],
-    "f8f8bf16_rowwise": [r"v_mfma_f32_\w+fp8"],
-    "bf16bf16bf16_grouped_stacked": [r"v_mfma_f32_\w+_bf16\b"],
-    "f8f8bf16_rowwise_grouped_stacked": [r"v_mfma_f32_\w+fp8"],
-    "rmsnorm": [r"v_rsq_f32"],
-    "rmsnorm_add": [r"v_rsq_f32"],
-    # flash attention: both GEMMs on MFMA, K / V tiles in 16-byte loads, exp2 in hardware
-    "attention_fwd": [r"v_mfma_f32_16x16x16_?(bf16|f16)\b", r"buffer_load_dwordx4", r"v_exp_f32"],
-    "attention_decode": [r"v_mfma_f32_16x16x16_?(bf16|f16)\b", r"buffer_load_dwordx4", r"v_exp_f32"],
-    "merge_attentions": [r"v_exp_f32", r"v_rcp_f32"],
-}
 ISA_VECTOR = r"(global|buffer)_(load|store)_dwordx4"
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 DEFAULT_PROBLEM = {"M": 4096, "N": 4096, "K": 4096, "T": 4096}
@@ -206,9 +167,11 @@ def _moves_16_bytes(key: dict) -> bool:
     return sig.get("aligned") is True and "vec" in config and config["vec"] * esize == 16
 
 
-def _patterns(key: dict, expect_by_op: dict, vector_pattern: str) -> list[str]:
-    patterns = list(expect_by_op.get(key["op"], []))
-    if _moves_16_bytes(key):
+def _patterns(key: dict, kind: str, vector_pattern: str = "") -> list[str]:
+    """The regexes ``key``'s code of ``kind`` must match: its template's, and the 16-byte vector
+    accesses of configs that move 16 bytes per access."""
+    patterns = list(registry.get_template(key["template"]).instructions.get(kind, []))
+    if vector_pattern and _moves_16_bytes(key):
         patterns.append(vector_pattern)
     return patterns
 
@@ -222,16 +185,16 @@ def test_cute_template_compiles(cute_case, cute_built):
     assert re.search(rf"\.target\s+{key['target'].replace('sm', 'sm_')}", ptx), entry.path
     assert os.path.getsize(entry.file("kernel.so")) > 0
     if key["target"] == "sm90a":
-        for pattern in _patterns(key, PTX_EXPECT, PTX_VECTOR):
+        for pattern in _patterns(key, "ptx", PTX_VECTOR):
             assert re.search(pattern, ptx), f"{cute_case.id}: no {pattern} in the PTX"
     if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") == "sorted":
         # The sorted scatter counts with integer atomics and adds the data without atomics.
         assert re.search(r"atom\.global(\.\w+)*\.add\.u32", ptx), entry.path
         assert not re.search(r"(red|atom)\.global(\.\w+)*\.add(\.noftz)?(\.v\d)?\.(bf16|f16|f32)", ptx), entry.path
-    if key["target"] == "sm90a" and key["op"] in SASS_EXPECT:
+    if key["target"] == "sm90a" and _patterns(key, "sass"):
         sass = subprocess.run([_nvdisasm(), entry.file("kernel.cubin")], capture_output=True, text=True,
                               check=True).stdout
-        for pattern in SASS_EXPECT[key["op"]]:
+        for pattern in _patterns(key, "sass"):
             assert re.search(pattern, sass), f"{cute_case.id}: no {pattern} in the SASS"
 
 
@@ -275,7 +238,7 @@ def test_flydsl_template_compiles(flydsl_case, flydsl_built):
         return
     isa = open(entry.file("kernel.s")).read()
     assert re.search(rf'\.amdgcn_target "amdgcn-amd-amdhsa-\w*-{key["target"]}', isa), entry.path
-    for pattern in _patterns(key, ISA_EXPECT_GFX942, ISA_VECTOR):
+    for pattern in _patterns(key, "isa", ISA_VECTOR):
         assert re.search(pattern, isa), f"{flydsl_case.id}: no {pattern} in the ISA"
     if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") == "sorted":
         _check_sorted_scatter_isa(key, isa)

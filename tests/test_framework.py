@@ -97,6 +97,11 @@ def test_template_api_configs_and_validation():
         t.check_config({"vec": 2, "threads": 128}, "sm90a", {"dtype": "float32"})
     with pytest.raises(ValueError, match="does not support target"):
         t.check_config({"vec": 4, "threads": 128}, "gfx942", {"dtype": "float32"})
+    # the instructions a template's code must contain name the code the compile tests read
+    with pytest.raises(ValueError, match=r"template 'demo': instructions name \['isa'\]; a cute template's code "
+                                         r"is checked as \['ptx', 'sass'\]"):
+        Template(op="demo", backend="cute", targets=("sm90a",), signatures={}, heuristic=None, build=None,
+                 instructions={"isa": [r"v_mfma"]}, name="demo")
 
 
 def test_template_config_checks_name_the_template_and_config():

@@ -1,7 +1,12 @@
-"""A new op is a declaration: the declaration alone (plus a kernel) makes it an eager function,
-a torch op with a fake, a row of `mslk-dsl ops` and an input of the autotuner. Runs on the CPU
-with a stand-in kernel; in a child process, so the throwaway op stays out of every other test."""
+"""A new op is a declaration: the declaration alone (plus a kernel) makes it an eager function
+(also as ``mslk_dsl.ops.<name>``), a torch op with a fake, a row of `mslk-dsl ops`, an input of
+the autotuner and a row of the overhead benchmark. Runs on the CPU with a stand-in kernel; in a
+child process, so the throwaway op stays out of every other test."""
+import os
+
 from support import run_python
+
+TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
 
 THROWAWAY = r'''
 import io, contextlib, torch
@@ -57,12 +62,24 @@ assert "scale_copy(Tensor x, float factor=2.0) -> Tensor" in text.getvalue(), te
 assert "scale_copy" in autotune.tunable_ops()
 args = autotune.inputs_for("scale_copy", {"M": 11}, {"factor": 2.0}, device="cpu")
 assert args[0].shape == (11,) and args[1] == 2.0
+# mslk_dsl.ops names it and lists it
+import mslk_dsl.ops
+assert mslk_dsl.ops.scale_copy is scale_copy
+from mslk_dsl.ops import scale_copy as imported
+assert imported is scale_copy
+# the overhead benchmark times it (its CPU mode: the op layer with stand-in kernels)
+import sys
+sys.path.insert(0, TOOLS)
+import bench_overhead
+with contextlib.redirect_stdout(io.StringIO()):
+    rows = bench_overhead.cpu_stand_in(calls=2, runs=1)
+assert "scale_copy" in [r["op"] for r in rows], rows
 print("ok")
 '''
 
 
 def test_a_throwaway_op_through_a_declaration_alone():
-    assert run_python(THROWAWAY).stdout.strip().endswith("ok")
+    assert run_python(f"TOOLS = {TOOLS!r}\n" + THROWAWAY).stdout.strip().endswith("ok")
 
 
 def test_import_mslk_dsl_registers_the_ops_whichever_comes_first():

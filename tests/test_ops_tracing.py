@@ -1,5 +1,7 @@
 """Every torch op has a schema and a fake: shapes and dtypes under FakeTensorMode, and a chain
 of ops traces into a single graph under torch.compile(fullgraph=True) with no GPU."""
+import os
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -45,6 +47,47 @@ def test_fake_matches_the_reference(name):
     want = want if isinstance(want, tuple) else (want,)
     assert [(tuple(o.shape), o.dtype) for o in got] == [(tuple(o.shape), o.dtype) for o in want], name
     assert all(o.device.type == "cuda" for o in got)
+
+
+@pytest.mark.parametrize("name", DECLARED)
+def test_fakes_match_the_references_at_random_sizes(name):
+    """Bounded fuzz, driven by the declarations (seed printed): each op's example at random sizes
+    of its problem (1 .. 2 x its small size + 3; sizes its checks refuse are skipped) gives, through
+    the torch op's fake, the shapes and dtypes of the reference on the same CPU inputs."""
+    hypothesis = pytest.importorskip("hypothesis")
+    from hypothesis import assume, given, settings, strategies as st
+
+    from mslk_dsl.ops import call
+
+    decl = declarations()[name]
+    sizes = {k: st.integers(1, 2 * v + 3) for k, v in decl.small_problem.items()}
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"fuzz seed {seed}")
+
+    @settings(max_examples=15, deadline=None, database=None,
+              suppress_health_check=list(hypothesis.HealthCheck))
+    @given(problem=st.fixed_dictionaries(sizes))
+    def check(problem):
+        torch.manual_seed(0)
+        args = decl.example(dict(problem), {}, torch.device("cpu"))
+        if decl.composite is None:
+            defaults = [a.default_value for a in call._schema(decl).arguments[len(args):]]
+            try:
+                decl.check(*args, *defaults)
+            except (ValueError, TypeError):
+                assume(False)
+        want = decl.reference(*args)
+        with FakeTensorMode():
+            torch.manual_seed(0)
+            got = getattr(torch.ops.mslk_dsl, name)(*decl.example(dict(problem), {}, torch.device("cuda")))
+        if not decl.outputs(*args):
+            assert got is None
+            return
+        got = got if isinstance(got, tuple) else (got,)
+        want = want if isinstance(want, tuple) else (want,)
+        assert [(tuple(o.shape), o.dtype) for o in got] == [(tuple(o.shape), o.dtype) for o in want], (name, problem)
+
+    hypothesis.seed(seed)(check)()
 
 
 def test_the_references_run_on_the_cpu():

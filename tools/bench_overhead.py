@@ -12,6 +12,15 @@ time / that round's torch.add time (the host's speed drifts by 10-30% over a run
 between rounds than within one).
 
   python tools/bench.py overhead [--calls 10000] [--runs 9] [--json PATH]
+
+``--cpu`` times the op layer alone on the CPU, no GPU needed: every declared kernel op on its
+declaration's small example (CPU tensors), its kernel a stand-in that does nothing (the same
+choice machinery up to the template lookup, which a stand-in selection replaces; the device's SM
+count is an H200's 132). Columns: the eager call (served by a launch plan where the op keeps one:
+the Python plan, as the native launcher serves only CUDA kernels) and the checked path (``config=``
+given: checks, outputs, prepare, launch, no plan), next to torch.add on the CPU:
+
+  python tools/bench.py overhead --cpu [--calls 2000] [--runs 5]
 """
 from __future__ import annotations
 
@@ -22,18 +31,19 @@ import statistics
 import time
 
 
-def _rounds(fns, calls: int, runs: int) -> list[tuple[float, float]]:
+def _rounds(fns, calls: int, runs: int, sync=None) -> list[tuple[float, float]]:
     """(median us/call, median ratio to the first function's time in the same round) of each
     function; the functions take turns within each of ``runs`` rounds. An entry may be
-    (fn, context) to time fn inside ``context()``."""
+    (fn, context) to time fn inside ``context()``. ``sync`` ends each timed batch (default: CUDA's)."""
     import torch
 
+    sync = sync or torch.cuda.synchronize
     fns = [f if isinstance(f, tuple) else (f, contextlib.nullcontext) for f in fns]
     for fn, context in fns:
         with context():
             for _ in range(200):
                 fn()
-    torch.cuda.synchronize()
+    sync()
     samples = [[] for _ in fns]
     for _ in range(runs):
         for (fn, context), out in zip(fns, samples):
@@ -41,7 +51,7 @@ def _rounds(fns, calls: int, runs: int) -> list[tuple[float, float]]:
                 start = time.perf_counter()
                 for _ in range(calls):
                     fn()
-                torch.cuda.synchronize()
+                sync()
                 out.append((time.perf_counter() - start) / calls * 1e6)
     return [(statistics.median(s), statistics.median(t / b for t, b in zip(s, samples[0]))) for s in samples]
 
@@ -116,6 +126,46 @@ def _launch_floor(calls: int, runs: int, torch_add) -> dict:
     return dict(zip(parts, _rounds(list(parts.values()), calls, runs)))
 
 
+def cpu_stand_in(calls: int, runs: int) -> list[dict]:
+    """The op layer's host time per call on the CPU with stand-in kernels (see the module doc)."""
+    import types
+    from unittest import mock
+
+    import torch
+
+    import mslk_dsl.ops as ops
+    from mslk_dsl.ops import declaration, declarations, validate
+
+    def nothing(*args):
+        return None
+
+    a, b, z = (torch.randn(256) for _ in range(3))
+    rows = []
+    h200 = types.SimpleNamespace(multi_processor_count=132)
+    with mock.patch.object(validate, "gpu", nothing), \
+            mock.patch.object(torch.cuda, "get_device_properties", lambda device=None: h200):
+        for name, decl in declarations().items():
+            if decl.composite is not None or decl.example is None:
+                continue
+            torch.manual_seed(0)
+            args = decl.example(dict(decl.small_problem), {}, torch.device("cpu"))
+            eager = getattr(ops, name)
+            with mock.patch.object(declaration.get(name).kernels, "selection",
+                                   lambda device, sig, problem, config: (nothing, {})):
+                try:
+                    eager(*args)
+                except Exception as e:  # an op whose CPU stand-in cannot run: say so, go on
+                    print(f"| {name} | skipped: {type(e).__name__}: {e} |")
+                    continue
+                (add, _), (e, er), (c, cr) = _rounds(
+                    [lambda: torch.add(a, b, out=z), lambda: eager(*args), lambda: eager(*args, config={})],
+                    calls, runs, sync=nothing)
+            rows.append({"op": name, "torch_add_us": add, "eager_us": e, "eager_ratio": er, "checked_us": c,
+                         "checked_ratio": cr})
+            print(f"| {name} | {add:.2f} | {e:.2f} | {er:.1f} | {c:.2f} | {cr:.1f} |", flush=True)
+    return rows
+
+
 def main(argv: list[str]) -> int:
     import torch
 
@@ -124,8 +174,17 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="bench.py overhead")
     p.add_argument("--calls", type=int, default=10000)
     p.add_argument("--runs", type=int, default=9)
+    p.add_argument("--cpu", action="store_true", help="the op layer alone, on the CPU, with stand-in kernels")
     p.add_argument("--json")
     args = p.parse_args(argv)
+    if args.cpu:
+        print("| op | torch.add (CPU) us/call | eager us/call | x torch.add | checked path us/call | x torch.add |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        rows = cpu_stand_in(args.calls, args.runs)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"rows": rows}, f, indent=1)
+        return 0
     a, b, z = (torch.randn(4096, device="cuda") for _ in range(3))
     import mslk_dsl.ops  # noqa: F401  (starts loading the native launcher)
 

@@ -37,6 +37,7 @@ import sysconfig
 import threading
 
 from mslk_dsl import env
+from mslk_dsl.errors import BackendUnavailableError
 
 log = logging.getLogger("mslk_dsl")
 
@@ -80,9 +81,9 @@ def build(path: str) -> None:
     import tvm_ffi
     from mslk_dsl import fs
 
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    compiler = env.cxx() or shutil.which("c++") or shutil.which("g++")
     if compiler is None:
-        raise RuntimeError("no C++ compiler found (set CXX)")
+        raise BackendUnavailableError("the native launcher needs a C++ compiler: none found (set CXX)")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with fs.lock(path + ".lock"):
         if os.path.exists(path):
@@ -102,7 +103,7 @@ def build(path: str) -> None:
             cmd += ["-DMSLK_WITH_CUDA", "-ltorch_cuda"]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
-            raise RuntimeError(f"compiling the native launcher failed:\n{' '.join(cmd)}\n{result.stderr[-4000:]}")
+            raise BackendUnavailableError(f"compiling the native launcher failed:\n{' '.join(cmd)}\n{result.stderr[-4000:]}")
         os.replace(tmp, path)
 
 
@@ -112,7 +113,7 @@ def _build_in_child(path: str) -> None:
         child = subprocess.Popen([sys.executable, "-m", "mslk_dsl.native"], stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
     if child.wait() != 0 or not os.path.exists(path):
-        raise RuntimeError(f"building the native launcher failed (log: {path}.log)")
+        raise BackendUnavailableError(f"building the native launcher failed (log: {path}.log)")
 
 
 def _load(path: str):
@@ -134,13 +135,13 @@ def load(wait: bool = True):
             import torch
 
             if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
-                raise RuntimeError(f"torch {torch.__version__} has no DLPack C exchange API")
+                raise BackendUnavailableError(f"torch {torch.__version__} has no DLPack C exchange API")
             path = library_path()
             if path is None:
-                raise RuntimeError("tvm_ffi is not installed")
+                raise BackendUnavailableError("tvm_ffi is not installed")
             if not os.path.exists(path):
                 if env.jit_disabled():   # JIT off compiles nothing: `mslk-dsl native` builds it ahead
-                    raise RuntimeError(f"JIT is off and {path} is not built (run `mslk-dsl native`)")
+                    raise BackendUnavailableError(f"JIT is off and {path} is not built (run `mslk-dsl native`)")
                 if not wait:
                     return None
                 os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -6,21 +6,32 @@ else validation (clear errors, nothing launched), the kernel for the device's ta
 on the current stream. ``config=`` forces a config of the op's template (for kernel authors).
 Importing ``mslk_dsl`` imports this module: every torch op exists after ``import mslk_dsl``.
 """
-from mslk_dsl.ops.attention import attention_fwd
-from mslk_dsl.ops.attention_decode import attention_decode, merge_attentions
-from mslk_dsl.ops.declaration import declarations
-from mslk_dsl.ops.elementwise import dequantize_fp8_row, quantize_fp8_row, silu_mul, silu_mul_quant
-from mslk_dsl.ops.gemm import bf16_gemm, f8f8bf16_rowwise
-from mslk_dsl.ops.grouped_gemm import bf16bf16bf16_grouped_stacked, f8f8bf16_rowwise_grouped_stacked
-from mslk_dsl.ops.moe import gather_scale_dense_tokens, index_shuffling, scatter_add_dense_tokens
-from mslk_dsl.ops.moe_quant import gather_scale_quant_dense_tokens
-from mslk_dsl.ops.norm import rmsnorm, rmsnorm_add
+import importlib
+import pkgutil
+from typing import Any
 
-__all__ = ["attention_decode", "attention_fwd", "bf16_gemm", "bf16bf16bf16_grouped_stacked", "declarations",
-           "dequantize_fp8_row", "f8f8bf16_rowwise", "f8f8bf16_rowwise_grouped_stacked", "gather_scale_dense_tokens",
-           "gather_scale_quant_dense_tokens", "index_shuffling", "merge_attentions", "prefetch", "quantize_fp8_row",
-           "rmsnorm", "rmsnorm_add", "scatter_add_dense_tokens",
-           "silu_mul", "silu_mul_quant"]
+from mslk_dsl.ops.declaration import declarations, eager_functions
+
+# Each module of this package that declares ops registers them when imported
+# (declaration.declare): importing every module here means a new op, or a new module of ops,
+# needs no edit in this file.
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+del _module
+
+# ``mslk_dsl.ops.<op>`` is the op's eager function (this also rebinds a name shared by an op and
+# its module, attention_decode, to the op).
+globals().update(eager_functions())
+__all__ = [*declarations(), "declarations", "prefetch"]
+
+
+def __getattr__(name: str) -> Any:
+    """An op declared after this module was imported (a kernel author's own declaration)."""
+    found = eager_functions().get(name)
+    if found is None:
+        raise AttributeError(f"module 'mslk_dsl.ops' has no attribute {name!r} (declared ops: "
+                             f"{', '.join(declarations())})")
+    return found
 
 
 def prefetch() -> None:

@@ -29,7 +29,7 @@ import math
 import torch
 
 from mslk_dsl.ops import validate as check
-from mslk_dsl.ops.declaration import Launch, OpDecl, declare
+from mslk_dsl.ops.declaration import Fixed, Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder, sm_count
 from mslk_dsl.templates import _attention_limits as limits
 
@@ -145,8 +145,9 @@ def _prepare_attention(select, outputs, q, k, v, seqstart_q=None, seqstart_k=Non
         args = (q[0], k[0], v[0], out[0], lse[0], seqstart_q, seqstart_k)
     else:
         args = (q, k, v, out, lse, placeholder(dev, torch.int32), placeholder(dev, torch.int32))
-    # The SM count bounds the grid of persistent kernels.
-    return Launch(kernel, (*args, sm_scale, left, right, sm_count(dev)))
+    # The scalars follow from the layout (K, Mq, Mk, packed or not) and the plan_values: see Fixed;
+    # the SM count bounds the grid of persistent kernels.
+    return Launch(kernel, (*args, Fixed(sm_scale), Fixed(left), Fixed(right), Fixed(sm_count(dev))))
 
 
 def visible_keys(mq: int, mk: int, causal=False, bottom_right=False, window_left=-1, window_right=-1,
@@ -226,5 +227,6 @@ attention_fwd = declare(OpDecl(
     check=_check_attention, outputs=_attention_outputs, prepare=_prepare_attention,
     signature=("dtype", "head_dim"), problem=("B", "Mq", "Mk", "Hq", "Hkv", "mask", "varlen"),
     example=_attention_example, reference=attention_reference, tolerance=(2e-2, 2e-2),
-    plannable=False,
+    # The mask arguments choose the kernel (its mask family) and its window scalars.
+    plan_values=("causal", "bottom_right", "window_left", "window_right", "scale"),
     small_problem={"B": 2, "Mq": 17, "Mk": 33, "Hq": 4, "Hkv": 2, "mask": MASK_CAUSAL, "varlen": 0}))

@@ -30,7 +30,7 @@ import math
 import torch
 
 from mslk_dsl.ops import validate as check
-from mslk_dsl.ops.declaration import Launch, OpDecl, declare
+from mslk_dsl.ops.declaration import Fixed, Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder, sm_count
 from mslk_dsl.templates import _attention_decode_plan as plan
 
@@ -102,7 +102,7 @@ merge_attentions = declare(OpDecl(
     -> (out [B, M, H, K] of the partials' dtype, lse [B, H, M] fp32). Chunks with LSE -inf are empty.""",
     check=_check_merge, outputs=_merge_outputs, prepare=_prepare_merge,
     signature=("dtype",), problem=("S", "R", "K"),
-    example=_merge_example, reference=_merge_reference, tolerance=(1e-3, 1e-3), plannable=False,
+    example=_merge_example, reference=_merge_reference, tolerance=(1e-3, 1e-3),
     small_problem={"S": 3, "R": 5, "K": 64}))
 
 
@@ -187,11 +187,12 @@ def _prepare_decode(select, outputs, q, k, v, kv_seqlen, block_table, scale, cau
     lse_part = torch.empty((S, B, Hq, Mq), dtype=torch.float32, device=q.device)
     paged = block_table is not None
     # The kernel reads the block table only when paged; a contiguous cache gets a stand-in.
-    table = block_table if paged else placeholder(q.device, torch.int32).view(1, 1)
+    table = block_table if paged else placeholder(q.device, torch.int32, shape=(1, 1))
     kernel, _ = select((dtype_name(q.dtype), D), (B, Mq, Hq, k.shape[2], max_keys(k, block_table)))
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    return Launch(kernel, (q, k, v, kv_seqlen, table, out, lse, o_part, lse_part, scale, int(bool(causal)),
-                           int(paged)), scratch=(o_part, lse_part))
+    # The scalars follow from the layout (D, paged) and the plan_values (scale, causal): see Fixed.
+    return Launch(kernel, (q, k, v, kv_seqlen, table, out, lse, o_part, lse_part, Fixed(scale),
+                           Fixed(int(bool(causal))), Fixed(int(paged))), scratch=(o_part, lse_part))
 
 
 def decode_reference(q, k, v, kv_seqlen, block_table=None, scale=None, causal=True, num_splits=0):
@@ -244,5 +245,8 @@ attention_decode = declare(OpDecl(
     docstring for the layouts. Returns (out [B, Mq, Hq, D], lse [B, Hq, Mq] fp32).""",
     check=_check_decode, outputs=_decode_outputs, prepare=_prepare_decode,
     signature=("dtype", "head_dim"), problem=("B", "Mq", "Hq", "Hkv", "L"),
-    example=_decode_example, reference=decode_reference, tolerance=(2e-2, 2e-2), plannable=False,
+    example=_decode_example, reference=decode_reference, tolerance=(2e-2, 2e-2),
+    # The split count (num_splits, or the heuristic's from the layout and the device) sizes the
+    # scratch partials; scale and causal are kernel scalars.
+    plan_values=("scale", "causal", "num_splits"),
     small_problem={"B": 2, "Mq": 1, "Hq": 8, "Hkv": 2, "L": 100}))

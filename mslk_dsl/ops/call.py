@@ -20,8 +20,9 @@ import functools
 import torch
 
 from mslk_dsl import native
+from mslk_dsl.errors import MslkDslError
 from mslk_dsl.ops import validate as check
-from mslk_dsl.ops.declaration import Launch, OpDecl
+from mslk_dsl.ops.declaration import Fixed, Launch, OpDecl
 from mslk_dsl.ops.dispatch import is_placeholder, placeholder
 
 # -- Python plans ---------------------------------------------------------------------------------
@@ -117,6 +118,17 @@ def _layout(inputs: tuple):
                  if isinstance(t, torch.Tensor) else type(t) for t in inputs)
 
 
+_value_positions: dict[str, tuple[int, ...]] = {}  # op -> where its plan_values are in its arguments
+
+
+def _plan_key(name: str, inputs: tuple):
+    """The layout, and for an op with ``plan_values`` those arguments' values."""
+    positions = _value_positions.get(name)
+    if positions:
+        return (_layout(inputs), *(inputs[i] for i in positions))
+    return _layout(inputs)
+
+
 class _PlanTable(dict):
     """Layout -> what replays it: a plan's ``replay`` function, or the plan itself while it still
     offers its launch to the loading native launcher."""
@@ -158,6 +170,8 @@ def _python_plan(name: str, inputs: tuple, outputs: tuple, launch: Launch, held:
     for a in launch.args:
         if isinstance(a, torch.Tensor):
             source = _source(a, inputs, made)
+        elif type(a) is Fixed:  # the same for every call the plan serves (see declaration.Fixed)
+            source = (_HELD, a.value, None)
         else:  # a scalar: the call's own value
             source = next(((_INPUT, i, None) for i, x in enumerate(inputs) if x is a), None)
         if source is None:
@@ -169,6 +183,9 @@ def _python_plan(name: str, inputs: tuple, outputs: tuple, launch: Launch, held:
 
 # -- the checked path -------------------------------------------------------------------------------
 _plans: dict[str, _PlanTable] = {}
+# op -> plan_allowed(*args): the op's plan_when (no plan is made for a call it does not admit,
+# since none may serve it)
+_plan_allowed: dict = {}
 
 
 def checked_call(decl: OpDecl, inputs: tuple, out, config: dict | None):
@@ -186,10 +203,10 @@ def checked_call(decl: OpDecl, inputs: tuple, out, config: dict | None):
 
     launch = decl.prepare(select, outputs, *inputs)
     if launch is not None:
-        launch.kernel(*launch.args)
+        launch.kernel(*(a.value if type(a) is Fixed else a for a in launch.args))
         if launch.finish is not None:
             launch.finish()
-        elif config is None and decl.plannable:
+        elif config is None and decl.plannable and _plan_allowed[name](*inputs):
             _remember(decl, inputs, outputs, out, launch)
     if not specs:
         return None
@@ -204,6 +221,12 @@ def _remember(decl: OpDecl, inputs: tuple, outputs: tuple, out, launch: Launch) 
     if len(set(pointers)) != len(pointers):
         return
     held = tuple(a for a in launch.args if isinstance(a, torch.Tensor) and is_placeholder(a))
+    if decl.plan_values:  # keyed by values too: Python plans only (see OpDecl.plan_values)
+        if out is None:
+            plan = _python_plan(decl.name, inputs, outputs, launch, held, native_pending=False)
+            if plan is not None:
+                _plans.setdefault(decl.name, _PlanTable()).add(_plan_key(decl.name, inputs), plan)
+        return
     if out is not None:
         native.remember_into(decl.name, inputs, outputs, launch.args, launch.kernel, held=held,
                              scratch=launch.scratch)
@@ -213,7 +236,7 @@ def _remember(decl: OpDecl, inputs: tuple, outputs: tuple, out, launch: Launch) 
     if not added:  # no native plan (None: not yet, the launcher is loading): keep a Python one
         plan = _python_plan(decl.name, inputs, outputs, launch, held, native_pending=added is None)
         if plan is not None:
-            _plans.setdefault(decl.name, _PlanTable()).add(_layout(inputs), plan)
+            _plans.setdefault(decl.name, _PlanTable()).add(_plan_key(decl.name, inputs), plan)
 
 
 def python_plan_call(decl: OpDecl, inputs: tuple, config):
@@ -221,8 +244,9 @@ def python_plan_call(decl: OpDecl, inputs: tuple, config):
     plans = _plans.get(decl.name)
     if plans:
         try:
-            plan = plans.get(_layout(inputs))
-        except (AttributeError, RuntimeError):  # not tensors (the checks say so), or no storage
+            plan = plans.get(_plan_key(decl.name, inputs))
+        except (AttributeError, RuntimeError, TypeError):  # not tensors or unhashable values (the checks
+            # say so), or no storage
             plan = None
         if plan is not None:
             return plan(inputs)
@@ -260,9 +284,18 @@ def {name}({params}, *, {out_param}config=None):
 
 def python_step({params}):
     return python_plan_call(DECL, ({args}, ), None)
+
+
+def plan_allowed({params}):
+    return {plan_when}
 '''
 # FAST and FAST_OUT are bound by native.bind: FAST serves the call from a native plan or passes it
 # on to python_step (step 2, then 3); FAST_OUT runs the out= plan (None when it did).
+
+
+def _no_out_plan(*args):
+    """FAST_OUT of an op without native plans: every out= call takes the checked path."""
+    return native.MISS
 
 
 def eager_function(decl: OpDecl):
@@ -289,7 +322,17 @@ def eager_function(decl: OpDecl):
                            out_args="out" if one else "*out")
     namespace = {"python_plan_call": python_plan_call, "checked_call": checked_call, "DECL": decl}
     exec(compile(source, f"<mslk_dsl.ops.{decl.name}>", "exec"), namespace)
-    native.bind(decl.name, namespace, namespace["python_step"])
+    _plan_allowed[decl.name] = namespace["plan_allowed"]
+    if decl.plan_values:
+        # Plans keyed by values are Python plans: no native launcher call on the way to them.
+        names_at = {n: i for i, n in enumerate(names)}
+        unknown = [n for n in decl.plan_values if n not in names_at]
+        if unknown:
+            raise MslkDslError(f"op {decl.name}: plan_values names {unknown}, which are not arguments")
+        _value_positions[decl.name] = tuple(names_at[n] for n in decl.plan_values)
+        namespace["FAST"], namespace["FAST_OUT"] = namespace["python_step"], _no_out_plan
+    else:
+        native.bind(decl.name, namespace, namespace["python_step"])
     fn = namespace[decl.name]
     fn.__defaults__ = defaults or None
     fn.__doc__ = decl.doc

@@ -37,6 +37,14 @@ class Launch(NamedTuple):
     finish: Callable[[], None] | None = None
 
 
+class Fixed(NamedTuple):
+    """A scalar kernel argument that ``prepare`` derives from the call's layout and the values of
+    the op's ``plan_values`` (1/sqrt(head_dim), a mask flag): every call a plan serves has the
+    same one, so a Python plan holds it. Any other scalar argument must be one of the op's own
+    arguments, passed as given (else the call keeps no plan)."""
+    value: Any
+
+
 # select(signature, problem) -> (kernel, chosen config): the framework's kernel choice for a call.
 Select = Callable[[tuple, tuple], tuple[Any, dict]]
 
@@ -68,6 +76,11 @@ class OpDecl:
     - ``plan_when``: a Python expression over the argument names that must hold for a launch plan
       to serve a call: the plans match layouts (dtype, shape, strides, alignment, scalar types),
       not values, so a value the checks restrict (a negative eps) must keep the checked path.
+    - ``plan_values``: the scalar arguments whose values, not only types, key the op's plans
+      (values that choose the kernel's flags, split counts or scratch sizes). Such an op keeps
+      Python plans only (the native launcher's plans are keyed by types); its ``prepare`` may pass
+      scalars derived from these values as ``Fixed``. A value a plan serves was checked when the
+      plan was made, so ``plan_when`` need not guard it.
     - ``plannable``: False where a plan could not replay the launch (outputs sized by a scalar's
       value, inputs written in place).
     - ``composite``: a plain torch function that is the whole op (no kernel).
@@ -84,6 +97,7 @@ class OpDecl:
     reference: Callable[..., Any] | None = None
     tolerance: tuple[float, float] = (2e-2, 2e-2)
     plan_when: str = "True"
+    plan_values: tuple[str, ...] = ()
     plannable: bool = True
     composite: Callable[..., Any] | None = None
     # Sizes for the smallest interesting call (fake tests, smoke runs); names from ``problem``.
@@ -103,6 +117,7 @@ class OpDecl:
 
 _kernel_ops: dict[str, KernelOp] = {}
 _declared: dict[str, OpDecl] = {}
+_eager: dict[str, Callable[..., Any]] = {}
 
 
 def declare(decl: OpDecl):
@@ -113,7 +128,7 @@ def declare(decl: OpDecl):
     if decl.name in _declared:
         raise MslkDslError(f"op {decl.name} is declared twice")
     _declared[decl.name] = decl
-    eager = call.eager_function(decl)
+    eager = _eager[decl.name] = call.eager_function(decl)
     library.register(decl, eager)
     return eager
 
@@ -121,6 +136,11 @@ def declare(decl: OpDecl):
 def declarations() -> dict[str, OpDecl]:
     """Every declared op by name, in declaration order."""
     return dict(_declared)
+
+
+def eager_functions() -> dict[str, Callable[..., Any]]:
+    """Every declared op's eager function by name (what ``mslk_dsl.ops.<name>`` is)."""
+    return dict(_eager)
 
 
 def get(name: str) -> OpDecl:

@@ -33,15 +33,17 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def placeholder(device: torch.device, dtype: torch.dtype, fill: int | float = 0) -> torch.Tensor:
+def placeholder(device: torch.device, dtype: torch.dtype, fill: int | float = 0,
+                shape: tuple[int, ...] = (1,)) -> torch.Tensor:
     """A one-element tensor passed for an absent optional input (scale_ub=None, bias=None): the
     kernel, compiled for the absent case, never reads it; or, with ``fill``, a constant a kernel
-    reads in place of the absent input (a row count of "all rows"). Cached so calls allocate
-    nothing."""
-    key = (device, dtype) if fill == 0 else (device, dtype, fill)
+    reads in place of the absent input (a row count of "all rows"). ``shape``: for a kernel that
+    takes the input with more dimensions (a [1, 1] block table). Cached so calls allocate
+    nothing (and launch plans may hold it)."""
+    key = (device, dtype) if fill == 0 and shape == (1,) else (device, dtype, fill, shape)
     t = _placeholders.get(key)
     if t is None:
-        t = _placeholders[key] = torch.full((1,), fill, dtype=dtype, device=device)
+        t = _placeholders[key] = torch.full(shape, fill, dtype=dtype, device=device)
     return t
 
 

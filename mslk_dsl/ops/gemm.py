@@ -159,16 +159,7 @@ def _prepare_f8f8bf16_rowwise(select, outputs, xq, wq, x_scale, w_scale, bias, u
     kernel, _ = select((bias_kind, use_fast_accum), (M, N, K))
     bias_arg = bias.contiguous() if bias is not None else placeholder(a.device, torch.bfloat16)
     target, finish = _store_target(y)
-    if finish is None and not use_fast_accum:
-        finish = _promoted_calls_keep_no_plan
     return Launch(kernel, (a, b, x_scale.contiguous(), w_scale.contiguous(), bias_arg, target), finish=finish)
-
-
-def _promoted_calls_keep_no_plan() -> None:
-    """The finish step of use_fast_accum=False launches. Launch plans are keyed by the inputs'
-    layout, and a bool argument's layout is its type: a plan of a promoted launch would replay
-    for fast calls too. So only fast (default) calls are planned (plan_when below); a launch with
-    a finish step is never remembered as a plan, and this one has nothing else to do."""
 
 
 def _f8f8bf16_rowwise_reference(xq, wq, x_scale, w_scale, bias=None, use_fast_accum=True):
@@ -194,5 +185,7 @@ f8f8bf16_rowwise = declare(OpDecl(
         (_output_shape(xq, wq), torch.bfloat16)],
     prepare=_prepare_f8f8bf16_rowwise, signature=("bias", "fast_accum"), problem=("M", "N", "K"),
     example=_gemm_example(fp8=True), reference=_f8f8bf16_rowwise_reference,
+    # Plans are keyed by the inputs' layout, and a bool's layout is its type: only fast (default)
+    # calls make and take plans, so a promoted launch never replays for a fast call or the reverse.
     plan_when="use_fast_accum is True",
     small_problem={"M": 5, "N": 32, "K": 64}))

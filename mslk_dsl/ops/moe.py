@@ -2,15 +2,17 @@
 expert), gather_scale_dense_tokens and scatter_add_dense_tokens. The templates' docstrings give
 the kernels' exact contracts and the deliberate differences from MSLK.
 
-None of them keeps launch plans: index_shuffling's outputs are sized by top_k's value, the
-routing indices are converted to int32 per call, and scatter writes an input in place."""
+index_shuffling and gather_scale_dense_tokens keep launch plans (index_shuffling's keyed by the
+values of top_k and the expert range too: top_k sizes its outputs); routing indices the op
+converts to int32 for the kernel (int64 ones) keep none. scatter_add_dense_tokens keeps none: it
+writes an input in place."""
 from __future__ import annotations
 
 import torch
 
 from mslk_dsl.device import target_of
 from mslk_dsl.ops import validate as check
-from mslk_dsl.ops.declaration import Launch, OpDecl, declare
+from mslk_dsl.ops.declaration import Fixed, Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder
 from mslk_dsl.templates import _kernel_limits as limits  # what the ops and the kernels agree on
 
@@ -101,8 +103,9 @@ def _prepare_index_shuffling(select, outputs, scores, expert_index_start, expert
     slots = torch.empty(T * top_k, dtype=torch.int32, device=dev)
     histogram = torch.empty(limits.index_shuffling_hist_ints(E), dtype=torch.int32, device=dev)
     kernel, _ = select((valid_token_count is not None, dtype_name(scores.dtype)), (T, E))
+    # top_k and the expert range are plan_values: a plan holds them (see Fixed).
     return Launch(kernel, (scores, _valid_arg(valid_token_count, dev), counts, expert_indices, token_indices,
-                           slots, histogram, top_k, start, end), scratch=(slots, histogram))
+                           slots, histogram, Fixed(top_k), Fixed(start), Fixed(end)), scratch=(slots, histogram))
 
 
 def _index_shuffling_reference(scores, expert_index_start=None, expert_index_end=None, valid_token_count=None,
@@ -139,7 +142,8 @@ index_shuffling = declare(OpDecl(
     token_indices [T * top_k] int32). Only the first counts[E + 1] entries are meaningful.""",
     check=_check_index_shuffling, outputs=_index_shuffling_outputs, prepare=_prepare_index_shuffling,
     signature=("has_valid_count", "score_dtype"), problem=("T", "E"), example=_routing_example,
-    reference=_index_shuffling_reference, plannable=False, small_problem={"T": 5, "E": 16}))
+    reference=_index_shuffling_reference, plan_values=("expert_index_start", "expert_index_end", "top_k"),
+    small_problem={"T": 5, "E": 16}))
 
 
 # -- gather_scale_dense_tokens --------------------------------------------------------------------------------
@@ -195,7 +199,7 @@ gather_scale_dense_tokens = declare(OpDecl(
     outputs=lambda x, token_indices, expert_indices, scores, valid_token_count=None: [
         ((token_indices.shape[0], x.shape[1]), x.dtype)],
     prepare=_prepare_gather, signature=("aligned", "dtype", "has_valid_count", "score_dtype"),
-    problem=("A", "D"), example=_gather_example, reference=_gather_reference, plannable=False,
+    problem=("A", "D"), example=_gather_example, reference=_gather_reference,
     small_problem={"A": 10, "D": 64}))
 
 

@@ -13,7 +13,7 @@ import torch
 from mslk_dsl.device import target_of
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
-from mslk_dsl.ops.dispatch import dtype_name
+from mslk_dsl.ops.dispatch import dtype_name, placeholder
 from mslk_dsl.ops.elementwise import _check_scale_ub, _quantize_reference, fp8_dtype_for
 from mslk_dsl.ops.moe import (SCORE_DTYPES, _check_indices, _check_valid_count, _gather_example,
                               _gather_reference, _int32, _one_column_needs_padding, _two_columns)
@@ -21,18 +21,6 @@ from mslk_dsl.ops.moe import (SCORE_DTYPES, _check_indices, _check_valid_count, 
 OP = "gather_scale_quant_dense_tokens"
 # The activations of an FP8 MoE; fp32 ones can take gather_scale_dense_tokens, then quantize_fp8_row.
 X_DTYPES = (torch.bfloat16, torch.float16)
-_constants: dict = {}
-
-
-def _constant(device: torch.device, dtype: torch.dtype, value) -> torch.Tensor:
-    """A cached one-element tensor holding ``value`` (the kernels read it; calls allocate nothing)."""
-    key = (device, dtype, value)
-    t = _constants.get(key)
-    if t is None:
-        t = _constants[key] = torch.full((1,), value, dtype=dtype, device=device)
-    return t
-
-
 def _check(x, token_indices, expert_indices, scores, scale_ub, valid_token_count):
     check.tensor(OP, "x", x, X_DTYPES, ndim=2)
     _check_indices(OP, "token_indices", token_indices)
@@ -70,8 +58,9 @@ def _prepare(select, outputs, x, token_indices, expert_indices, scores, scale_ub
         scores = scores.contiguous()  # FlyDSL kernels are specialized on a unit column stride
     x = check.rows(x)
     dev = x.device
-    ub = _constant(dev, torch.float32, float("inf")) if scale_ub is None else scale_ub.reshape(1)
-    valid = _constant(dev, torch.int32, 2**31 - 1) if valid_token_count is None else valid_token_count.reshape(1)
+    # Cached constants (placeholders with a fill: launch plans hold them).
+    ub = placeholder(dev, torch.float32, fill=float("inf")) if scale_ub is None else scale_ub.reshape(1)
+    valid = placeholder(dev, torch.int32, fill=2**31 - 1) if valid_token_count is None else valid_token_count.reshape(1)
     kernel, _ = select((check.aligned16(x, xq), dtype_name(x.dtype), dtype_name(scores.dtype)),
                        (xq.shape[0], x.shape[1]))
     return Launch(kernel, (x, tok, exp, scores, valid, ub, xq, scale))
@@ -102,5 +91,5 @@ gather_scale_quant_dense_tokens = declare(OpDecl(
     (xq [A, D] fp8, scale [A] fp32), x[t] * s ~= xq[i] * scale[i]. Rows at and past
     valid_token_count (default: all rows valid) are left unwritten, as in MSLK.""",
     check=_check, outputs=_outputs, prepare=_prepare, signature=("aligned", "dtype", "score_dtype"),
-    problem=("A", "D"), example=_example, reference=_reference, plannable=False,
+    problem=("A", "D"), example=_example, reference=_reference,
     small_problem={"A": 10, "D": 64}))

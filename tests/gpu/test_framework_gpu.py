@@ -279,7 +279,10 @@ def test_every_declared_op_matches_its_reference_and_replays_through_its_plans(m
                 with native.bypassed() if path == "python" else contextlib.nullcontext():
                     getattr(ops, name)(*args)                # the plan
                     again = getattr(ops, name)(*args)        # served by it
-                for a, b in zip(got_all, again if isinstance(again, tuple) else (again,)):
+                again_all = again if isinstance(again, tuple) else (again,)
+                if name == "index_shuffling":                # only the routed prefix is defined
+                    again_all = (again_all[0], again_all[1][:routed], again_all[2][:routed])
+                for a, b in zip(got_all, again_all):
                     assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (name, path)
 
 

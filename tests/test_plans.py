@@ -1,0 +1,172 @@
+"""Launch plans of the attention and routing ops on the CPU (stand-in kernels, no GPU): a repeat call with a
+layout (and, for these ops, the values of their ``plan_values``) seen before skips the checks and
+the kernel choice, gets fresh outputs and scratch, and passes the kernel the same derived scalars;
+a call the plan does not cover (another mask, split count or scale; a copied input) takes the
+checked path; a plan holds none of a call's tensors."""
+import gc
+import importlib
+import math
+import weakref
+
+import pytest
+import torch
+
+from mslk_dsl import ops
+from mslk_dsl.ops import call, declaration, validate
+
+bf16 = torch.bfloat16
+decode_module = importlib.import_module("mslk_dsl.ops.attention_decode")  # ops.attention_decode is the op
+prefill_module = importlib.import_module("mslk_dsl.ops.attention")
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """Every kernel is a recorder of what it was given (shapes and scalars, never the tensors);
+    ``chosen`` counts kernel choices per op, ``checked`` argument checks."""
+    launched, chosen, checked = [], [], []
+
+    def kernel(*args):
+        launched.append(tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args))
+
+    def selection_of(name):
+        def selection(device, signature, problem, config):
+            chosen.append((name, signature, problem))
+            return kernel, {}
+        return selection
+
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)   # CPU tensors stand in for GPU ones
+    for name in ("attention_decode", "merge_attentions", "attention_fwd", "index_shuffling",
+                 "gather_scale_dense_tokens"):
+        monkeypatch.setattr(declaration.get(name).kernels, "selection", selection_of(name))
+    for module in (decode_module, prefill_module):
+        monkeypatch.setattr(module, "sm_count", lambda device: 132)   # an H200's SMs
+    tensor_check = validate.tensor
+    monkeypatch.setattr(validate, "tensor", lambda *a, **kw: checked.append(a[1]) or tensor_check(*a, **kw))
+    call.clear_python_plans()
+    yield launched, chosen, checked
+    call.clear_python_plans()
+
+
+def _decode_args(B=3, Mq=2, Hq=8, Hkv=2, D=64, L=256):
+    return (torch.randn(B, Mq, Hq, D, dtype=bf16), torch.randn(B, L, Hkv, D, dtype=bf16),
+            torch.randn(B, L, Hkv, D, dtype=bf16), torch.full((B,), L, dtype=torch.int32))
+
+
+def test_attention_decode_repeat_layout_skips_checks_and_choice(stand_in):
+    launched, chosen, checked = stand_in
+    first = ops.attention_decode(*_decode_args())
+    assert len(chosen) == 1 and "q" in checked
+    checks = len(checked)
+    args = _decode_args()
+    out, lse = ops.attention_decode(*args)
+    assert len(chosen) == 1 and len(checked) == checks            # the plan served it
+    assert launched[1] == launched[0]                              # same shapes, same scalars
+    q, k, v, lengths, table, o, l_, o_part, lse_part, scale, causal, paged = launched[1]
+    assert (scale, causal, paged) == (1 / math.sqrt(64), 1, 0) and table == (1, 1)
+    assert o == (3, 2, 8, 64) and o_part[1:] == (3, 2, 8, 64) and lse_part[1:] == (3, 8, 2)
+    assert out.shape == (3, 2, 8, 64) and lse.shape == (3, 8, 2)
+    assert out.data_ptr() != first[0].data_ptr()                   # fresh outputs per call
+
+
+@pytest.mark.parametrize("change,kernel_sees", [
+    ({"causal": False}, lambda launch: launch[10] == 0),
+    ({"num_splits": 3}, lambda launch: launch[7][0] == 3),
+    ({"scale": 0.5}, lambda launch: launch[9] == 0.5),
+])
+def test_attention_decode_values_the_plan_does_not_cover_are_checked(stand_in, change, kernel_sees):
+    """causal, num_splits and scale key the plans by value: another value is checked and chosen
+    for (then planned in turn); a bad value is refused even after a good one was planned."""
+    launched, chosen, checked = stand_in
+    defaults = {"block_table": None, "scale": None, "causal": True, "num_splits": 0}
+    ops.attention_decode(*_decode_args(), **defaults)
+    ops.attention_decode(*_decode_args(), **{**defaults, **change})
+    assert len(chosen) == 2 and kernel_sees(launched[-1])
+    ops.attention_decode(*_decode_args(), **{**defaults, **change})
+    assert len(chosen) == 2 and kernel_sees(launched[-1])          # now planned too
+    bad = {"causal": {"num_splits": -1}, "num_splits": {"num_splits": -2}, "scale": {"scale": -0.5}}
+    with pytest.raises(ValueError):
+        ops.attention_decode(*_decode_args(), **{**defaults, **bad[next(iter(change))]})
+
+
+def test_attention_decode_paged_plan(stand_in):
+    launched, chosen, _ = stand_in
+    pages = (torch.randn(12, 16, 2, 64, dtype=bf16), torch.randn(12, 16, 2, 64, dtype=bf16))
+    table = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    q, _, _, lengths = _decode_args()
+    for _ in range(2):
+        ops.attention_decode(q.clone(), *pages, lengths.clone(), table.clone())
+    assert len(chosen) == 1 and launched[1][4] == (3, 4) and launched[1][11] == 1
+
+
+def test_a_plan_holds_no_tensor_of_a_call(stand_in):
+    args = list(_decode_args())
+    ops.attention_decode(*args)
+    results = ops.attention_decode(*args)           # served by the plan
+    refs = [weakref.ref(t) for t in (*args, *results)]
+    del args, results
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
+def test_merge_attentions_plans_and_copied_inputs(stand_in):
+    launched, chosen, _ = stand_in
+    parts, lses = torch.randn(3, 2, 1, 4, 64), torch.randn(3, 2, 4, 1)
+    ops.merge_attentions(parts, lses)
+    out, lse = ops.merge_attentions(parts.clone(), lses.clone())
+    assert len(chosen) == 1 and launched[1] == ((3, 2, 1, 4, 64), (3, 2, 4, 1), (2, 1, 4, 64), (2, 4, 1))
+    assert out.shape == (2, 1, 4, 64) and lse.shape == (2, 4, 1)
+    # Partials the op copies for the kernel (not contiguous) keep no plan: each call chooses.
+    strided = torch.randn(3, 2, 1, 4, 128)[..., :64]
+    ops.merge_attentions(strided, lses)
+    ops.merge_attentions(strided, lses)
+    assert len(chosen) == 3
+
+
+def test_attention_fwd_plans_per_mask(stand_in):
+    launched, chosen, _ = stand_in
+    q, k, v = (torch.randn(2, 17, 4, 64, dtype=bf16) for _ in range(3))
+    for _ in range(2):
+        ops.attention_fwd(q, k, v, causal=True)
+    assert len(chosen) == 1
+    *_, scale, left, right, max_ctas = launched[1]    # max_ctas: the persistent grid's bound
+    assert scale == pytest.approx(64 ** -0.5) and right == 0 and max_ctas == 132
+    ops.attention_fwd(q, k, v)                     # no mask: another kernel choice, other scalars
+    assert len(chosen) == 2 and chosen[1][2] != chosen[0][2] and launched[2][-2] != 0
+    ops.attention_fwd(q, k, v, window_left=4, window_right=0)
+    ops.attention_fwd(q, k, v, window_left=4, window_right=0)
+    assert len(chosen) == 3 and launched[-1][-3:-1] == (4, 0)
+
+
+def test_index_shuffling_plans_per_top_k(stand_in):
+    """top_k sizes the outputs and the expert range is a kernel scalar: both key the plans."""
+    launched, chosen, _ = stand_in
+    scores = torch.rand(6, 16)
+    for _ in range(2):
+        counts, experts, tokens = ops.index_shuffling(scores.clone(), None, None, None, 2)
+    assert len(chosen) == 1 and experts.shape == (12,) and launched[1][-3:] == (2, 0, 16)
+    counts, experts, tokens = ops.index_shuffling(scores.clone(), 4, 8, None, 3)
+    assert len(chosen) == 2 and experts.shape == (18,) and launched[2][-3:] == (3, 4, 8)
+    with pytest.raises(ValueError, match="top_k"):
+        ops.index_shuffling(scores, None, None, None, 17)
+
+
+def test_gather_plans_int32_indices_only(stand_in):
+    """int32 routing indices go to the kernel as given (a plan replays); int64 ones are converted
+    per call (no plan)."""
+    launched, chosen, _ = stand_in
+    x, scores = torch.randn(4, 32, dtype=bf16), torch.rand(4, 8)
+    tok, exp = torch.randint(0, 4, (6,), dtype=torch.int32), torch.randint(0, 8, (6,), dtype=torch.int32)
+    for _ in range(2):
+        ops.gather_scale_dense_tokens(x.clone(), tok.clone(), exp.clone(), scores.clone())
+    assert len(chosen) == 1
+    for _ in range(2):
+        ops.gather_scale_dense_tokens(x, tok.long(), exp.long(), scores)
+    assert len(chosen) == 3
+
+
+def test_an_unhashable_value_gets_the_checks_message(stand_in):
+    """A plan_values argument of a wrong, unhashable type reaches the op's checks, not a hashing
+    error of the plan lookup."""
+    ops.attention_decode(*_decode_args())                 # a plan exists
+    with pytest.raises(ValueError, match="scale must be a positive finite float"):
+        ops.attention_decode(*_decode_args(), None, [0.5])
