@@ -130,8 +130,8 @@ def _build(config, target, sig, residual):
         rstd = cute.math.rsqrt(ss / Float32(n) + eps, fastmath=True)
 
         # Pass 2: y = (h * rstd) * w, rounded once. The weight is read only now, a vector at a
-        # time under the vector's predicate: every row reads it, so it is an L1 hit (the
-        # streamed inputs bypass L1), and loading it up front would have the compiler keep all
+        # time under the vector's predicate: every row reads it, so it is mostly an L1 hit, and
+        # loading it up front would have the compiler keep all
         # of it in fp32 (64 more registers per thread at 8 chunks: fewer rows in flight per SM).
         for i in cutlass.range_constexpr(chunks):
             j = lane + i * tpr

@@ -3,6 +3,7 @@ copy roofline, over sizes from 4 MiB to 4 GiB moved.
 
   python tools/bench.py membound --sweep [--ops silu_mul,rmsnorm,...] [--peers liger,quack,eager,compile]
                                  [--dtype bfloat16|float16] [--quick] [--warm-only] [--json PATH]
+                                 [--sizes ROWSxHIDDEN,...] [--configs]
 
 For each op and hidden size the rows are chosen so that the op moves about 4, 16, 64, 256, 1024
 and 4096 MiB (rows clamped to 1..131072); rmsnorm also runs rows of 64K and 128K elements. Hidden
@@ -22,6 +23,9 @@ and torch.compile of the same composite (``--peers`` picks them; compile costs a
 and shape family). The table gives ours and the best peer at each size; the JSON has every
 timing. Times: medians of triton.testing.do_bench (CUDA events; L2 flushed between runs).
 ``--warm-only`` calls each op once per size and times nothing (for tools/prebuild_kernels.py).
+``--sizes`` replaces the sweep's sizes; ``--configs`` also times, at each size, every config of
+the op's CuTe template for 128-bit rows whose tile is within 0.4-2.5x the row (row-wise ops; the
+JSON's "configs" maps each config's name to its time).
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import argparse
 import json
 import sys
 
-from bench_common import cuda_or_exit, table
+from bench_common import cuda_or_exit, parse_shapes, rowwise_label, table
 
 HIDDEN = (2880, 3584, 5120, 7168, 14336, 4000)
 MOE_HIDDEN = (2880, 5120, 7168)
@@ -115,7 +119,7 @@ def _make_case(op, rows, d, dtype, peers_wanted, torch, ops):
             return (F.silu(p.float()) * q.float()).to(dtype)
 
         if op == "silu_mul":
-            ours = lambda: ops.silu_mul(a, b)  # noqa: E731
+            ours = lambda config=None: ops.silu_mul(a, b, config=config)  # noqa: E731
             composite = lambda p, q: F.silu(p) * q  # noqa: E731
             liger = _liger("swiglu") if "liger" in peers_wanted else None
             if liger is not None:
@@ -123,12 +127,12 @@ def _make_case(op, rows, d, dtype, peers_wanted, torch, ops):
             if "eager" in peers_wanted:
                 peers["eager"] = lambda: composite(a, b)
         elif op == "quantize_fp8_row":
-            ours = lambda: ops.quantize_fp8_row(a)  # noqa: E731
+            ours = lambda config=None: ops.quantize_fp8_row(a, config=config)  # noqa: E731
             composite = lambda p, q: quant(p)  # noqa: E731
             if "eager" in peers_wanted:
                 peers["eager"] = lambda: quant(a)
         else:
-            ours = lambda: ops.silu_mul_quant(a, b)  # noqa: E731
+            ours = lambda config=None: ops.silu_mul_quant(a, b, config=config)  # noqa: E731
             composite = lambda p, q: quant(swiglu(p, q))  # noqa: E731
             if "eager" in peers_wanted:
                 peers["eager"] = lambda: composite(a, b)
@@ -144,14 +148,14 @@ def _make_case(op, rows, d, dtype, peers_wanted, torch, ops):
         quack = _quack() if "quack" in peers_wanted else None
         liger = _liger("fused_add_rms_norm" if fused else "rms_norm") if "liger" in peers_wanted else None
         if fused:
-            ours = lambda: ops.rmsnorm_add(x, r, w, EPS)  # noqa: E731
+            ours = lambda config=None: ops.rmsnorm_add(x, r, w, EPS, config=config)  # noqa: E731
             composite = lambda p, q: (F.rms_norm(p + q, (d,), w, EPS), p + q)  # noqa: E731
             if quack is not None:
                 peers["quack"] = lambda: quack(x, w, residual=r, eps=EPS)
             if liger is not None:
                 peers["liger"] = lambda: liger(x, r, w, EPS, 0.0, "llama", False)
         else:
-            ours = lambda: ops.rmsnorm(x, w, EPS)  # noqa: E731
+            ours = lambda config=None: ops.rmsnorm(x, w, EPS, config=config)  # noqa: E731
             composite = lambda p, q: F.rms_norm(p, (d,), w, EPS)  # noqa: E731
             if quack is not None:
                 peers["quack"] = lambda: quack(x, w, eps=EPS)
@@ -188,6 +192,21 @@ def _make_case(op, rows, d, dtype, peers_wanted, torch, ops):
     return Case(op, rows, d, nbytes, ours, peers)
 
 
+def _configs_near(op, d, torch):
+    """The configs of ``op``'s CuTe template for 128-bit bf16/fp16 rows whose tile is 0.4-2.5x
+    a row of ``d`` elements (none for the MoE ops)."""
+    if "_k" in op:
+        return []
+    from mslk_dsl import registry
+    from mslk_dsl.templates import _rowwise_plan as plan
+
+    template = next(t for t in registry.get_templates(backend="cute") if t.op == op)
+    sigs = [s for s in template.all_signatures() if s["dtype"] == "bfloat16" and s["aligned"]
+            and not s.get("has_scale_ub") and not s.get("fp32_weight")]
+    return [c for c in template.all_configs() if template.valid(c, "sm90a", sigs[0])
+            and 0.4 * d <= plan.RowTile.of(c).tile_k <= 2.5 * d]
+
+
 def sizes(op, mibs):
     """(rows, hidden) of ``op``'s sweep: per hidden size, the rows that move each target size."""
     hidden = MOE_HIDDEN if "_k" in op else HIDDEN
@@ -214,6 +233,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warm-only", action="store_true", help="call each op once per size; time nothing")
     parser.add_argument("--rep-ms", type=float, default=40.0)
     parser.add_argument("--json")
+    parser.add_argument("--sizes", help="ROWSxHIDDEN,... instead of the sweep's sizes")
+    parser.add_argument("--configs", action="store_true", help="also time the configs near each row's width")
     args = parser.parse_args(argv)
     found = cuda_or_exit("bench_membound")
     if found is None:
@@ -238,10 +259,14 @@ def main(argv: list[str]) -> int:
 
     results = []
     for op in args.ops.split(","):
-        for rows, d in sizes(op, QUICK_MIB if args.quick else TARGET_MIB):
+        points = parse_shapes(args.sizes) if args.sizes else sizes(op, QUICK_MIB if args.quick else TARGET_MIB)
+        for rows, d in points:
             with torch.no_grad():
                 case = _make_case(op, rows, d, dtype, set() if args.warm_only else peers_wanted, torch, ops)
+                near = _configs_near(op, d, torch) if args.configs else []
                 case.ours()
+                for config in near:
+                    case.ours(config)
                 torch.cuda.synchronize()
                 if args.warm_only:
                     continue
@@ -250,6 +275,14 @@ def main(argv: list[str]) -> int:
                 copy = copy_gbps(case.nbytes)
                 row["us"] = ours_ms * 1e3
                 row["% copy"] = 100 * case.nbytes / ours_ms * 1e-6 / copy
+                if near:
+                    from mslk_dsl.template import config_name
+                    run = case.ours
+                    row["configs"] = {config_name(c): timed(lambda c=c: run(c)) * 1e3 for c in near}
+                    best_name = min(row["configs"], key=row["configs"].get)
+                    print(f"{op} {rows}x{d}: heuristic {row['us']:.1f} us; " + ", ".join(
+                        f"{rowwise_label(c)} {row['configs'][config_name(c)]:.1f}" for c in near)
+                        + f"; best {best_name}", flush=True)
                 row["peers"] = {}
                 for name, fn in case.peers.items():
                     try:
