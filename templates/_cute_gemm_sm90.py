@@ -15,11 +15,14 @@ templates need, with its own tile order and an epilogue hook:
     columns past M / N);
   * the grid is persistent, one CTA per SM (``NUM_SMS``), each CTA walking output tiles in
     a grouped raster order so the CTAs running together share A and B panels in L2;
-  * split-K (``split_k`` > 1, for decode-sized M, where N / tile_n output tiles cannot keep
-    every SM streaming the weight): each output tile is ``split_k`` units of work over
-    consecutive K ranges; a unit stores its fp32 sums (rows < M only) into a partials buffer
-    [split_k, M, N], and a second kernel adds the split_k partials in a fixed order and
-    rounds once to the output dtype (deterministic, no atomics);
+  * split-K (``split_k`` > 1, where the output tiles cannot keep every SM busy: decode-sized
+    and mid-sized M): each output tile is ``split_k`` units of work over consecutive K ranges.
+    A unit stores its fp32 sums (rows < M, columns < N) into its slot of the tile in a
+    partials buffer [tile, split, tile_m x tile_n] and counts itself in the tile's counter
+    (an atomic add after a release fence); the unit that finds the count complete is the
+    tile's last: it resets the counter to zero for the next call, adds the tile's slots in
+    split order (deterministic whoever comes last) and runs the epilogue as an unsplit tile
+    does. One kernel, no spin-waits (CUTLASS's in-place split-K fix-up, without its waits);
   * stream-K (``stream_k``, for grids whose last wave would be partial): the full waves of
     tiles run as above; the k-tiles of the remaining tiles are shared out evenly between all
     CTAs (gemm_configs.stream_k_*: a CTA's range touches at most two tiles), each CTA stores
@@ -47,7 +50,6 @@ NUM_SMS = gemm_configs.NUM_SMS
 _SMEM_BYTES = get_smem_capacity_in_bytes("sm_90")
 _EPI_TILE_N = 32  # epilogue sub-tile width (CUTLASS's choice for 16-bit outputs)
 _PRODUCER_REGS, _CONSUMER_REGS = 40, 232  # setmaxnreg split; 40*128 + 232*256 <= 64K
-_REDUCE_THREADS = 256  # split-K: threads per block of the partials reduction (4 columns each)
 
 
 class HopperGemm:
@@ -63,9 +65,11 @@ class HopperGemm:
                   for Hopper's FP8 wgmma adds into its accumulator with ~13-bit precision);
                   the second warpgroup's chunks are offset by half a chunk, so the warpgroups
                   never wait for their wgmma to drain at the same time.
-    split_k:      1, or the number of K ranges each output tile is split into (no cluster, no
-                  epilogue hook); the call then takes an fp32 partials buffer of at least
-                  split_k * M * N elements (16-byte aligned), and split_k * M * N < 2**31.
+    split_k:      1, or the number of K ranges each output tile is split into (no cluster);
+                  the call then takes an fp32 partials buffer of at least
+                  gemm_configs.partials_elements(config, M, N) elements (< 2**31) and an int32
+                  tile counter per output tile (gemm_configs.counters_needed), zero at the
+                  launch and left zero by it.
     x_rows:       0, or (64-row tiles, decode) load only this many rows of A per k-tile (a
                   multiple of 8): the call must have M <= x_rows. wgmma still reads 64 rows of
                   shared memory; rows past x_rows hold stale data, which only reaches output
@@ -92,8 +96,7 @@ class HopperGemm:
             (self.tile_m not in (64, 128) or self.tile_n % _EPI_TILE_N or not 64 <= self.tile_n <= 256,
              f"tile_m must be 64 or 128, tile_n a multiple of {_EPI_TILE_N} from 64 to 256"),
             (cluster_m not in (1, 2) or group < 0, "cluster_m must be 1 or 2 and group >= 0"),
-            (split_k < 1 or (split_k > 1 and (cluster_m != 1 or epilogue is not None)),
-             "split_k >= 1, and split-K runs with cluster_m 1 and no epilogue"),
+            (split_k < 1 or (split_k > 1 and cluster_m != 1), "split_k >= 1, and split-K runs with cluster_m 1"),
             (stream_k and (split_k != 1 or epilogue is not None or promote_every != 0),
              "stream-K runs without split-K, epilogue or promotion"),
             (x_rows != 0 and (self.tile_m != 64 or x_rows % 8 or x_rows >= 64),
@@ -131,7 +134,7 @@ class HopperGemm:
         # The head (mbarriers of <= 32 stages, epilogue words) is padded to sA's 1 KB alignment.
         ab_bytes = (self.tile_m * a_dtype.width + self.tile_n * b_dtype.width) * self.tile_k // 8
         d_bytes = self.tile_m * _EPI_TILE_N * d_dtype.width // 8
-        head = -(-(16 * 32 + 4 * self.epi_words) // 1024) * 1024
+        head = -(-(16 * 32 + 4 * (self.epi_words + 1)) // 1024) * 1024
         free = _SMEM_BYTES - head - 2 * d_bytes
         self.stages = min(free // ab_bytes, 32)
         self.epi_stages = 2 + min(2, (free - self.stages * ab_bytes) // d_bytes)
@@ -152,9 +155,9 @@ class HopperGemm:
 
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, epi_args, stream,
-                 partials: cute.Tensor = None):
+                 partials: cute.Tensor = None, counters: cute.Tensor = None):
         """Launch D = A @ B^T; ``partials`` (fp32, 1-D) is the split-K or stream-K buffer, only
-        with split_k > 1 or stream_k."""
+        with split_k > 1 or stream_k; ``counters`` (int32, 1-D) the split-K tile counters."""
         self._setup(a.element_type, b.element_type, d.element_type)
         tma_a, gA = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), a,
@@ -179,23 +182,20 @@ class HopperGemm:
         class SharedStorage:
             ab_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             sEpi: cute.struct.MemRange[Float32, self.epi_words]
+            last_flag: cute.struct.MemRange[Int32, 1]  # split-K: the tile counter's old value
             sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem)], 1024]
             sD: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(self.d_smem)], 1024]
 
         self._check_shared_memory(SharedStorage.size_in_bytes())
         self.shared_storage = SharedStorage
-        # Without split-K or stream-K the kernel never reads the partials argument: D stands in.
+        # Without split-K or stream-K the kernel never reads the partials or counters: D stands in.
         mP = partials if const_expr(self.split_k > 1 or self.stream_k) else d
+        mC = counters if const_expr(self.split_k > 1) else d
         self.kernel(tma_a, gA, tma_b, gB, tma_d, gD, self.tiled_mma, self.tiled_mma_zero, self.a_smem,
-                    self.b_smem, self.d_smem, clusters_m, clusters_n, epi_args, mP).launch(
+                    self.b_smem, self.d_smem, clusters_m, clusters_n, epi_args, mP, mC).launch(
             grid=(self.cluster_m, 1, num_clusters), block=(self.threads, 1, 1),
             cluster=(self.cluster_m, 1, 1), min_blocks_per_mp=1, stream=stream)
-        if const_expr(self.split_k > 1):
-            vectors = d.shape[0] * (d.shape[1] // 4)
-            self.reduce_partials(partials, d).launch(
-                grid=((vectors + _REDUCE_THREADS - 1) // _REDUCE_THREADS, 1, 1),
-                block=(_REDUCE_THREADS, 1, 1), stream=stream)
         if const_expr(self.stream_k):
             ctas = NUM_SMS // self.cluster_m
             _, shared = gemm_configs.stream_k_tiles(clusters_m * clusters_n, ctas)
@@ -239,7 +239,7 @@ class HopperGemm:
                mB: cute.Tensor, tma_d: cute.CopyAtom, mD: cute.Tensor,
                tiled_mma: cute.TiledMma, tiled_mma_zero: cute.TiledMma, a_smem: cute.ComposedLayout,
                b_smem: cute.ComposedLayout, d_smem: cute.ComposedLayout,
-               clusters_m: Int32, clusters_n: Int32, epi_args, mP: cute.Tensor):
+               clusters_m: Int32, clusters_n: Int32, epi_args, mP: cute.Tensor, mC: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -268,6 +268,7 @@ class HopperGemm:
         sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
         sD = storage.sD.get_tensor(d_smem.outer, swizzle=d_smem.inner)
         sEpi = storage.sEpi.get_tensor(cute.make_layout(self.epi_words))
+        sFlag = storage.last_flag.get_tensor(cute.make_layout(1))
         # (bM, bK, RestM, RestK) / (bN, bK, RestN, RestK)
         gA = cute.local_tile(mA, (self.x_rows, self.tile_k), (None, None))
         gB = cute.local_tile(mB, (self.tile_n, self.tile_k), (None, None))
@@ -309,8 +310,8 @@ class HopperGemm:
                 ab_pipeline.producer_tail(state)
         else:
             cute.arch.setmaxregister_increase(_CONSUMER_REGS)
-            self._consume(ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, tma_d, mD, k_tiles,
-                          tidx - 128, warp_idx, cta_m, clusters_m, clusters_n, epi_args, mP)
+            self._consume(ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, sFlag, tma_d, mD, k_tiles,
+                          tidx - 128, warp_idx, cta_m, clusters_m, clusters_n, epi_args, mP, mC)
 
     @cute.jit
     def _load(self, ab_pipeline, state, tma_a, tma_b, tAgA_t, tAsA, tBgB_t, tBsB, b_mcast_mask,
@@ -383,8 +384,8 @@ class HopperGemm:
         return read_state, release_state
 
     @cute.jit
-    def _consume(self, ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, tma_d, mD, all_k_tiles,
-                 mma_tidx, warp_idx, cta_m, clusters_m, clusters_n, epi_args, mP):
+    def _consume(self, ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, sFlag, tma_d, mD, all_k_tiles,
+                 mma_tidx, warp_idx, cta_m, clusters_m, clusters_n, epi_args, mP, mC):
         """Consumer warpgroups: for each tile, the wgmma mainloop and then the epilogue."""
         thr_mma = tiled_mma.get_slice(mma_tidx)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
@@ -451,11 +452,13 @@ class HopperGemm:
                         ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_zero, tCrA, tCrB,
                         acc, acc_tmp, cutlass.min(self.promote_every, k_tiles - k0))
 
+            # An unsplit tile is complete here; a split one once its last unit has added the
+            # others' sums (then acc holds the whole tile).
+            complete = True
             if const_expr(self.split_k > 1):
-                # ---- split-K epilogue: fp32 sums straight to this split's partials block.
-                self._store_partials(acc, thr_mma, mP, mD.shape[0], mD.shape[1],
-                                     tile_m * self.tile_m, tile_n * self.tile_n, split)
-            else:
+                complete = self._fix_up(acc, thr_mma, mma_tidx, mP, mC, sFlag, mD.shape[0], mD.shape[1],
+                                        tile_m, tile_n, work - split * clusters_m * clusters_n, split)
+            if complete:
                 # ---- epilogue: (tile_m x 32) sub-tiles through shared memory and TMA stores
                 if const_expr(self.epilogue is not None):
                     self.epilogue.stage(epi_regs, sEpi, mma_tidx)
@@ -501,16 +504,44 @@ class HopperGemm:
         store_pipeline.producer_tail()
 
     @cute.jit
-    def _store_partials(self, acc, thr_mma, mP, m_size, n_size, m0, n0, split):
-        """Split-K: this thread's fp32 sums to partials[split, m, n] for m < M, n < N. Decode
-        tiles are mostly rows past M, which store nothing; the stores are a sliver of the
-        weight bytes the unit streams."""
+    def _fix_up(self, acc, thr_mma, mma_tidx, mP, mC, sFlag, m_size, n_size, tile_m, tile_n, tile, split):
+        """Split-K: store this unit's sums in its slot of the tile, count the unit in the tile's
+        counter and, if it is the last of the tile's split_k units, sum every slot of the tile
+        into acc in split order (deterministic) and reset the counter. Returns whether acc now
+        holds the whole tile. Values of rows >= M or columns >= N are neither stored nor read
+        (a decode tile is mostly such rows)."""
         coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
-        base = split * m_size
+        m0, n0 = tile_m * self.tile_m, tile_n * self.tile_n
+        slot_size = self.tile_m * self.tile_n
+        # Register order: value i of thread t at i * threads + t (a warp's store is 128
+        # contiguous bytes); the last unit reads it back in the same order.
+        base = (tile * self.split_k + split) * slot_size + mma_tidx
         for i in cutlass.range_constexpr(cute.size(acc)):
             m, n = coords[i]
             if m0 + m < m_size and n0 + n < n_size:
-                mP[(base + m0 + m) * n_size + n0 + n] = acc[i]
+                mP[base + i * self.num_mma_threads] = acc[i]
+        # Release: every thread's stores are visible GPU-wide before the count that announces
+        # them; the acq_rel add orders the last unit's reads after all the others' stores.
+        cute.arch.fence_acq_rel_gpu()
+        self.epi_barrier.arrive_and_wait()
+        if mma_tidx == 0:
+            counter = (mC.iterator + tile).llvm_ptr
+            arrived = cute.arch.atomic_add(counter, Int32(1), sem="acq_rel", scope="gpu")
+            if arrived == self.split_k - 1:  # the last unit: no other unit of this tile remains
+                cute.arch.store(counter, Int32(0), sem="relaxed", scope="gpu")
+            sFlag[0] = arrived
+        self.epi_barrier.arrive_and_wait()
+        last = sFlag[0] == self.split_k - 1
+        if last:
+            cute.arch.fence_acq_rel_gpu()
+            acc.fill(0.0)
+            first = tile * self.split_k * slot_size + mma_tidx
+            for s in cutlass.range(self.split_k, unroll=1):
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    m, n = coords[i]
+                    if m0 + m < m_size and n0 + n < n_size:
+                        acc[i] = acc[i] + mP[first + s * slot_size + i * self.num_mma_threads]
+        return last
 
     @cute.jit
     def _store_tile_partials(self, acc, mma_tidx, mP, slot):
@@ -557,26 +588,3 @@ class HopperGemm:
                 gm, gn = tile_m * self.tile_m + m, tile_n * self.tile_n + n
                 if gm < m_size and gn < n_size:
                     mD[gm, gn] = acc[i].to(self.d_dtype)
-
-    @cute.kernel
-    def reduce_partials(self, mP: cute.Tensor, mD: cute.Tensor):
-        """Split-K: D[m, n] = sum over splits of partials[s, m, n], in split order, four columns
-        per thread (N is a multiple of 8, so every vector is 16-byte aligned in mP)."""
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        m_size, n_size = mD.shape
-        nvec = n_size // 4
-        i = bidx * _REDUCE_THREADS + tidx
-        if i < m_size * nvec:
-            m = i // nvec
-            v = i - m * nvec
-            p_vecs = cute.zipped_divide(mP, (4,))
-            acc = cute.make_rmem_tensor((4,), Float32)
-            acc.fill(0.0)
-            part = cute.make_rmem_tensor((4,), Float32)
-            for s in cutlass.range_constexpr(self.split_k):
-                cute.autovec_copy(p_vecs[None, (s * m_size + m) * nvec + v], part)
-                acc.store(acc.load() + part.load())
-            out = cute.make_rmem_tensor((4,), self.d_dtype)
-            out.store(acc.load().to(self.d_dtype))
-            cute.autovec_copy(out, cute.zipped_divide(mD[m, None], (4,))[None, v])
