@@ -174,11 +174,18 @@ def _cluster_fits(m, tile_m, cluster_m):
     return cluster_m == 1 or tiles_m % cluster_m == 0 or tiles_m >= PADDED_CLUSTER_MIN_TILES
 
 
+def _split_fits(m, n, tile_m, tile_n, split_k):
+    """Split-K only brings a grid of fewer output tiles than SMs up to at most one wave of
+    units: past that the waves' quantization is the model's only gain, and the fix-up a cost
+    it does not win back (measured on the H200: docs/benchmarks.md)."""
+    return split_k == 1 or _ceil_div(m, tile_m) * _ceil_div(n, tile_n) * split_k <= NUM_SMS
+
+
 def _large_m(m, n, k_bytes, fp8, fast_accum):
     """(tile_m, tile_n, cluster_m, split_k) of least modelled call time; near-ties go to the
     unsplit, then the larger tile."""
     options = [(call_time(m, n, *c, k_bytes=k_bytes), c) for c in candidates(fp8, fast_accum)
-               if _cluster_fits(m, c[0], c[2])]
+               if _cluster_fits(m, c[0], c[2]) and _split_fits(m, n, c[0], c[1], c[3])]
     best = min(cost for cost, _ in options)
     ties = [c for cost, c in options if cost <= best * (1 + TIE)]
     return max(ties, key=lambda c: (-c[3], c[0] * c[1], c[2]))
@@ -197,6 +204,7 @@ def heuristic(problem, fp8, fast_accum=False):
         tile_cost = tile_m x tile_n + LOAD_WEIGHT x (tile_m + tile_n / cluster_m)
         fix-up = FIXUP_WEIGHT x (split_k + 1) x tile_m x tile_n   (none unsplit)
         waves = ceil(clusters of tiles x split_k / clusters per wave), M tiles in whole clusters
+    (split-K only up to one wave of units, see _split_fits)
     (a 2x1 cluster only on an even number of M tiles, or at least PADDED_CLUSTER_MIN_TILES)
     so a width that splits N into whole tiles and the tiles into whole waves wins over a wider
     one that leaves a wave part-empty, a partial last M tile (and an odd number of them under a

@@ -17,8 +17,8 @@ templates need, with its own tile order and an epilogue hook:
     a grouped raster order so the CTAs running together share A and B panels in L2;
   * split-K (``split_k`` > 1, where the output tiles cannot keep every SM busy: decode-sized
     and mid-sized M): each output tile is ``split_k`` units of work over consecutive K ranges.
-    A unit stores its fp32 sums (rows < M, columns < N) into its slot of the tile in a
-    partials buffer [tile, split, tile_m x tile_n] and counts itself in the tile's counter
+    A unit stores its fp32 sums into its slot of the tile in a partials buffer
+    [tile, split, tile_m x tile_n] (threads holding only rows past M store nothing) and counts itself in the tile's counter
     (an atomic add after a release fence); the unit that finds the count complete is the
     tile's last: it resets the counter to zero for the next call, adds the tile's slots in
     split order (deterministic whoever comes last) and runs the epilogue as an unsplit tile
@@ -456,8 +456,8 @@ class HopperGemm:
             # others' sums (then acc holds the whole tile).
             complete = True
             if const_expr(self.split_k > 1):
-                complete = self._fix_up(acc, thr_mma, mma_tidx, mP, mC, sFlag, mD.shape[0], mD.shape[1],
-                                        tile_m, tile_n, work - split * clusters_m * clusters_n, split)
+                complete = self._fix_up(acc, thr_mma, mma_tidx, mP, mC, sFlag, mD.shape[0], tile_m,
+                                        work - split * clusters_m * clusters_n, split)
             if complete:
                 # ---- epilogue: (tile_m x 32) sub-tiles through shared memory and TMA stores
                 if const_expr(self.epilogue is not None):
@@ -504,21 +504,25 @@ class HopperGemm:
         store_pipeline.producer_tail()
 
     @cute.jit
-    def _fix_up(self, acc, thr_mma, mma_tidx, mP, mC, sFlag, m_size, n_size, tile_m, tile_n, tile, split):
+    def _fix_up(self, acc, thr_mma, mma_tidx, mP, mC, sFlag, m_size, tile_m, tile, split):
         """Split-K: store this unit's sums in its slot of the tile, count the unit in the tile's
         counter and, if it is the last of the tile's split_k units, sum every slot of the tile
         into acc in split order (deterministic) and reset the counter. Returns whether acc now
-        holds the whole tile. Values of rows >= M or columns >= N are neither stored nor read
-        (a decode tile is mostly such rows)."""
+        holds the whole tile. A thread none of whose rows is < M (most of a decode tile) neither
+        stores nor reads; the others move all their values unpredicated (a slot is a whole tile,
+        so every address is inside the buffer; values past M or N are never stored to D), so
+        the loads go out back to back instead of one predicated load waiting for the last."""
         coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
-        m0, n0 = tile_m * self.tile_m, tile_n * self.tile_n
+        low = coords[0][0]  # this thread's first row in the tile (wgmma: rows r and r + 8)
+        for i in cutlass.range_constexpr(1, cute.size(acc)):
+            low = cutlass.min(low, coords[i][0])
+        has_rows = tile_m * self.tile_m + low < m_size
         slot_size = self.tile_m * self.tile_n
         # Register order: value i of thread t at i * threads + t (a warp's store is 128
         # contiguous bytes); the last unit reads it back in the same order.
-        base = (tile * self.split_k + split) * slot_size + mma_tidx
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            m, n = coords[i]
-            if m0 + m < m_size and n0 + n < n_size:
+        if has_rows:
+            base = (tile * self.split_k + split) * slot_size + mma_tidx
+            for i in cutlass.range_constexpr(cute.size(acc)):
                 mP[base + i * self.num_mma_threads] = acc[i]
         # Release: every thread's stores are visible GPU-wide before the count that announces
         # them; the acq_rel add orders the last unit's reads after all the others' stores.
@@ -534,12 +538,11 @@ class HopperGemm:
         last = sFlag[0] == self.split_k - 1
         if last:
             cute.arch.fence_acq_rel_gpu()
-            acc.fill(0.0)
-            first = tile * self.split_k * slot_size + mma_tidx
-            for s in cutlass.range(self.split_k, unroll=1):
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    m, n = coords[i]
-                    if m0 + m < m_size and n0 + n < n_size:
+            if has_rows:
+                acc.fill(0.0)
+                first = tile * self.split_k * slot_size + mma_tidx
+                for s in cutlass.range(self.split_k, unroll=1):
+                    for i in cutlass.range_constexpr(cute.size(acc)):
                         acc[i] = acc[i] + mP[first + s * slot_size + i * self.num_mma_threads]
         return last
 

@@ -263,6 +263,7 @@ def test_x_rows_configs_serve_decode_only(op, monkeypatch):
 #   tile_cost = tile_m x tile_n + LOAD_WEIGHT x (tile_m + tile_n / cluster_m)
 #   fix-up = FIXUP_WEIGHT x (split_k + 1) x tile_m x tile_n   (none unsplit)
 #   waves = ceil(clusters of output tiles x split_k / (NUM_SMS / cluster_m)), M tiles in whole clusters
+#   split-K only where tiles x split_k <= NUM_SMS (one wave of units)
 # k_steps: the bf16-equivalent depth of K in whole 128-byte k-tiles, each split a whole number.
 LAYERS_N = (1024, 2112, 2560, 4096, 5120, 6144, 7168, 8192, 13824, 14336, 28672, 57344, 72, 1000, 8200)
 LARGE_M = (65, 100, 128, 129, 200, 257, 333, 640, 1000, 1500, 2048, 3000, 4096, 8192, 16384)
@@ -297,6 +298,8 @@ def test_large_m_heuristic_is_the_model_s_best(op, sig):
         chosen = (config["tile_m"], config["tile_n"], config["cluster_m"], config.get("split_k", 1))
         m_tiles = -(-m // 128)  # a 2x1 cluster needs an even number of M tiles, or many
         shapes_m = {s for s in shapes if s[2] == 1 or m_tiles % 2 == 0 or m_tiles >= 8}
+        # Split-K at most up to one wave of units.
+        shapes_m = {s for s in shapes_m if s[3] == 1 or -(-m // s[0]) * -(-n // s[1]) * s[3] <= gemm_configs.NUM_SMS}
         times = {s: _model_time(m, n, k * k_bytes_per, *s) for s in shapes_m}
         best = min(times.values())
         assert chosen in shapes_m and times[chosen] <= best * (1 + gemm_configs.TIE), (m, n, k, config)
@@ -330,7 +333,7 @@ def test_model_prefers_widths_that_fit_the_layer():
     for m, n, k in itertools.product(LARGE_M, LAYERS_N, (1024, 8192)):
         tile_m, tile_n, cluster_m, split_k = pick(m, n, k)
         assert tile_m == 128 and tile_n % 32 == 0 and 64 <= tile_n <= 256 and (tile_n, cluster_m) != (64, 2)
-        assert split_k == 1 or cluster_m == 1
+        assert split_k == 1 or (cluster_m == 1 and -(-m // 128) * -(-n // tile_n) * split_k <= gemm_configs.NUM_SMS)
 
 
 def test_model_picks_within_half_a_percent_of_the_sweep_s_fastest():
