@@ -12,10 +12,12 @@ A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
                   a config is valid for it iff promote == 0 (see fp8_valid)
   split_k         (cluster_m 1 only; absent means 1) K is split into this many ranges, each
                   its own unit of work: with few output tiles (small or mid-sized M) it keeps
-                  every SM busy. Every unit stores its fp32 sums in a partials slot of its
-                  tile and counts itself in the tile's counter; the last to arrive adds the
-                  tile's slots in split order and runs the epilogue, in the same kernel
-                  (CUTLASS's split-K "in-place fix-up"; see _cute_gemm_sm90)
+                  every SM busy. 128-row tiles (both ops): every unit stores its fp32 sums in
+                  a partials slot of its tile and counts itself in the tile's counter; the
+                  last to arrive adds the tile's slots in split order and runs the epilogue,
+                  in the same kernel (CUTLASS's split-K "in-place fix-up"). 64-row decode
+                  tiles (16-bit only): the units' sums of rows < M go to [split_k, M, N] and a
+                  second kernel adds them (see _cute_gemm_sm90)
   stream_k        (bf16/fp16 128-row tiles only; absent means off) the tiles of the last,
                   partial wave of the persistent grid are not given whole to some CTAs while
                   the others idle: their k-tiles are shared out evenly between all CTAs (each
@@ -319,20 +321,28 @@ def output_tiles(config, m, n):
     return _ceil_div(m, config["tile_m"]) * _ceil_div(n, config["tile_n"])
 
 
+def fixes_up_in_place(config):
+    """Split-K on 128-row tiles: the last unit of each tile adds the others' partials (a tile
+    counter each); 64-row split-K tiles leave that to a second kernel."""
+    return config.get("split_k", 1) > 1 and config["tile_m"] == 128
+
+
 def partials_elements(config, m, n):
     """fp32 elements of the partials buffer a config's kernel takes for an M x N output (0: it
-    takes none): a tile_m x tile_n slot per output tile and split for split-K, a fixed size
-    for stream-K."""
+    takes none): split-K fixed up in place a tile_m x tile_n slot per output tile and split,
+    64-row split-K split_k * M * N, stream-K a fixed size."""
     if config.get("stream_k"):
         return stream_k_partials(config)
     split = config.get("split_k", 1)
-    return split * output_tiles(config, m, n) * config["tile_m"] * config["tile_n"] if split > 1 else 0
+    if fixes_up_in_place(config):
+        return split * output_tiles(config, m, n) * config["tile_m"] * config["tile_n"]
+    return split * m * n if split > 1 else 0
 
 
 def counters_needed(config, m, n):
-    """int32 tile counters a split-K kernel takes (0 for other configs); they must be zero at
-    the launch, and the kernel leaves them zero."""
-    return output_tiles(config, m, n) if config.get("split_k", 1) > 1 else 0
+    """int32 tile counters a split-K kernel fixed up in place takes (0 for other configs); they
+    must be zero at the launch, and the kernel leaves them zero."""
+    return output_tiles(config, m, n) if fixes_up_in_place(config) else 0
 
 
 def kernel_args(config):

@@ -17,7 +17,10 @@ templates need, with its own tile order and an epilogue hook:
     a grouped raster order so the CTAs running together share A and B panels in L2;
   * split-K (``split_k`` > 1, where the output tiles cannot keep every SM busy: decode-sized
     and mid-sized M): each output tile is ``split_k`` units of work over consecutive K ranges.
-    A unit stores its fp32 sums into its slot of the tile in a partials buffer
+    64-row (decode) tiles: a unit stores its fp32 sums (rows < M only) into a partials buffer
+    [split_k, M, N], and a second kernel adds the split_k partials in a fixed order and rounds
+    once to the output dtype (deterministic, no atomics). 128-row tiles fix up in place: a unit
+    stores its fp32 sums into its slot of the tile in a partials buffer
     [tile, split, tile_m x tile_n] (threads holding only rows past M store nothing) and counts itself in the tile's counter
     (an atomic add after a release fence); the unit that finds the count complete is the
     tile's last: it resets the counter to zero for the next call, adds the tile's slots in
@@ -49,6 +52,7 @@ from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
 NUM_SMS = gemm_configs.NUM_SMS
 _SMEM_BYTES = get_smem_capacity_in_bytes("sm_90")
 _EPI_TILE_N = 32  # epilogue sub-tile width (CUTLASS's choice for 16-bit outputs)
+_REDUCE_THREADS = 256  # 64-row split-K: threads per block of the partials reduction (4 columns each)
 _PRODUCER_REGS, _CONSUMER_REGS = 40, 232  # setmaxnreg split; 40*128 + 232*256 <= 64K
 
 
@@ -65,11 +69,11 @@ class HopperGemm:
                   for Hopper's FP8 wgmma adds into its accumulator with ~13-bit precision);
                   the second warpgroup's chunks are offset by half a chunk, so the warpgroups
                   never wait for their wgmma to drain at the same time.
-    split_k:      1, or the number of K ranges each output tile is split into (no cluster);
-                  the call then takes an fp32 partials buffer of at least
-                  gemm_configs.partials_elements(config, M, N) elements (< 2**31) and an int32
-                  tile counter per output tile (gemm_configs.counters_needed), zero at the
-                  launch and left zero by it.
+    split_k:      1, or the number of K ranges each output tile is split into (no cluster;
+                  64-row tiles: no epilogue hook); the call then takes an fp32 partials buffer
+                  of at least gemm_configs.partials_elements(config, M, N) elements (< 2**31)
+                  and, with 128-row tiles (fixed up in place), an int32 tile counter per output
+                  tile (gemm_configs.counters_needed), zero at the launch and left zero by it.
     x_rows:       0, or (64-row tiles, decode) load only this many rows of A per k-tile (a
                   multiple of 8): the call must have M <= x_rows. wgmma still reads 64 rows of
                   shared memory; rows past x_rows hold stale data, which only reaches output
@@ -96,7 +100,8 @@ class HopperGemm:
             (self.tile_m not in (64, 128) or self.tile_n % _EPI_TILE_N or not 64 <= self.tile_n <= 256,
              f"tile_m must be 64 or 128, tile_n a multiple of {_EPI_TILE_N} from 64 to 256"),
             (cluster_m not in (1, 2) or group < 0, "cluster_m must be 1 or 2 and group >= 0"),
-            (split_k < 1 or (split_k > 1 and cluster_m != 1), "split_k >= 1, and split-K runs with cluster_m 1"),
+            (split_k < 1 or (split_k > 1 and (cluster_m != 1 or (self.tile_m == 64 and epilogue is not None))),
+             "split_k >= 1, and split-K runs with cluster_m 1 (64-row tiles: and no epilogue)"),
             (stream_k and (split_k != 1 or epilogue is not None or promote_every != 0),
              "stream-K runs without split-K, epilogue or promotion"),
             (x_rows != 0 and (self.tile_m != 64 or x_rows % 8 or x_rows >= 64),
@@ -109,6 +114,10 @@ class HopperGemm:
         self.template = template
         self.cluster_m, self.raster_m, self.group = cluster_m, raster_m, group
         self.split_k, self.stream_k = split_k, stream_k
+        # 128-row split-K tiles are fixed up in place by the last unit of each tile; 64-row
+        # (decode) ones are summed by a second kernel: measured faster there on the H200
+        # (docs/benchmarks.md), where one warp of the last unit would read split_k slots.
+        self.fix_up_in_place = split_k > 1 and self.tile_m == 128
         self.x_rows = x_rows or self.tile_m  # rows of A each TMA load brings in
         self.promote_every, self.epilogue = promote_every, epilogue
         self.num_mma_wg = self.tile_m // 64
@@ -134,7 +143,8 @@ class HopperGemm:
         # The head (mbarriers of <= 32 stages, epilogue words) is padded to sA's 1 KB alignment.
         ab_bytes = (self.tile_m * a_dtype.width + self.tile_n * b_dtype.width) * self.tile_k // 8
         d_bytes = self.tile_m * _EPI_TILE_N * d_dtype.width // 8
-        head = -(-(16 * 32 + 4 * (self.epi_words + 1)) // 1024) * 1024
+        # (+1 word: the split-K fix-up's flag; other kernels keep the 4 bytes in the head's slack)
+        head = -(-(16 * 32 + 4 * (self.epi_words + self.fix_up_in_place)) // 1024) * 1024
         free = _SMEM_BYTES - head - 2 * d_bytes
         self.stages = min(free // ab_bytes, 32)
         self.epi_stages = 2 + min(2, (free - self.stages * ab_bytes) // d_bytes)
@@ -191,11 +201,16 @@ class HopperGemm:
         self.shared_storage = SharedStorage
         # Without split-K or stream-K the kernel never reads the partials or counters: D stands in.
         mP = partials if const_expr(self.split_k > 1 or self.stream_k) else d
-        mC = counters if const_expr(self.split_k > 1) else d
+        mC = counters if const_expr(self.fix_up_in_place) else d
         self.kernel(tma_a, gA, tma_b, gB, tma_d, gD, self.tiled_mma, self.tiled_mma_zero, self.a_smem,
                     self.b_smem, self.d_smem, clusters_m, clusters_n, epi_args, mP, mC).launch(
             grid=(self.cluster_m, 1, num_clusters), block=(self.threads, 1, 1),
             cluster=(self.cluster_m, 1, 1), min_blocks_per_mp=1, stream=stream)
+        if const_expr(self.split_k > 1 and not self.fix_up_in_place):
+            vectors = d.shape[0] * (d.shape[1] // 4)
+            self.reduce_partials(partials, d).launch(
+                grid=((vectors + _REDUCE_THREADS - 1) // _REDUCE_THREADS, 1, 1),
+                block=(_REDUCE_THREADS, 1, 1), stream=stream)
         if const_expr(self.stream_k):
             ctas = NUM_SMS // self.cluster_m
             _, shared = gemm_configs.stream_k_tiles(clusters_m * clusters_n, ctas)
@@ -455,7 +470,12 @@ class HopperGemm:
             # An unsplit tile is complete here; a split one once its last unit has added the
             # others' sums (then acc holds the whole tile).
             complete = True
-            if const_expr(self.split_k > 1):
+            if const_expr(self.split_k > 1 and not self.fix_up_in_place):
+                # ---- 64-row split-K: fp32 sums straight to this split's partials block.
+                self._store_partials(acc, thr_mma, mP, mD.shape[0], mD.shape[1],
+                                     tile_m * self.tile_m, tile_n * self.tile_n, split)
+                complete = False
+            if const_expr(self.fix_up_in_place):
                 complete = self._fix_up(acc, thr_mma, mma_tidx, mP, mC, sFlag, mD.shape[0], tile_m,
                                         work - split * clusters_m * clusters_n, split)
             if complete:
@@ -502,6 +522,18 @@ class HopperGemm:
                 k += k_count
                 piece += 1
         store_pipeline.producer_tail()
+
+    @cute.jit
+    def _store_partials(self, acc, thr_mma, mP, m_size, n_size, m0, n0, split):
+        """Split-K: this thread's fp32 sums to partials[split, m, n] for m < M, n < N. Decode
+        tiles are mostly rows past M, which store nothing; the stores are a sliver of the
+        weight bytes the unit streams."""
+        coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        base = split * m_size
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            m, n = coords[i]
+            if m0 + m < m_size and n0 + n < n_size:
+                mP[(base + m0 + m) * n_size + n0 + n] = acc[i]
 
     @cute.jit
     def _fix_up(self, acc, thr_mma, mma_tidx, mP, mC, sFlag, m_size, tile_m, tile, split):
@@ -591,3 +623,26 @@ class HopperGemm:
                 gm, gn = tile_m * self.tile_m + m, tile_n * self.tile_n + n
                 if gm < m_size and gn < n_size:
                     mD[gm, gn] = acc[i].to(self.d_dtype)
+
+    @cute.kernel
+    def reduce_partials(self, mP: cute.Tensor, mD: cute.Tensor):
+        """Split-K: D[m, n] = sum over splits of partials[s, m, n], in split order, four columns
+        per thread (N is a multiple of 8, so every vector is 16-byte aligned in mP)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        m_size, n_size = mD.shape
+        nvec = n_size // 4
+        i = bidx * _REDUCE_THREADS + tidx
+        if i < m_size * nvec:
+            m = i // nvec
+            v = i - m * nvec
+            p_vecs = cute.zipped_divide(mP, (4,))
+            acc = cute.make_rmem_tensor((4,), Float32)
+            acc.fill(0.0)
+            part = cute.make_rmem_tensor((4,), Float32)
+            for s in cutlass.range_constexpr(self.split_k):
+                cute.autovec_copy(p_vecs[None, (s * m_size + m) * nvec + v], part)
+                acc.store(acc.load() + part.load())
+            out = cute.make_rmem_tensor((4,), self.d_dtype)
+            out.store(acc.load().to(self.d_dtype))
+            cute.autovec_copy(out, cute.zipped_divide(mD[m, None], (4,))[None, v])

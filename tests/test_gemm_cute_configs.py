@@ -217,11 +217,14 @@ def test_partials_elements_by_config_kind():
     plain, split = gemm_configs._config(128, 256, 2), gemm_configs._config(64, 256, split_k=4)
     stream = gemm_configs._config(128, 128, stream_k=True)
     assert gemm_configs.partials_elements(plain, 1000, 4096) == 0
-    # A 64 x 256 slot per output tile (1 x 16 of them) and split.
-    assert gemm_configs.partials_elements(split, 7, 4096) == 16 * 4 * 64 * 256
-    assert gemm_configs.counters_needed(split, 7, 4096) == 16 and gemm_configs.counters_needed(plain, 7, 4096) == 0
+    # 64-row split-K: [split_k, M, N] for the second kernel, no counters.
+    assert gemm_configs.partials_elements(split, 7, 4096) == 4 * 7 * 4096
+    assert gemm_configs.counters_needed(split, 7, 4096) == 0 == gemm_configs.counters_needed(plain, 7, 4096)
+    # 128-row split-K, fixed up in place: a 128 x 128 slot per output tile (2 x 8) and split,
+    # and a counter per tile.
     mid = gemm_configs._config(128, 128, split_k=3)
     assert gemm_configs.partials_elements(mid, 129, 1000) == 2 * 8 * 3 * 128 * 128
+    assert gemm_configs.counters_needed(mid, 129, 1000) == 16
     assert gemm_configs.partials_elements(stream, 7, 4096) == gemm_configs.stream_k_partials(stream) > 0
 
 
