@@ -68,20 +68,28 @@ def tune(op: str, problems: list[dict], sig: dict | None = None, store: bool = T
     return results
 
 
-# GEMM split-K configs are decode tiles (64 rows): timed only up to this M, past which their
-# partials buffer grows with M and the 128-row tiles win.
+# GEMM split-K configs: the decode tiles (64 rows) are timed only up to SPLIT_K_MAX_M, past which
+# the 128-row tiles win; the 128-row ones up to MID_SPLIT_K_MAX_M, past which the output tiles
+# fill the waves on every layer and the partials buffer (a slot per tile and split) only grows.
 SPLIT_K_MAX_M = 128
+MID_SPLIT_K_MAX_M = 4096
+
+
+def _split_k_serves(config: dict, m: int) -> bool:
+    if "split_k" not in config:
+        return True
+    return m <= (SPLIT_K_MAX_M if config.get("tile_m") == 64 else MID_SPLIT_K_MAX_M)
 
 
 def _candidates(template, target, sig, problem) -> list[dict]:
     """Every valid config, except that a precision knob (FP8 "promote": how often the tensor
     core's partial sums go to fp32) stays at the heuristic's value: tuning trades speed, never
-    accuracy; split-K configs only for M <= SPLIT_K_MAX_M; and only configs that serve the
-    problem (template.serves)."""
+    accuracy; split-K configs only up to their M (see SPLIT_K_MAX_M); and only configs that serve
+    the problem (template.serves)."""
     default = template.heuristic(target, sig, problem)
     return [c for c in template.valid_configs(target, sig)
             if ("promote" not in c or c["promote"] == default.get("promote"))
-            and ("split_k" not in c or problem.get("M", 0) <= SPLIT_K_MAX_M) and template.serves(c, problem)]
+            and _split_k_serves(c, problem.get("M", 0)) and template.serves(c, problem)]
 
 
 def _store(op, target, sig, problem, config, ms) -> None:

@@ -10,9 +10,14 @@ A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
                   into separate fp32 registers (CUTLASS's 2x accumulation is p = 1). The
                   FP8 signature part ``fast_accum`` (MSLK's use_fast_accum) picks the kind:
                   a config is valid for it iff promote == 0 (see fp8_valid)
-  split_k         (bf16/fp16 decode tiles only; absent means 1) K is split into this many
-                  ranges, each its own unit of work, summed by a second kernel: with few
-                  output tiles (small M, N) it keeps every SM streaming the weight
+  split_k         (cluster_m 1 only; absent means 1) K is split into this many ranges, each
+                  its own unit of work: with few output tiles (small or mid-sized M) it keeps
+                  every SM busy. 128-row tiles (both ops): every unit stores its fp32 sums in
+                  a partials slot of its tile and counts itself in the tile's counter; the
+                  last to arrive adds the tile's slots in split order and runs the epilogue,
+                  in the same kernel (CUTLASS's split-K "in-place fix-up"). 64-row decode
+                  tiles (16-bit only): the units' sums of rows < M go to [split_k, M, N] and a
+                  second kernel adds them (see _cute_gemm_sm90)
   stream_k        (bf16/fp16 128-row tiles only; absent means off) the tiles of the last,
                   partial wave of the persistent grid are not given whole to some CTAs while
                   the others idle: their k-tiles are shared out evenly between all CTAs (each
@@ -51,9 +56,14 @@ CONFIGS = (
     _config(128, 64, 2), _config(128, 64, 1),
     _config(64, 256), _config(64, 128), _config(64, 64),
 )
-# Decode tiles with split-K (16-bit only: the FP8 scale epilogue is not split).
+# Decode tiles with split-K (16-bit; FP8 decode has its own x_rows tiles).
 SPLIT_K = (2, 4, 8)
 SPLIT_CONFIGS = tuple(_config(64, tile_n, split_k=s) for tile_n in (128, 256) for s in SPLIT_K)
+# 128-row tiles with split-K, for mid-sized M whose output tiles fill less than a wave (both
+# ops; promoted FP8 only 128 wide, see _PROMOTED).
+MID_SPLIT_K = (2, 3, 4)
+MID_SPLIT_WIDTHS = (128, 256)
+MID_SPLIT_CONFIGS = tuple(_config(128, tile_n, split_k=s) for tile_n in MID_SPLIT_WIDTHS for s in MID_SPLIT_K)
 # Stream-K variants of the 128-row tiles (16-bit only, like split-K).
 STREAM_K_CONFIGS = tuple(_config(128, tile_n, cluster_m, stream_k=True)
                          for tile_n, cluster_m in ((256, 2), (256, 1), (128, 2), (128, 1), (64, 1)))
@@ -65,15 +75,17 @@ BF16_CONFIGS = CONFIGS + SPLIT_CONFIGS + STREAM_K_CONFIGS + X_ROWS_CONFIGS
 # heuristic): 128-row tiles, both cluster shapes; 16-bit and FP8 fast accumulation.
 FITTED_WIDTHS = (160, 192, 224)
 FITTED_CONFIGS = tuple(_config(128, n, c) for n in FITTED_WIDTHS for c in (2, 1))
-BF16_CONFIGS = BF16_CONFIGS + FITTED_CONFIGS
+BF16_CONFIGS = BF16_CONFIGS + FITTED_CONFIGS + MID_SPLIT_CONFIGS
+FP8_PROMOTE = 4  # the default: 512-deep partial sums, error below bf16 rounding
 # Promotion keeps a second set of accumulators: tiles of <= 64 fp32 registers per thread.
 _PROMOTED = [_config(128, 128, 2), _config(128, 128, 1), _config(128, 64, 2), _config(128, 64, 1),
              _config(64, 128), _config(64, 64)]
 FP8_CONFIGS = (tuple({**c, "promote": 0} for c in CONFIGS + FITTED_CONFIGS)
                + tuple({**c, "promote": 4} for c in _PROMOTED) + ({**_config(128, 128, 2), "promote": 1},)
                + tuple({**_config(64, n, x_rows=X_ROWS), "promote": 4} for n in (64, 128))
-               + tuple({**_config(64, n, x_rows=X_ROWS), "promote": 0} for n in (64, 128, 256)))
-FP8_PROMOTE = 4  # the default: 512-deep partial sums, error below bf16 rounding
+               + tuple({**_config(64, n, x_rows=X_ROWS), "promote": 0} for n in (64, 128, 256))
+               + tuple({**c, "promote": 0} for c in MID_SPLIT_CONFIGS)
+               + tuple({**_config(128, 128, split_k=s), "promote": FP8_PROMOTE} for s in MID_SPLIT_K))
 
 # The cost model of calls with M > 64 (see heuristic): a tile's time per unit of K is its MMA
 # work plus LOAD_WEIGHT times the operand rows it loads per k-step. Fit to the relative throughput
@@ -104,30 +116,51 @@ def tile_time(tile_m, tile_n, cluster_m):
     return tile_m * tile_n + LOAD_WEIGHT * (tile_m + tile_n / cluster_m)
 
 
-def waves(m, n, tile_m, tile_n, cluster_m):
-    """Waves of the persistent grid (NUM_SMS CTAs) over the output tiles; a cluster's CTAs run
-    together, so M tiles count in whole clusters (a 2x1 cluster on 3 M tiles runs 4)."""
-    clusters = _ceil_div(_ceil_div(m, tile_m), cluster_m) * _ceil_div(n, tile_n)
+def waves(m, n, tile_m, tile_n, cluster_m, split_k=1):
+    """Waves of the persistent grid (NUM_SMS CTAs) over the units of work (output tiles times
+    K splits); a cluster's CTAs run together, so M tiles count in whole clusters (a 2x1
+    cluster on 3 M tiles runs 4)."""
+    clusters = _ceil_div(_ceil_div(m, tile_m), cluster_m) * _ceil_div(n, tile_n) * split_k
     return _ceil_div(clusters, NUM_SMS // cluster_m)
 
 
-def call_time(m, n, tile_m, tile_n, cluster_m):
-    """Model: waves x time per tile (per unit of K, which every candidate shares)."""
-    return waves(m, n, tile_m, tile_n, cluster_m) * tile_time(tile_m, tile_n, cluster_m)
+# Split-K fix-up (see unit_time): an fp32 partial sum moves the bytes of two 16-bit operand
+# elements, each loaded element weighs LOAD_WEIGHT.
+FIXUP_WEIGHT = 2 * LOAD_WEIGHT
+# bf16-equivalent depth of one k-tile (128 bytes of K per row, the kernels' k-tile for 16-bit
+# and FP8 operands alike).
+K_TILE_BYTES = 128
+
+
+def unit_time(k_bytes, tile_m, tile_n, cluster_m, split_k=1):
+    """Model: time of one unit of work, a tile over K / split_k (k_bytes: bytes of K per row,
+    so an FP8 K counts half a bf16 one, as its MMA and loads take half the time): its k-tiles
+    times the tile's time per k-step, plus with split-K the fix-up the last unit of a tile
+    waits for: its own partials stored and the split_k slots read back, tile_m x tile_n fp32
+    values each."""
+    steps = _ceil_div(_ceil_div(k_bytes, K_TILE_BYTES), split_k) * (K_TILE_BYTES // 2)
+    fixup = FIXUP_WEIGHT * (split_k + 1) * tile_m * tile_n if split_k > 1 else 0
+    return steps * tile_time(tile_m, tile_n, cluster_m) + fixup
+
+
+def call_time(m, n, tile_m, tile_n, cluster_m, split_k=1, k_bytes=K_TILE_BYTES):
+    """Model: waves x time per unit (k_bytes: bytes of K per row; unsplit candidates compare
+    the same at any K)."""
+    return waves(m, n, tile_m, tile_n, cluster_m, split_k) * unit_time(k_bytes, tile_m, tile_n, cluster_m, split_k)
 
 
 def candidates(fp8, fast_accum):
-    """(tile_m, tile_n, cluster_m) the heuristic chooses from for M > 64: the unsplit,
-    un-streamed 128-row configs of the op (promoted FP8: those with room for two accumulator
+    """(tile_m, tile_n, cluster_m, split_k) the heuristic chooses from for M > 64: the 128-row
+    configs of the op without stream-K (promoted FP8: those with room for two accumulator
     sets), less the 2x1 cluster of 64-wide tiles. Measured on the H200 (docs/benchmarks.md):
     at M = 72-192, 64-row tiles ran at 0.53-0.80x cuBLAS where the sweeps at M >= 128 never
     found one fastest, and 128x64 tiles in 2x1 clusters at 0.53-0.61x where one CTA per tile
     was faster at M = 128-256; the model below does not see either cost."""
     if not fp8:
-        pool = CONFIGS + FITTED_CONFIGS
+        pool = CONFIGS + FITTED_CONFIGS + MID_SPLIT_CONFIGS
     else:
         pool = [c for c in FP8_CONFIGS if (c["promote"] == 0) == fast_accum and c["promote"] in (0, FP8_PROMOTE)]
-    return sorted({(c["tile_m"], c["tile_n"], c["cluster_m"]) for c in pool
+    return sorted({(c["tile_m"], c["tile_n"], c["cluster_m"], c.get("split_k", 1)) for c in pool
                    if "x_rows" not in c and c["tile_m"] == 128 and (c["tile_n"], c["cluster_m"]) != (64, 2)})
 
 
@@ -143,12 +176,21 @@ def _cluster_fits(m, tile_m, cluster_m):
     return cluster_m == 1 or tiles_m % cluster_m == 0 or tiles_m >= PADDED_CLUSTER_MIN_TILES
 
 
-def _large_m(m, n, fp8, fast_accum):
-    """(tile_m, tile_n, cluster_m) of least modelled call time; near-ties go to the larger tile."""
-    options = [(call_time(m, n, *c), c) for c in candidates(fp8, fast_accum) if _cluster_fits(m, c[0], c[2])]
+def _split_fits(m, n, tile_m, tile_n, split_k):
+    """Split-K only brings a grid of fewer output tiles than SMs up to at most one wave of
+    units: past that the waves' quantization is the model's only gain, and the fix-up a cost
+    it does not win back (measured on the H200: docs/benchmarks.md)."""
+    return split_k == 1 or _ceil_div(m, tile_m) * _ceil_div(n, tile_n) * split_k <= NUM_SMS
+
+
+def _large_m(m, n, k_bytes, fp8, fast_accum):
+    """(tile_m, tile_n, cluster_m, split_k) of least modelled call time; near-ties go to the
+    unsplit, then the larger tile."""
+    options = [(call_time(m, n, *c, k_bytes=k_bytes), c) for c in candidates(fp8, fast_accum)
+               if _cluster_fits(m, c[0], c[2]) and _split_fits(m, n, c[0], c[1], c[3])]
     best = min(cost for cost, _ in options)
     ties = [c for cost, c in options if cost <= best * (1 + TIE)]
-    return max(ties, key=lambda c: (c[0] * c[1], c[2]))
+    return max(ties, key=lambda c: (-c[3], c[0] * c[1], c[2]))
 
 
 def heuristic(problem, fp8, fast_accum=False):
@@ -158,15 +200,20 @@ def heuristic(problem, fp8, fast_accum=False):
     the bytes the busiest SM streams (the weight and, per tile, x's 64-row box); for 16-bit
     inputs with M <= DECODE_M_MAX, 256-wide tiles,
     split-K up to about one unit per SM when there are few of them (see DECODE_TILES_MIN).
-    Larger M: the model above, over the op's 128-row tiles and cluster shapes (see candidates):
-        time = waves x (tile_m x tile_n + LOAD_WEIGHT x (tile_m + tile_n / cluster_m))
-        waves = ceil(clusters of tiles / clusters per wave), M tiles rounded up to whole clusters
+    Larger M: the model above, over the op's 128-row tiles, cluster shapes and K splits (see
+    candidates):
+        time = waves x (k_steps / split_k x tile_cost + fix-up)
+        tile_cost = tile_m x tile_n + LOAD_WEIGHT x (tile_m + tile_n / cluster_m)
+        fix-up = FIXUP_WEIGHT x (split_k + 1) x tile_m x tile_n   (none unsplit)
+        waves = ceil(clusters of tiles x split_k / clusters per wave), M tiles in whole clusters
+    (split-K only up to one wave of units, see _split_fits)
     (a 2x1 cluster only on an even number of M tiles, or at least PADDED_CLUSTER_MIN_TILES)
     so a width that splits N into whole tiles and the tiles into whole waves wins over a wider
     one that leaves a wave part-empty, a partial last M tile (and an odd number of them under a
     2x1 cluster) is paid in full, and few output tiles take narrow ones. Over a sweep of every
     128-row config at M = 128-8192 on six (N, K) (docs/results/gemm_sweep_stream_k.json) the
-    model's pick is never more than 0.5% slower than the fastest.
+    model's pick is never more than 0.5% slower than the fastest. Split-K pays where few tiles
+    leave SMs idle and K is long enough to amortize the fix-up (mid-sized M).
     FP8: ``fast_accum`` (promote 0) may take any tile; promoted accumulation every FP8_PROMOTE
     k-tiles (accurate to well below bf16 rounding) needs a tile of at most 128 columns. With
     M <= X_ROWS the tile loads only X_ROWS rows of x (where the tile has that variant): timed on
@@ -183,7 +230,9 @@ def heuristic(problem, fp8, fast_accum=False):
             split_k = max(s for s in (1, *SPLIT_K) if tiles * s <= NUM_SMS)
             return _config(64, 256, split_k=split_k, x_rows=decode_rows)
     if m > 64:
-        return {**_config(*_large_m(m, n, fp8, fast_accum)), **promote}
+        k_bytes = problem.get("K", 0) * (1 if fp8 else 2)
+        tile_m, tile_n, cluster_m, split_k = _large_m(m, n, k_bytes, fp8, fast_accum)
+        return {**_config(tile_m, tile_n, cluster_m, split_k=split_k), **promote}
     # A 64-row tile streams its 64-row box of x along K beside the tile_n rows of w (the box is
     # loaded whole however few rows M has), so narrow tiles pay for x again and again (sweeps of
     # every 64-row config at M = 1-64, both ops: docs/benchmarks.md).
@@ -267,13 +316,33 @@ def stream_k_partials(config):
     return ctas * STREAM_K_PIECES * config["tile_m"] * config["tile_n"]
 
 
+def output_tiles(config, m, n):
+    """Output tiles of an M x N call (split-K: the tile counters it takes)."""
+    return _ceil_div(m, config["tile_m"]) * _ceil_div(n, config["tile_n"])
+
+
+def fixes_up_in_place(config):
+    """Split-K on 128-row tiles: the last unit of each tile adds the others' partials (a tile
+    counter each); 64-row split-K tiles leave that to a second kernel."""
+    return config.get("split_k", 1) > 1 and config["tile_m"] == 128
+
+
 def partials_elements(config, m, n):
     """fp32 elements of the partials buffer a config's kernel takes for an M x N output (0: it
-    takes none): split_k * M * N for split-K, a fixed size for stream-K."""
+    takes none): split-K fixed up in place a tile_m x tile_n slot per output tile and split,
+    64-row split-K split_k * M * N, stream-K a fixed size."""
     if config.get("stream_k"):
         return stream_k_partials(config)
     split = config.get("split_k", 1)
+    if fixes_up_in_place(config):
+        return split * output_tiles(config, m, n) * config["tile_m"] * config["tile_n"]
     return split * m * n if split > 1 else 0
+
+
+def counters_needed(config, m, n):
+    """int32 tile counters a split-K kernel fixed up in place takes (0 for other configs); they
+    must be zero at the launch, and the kernel leaves them zero."""
+    return output_tiles(config, m, n) if fixes_up_in_place(config) else 0
 
 
 def kernel_args(config):

@@ -15,11 +15,17 @@ templates need, with its own tile order and an epilogue hook:
     columns past M / N);
   * the grid is persistent, one CTA per SM (``NUM_SMS``), each CTA walking output tiles in
     a grouped raster order so the CTAs running together share A and B panels in L2;
-  * split-K (``split_k`` > 1, for decode-sized M, where N / tile_n output tiles cannot keep
-    every SM streaming the weight): each output tile is ``split_k`` units of work over
-    consecutive K ranges; a unit stores its fp32 sums (rows < M only) into a partials buffer
-    [split_k, M, N], and a second kernel adds the split_k partials in a fixed order and
-    rounds once to the output dtype (deterministic, no atomics);
+  * split-K (``split_k`` > 1, where the output tiles cannot keep every SM busy: decode-sized
+    and mid-sized M): each output tile is ``split_k`` units of work over consecutive K ranges.
+    64-row (decode) tiles: a unit stores its fp32 sums (rows < M only) into a partials buffer
+    [split_k, M, N], and a second kernel adds the split_k partials in a fixed order and rounds
+    once to the output dtype (deterministic, no atomics). 128-row tiles fix up in place: a unit
+    stores its fp32 sums into its slot of the tile in a partials buffer
+    [tile, split, tile_m x tile_n] (threads holding only rows past M store nothing) and counts itself in the tile's counter
+    (an atomic add after a release fence); the unit that finds the count complete is the
+    tile's last: it resets the counter to zero for the next call, adds the tile's slots in
+    split order (deterministic whoever comes last) and runs the epilogue as an unsplit tile
+    does. One kernel, no spin-waits (CUTLASS's in-place split-K fix-up, without its waits);
   * stream-K (``stream_k``, for grids whose last wave would be partial): the full waves of
     tiles run as above; the k-tiles of the remaining tiles are shared out evenly between all
     CTAs (gemm_configs.stream_k_*: a CTA's range touches at most two tiles), each CTA stores
@@ -46,8 +52,8 @@ from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
 NUM_SMS = gemm_configs.NUM_SMS
 _SMEM_BYTES = get_smem_capacity_in_bytes("sm_90")
 _EPI_TILE_N = 32  # epilogue sub-tile width (CUTLASS's choice for 16-bit outputs)
+_REDUCE_THREADS = 256  # 64-row split-K: threads per block of the partials reduction (4 columns each)
 _PRODUCER_REGS, _CONSUMER_REGS = 40, 232  # setmaxnreg split; 40*128 + 232*256 <= 64K
-_REDUCE_THREADS = 256  # split-K: threads per block of the partials reduction (4 columns each)
 
 
 class HopperGemm:
@@ -63,9 +69,11 @@ class HopperGemm:
                   for Hopper's FP8 wgmma adds into its accumulator with ~13-bit precision);
                   the second warpgroup's chunks are offset by half a chunk, so the warpgroups
                   never wait for their wgmma to drain at the same time.
-    split_k:      1, or the number of K ranges each output tile is split into (no cluster, no
-                  epilogue hook); the call then takes an fp32 partials buffer of at least
-                  split_k * M * N elements (16-byte aligned), and split_k * M * N < 2**31.
+    split_k:      1, or the number of K ranges each output tile is split into (no cluster;
+                  64-row tiles: no epilogue hook); the call then takes an fp32 partials buffer
+                  of at least gemm_configs.partials_elements(config, M, N) elements (< 2**31)
+                  and, with 128-row tiles (fixed up in place), an int32 tile counter per output
+                  tile (gemm_configs.counters_needed), zero at the launch and left zero by it.
     x_rows:       0, or (64-row tiles, decode) load only this many rows of A per k-tile (a
                   multiple of 8): the call must have M <= x_rows. wgmma still reads 64 rows of
                   shared memory; rows past x_rows hold stale data, which only reaches output
@@ -92,8 +100,8 @@ class HopperGemm:
             (self.tile_m not in (64, 128) or self.tile_n % _EPI_TILE_N or not 64 <= self.tile_n <= 256,
              f"tile_m must be 64 or 128, tile_n a multiple of {_EPI_TILE_N} from 64 to 256"),
             (cluster_m not in (1, 2) or group < 0, "cluster_m must be 1 or 2 and group >= 0"),
-            (split_k < 1 or (split_k > 1 and (cluster_m != 1 or epilogue is not None)),
-             "split_k >= 1, and split-K runs with cluster_m 1 and no epilogue"),
+            (split_k < 1 or (split_k > 1 and (cluster_m != 1 or (self.tile_m == 64 and epilogue is not None))),
+             "split_k >= 1, and split-K runs with cluster_m 1 (64-row tiles: and no epilogue)"),
             (stream_k and (split_k != 1 or epilogue is not None or promote_every != 0),
              "stream-K runs without split-K, epilogue or promotion"),
             (x_rows != 0 and (self.tile_m != 64 or x_rows % 8 or x_rows >= 64),
@@ -106,6 +114,10 @@ class HopperGemm:
         self.template = template
         self.cluster_m, self.raster_m, self.group = cluster_m, raster_m, group
         self.split_k, self.stream_k = split_k, stream_k
+        # 128-row split-K tiles are fixed up in place by the last unit of each tile; 64-row
+        # (decode) ones are summed by a second kernel: measured faster there on the H200
+        # (docs/benchmarks.md), where one warp of the last unit would read split_k slots.
+        self.fix_up_in_place = split_k > 1 and self.tile_m == 128
         self.x_rows = x_rows or self.tile_m  # rows of A each TMA load brings in
         self.promote_every, self.epilogue = promote_every, epilogue
         self.num_mma_wg = self.tile_m // 64
@@ -131,7 +143,8 @@ class HopperGemm:
         # The head (mbarriers of <= 32 stages, epilogue words) is padded to sA's 1 KB alignment.
         ab_bytes = (self.tile_m * a_dtype.width + self.tile_n * b_dtype.width) * self.tile_k // 8
         d_bytes = self.tile_m * _EPI_TILE_N * d_dtype.width // 8
-        head = -(-(16 * 32 + 4 * self.epi_words) // 1024) * 1024
+        # (+1 word: the split-K fix-up's flag; other kernels keep the 4 bytes in the head's slack)
+        head = -(-(16 * 32 + 4 * (self.epi_words + self.fix_up_in_place)) // 1024) * 1024
         free = _SMEM_BYTES - head - 2 * d_bytes
         self.stages = min(free // ab_bytes, 32)
         self.epi_stages = 2 + min(2, (free - self.stages * ab_bytes) // d_bytes)
@@ -152,9 +165,9 @@ class HopperGemm:
 
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, epi_args, stream,
-                 partials: cute.Tensor = None):
+                 partials: cute.Tensor = None, counters: cute.Tensor = None):
         """Launch D = A @ B^T; ``partials`` (fp32, 1-D) is the split-K or stream-K buffer, only
-        with split_k > 1 or stream_k."""
+        with split_k > 1 or stream_k; ``counters`` (int32, 1-D) the split-K tile counters."""
         self._setup(a.element_type, b.element_type, d.element_type)
         tma_a, gA = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), a,
@@ -179,19 +192,21 @@ class HopperGemm:
         class SharedStorage:
             ab_mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             sEpi: cute.struct.MemRange[Float32, self.epi_words]
+            last_flag: cute.struct.MemRange[Int32, 1]  # split-K: the tile counter's old value
             sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem)], 1024]
             sD: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(self.d_smem)], 1024]
 
         self._check_shared_memory(SharedStorage.size_in_bytes())
         self.shared_storage = SharedStorage
-        # Without split-K or stream-K the kernel never reads the partials argument: D stands in.
+        # Without split-K or stream-K the kernel never reads the partials or counters: D stands in.
         mP = partials if const_expr(self.split_k > 1 or self.stream_k) else d
+        mC = counters if const_expr(self.fix_up_in_place) else d
         self.kernel(tma_a, gA, tma_b, gB, tma_d, gD, self.tiled_mma, self.tiled_mma_zero, self.a_smem,
-                    self.b_smem, self.d_smem, clusters_m, clusters_n, epi_args, mP).launch(
+                    self.b_smem, self.d_smem, clusters_m, clusters_n, epi_args, mP, mC).launch(
             grid=(self.cluster_m, 1, num_clusters), block=(self.threads, 1, 1),
             cluster=(self.cluster_m, 1, 1), min_blocks_per_mp=1, stream=stream)
-        if const_expr(self.split_k > 1):
+        if const_expr(self.split_k > 1 and not self.fix_up_in_place):
             vectors = d.shape[0] * (d.shape[1] // 4)
             self.reduce_partials(partials, d).launch(
                 grid=((vectors + _REDUCE_THREADS - 1) // _REDUCE_THREADS, 1, 1),
@@ -239,7 +254,7 @@ class HopperGemm:
                mB: cute.Tensor, tma_d: cute.CopyAtom, mD: cute.Tensor,
                tiled_mma: cute.TiledMma, tiled_mma_zero: cute.TiledMma, a_smem: cute.ComposedLayout,
                b_smem: cute.ComposedLayout, d_smem: cute.ComposedLayout,
-               clusters_m: Int32, clusters_n: Int32, epi_args, mP: cute.Tensor):
+               clusters_m: Int32, clusters_n: Int32, epi_args, mP: cute.Tensor, mC: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -268,6 +283,7 @@ class HopperGemm:
         sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
         sD = storage.sD.get_tensor(d_smem.outer, swizzle=d_smem.inner)
         sEpi = storage.sEpi.get_tensor(cute.make_layout(self.epi_words))
+        sFlag = storage.last_flag.get_tensor(cute.make_layout(1))
         # (bM, bK, RestM, RestK) / (bN, bK, RestN, RestK)
         gA = cute.local_tile(mA, (self.x_rows, self.tile_k), (None, None))
         gB = cute.local_tile(mB, (self.tile_n, self.tile_k), (None, None))
@@ -309,8 +325,8 @@ class HopperGemm:
                 ab_pipeline.producer_tail(state)
         else:
             cute.arch.setmaxregister_increase(_CONSUMER_REGS)
-            self._consume(ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, tma_d, mD, k_tiles,
-                          tidx - 128, warp_idx, cta_m, clusters_m, clusters_n, epi_args, mP)
+            self._consume(ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, sFlag, tma_d, mD, k_tiles,
+                          tidx - 128, warp_idx, cta_m, clusters_m, clusters_n, epi_args, mP, mC)
 
     @cute.jit
     def _load(self, ab_pipeline, state, tma_a, tma_b, tAgA_t, tAsA, tBgB_t, tBsB, b_mcast_mask,
@@ -383,8 +399,8 @@ class HopperGemm:
         return read_state, release_state
 
     @cute.jit
-    def _consume(self, ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, tma_d, mD, all_k_tiles,
-                 mma_tidx, warp_idx, cta_m, clusters_m, clusters_n, epi_args, mP):
+    def _consume(self, ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, sFlag, tma_d, mD, all_k_tiles,
+                 mma_tidx, warp_idx, cta_m, clusters_m, clusters_n, epi_args, mP, mC):
         """Consumer warpgroups: for each tile, the wgmma mainloop and then the epilogue."""
         thr_mma = tiled_mma.get_slice(mma_tidx)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
@@ -451,11 +467,18 @@ class HopperGemm:
                         ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_zero, tCrA, tCrB,
                         acc, acc_tmp, cutlass.min(self.promote_every, k_tiles - k0))
 
-            if const_expr(self.split_k > 1):
-                # ---- split-K epilogue: fp32 sums straight to this split's partials block.
+            # An unsplit tile is complete here; a split one once its last unit has added the
+            # others' sums (then acc holds the whole tile).
+            complete = True
+            if const_expr(self.split_k > 1 and not self.fix_up_in_place):
+                # ---- 64-row split-K: fp32 sums straight to this split's partials block.
                 self._store_partials(acc, thr_mma, mP, mD.shape[0], mD.shape[1],
                                      tile_m * self.tile_m, tile_n * self.tile_n, split)
-            else:
+                complete = False
+            if const_expr(self.fix_up_in_place):
+                complete = self._fix_up(acc, thr_mma, mma_tidx, mP, mC, sFlag, mD.shape[0], tile_m,
+                                        work - split * clusters_m * clusters_n, split)
+            if complete:
                 # ---- epilogue: (tile_m x 32) sub-tiles through shared memory and TMA stores
                 if const_expr(self.epilogue is not None):
                     self.epilogue.stage(epi_regs, sEpi, mma_tidx)
@@ -511,6 +534,49 @@ class HopperGemm:
             m, n = coords[i]
             if m0 + m < m_size and n0 + n < n_size:
                 mP[(base + m0 + m) * n_size + n0 + n] = acc[i]
+
+    @cute.jit
+    def _fix_up(self, acc, thr_mma, mma_tidx, mP, mC, sFlag, m_size, tile_m, tile, split):
+        """Split-K: store this unit's sums in its slot of the tile, count the unit in the tile's
+        counter and, if it is the last of the tile's split_k units, sum every slot of the tile
+        into acc in split order (deterministic) and reset the counter. Returns whether acc now
+        holds the whole tile. A thread none of whose rows is < M (most of a decode tile) neither
+        stores nor reads; the others move all their values unpredicated (a slot is a whole tile,
+        so every address is inside the buffer; values past M or N are never stored to D), so
+        the loads go out back to back instead of one predicated load waiting for the last."""
+        coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        low = coords[0][0]  # this thread's first row in the tile (wgmma: rows r and r + 8)
+        for i in cutlass.range_constexpr(1, cute.size(acc)):
+            low = cutlass.min(low, coords[i][0])
+        has_rows = tile_m * self.tile_m + low < m_size
+        slot_size = self.tile_m * self.tile_n
+        # Register order: value i of thread t at i * threads + t (a warp's store is 128
+        # contiguous bytes); the last unit reads it back in the same order.
+        if has_rows:
+            base = (tile * self.split_k + split) * slot_size + mma_tidx
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                mP[base + i * self.num_mma_threads] = acc[i]
+        # Release: every thread's stores are visible GPU-wide before the count that announces
+        # them; the acq_rel add orders the last unit's reads after all the others' stores.
+        cute.arch.fence_acq_rel_gpu()
+        self.epi_barrier.arrive_and_wait()
+        if mma_tidx == 0:
+            counter = (mC.iterator + tile).llvm_ptr
+            arrived = cute.arch.atomic_add(counter, Int32(1), sem="acq_rel", scope="gpu")
+            if arrived == self.split_k - 1:  # the last unit: no other unit of this tile remains
+                cute.arch.store(counter, Int32(0), sem="relaxed", scope="gpu")
+            sFlag[0] = arrived
+        self.epi_barrier.arrive_and_wait()
+        last = sFlag[0] == self.split_k - 1
+        if last:
+            cute.arch.fence_acq_rel_gpu()
+            if has_rows:
+                acc.fill(0.0)
+                first = tile * self.split_k * slot_size + mma_tidx
+                for s in cutlass.range(self.split_k, unroll=1):
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        acc[i] = acc[i] + mP[first + s * slot_size + i * self.num_mma_threads]
+        return last
 
     @cute.jit
     def _store_tile_partials(self, acc, mma_tidx, mP, slot):

@@ -2,9 +2,12 @@
 
 Runtime args: kernel(x, w, out), all row-major and 16-byte aligned; M, N and K are dynamic, with
 K and N multiples of 8 (16-byte rows for TMA; the op layer rejects other sizes). Split-K configs
-(config["split_k"] = s > 1) take one more argument: kernel(x, w, out, partials), partials an fp32
-buffer of at least s * M * N elements (torch.empty; s * M * N < 2**31); so do stream-K configs
-(config["stream_k"]), with gemm_configs.stream_k_partials(config) elements. The kernel is the
+(config["split_k"] > 1) take an fp32 partials buffer of gemm_configs.partials_elements(config,
+M, N) (< 2**31) elements, kernel(x, w, out, partials), and with 128-row tiles (fixed up in
+place) int32 tile counters too, kernel(x, w, out, partials, counters), one per output tile
+(gemm_configs.counters_needed), zero at the launch (the kernel leaves them zero). Stream-K
+configs (config["stream_k"]) take kernel(x, w, out, partials), with
+gemm_configs.stream_k_partials(config) elements. The kernel is the
 persistent warp-specialized TMA + wgmma GEMM of ``_cute_gemm_sm90`` with no epilogue hook.
 Config space, heuristic and validity are shared with the FP8 GEMM (``_cute_gemm_configs``).
 """
@@ -33,17 +36,24 @@ def build(config, target, sig):
     args = [make_fake_compact_tensor(dtype, shape, stride_order=(1, 0), assumed_align=16)
             for shape in ((m, k), (n, k), (m, n))]
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
-    if config.get("split_k", 1) == 1 and not config.get("stream_k"):
+    partials = make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(divisibility=4),), assumed_align=16)
+    if config.get("split_k", 1) > 1 and config["tile_m"] == 128:  # fixed up in place: tile counters
         @cute.jit
-        def bf16_gemm(x: cute.Tensor, w: cute.Tensor, out: cute.Tensor, stream):
-            gemm(x, w, out, (), stream)
-        return bf16_gemm, [*args, stream]
+        def bf16_gemm_split_k(x: cute.Tensor, w: cute.Tensor, out: cute.Tensor, partials: cute.Tensor,
+                              counters: cute.Tensor, stream):
+            gemm(x, w, out, (), stream, partials, counters)
+        counters = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4)
+        return bf16_gemm_split_k, [*args, partials, counters, stream]
+    if config.get("stream_k") or config.get("split_k", 1) > 1:
+        @cute.jit
+        def bf16_gemm_partials(x: cute.Tensor, w: cute.Tensor, out: cute.Tensor, partials: cute.Tensor, stream):
+            gemm(x, w, out, (), stream, partials)
+        return bf16_gemm_partials, [*args, partials, stream]
 
     @cute.jit
-    def bf16_gemm_split_k(x: cute.Tensor, w: cute.Tensor, out: cute.Tensor, partials: cute.Tensor, stream):
-        gemm(x, w, out, (), stream, partials)
-    partials = make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(divisibility=4),), assumed_align=16)
-    return bf16_gemm_split_k, [*args, partials, stream]
+    def bf16_gemm(x: cute.Tensor, w: cute.Tensor, out: cute.Tensor, stream):
+        gemm(x, w, out, (), stream)
+    return bf16_gemm, [*args, stream]
 
 
 TEMPLATE = Template(op="bf16_gemm", backend="cute", targets=("sm90a",),

@@ -3,7 +3,8 @@
 Runtime args: kernel(xq, wq, x_scale, w_scale, bias, out): xq [M, K] and wq [N, K] float8_e4m3fn,
 x_scale [M] and w_scale [N] fp32, bias [N] of dtype sig["bias"] ("bfloat16" or "float32", as
 MSLK accepts; "none": a 1-element bf16 placeholder, never read), out [M, N] bf16. M, N, K dynamic; K a multiple of 16 and N of 8
-(16-byte rows for TMA; the op layer rejects other sizes).
+(16-byte rows for TMA; the op layer rejects other sizes). Split-K configs (config["split_k"] > 1)
+take kernel(xq, wq, x_scale, w_scale, bias, out, partials, counters), as bf16_gemm's do.
 
 The GEMM is ``_cute_gemm_sm90`` with FP8 wgmma (128-deep k-tiles) and this file's epilogue
 hook, which scales the fp32 accumulators in registers before the single rounding to bf16:
@@ -100,10 +101,6 @@ def build(config, target, sig):
     epilogue = RowwiseScale(config["tile_m"], config["tile_n"], has_bias)
     gemm = sm90.HopperGemm(**gemm_configs.kernel_args(config), epilogue=epilogue, template="f8f8bf16_rowwise_cute")
 
-    @cute.jit
-    def f8f8bf16_rowwise(xq: cute.Tensor, wq: cute.Tensor, x_scale: cute.Tensor, w_scale: cute.Tensor,
-                         bias: cute.Tensor, out: cute.Tensor, stream):
-        gemm(xq, wq, out, (x_scale, w_scale, bias), stream)
 
     m, n, k = cute.sym_int(), cute.sym_int(divisibility=8), cute.sym_int(divisibility=16)
     fp8, bf16 = cutlass.Float8E4M3FN, cutlass.BFloat16
@@ -115,9 +112,23 @@ def build(config, target, sig):
         make_fake_compact_tensor(Float32 if sig["bias"] == "float32" else bf16,
                                  (n if has_bias else cute.sym_int(),), assumed_align=2),
         make_fake_compact_tensor(bf16, (m, n), stride_order=(1, 0), assumed_align=16),
-        make_fake_stream(use_tvm_ffi_env_stream=True),
     ]
-    return f8f8bf16_rowwise, args
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+    if config.get("split_k", 1) > 1:
+        @cute.jit
+        def f8f8bf16_rowwise_split_k(xq: cute.Tensor, wq: cute.Tensor, x_scale: cute.Tensor, w_scale: cute.Tensor,
+                                     bias: cute.Tensor, out: cute.Tensor, partials: cute.Tensor,
+                                     counters: cute.Tensor, stream):
+            gemm(xq, wq, out, (x_scale, w_scale, bias), stream, partials, counters)
+        return f8f8bf16_rowwise_split_k, [
+            *args, make_fake_compact_tensor(Float32, (cute.sym_int(divisibility=4),), assumed_align=16),
+            make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4), stream]
+
+    @cute.jit
+    def f8f8bf16_rowwise(xq: cute.Tensor, wq: cute.Tensor, x_scale: cute.Tensor, w_scale: cute.Tensor,
+                         bias: cute.Tensor, out: cute.Tensor, stream):
+        gemm(xq, wq, out, (x_scale, w_scale, bias), stream)
+    return f8f8bf16_rowwise, [*args, stream]
 
 
 TEMPLATE = Template(op="f8f8bf16_rowwise", backend="cute", targets=("sm90a",),

@@ -170,3 +170,25 @@ def test_an_unhashable_value_gets_the_checks_message(stand_in):
     ops.attention_decode(*_decode_args())                 # a plan exists
     with pytest.raises(ValueError, match="scale must be a positive finite float"):
         ops.attention_decode(*_decode_args(), None, [0.5])
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_split_k_gemm_launches_keep_no_plan(monkeypatch, split_k):
+    """A split-K tile counter buffer belongs to the stream of the call that took it: a plan
+    replaying it on another stream could let two GEMMs count into one buffer at once. So only
+    the unsplit config's launch is remembered."""
+    chosen = []
+
+    def selection(device, signature, problem, config):
+        chosen.append(problem)
+        return (lambda *args: None), {"tile_m": 128, "tile_n": 128, "cluster_m": 1, "raster": "m", "group": 8,
+                                      "split_k": split_k}
+
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)
+    monkeypatch.setattr(declaration.get("bf16_gemm").kernels, "selection", selection)
+    call.clear_python_plans()
+    x, w = torch.randn(200, 256, dtype=bf16), torch.randn(384, 256, dtype=bf16)
+    for _ in range(3):
+        ops.bf16_gemm(x, w)
+    call.clear_python_plans()
+    assert len(chosen) == (1 if split_k == 1 else 3)

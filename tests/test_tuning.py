@@ -44,7 +44,7 @@ def test_explicit_config_wins(cache_dir):
     assert op.choose("sm90a", (3,), (10,), {"threads": 128})[1] == {"threads": 128}
 
 
-def test_autotuner_times_split_k_only_for_decode_sizes():
+def test_autotuner_times_split_k_only_where_tiles_can_leave_sms_idle():
     from mslk_dsl import autotune
 
     (template,) = registry.get_templates(op="bf16_gemm", backend="cute")
@@ -53,9 +53,13 @@ def test_autotuner_times_split_k_only_for_decode_sizes():
     def candidates(m):
         return autotune._candidates(template, "sm90a", sig, {"M": m, "N": 8192, "K": 8192})
 
-    assert any("split_k" in c for c in candidates(1))
-    assert any("split_k" in c for c in candidates(autotune.SPLIT_K_MAX_M))
-    large = candidates(autotune.SPLIT_K_MAX_M + 1)
+    def split(m, tile_m):
+        return [c for c in candidates(m) if "split_k" in c and c["tile_m"] == tile_m]
+
+    assert split(1, 64) and split(autotune.SPLIT_K_MAX_M, 64)
+    assert not split(autotune.SPLIT_K_MAX_M + 1, 64) and split(autotune.SPLIT_K_MAX_M + 1, 128)
+    assert split(autotune.MID_SPLIT_K_MAX_M, 128)
+    large = candidates(autotune.MID_SPLIT_K_MAX_M + 1)
     assert large and not any("split_k" in c for c in large)
 
 

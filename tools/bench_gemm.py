@@ -14,6 +14,7 @@ torch time / our time per shape (> 1: ours is faster) and the geometric mean of 
   python tools/bench_gemm.py [--op bf16_gemm|f8f8bf16_rowwise|all] [--quick] [--promoted]
                              [--config NAME] [--json PATH]
   python tools/bench_gemm.py --random N --seed S [--op ...] [--promoted] [--json PATH]
+--split-sweep: the 128-row candidates, split-K included, at mid-sized M (bench_gemm_split).
 --random: N shapes drawn from real layers with M log-uniform in 1..16384 (bench_gemm_random).
 --config forces one config of the target's template (its name as in
 mslk_dsl.template.config_name, e.g. cluster_m2_group8_rasterm_tile_m128_tile_n256 for the CuTe
@@ -112,6 +113,8 @@ def main(argv=None) -> int:
                         help="f8f8bf16_rowwise with use_fast_accum=False (and _scaled_mm likewise)")
     parser.add_argument("--random", type=int, metavar="N", help="N random shapes of real layers instead of the grid")
     parser.add_argument("--seed", type=int, default=0, help="the --random draw's seed")
+    parser.add_argument("--split-sweep", action="store_true",
+                        help="time every 128-row candidate, split-K included, at mid-sized M (bench_gemm_split)")
     parser.add_argument("--tune", action="store_true",
                         help="first tune every shape (mslk_dsl.autotune, stored in the tuning DB), then time the "
                              "tuned choices")
@@ -126,6 +129,10 @@ def main(argv=None) -> int:
     from mslk_dsl.template import config_name
 
     op_names = ("bf16_gemm", "f8f8bf16_rowwise") if args.op == "all" else (args.op,)
+    if args.split_sweep:
+        import bench_gemm_split
+
+        return bench_gemm_split.run(list(op_names), args.json, torch, do_bench)
     if args.random:
         import bench_gemm_random
 

@@ -206,7 +206,7 @@ def checked_call(decl: OpDecl, inputs: tuple, out, config: dict | None):
         launch.kernel(*(a.value if type(a) is Fixed else a for a in launch.args))
         if launch.finish is not None:
             launch.finish()
-        elif config is None and decl.plannable and _plan_allowed[name](*inputs):
+        elif config is None and decl.plannable and launch.plannable and _plan_allowed[name](*inputs):
             _remember(decl, inputs, outputs, out, launch)
     if not specs:
         return None

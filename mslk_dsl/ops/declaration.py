@@ -30,11 +30,13 @@ class Launch(NamedTuple):
     input, an output, a view of one, a placeholder (``dispatch.placeholder``), a tensor of
     ``scratch`` (allocated for this call only, never returned) or a scalar input. ``finish`` runs
     after the launch (copying out of a temporary); a launch with one is never replayed from a
-    plan."""
+    plan. ``plannable`` False: the launch holds something that is only right for this call (a
+    buffer of the current stream), so it is never remembered as a plan either."""
     kernel: Any
     args: tuple
     scratch: tuple = ()
     finish: Callable[[], None] | None = None
+    plannable: bool = True
 
 
 class Fixed(NamedTuple):

@@ -47,6 +47,20 @@ def placeholder(device: torch.device, dtype: torch.dtype, fill: int | float = 0,
     return t
 
 
+def zeroed_counters(device: torch.device, count: int) -> torch.Tensor:
+    """At least ``count`` int32 counters, zero, for kernels that count arrivals in them and
+    leave them zero again (split-K GEMM tiles): cached per device and stream, grown when a call
+    needs more, so calls allocate and clear nothing. Kept with the placeholders, so a launch
+    plan may hold them. One set per stream: kernels that run at the same time on different
+    streams must not share counters; kernels of one stream run one after another."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, torch.int32, "counters", stream)
+    t = _placeholders.get(key)
+    if t is None or t.numel() < count:
+        t = _placeholders[key] = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
+    return t
+
+
 def is_placeholder(t: torch.Tensor) -> bool:
     """Whether ``t`` is one of the placeholders (a launch plan may hold it for every call)."""
     return _placeholders.get((t.device, t.dtype)) is t or any(p is t for p in _placeholders.values())

@@ -5,7 +5,7 @@ import torch
 
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
-from mslk_dsl.ops.dispatch import dtype_name, placeholder
+from mslk_dsl.ops.dispatch import dtype_name, placeholder, zeroed_counters
 from mslk_dsl.ops.elementwise import _quantize_reference, fp8_dtype_for
 from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
 from mslk_dsl.templates import _kernel_limits as limits
@@ -14,7 +14,7 @@ from mslk_dsl.templates import _kernel_limits as limits
 _ALIGN_BYTES = limits.VECTOR_BYTES
 # The output is 16-bit: N a multiple of 8 keeps its rows 16-byte aligned for TMA stores.
 _OUT_ROW_ELEMENTS = 8
-# Split-K kernels index their fp32 partials [split_k, M, N] with 32-bit offsets.
+# Split-K kernels index their fp32 partials (a slot per output tile and split) with 32-bit offsets.
 _MAX_PARTIALS = 2**31
 
 
@@ -95,15 +95,27 @@ def _prepare_bf16_gemm(select, outputs, x, w):
         return None
     y = y.view(M, N)
     kernel, chosen = select((dtype_name(a.dtype),), (M, N, K))
-    # Split-K configs (decode-sized M) sum K ranges in an fp32 partials buffer [split_k, M, N];
-    # stream-K configs sum the last wave's tile pieces in one of a fixed size per config.
+    partials, counters = _work_buffers("bf16_gemm", chosen, M, N, a.device)
+    target, finish = _store_target(y)
+    # Split-K tile counters belong to this call's stream (dispatch.zeroed_counters): a plan would
+    # replay them on whatever stream a later call runs on, so such launches keep none.
+    return Launch(kernel, (a, b, target, *partials, *counters), scratch=partials, finish=finish,
+                  plannable=not counters)
+
+
+def _work_buffers(op: str, chosen: dict, M: int, N: int, device) -> tuple[tuple, tuple]:
+    """(partials, counters) the chosen config's kernel takes after its output, each () or one
+    tensor: split-K configs an fp32 slot per output tile and split plus the tile counters (zero,
+    shared across calls: the kernel leaves them zero); stream-K configs a fixed-size fp32
+    buffer for the last wave's tile pieces."""
     scratch = gemm_configs.partials_elements(chosen, M, N)
     if scratch >= _MAX_PARTIALS:
-        raise ValueError(f"bf16_gemm: config split_k={chosen.get('split_k', 1)} needs split_k * M * N < 2**31 "
-                         f"(M={M}, N={N}); split-K is for small M, use a config without it")
-    partials = (torch.empty(scratch, dtype=torch.float32, device=a.device),) if scratch else ()
-    target, finish = _store_target(y)
-    return Launch(kernel, (a, b, target, *partials), scratch=partials, finish=finish)
+        raise ValueError(f"{op}: config split_k={chosen.get('split_k', 1)} needs fewer than 2**31 fp32 partials "
+                         f"(M={M}, N={N}); split-K is for small and mid-sized M, use a config without it")
+    partials = (torch.empty(scratch, dtype=torch.float32, device=device),) if scratch else ()
+    count = gemm_configs.counters_needed(chosen, M, N)
+    counters = (zeroed_counters(device, count),) if count else ()
+    return partials, counters
 
 
 bf16_gemm = declare(OpDecl(
@@ -156,10 +168,14 @@ def _prepare_f8f8bf16_rowwise(select, outputs, xq, wq, x_scale, w_scale, bias, u
     y = y.view(M, N)
     x_scale = x_scale.reshape(M)
     bias_kind = "none" if bias is None else dtype_name(bias.dtype)
-    kernel, _ = select((bias_kind, use_fast_accum), (M, N, K))
+    kernel, chosen = select((bias_kind, use_fast_accum), (M, N, K))
     bias_arg = bias.contiguous() if bias is not None else placeholder(a.device, torch.bfloat16)
+    partials, counters = _work_buffers("f8f8bf16_rowwise", chosen, M, N, a.device)
     target, finish = _store_target(y)
-    return Launch(kernel, (a, b, x_scale.contiguous(), w_scale.contiguous(), bias_arg, target), finish=finish)
+    # Split-K tile counters belong to this call's stream (see dispatch.zeroed_counters): a plan
+    # would replay them on whatever stream a later call runs on, so such launches keep none.
+    return Launch(kernel, (a, b, x_scale.contiguous(), w_scale.contiguous(), bias_arg, target, *partials, *counters),
+                  scratch=partials, finish=finish, plannable=not counters)
 
 
 def _f8f8bf16_rowwise_reference(xq, wq, x_scale, w_scale, bias=None, use_fast_accum=True):

@@ -132,6 +132,61 @@ def test_bf16_gemm_split_k_is_deterministic_and_matches_unsplit():
             torch.testing.assert_close(ops.bf16_gemm(x, w, config=config), plain, atol=2e-2, rtol=1e-2)
 
 
+# Mid-sized M with few output tiles: odd M (a last M tile of 1, 77 and 1 rows), N not a multiple
+# of the tile (2112, 72, 1000), K long and short of whole splits.
+MID_SPLIT_SHAPES = ((129, 2112, 4096), (333, 72, 2048), (513, 1000, 1040), (200, 4096, 8192))
+
+
+def test_split_k_at_mid_m_is_deterministic_and_matches_unsplit():
+    """128-row split-K tiles (the last unit of a tile adds the others' fp32 partials in place and
+    runs the epilogue): repeat calls are bit-identical (the tile counters are left at zero, so
+    the second call finds its last units again) and agree with the unsplit tile to rounding;
+    FP8 with an fp32 bias, fast and promoted, against the fp32 reference (every config with a
+    bf16 bias or none: test_f8f8bf16_rowwise_every_config)."""
+    from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
+
+    fp8_configs = _template("f8f8bf16_rowwise").all_configs()
+    for m, n, k in MID_SPLIT_SHAPES:
+        x = randn(m, k, seed=m).to(torch.bfloat16)
+        w = randn(n, k, seed=n).to(torch.bfloat16)
+        for config in gemm_configs.MID_SPLIT_CONFIGS:
+            first, second = ops.bf16_gemm(x, w, config=config), ops.bf16_gemm(x, w, config=config)
+            assert torch.equal(first, second), (m, n, k, config)
+            plain = ops.bf16_gemm(x, w, config={c: v for c, v in config.items() if c != "split_k"})
+            torch.testing.assert_close(first, plain, atol=2e-2, rtol=1e-2)
+        for config in fp8_configs:
+            if config.get("split_k", 1) > 1 and config["tile_m"] == 128:
+                _check_fp8(m, n, k, True, config, bias_dtype=torch.float32)
+
+
+def test_split_k_counters_are_per_stream_and_left_zero():
+    """Two split-K GEMMs of different sizes on two streams, then again on one: each stream has
+    its own tile counters, and every call leaves them zero."""
+    from mslk_dsl.ops import dispatch
+
+    config = {"tile_m": 128, "tile_n": 128, "cluster_m": 1, "raster": "m", "group": 8, "split_k": 3}
+    cases = [(randn(m, 2048, seed=m).to(torch.bfloat16), randn(n, 2048, seed=n).to(torch.bfloat16))
+             for m, n in ((300, 4096), (129, 1000))]
+    plain = {c: v for c, v in config.items() if c != "split_k"}
+    expected = [ops.bf16_gemm(x, w, config=plain) for x, w in cases]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for stream in streams:
+        stream.wait_stream(torch.cuda.current_stream())
+    outs = []
+    for (x, w), stream in zip(cases, streams):
+        with torch.cuda.stream(stream):
+            outs.append(ops.bf16_gemm(x, w, config=config))
+    torch.cuda.synchronize()
+    for out, want in zip(outs, expected):
+        torch.testing.assert_close(out, want, atol=2e-2, rtol=1e-2)
+    counters = [dispatch.zeroed_counters(torch.device("cuda", torch.cuda.current_device()), 1)]
+    for stream in streams:
+        with torch.cuda.stream(stream):
+            counters.append(dispatch.zeroed_counters(torch.device("cuda", torch.cuda.current_device()), 1))
+    assert len({c.data_ptr() for c in counters}) == 3
+    assert all(int(c.abs().sum()) == 0 for c in counters)
+
+
 def test_bf16_gemm_stream_k_is_deterministic_and_matches_data_parallel():
     """Stream-K configs on sizes with a partial last wave (and with fewer tiles than CTAs): repeat
     calls are bit-identical and agree with the same tile's data-parallel kernel to rounding."""
@@ -147,12 +202,16 @@ def test_bf16_gemm_stream_k_is_deterministic_and_matches_data_parallel():
             torch.testing.assert_close(first, plain, atol=2e-2, rtol=1e-2)
 
 
-def test_bf16_gemm_split_k_rejects_partials_past_int32():
+def test_split_k_rejects_partials_past_int32():
     x = torch.zeros(65536, 16, device="cuda", dtype=torch.bfloat16)
     w = torch.zeros(4096, 16, device="cuda", dtype=torch.bfloat16)
     config = {"tile_m": 64, "tile_n": 128, "cluster_m": 1, "raster": "m", "group": 8, "split_k": 8}
     with pytest.raises(ValueError, match="split_k"):
         ops.bf16_gemm(x, w, config=config)
+    xq, wq = x.to(FP8), torch.zeros(16384, 16, device="cuda", dtype=FP8)  # 65536 tiles of 128 x 128
+    with pytest.raises(ValueError, match="split_k"):
+        ops.f8f8bf16_rowwise(xq, wq, torch.ones(65536, device="cuda"), torch.ones(16384, device="cuda"),
+                             config={**config, "tile_m": 128, "split_k": 4, "promote": 0})
 
 
 # ----------------------------------------------------------- f8f8bf16_rowwise
