@@ -108,6 +108,9 @@ def test_decode_matches_reference(dtype, D, heads, Mq, causal):
     _check(got, decode_reference(q, k, v, seqlen, None, None, causal))
 
 
+# Tens of GB each: one worker runs these one after another, so parallel workers (-n 4)
+# never hold two at once.
+@pytest.mark.xdist_group("gpu-memory")
 @SM90
 def test_decode_128k():
     Hq, Hkv, D, L = 32, 4, 128, 131072

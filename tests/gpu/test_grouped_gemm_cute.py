@@ -150,6 +150,9 @@ def test_one_row_groups_and_a_single_busy_group():
     _check_bf16(x, w, busy, ops.bf16bf16bf16_grouped_stacked(x, w, busy), "one non-empty group")
 
 
+# Tens of GB each: one worker runs these one after another, so parallel workers (-n 4)
+# never hold two at once.
+@pytest.mark.xdist_group("gpu-memory")
 @pytest.mark.parametrize("layer", MOE_CONFIGS, ids=lambda c: c[0])
 @pytest.mark.parametrize("proj", ["gate_up", "down"])
 def test_moe_shapes(layer, proj):

@@ -226,6 +226,9 @@ def test_layer_with_shared_expert(fp8):
     _check_layer(1, 16, 2, 512, 256, shared=True, fp8=fp8)
 
 
+# Tens of GB each: one worker runs these one after another, so parallel workers (-n 4)
+# never hold two at once.
+@pytest.mark.xdist_group("gpu-memory")
 @hopper
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("config", list(CONFIGS))
