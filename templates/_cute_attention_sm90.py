@@ -251,9 +251,7 @@ class _RuntimeGqaForward(FlashAttentionForwardSm90):
                 # K/V blocks are loaded from the last (the one crossing a causal diagonal) down.
                 n_block_min, n_block_max = block_info.get_n_block_min_max(seqlen, m_block)
                 n_block = n_block_max - 1
-                pipeline_k.producer_acquire(kv_producer_state)
-                load_K(src_idx=n_block, producer_state=kv_producer_state)
-                pipeline_k.producer_commit(kv_producer_state)
+                self._produce(pipeline_k, load_K, n_block, kv_producer_state)
                 if const_expr(self.persistent):
                     if tiles_done > 0:  # the last tile's O store has left sQ
                         cute.arch.barrier(barrier_id=_Q_FREE, number_of_threads=_Q_FREE_THREADS)
@@ -262,18 +260,12 @@ class _RuntimeGqaForward(FlashAttentionForwardSm90):
                 load_Q(tma_bar_ptr=pipeline_q.sync_object_full.get_barrier(0))
                 q_producer_phase ^= 1
                 if const_expr(not self.intra_wg_overlap):
-                    pipeline_v.producer_acquire(kv_producer_state)
-                    load_V(src_idx=n_block, producer_state=kv_producer_state)
-                    pipeline_v.producer_commit(kv_producer_state)
+                    self._produce(pipeline_v, load_V, n_block, kv_producer_state)
                     kv_producer_state.advance()
                     for i in cutlass.range(n_block_max - 1 - n_block_min, unroll=1):
                         n_block = n_block_max - 1 - i - 1
-                        pipeline_k.producer_acquire(kv_producer_state)
-                        load_K(src_idx=n_block, producer_state=kv_producer_state)
-                        pipeline_k.producer_commit(kv_producer_state)
-                        pipeline_v.producer_acquire(kv_producer_state)
-                        load_V(src_idx=n_block, producer_state=kv_producer_state)
-                        pipeline_v.producer_commit(kv_producer_state)
+                        self._produce(pipeline_k, load_K, n_block, kv_producer_state)
+                        self._produce(pipeline_v, load_V, n_block, kv_producer_state)
                         kv_producer_state.advance()
                 else:
                     # With overlap the consumers want K of block n - 1 before V of block n.
@@ -282,16 +274,10 @@ class _RuntimeGqaForward(FlashAttentionForwardSm90):
                         n_block = n_block_prev - 1
                         kv_producer_state_prev = kv_producer_state.clone()
                         kv_producer_state.advance()
-                        pipeline_k.producer_acquire(kv_producer_state)
-                        load_K(src_idx=n_block, producer_state=kv_producer_state)
-                        pipeline_k.producer_commit(kv_producer_state)
-                        pipeline_v.producer_acquire(kv_producer_state_prev)
-                        load_V(src_idx=n_block_prev, producer_state=kv_producer_state_prev)
-                        pipeline_v.producer_commit(kv_producer_state_prev)
+                        self._produce(pipeline_k, load_K, n_block, kv_producer_state)
+                        self._produce(pipeline_v, load_V, n_block_prev, kv_producer_state_prev)
                     n_block = n_block_min
-                    pipeline_v.producer_acquire(kv_producer_state)
-                    load_V(src_idx=n_block, producer_state=kv_producer_state)
-                    pipeline_v.producer_commit(kv_producer_state)
+                    self._produce(pipeline_v, load_V, n_block, kv_producer_state)
                     kv_producer_state.advance()
 
                 tile_scheduler.prefetch_next_work()
@@ -301,6 +287,14 @@ class _RuntimeGqaForward(FlashAttentionForwardSm90):
                 if tiles_done > 0:  # match the last epilogue's arrival
                     cute.arch.barrier(barrier_id=_Q_FREE, number_of_threads=_Q_FREE_THREADS)
             pipeline_v.producer_tail(kv_producer_state)
+
+    @cute.jit
+    def _produce(self, pipe: pipeline.PipelineAsync, load, n_block, state):
+        """One K or V block into the stage of ``state``: acquire the stage, issue its TMA load
+        (``load``: load_K or load_V), commit."""
+        pipe.producer_acquire(state)
+        load(src_idx=n_block, producer_state=state)
+        pipe.producer_commit(state)
 
 
 class HopperAttentionForward:

@@ -56,6 +56,11 @@ _REDUCE_THREADS = 256  # 64-row split-K: threads per block of the partials reduc
 _PRODUCER_REGS, _CONSUMER_REGS = 40, 232  # setmaxnreg split; 40*128 + 232*256 <= 64K
 
 
+class _ConsumerState:
+    """What a consumer thread sets up once and reads for every tile (HopperGemm._consumer_setup):
+    a plain attribute holder, filled while the kernel is traced."""
+
+
 class HopperGemm:
     """One GEMM kernel configuration (all arguments are compile-time).
 
@@ -156,19 +161,10 @@ class HopperGemm:
         self.a_box_smem = sm90_utils.make_smem_layout_a(
             row_major, (self.x_rows, self.tile_n, self.tile_k), a_dtype, 1)
 
-    def _check_shared_memory(self, size: int) -> None:
-        """A plain method, run while __call__ is traced: the DSL refuses a raise inside the
-        staged __call__ itself."""
-        if size > _SMEM_BYTES:
-            raise ValueError(f"{self.template}: tile {self.tile_m}x{self.tile_n} with {self.stages} stages needs "
-                             f"{size} bytes of shared memory, more than {_SMEM_BYTES}")
-
-    @cute.jit
-    def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, epi_args, stream,
-                 partials: cute.Tensor = None, counters: cute.Tensor = None):
-        """Launch D = A @ B^T; ``partials`` (fp32, 1-D) is the split-K or stream-K buffer, only
-        with split_k > 1 or stream_k; ``counters`` (int32, 1-D) the split-K tile counters."""
-        self._setup(a.element_type, b.element_type, d.element_type)
+    def _make_tma_atoms(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor):
+        """(tma_a, gA, tma_b, gB, tma_d, gD): TMA loads of x_rows x tile_k boxes of A and
+        tile_n x tile_k boxes of B (multicast to the cluster's CTAs), TMA stores of the
+        epilogue's sub-tiles of D (``d``: whatever view of D the kernel stores through)."""
         tma_a, gA = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), a,
             cute.slice_(self.a_box_smem, (None, None, 0)), (self.x_rows, self.tile_k))
@@ -180,13 +176,12 @@ class HopperGemm:
         tma_d, gD = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), d,
             cute.slice_(self.d_smem, (None, None, 0)), self.epi_tile)
+        return tma_a, gA, tma_b, gB, tma_d, gD
 
-        # Persistent grid (cluster_m, 1, clusters): at most one CTA per SM.
-        clusters_m = cute.ceil_div(cute.ceil_div(d.shape[0], self.tile_m), self.cluster_m)
-        clusters_n = cute.ceil_div(d.shape[1], self.tile_n)
-        num_clusters = cutlass.min(clusters_m * clusters_n * self.split_k, NUM_SMS // self.cluster_m)
-        if const_expr(self.stream_k):  # every CTA takes a share of the last wave
-            num_clusters = NUM_SMS // self.cluster_m
+    def _define_shared_storage(self) -> None:
+        """The kernel's shared memory (self.shared_storage): the A/B pipeline's mbarriers, the
+        epilogue hook's words, the A / B stages and the D store buffers. A plain method, run
+        while __call__ is traced: the DSL refuses a raise inside the staged __call__ itself."""
 
         @cute.struct
         class SharedStorage:
@@ -197,8 +192,27 @@ class HopperGemm:
             sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem)], 1024]
             sD: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(self.d_smem)], 1024]
 
-        self._check_shared_memory(SharedStorage.size_in_bytes())
+        size = SharedStorage.size_in_bytes()
+        if size > _SMEM_BYTES:
+            raise ValueError(f"{self.template}: tile {self.tile_m}x{self.tile_n} with {self.stages} stages needs "
+                             f"{size} bytes of shared memory, more than {_SMEM_BYTES}")
         self.shared_storage = SharedStorage
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, epi_args, stream,
+                 partials: cute.Tensor = None, counters: cute.Tensor = None):
+        """Launch D = A @ B^T; ``partials`` (fp32, 1-D) is the split-K or stream-K buffer, only
+        with split_k > 1 or stream_k; ``counters`` (int32, 1-D) the split-K tile counters."""
+        self._setup(a.element_type, b.element_type, d.element_type)
+        tma_a, gA, tma_b, gB, tma_d, gD = self._make_tma_atoms(a, b, d)
+
+        # Persistent grid (cluster_m, 1, clusters): at most one CTA per SM.
+        clusters_m = cute.ceil_div(cute.ceil_div(d.shape[0], self.tile_m), self.cluster_m)
+        clusters_n = cute.ceil_div(d.shape[1], self.tile_n)
+        num_clusters = cutlass.min(clusters_m * clusters_n * self.split_k, NUM_SMS // self.cluster_m)
+        if const_expr(self.stream_k):  # every CTA takes a share of the last wave
+            num_clusters = NUM_SMS // self.cluster_m
+        self._define_shared_storage()
         # Without split-K or stream-K the kernel never reads the partials or counters: D stands in.
         mP = partials if const_expr(self.split_k > 1 or self.stream_k) else d
         mC = counters if const_expr(self.fix_up_in_place) else d
@@ -255,35 +269,14 @@ class HopperGemm:
                tiled_mma: cute.TiledMma, tiled_mma_zero: cute.TiledMma, a_smem: cute.ComposedLayout,
                b_smem: cute.ComposedLayout, d_smem: cute.ComposedLayout,
                clusters_m: Int32, clusters_n: Int32, epi_args, mP: cute.Tensor, mC: cute.Tensor):
-        tidx, _, _ = cute.arch.thread_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        if warp_idx == 0:
-            cpasync.prefetch_descriptor(tma_a)
-            cpasync.prefetch_descriptor(tma_b)
-            cpasync.prefetch_descriptor(tma_d)
+        tidx, warp_idx = self._kernel_start(tma_a, tma_b, tma_d)
 
         # CTA rank in the (cluster_m, 1) cluster == its M offset inside the cluster.
         cta_m = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         b_mcast_mask = cute.make_layout_image_mask(
             cute.make_layout((self.cluster_m, 1, 1)), (cta_m, 0, 0), mode=0)
 
-        storage = SmemAllocator().allocate(self.shared_storage)
-        # A consumer releases a stage to every CTA that multicasts into it: one arrive per
-        # consumer warp per CTA of the cluster.
-        ab_pipeline = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.ab_mbar.data_ptr(), num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.cluster_m * self.num_mma_wg * 4),
-            tx_count=(self.x_rows * self.a_dtype.width + self.tile_n * self.b_dtype.width) * self.tile_k // 8,
-            cta_layout_vmnk=cute.make_layout((1, self.cluster_m, 1, 1)), defer_sync=True)
-        pipeline.pipeline_init_arrive(cluster_shape_mn=(self.cluster_m, 1), is_relaxed=True)
-
-        sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
-        sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
-        sD = storage.sD.get_tensor(d_smem.outer, swizzle=d_smem.inner)
-        sEpi = storage.sEpi.get_tensor(cute.make_layout(self.epi_words))
-        sFlag = storage.last_flag.get_tensor(cute.make_layout(1))
+        ab_pipeline, sA, sB, sD, sEpi, sFlag = self._allocate_shared(a_smem, b_smem, d_smem)
         # (bM, bK, RestM, RestK) / (bN, bK, RestN, RestK)
         gA = cute.local_tile(mA, (self.x_rows, self.tile_k), (None, None))
         gB = cute.local_tile(mB, (self.tile_n, self.tile_k), (None, None))
@@ -327,6 +320,41 @@ class HopperGemm:
             cute.arch.setmaxregister_increase(_CONSUMER_REGS)
             self._consume(ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, sFlag, tma_d, mD, k_tiles,
                           tidx - 128, warp_idx, cta_m, clusters_m, clusters_n, epi_args, mP, mC)
+
+    @cute.jit
+    def _kernel_start(self, tma_a: cute.CopyAtom, tma_b: cute.CopyAtom, tma_d: cute.CopyAtom):
+        """(thread index, warp index); warp 0 prefetches the TMA descriptors."""
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_a)
+            cpasync.prefetch_descriptor(tma_b)
+            cpasync.prefetch_descriptor(tma_d)
+        return tidx, warp_idx
+
+    @cute.jit
+    def _allocate_shared(self, a_smem: cute.ComposedLayout, b_smem: cute.ComposedLayout,
+                         d_smem: cute.ComposedLayout):
+        """Kernel start: the shared storage, its A/B pipeline (initialized; the caller waits
+        with pipeline_init_wait) and tensors: (ab_pipeline, sA, sB, sD, sEpi, sFlag)."""
+        storage = SmemAllocator().allocate(self.shared_storage)
+        # A consumer releases a stage to every CTA that multicasts into it: one arrive per
+        # consumer warp per CTA of the cluster.
+        ab_pipeline = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.ab_mbar.data_ptr(), num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, self.cluster_m * self.num_mma_wg * 4),
+            tx_count=(self.x_rows * self.a_dtype.width + self.tile_n * self.b_dtype.width) * self.tile_k // 8,
+            cta_layout_vmnk=cute.make_layout((1, self.cluster_m, 1, 1)), defer_sync=True)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(self.cluster_m, 1), is_relaxed=True)
+
+        sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
+        sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
+        sD = storage.sD.get_tensor(d_smem.outer, swizzle=d_smem.inner)
+        sEpi = storage.sEpi.get_tensor(cute.make_layout(self.epi_words))
+        sFlag = storage.last_flag.get_tensor(cute.make_layout(1))
+        return ab_pipeline, sA, sB, sD, sEpi, sFlag
 
     @cute.jit
     def _load(self, ab_pipeline, state, tma_a, tma_b, tAgA_t, tAsA, tBgB_t, tBsB, b_mcast_mask,
@@ -402,38 +430,7 @@ class HopperGemm:
     def _consume(self, ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, sFlag, tma_d, mD, all_k_tiles,
                  mma_tidx, warp_idx, cta_m, clusters_m, clusters_n, epi_args, mP, mC):
         """Consumer warpgroups: for each tile, the wgmma mainloop and then the epilogue."""
-        thr_mma = tiled_mma.get_slice(mma_tidx)
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        acc_shape = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n))).shape
-        acc = cute.make_rmem_tensor(acc_shape, Float32)
-        acc_tmp = cute.make_rmem_tensor(acc_shape, Float32) if const_expr(self.promote_every) else None
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-        tiled_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
-
-        # Register -> shared copy of the epilogue (stmatrix), partitioned like the MMA's C.
-        stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.d_dtype)
-        tiled_r2s = cute.make_tiled_copy_S(
-            sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.d_dtype, Float32),
-            cute.make_tiled_copy_C_atom(stmatrix, tiled_mma))
-        thr_r2s = tiled_r2s.get_slice(mma_tidx)
-        tRS_sD = thr_r2s.partition_D(sD)  # (R2S, R2S_M, R2S_N, EPI_STAGE)
-        tRS_acc = tiled_r2s.retile(acc)  # sub-tile j is elements [j * sub_size, (j+1) * sub_size)
-        sub_layout = cute.make_layout(cute.shape(thr_r2s.partition_S(sD))[:3])
-        sub_size = cute.size(sub_layout)
-        tRS_sub = cute.make_rmem_tensor(sub_layout.shape, Float32)
-        tRS_out = cute.make_rmem_tensor(sub_layout.shape, self.d_dtype)
-        cTile = cute.make_identity_tensor((self.tile_m, self.tile_n))  # tile-local (m, n)
-        num_sub = self.tile_n // _EPI_TILE_N
-        store_pipeline = pipeline.PipelineTmaStore.create(
-            num_stages=self.epi_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads))
-        epi_regs = None
-        if const_expr(self.epilogue is not None):
-            epi_regs = cute.make_rmem_tensor(self.epilogue.num_regs, Float32)
-
-        read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        c, read_state, release_state = self._consumer_setup(tiled_mma, tiled_mma_zero, sA, sB, sD, mma_tidx)
         tiles_done = Int32(0)
         units = clusters_m * clusters_n * self.split_k
         if const_expr(self.stream_k):
@@ -443,68 +440,26 @@ class HopperGemm:
             tile_m, tile_n, split, _, k_tiles = self._work_unit(work, clusters_m, clusters_n, cta_m,
                                                                 all_k_tiles)
             if const_expr(self.epilogue is not None):
-                self.epilogue.prefetch(epi_regs, epi_args, tile_m * self.tile_m,
+                self.epilogue.prefetch(c.epi_regs, epi_args, tile_m * self.tile_m,
                                        tile_n * self.tile_n, mma_tidx)
-            # ---- mainloop
-            if const_expr(self.promote_every == 0):
-                read_state, release_state = self._mainloop(ab_pipeline, read_state, release_state, tiled_mma,
-                                                           tCrA, tCrB, acc, k_tiles)
-            else:
-                # Chunks of promote_every k-tiles: the wgmma sum of a chunk starts from zero
-                # (scale-d = 0) in acc_tmp and is added into the fp32 acc once it has retired.
-                # That add waits for every wgmma of the warpgroup to retire; the warpgroups
-                # promote at different k-tiles (the second one's first chunk is shorter), so
-                # the other's wgmma keep the tensor cores busy meanwhile.
-                acc.fill(0.0)
-                wg = cute.arch.make_warp_uniform(mma_tidx // 128)
-                head = cutlass.min(wg * (self.promote_every // self.num_mma_wg), k_tiles)
-                for _ in cutlass.range(cutlass.min(head, 1), unroll=1):
-                    read_state, release_state = self._promoted_chunk(
-                        ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_zero, tCrA, tCrB,
-                        acc, acc_tmp, head)
-                for k0 in cutlass.range(head, k_tiles, self.promote_every, unroll=1):
-                    read_state, release_state = self._promoted_chunk(
-                        ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_zero, tCrA, tCrB,
-                        acc, acc_tmp, cutlass.min(self.promote_every, k_tiles - k0))
-
+            read_state, release_state = self._accumulate_tile(ab_pipeline, read_state, release_state, tiled_mma,
+                                                              tiled_mma_zero, c, k_tiles, mma_tidx)
             # An unsplit tile is complete here; a split one once its last unit has added the
             # others' sums (then acc holds the whole tile).
             complete = True
             if const_expr(self.split_k > 1 and not self.fix_up_in_place):
                 # ---- 64-row split-K: fp32 sums straight to this split's partials block.
-                self._store_partials(acc, thr_mma, mP, mD.shape[0], mD.shape[1],
+                self._store_partials(c.acc, c.thr_mma, mP, mD.shape[0], mD.shape[1],
                                      tile_m * self.tile_m, tile_n * self.tile_n, split)
                 complete = False
             if const_expr(self.fix_up_in_place):
-                complete = self._fix_up(acc, thr_mma, mma_tidx, mP, mC, sFlag, mD.shape[0], tile_m,
+                complete = self._fix_up(c.acc, c.thr_mma, mma_tidx, mP, mC, sFlag, mD.shape[0], tile_m,
                                         work - split * clusters_m * clusters_n, split)
             if complete:
-                # ---- epilogue: (tile_m x 32) sub-tiles through shared memory and TMA stores
-                if const_expr(self.epilogue is not None):
-                    self.epilogue.stage(epi_regs, sEpi, mma_tidx)
-                    self.epi_barrier.arrive_and_wait()
-                gD_sub = cute.zipped_divide(
-                    cute.local_tile(mD, (self.tile_m, self.tile_n), (tile_m, tile_n)), self.epi_tile)
-                bSG_sD, bSG_gD = cpasync.tma_partition(tma_d, 0, cute.make_layout(1),
-                                                       cute.group_modes(sD, 0, 2), gD_sub)
-                for j in cutlass.range_constexpr(num_sub):
-                    for v in cutlass.range_constexpr(sub_size):
-                        tRS_sub[v] = tRS_acc[j * sub_size + v]
-                    if const_expr(self.epilogue is not None):
-                        # partition_S: the coordinates of the values this thread holds.
-                        coords = thr_r2s.partition_S(cute.local_tile(cTile, self.epi_tile, (0, j)))
-                        self.epilogue.apply(tRS_sub, coords, sEpi)
-                    tRS_out.store(tRS_sub.load().to(self.d_dtype))
-                    buf = (tiles_done * num_sub + j) % self.epi_stages
-                    cute.copy(tiled_r2s, tRS_out, tRS_sD[(None, None, None, buf)])
-                    # Generic-proxy smem writes must be visible to the TMA (async proxy).
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    self.epi_barrier.arrive_and_wait()
-                    if warp_idx == 4:  # first consumer warp issues the store
-                        cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, (0, j))])
-                        store_pipeline.producer_commit()
-                        store_pipeline.producer_acquire()  # the next buffer's old store has read it
-                    self.epi_barrier.arrive_and_wait()
+                self._stage_epilogue(c, sEpi, mma_tidx)
+                self._store_tile(c, tma_d, sD, sEpi,
+                                 cute.local_tile(mD, (self.tile_m, self.tile_n), (tile_m, tile_n)),
+                                 tiles_done, warp_idx)
                 tiles_done += 1
             work += cute.arch.grid_dim()[2]
         if const_expr(self.stream_k):
@@ -517,11 +472,114 @@ class HopperGemm:
                 tile = k // all_k_tiles
                 k_count = cutlass.min(all_k_tiles - (k - tile * all_k_tiles), sk_end - k)
                 read_state, release_state = self._mainloop(ab_pipeline, read_state, release_state, tiled_mma,
-                                                           tCrA, tCrB, acc, k_count)
-                self._store_tile_partials(acc, mma_tidx, mP, slot0 + piece * self.cluster_m)
+                                                           c.tCrA, c.tCrB, c.acc, k_count)
+                self._store_tile_partials(c.acc, mma_tidx, mP, slot0 + piece * self.cluster_m)
                 k += k_count
                 piece += 1
-        store_pipeline.producer_tail()
+        c.store_pipeline.producer_tail()
+
+    @cute.jit
+    def _consumer_setup(self, tiled_mma, tiled_mma_zero, sA, sB, sD, mma_tidx):
+        """A consumer thread's loop-invariant state (its MMA fragments and accumulators, the
+        epilogue's register -> shared copy and TMA store pipeline, the hook's registers) as one
+        object ``c``, and the A/B pipeline's read and release states."""
+        c = _ConsumerState()
+        c.thr_mma = tiled_mma.get_slice(mma_tidx)
+        c.tCrA = tiled_mma.make_fragment_A(c.thr_mma.partition_A(sA))
+        c.tCrB = tiled_mma.make_fragment_B(c.thr_mma.partition_B(sB))
+        acc_shape = c.thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n))).shape
+        c.acc = cute.make_rmem_tensor(acc_shape, Float32)
+        c.acc_tmp = cute.make_rmem_tensor(acc_shape, Float32) if const_expr(self.promote_every) else None
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        tiled_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
+
+        # Register -> shared copy of the epilogue (stmatrix), partitioned like the MMA's C.
+        stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.d_dtype)
+        c.tiled_r2s = cute.make_tiled_copy_S(
+            sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.d_dtype, Float32),
+            cute.make_tiled_copy_C_atom(stmatrix, tiled_mma))
+        c.thr_r2s = c.tiled_r2s.get_slice(mma_tidx)
+        c.tRS_sD = c.thr_r2s.partition_D(sD)  # (R2S, R2S_M, R2S_N, EPI_STAGE)
+        c.tRS_acc = c.tiled_r2s.retile(c.acc)  # sub-tile j is elements [j * sub_size, (j+1) * sub_size)
+        sub_layout = cute.make_layout(cute.shape(c.thr_r2s.partition_S(sD))[:3])
+        c.sub_size = cute.size(sub_layout)
+        c.tRS_sub = cute.make_rmem_tensor(sub_layout.shape, Float32)
+        c.tRS_out = cute.make_rmem_tensor(sub_layout.shape, self.d_dtype)
+        c.cTile = cute.make_identity_tensor((self.tile_m, self.tile_n))  # tile-local (m, n)
+        c.store_pipeline = pipeline.PipelineTmaStore.create(
+            num_stages=self.epi_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads))
+        c.epi_regs = None
+        if const_expr(self.epilogue is not None):
+            c.epi_regs = cute.make_rmem_tensor(self.epilogue.num_regs, Float32)
+
+        read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        return c, read_state, release_state
+
+    @cute.jit
+    def _accumulate_tile(self, ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_zero, c,
+                         k_tiles: Int32, mma_tidx):
+        """The mainloop of one tile: c.acc = the sum of its k_tiles k-tiles, with FP8 promotion
+        when configured. Returns the advanced pipeline states (see _load)."""
+        if const_expr(self.promote_every == 0):
+            read_state, release_state = self._mainloop(ab_pipeline, read_state, release_state, tiled_mma,
+                                                       c.tCrA, c.tCrB, c.acc, k_tiles)
+        else:
+            # Chunks of promote_every k-tiles: the wgmma sum of a chunk starts from zero
+            # (scale-d = 0) in acc_tmp and is added into the fp32 acc once it has retired.
+            # That add waits for every wgmma of the warpgroup to retire; the warpgroups
+            # promote at different k-tiles (the second one's first chunk is shorter), so
+            # the other's wgmma keep the tensor cores busy meanwhile.
+            c.acc.fill(0.0)
+            wg = cute.arch.make_warp_uniform(mma_tidx // 128)
+            head = cutlass.min(wg * (self.promote_every // self.num_mma_wg), k_tiles)
+            for _ in cutlass.range(cutlass.min(head, 1), unroll=1):
+                read_state, release_state = self._promoted_chunk(
+                    ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_zero, c.tCrA, c.tCrB,
+                    c.acc, c.acc_tmp, head)
+            for k0 in cutlass.range(head, k_tiles, self.promote_every, unroll=1):
+                read_state, release_state = self._promoted_chunk(
+                    ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_zero, c.tCrA, c.tCrB,
+                    c.acc, c.acc_tmp, cutlass.min(self.promote_every, k_tiles - k0))
+        return read_state, release_state
+
+    @cute.jit
+    def _stage_epilogue(self, c, sEpi, mma_tidx):
+        """After the mainloop: the hook moves its tile data to shared memory (then a barrier)."""
+        if const_expr(self.epilogue is not None):
+            self.epilogue.stage(c.epi_regs, sEpi, mma_tidx)
+            self.epi_barrier.arrive_and_wait()
+
+    @cute.jit
+    def _store_tile(self, c, tma_d, sD, sEpi, gD_tile, tiles_done: Int32, warp_idx):
+        """Epilogue of one tile: c.acc in (tile_m x 32) sub-tiles through the hook, shared memory
+        and TMA stores into ``gD_tile`` (the tile's tile_m x tile_n view of the TMA tensor of D,
+        whose bounds clip the stores). ``tiles_done``: tiles this CTA stored before (it picks
+        the store buffers)."""
+        gD_sub = cute.zipped_divide(gD_tile, self.epi_tile)
+        bSG_sD, bSG_gD = cpasync.tma_partition(tma_d, 0, cute.make_layout(1),
+                                               cute.group_modes(sD, 0, 2), gD_sub)
+        num_sub = self.tile_n // _EPI_TILE_N
+        store_pipeline = c.store_pipeline  # a local: the DSL refuses attribute calls inside a dynamic if
+        for j in cutlass.range_constexpr(num_sub):
+            for v in cutlass.range_constexpr(c.sub_size):
+                c.tRS_sub[v] = c.tRS_acc[j * c.sub_size + v]
+            if const_expr(self.epilogue is not None):
+                # partition_S: the coordinates of the values this thread holds.
+                coords = c.thr_r2s.partition_S(cute.local_tile(c.cTile, self.epi_tile, (0, j)))
+                self.epilogue.apply(c.tRS_sub, coords, sEpi)
+            c.tRS_out.store(c.tRS_sub.load().to(self.d_dtype))
+            buf = (tiles_done * num_sub + j) % self.epi_stages
+            cute.copy(c.tiled_r2s, c.tRS_out, c.tRS_sD[(None, None, None, buf)])
+            # Generic-proxy smem writes must be visible to the TMA (async proxy).
+            cute.arch.fence_proxy("async.shared", space="cta")
+            self.epi_barrier.arrive_and_wait()
+            if warp_idx == 4:  # first consumer warp issues the store
+                cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, (0, j))])
+                store_pipeline.producer_commit()
+                store_pipeline.producer_acquire()  # the next buffer's old store has read it
+            self.epi_barrier.arrive_and_wait()
 
     @cute.jit
     def _store_partials(self, acc, thr_mma, mP, m_size, n_size, m0, n0, split):

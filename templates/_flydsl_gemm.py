@@ -33,6 +33,7 @@ scalars, which FlyDSL's own cache key covers, so configs never share a cache ent
 LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
 CUS = {"gfx942": 304, "gfx950": 256}  # MI300X, MI355X
 WAVE = 64
+FP8 = {"gfx942": "float8_e4m3fnuz", "gfx950": "float8_e4m3fn"}  # the target's FP8 flavour (torch name)
 _DTYPES = {"bfloat16": "BFloat16", "float16": "Float16",
            "float8_e4m3fnuz": "Float8E4M3FNUZ", "float8_e4m3fn": "Float8E4M3FN"}
 

@@ -59,6 +59,23 @@ def grid_bound(total_m, groups, n, tile_m, tile_n):
     return ((total_m // tile_m + active) * ((n + (tile_n - 1)) // tile_n), 1, 1)
 
 
+def kernel_for(config, *, target, ab_dtype, scaled):
+    """The grouped kernel of ``config`` (bf16 out; with ``scaled``, the FP8 rowwise-scale
+    epilogue) and its launch geometry, as _flydsl_gemm.kernel_for."""
+    return gemm.kernel_for(config, target=target, ab_dtype=ab_dtype, out_dtype="bfloat16",
+                           epilogue="rowwise" if scaled else "none",
+                           tile_of_block=make_tile_of_block(config["tile_m"], config["tile_n"], scaled=scaled))
+
+
+def launch(kernel, x, w, out, epi, tile_m, tile_n, threads, stream):
+    """Host side (traced): launch a kernel_for kernel over the tile bound; ``epi`` ends with
+    M_sizes."""
+    total_m, _ = x.shape.unpack()
+    _, n = out.shape.unpack()
+    kernel(x, w, out, epi).launch(grid=grid_bound(total_m, epi[-1].shape.unpack(), n, tile_m, tile_n),
+                                  block=(threads, 1, 1), stream=stream)
+
+
 def make_tile_of_block(tile_m, tile_n, scaled):
     """The ``tile_of_block`` hook of ``_flydsl_gemm.make_gemm_kernel`` for a grouped call; epi is
     (M_sizes,) or, ``scaled``, (x_scale, w_scale [G * N], M_sizes)."""

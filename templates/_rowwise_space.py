@@ -4,7 +4,7 @@ DSL-free on purpose: the registry evaluates validity and heuristics in processes
 import a DSL. A config is ``threads`` per block, ``rows_per_block`` (each row gets
 threads / rows_per_block threads, whole waves of 64) and ``vec``, the elements one load moves.
 """
-from mslk_dsl.templates._kernel_limits import ELEM_BYTES
+from mslk_dsl.templates._kernel_limits import ELEM_BYTES, ROWWISE_OCCUPANCY_FLOOR
 
 SPACE = {"threads": (256, 512), "rows_per_block": (1, 4), "vec": (8, 4, 1)}
 WAVE = 64
@@ -31,6 +31,25 @@ def check(template: str, config, sig) -> None:
 def quant_heuristic(target, sig, problem) -> dict:
     """The FP8 row quantizers' config: the smallest that keeps a whole row in registers."""
     return smallest_covering(sig, problem["K"], QUANT_REGISTER_BYTES)
+
+
+def quant_template_rules() -> dict:
+    """The Template arguments the FlyDSL FP8 row quantizers share: signatures (input dtype,
+    16-byte aligned rows, whether scale_ub is read), config space, validity, heuristic and
+    occupancy floor."""
+    return dict(signatures={"dtype": tuple(ELEM_BYTES), "aligned": (True, False), "has_scale_ub": (True, False)},
+                space=SPACE, valid=valid, heuristic=quant_heuristic, occupancy_floor=ROWWISE_OCCUPANCY_FLOOR)
+
+
+def placeholder_cols(sig) -> int:
+    """The row length of a template's compile-time example tensors: aligned rows (64) or not (63).
+    Only a placeholder: the kernels take every size at run time."""
+    return 64 if sig["aligned"] else 63
+
+
+def row_blocks(rows: int, rows_per_block: int) -> int:
+    """Blocks of ``rows_per_block`` rows that cover ``rows`` (the grid of a row-wise kernel)."""
+    return (rows + rows_per_block - 1) // rows_per_block
 
 
 def widest_vec(sig) -> int:

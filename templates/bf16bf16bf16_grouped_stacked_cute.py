@@ -21,7 +21,6 @@ def _heuristic(target, sig, problem):
 def build(config, target, sig):
     import cutlass
     import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
     from mslk_dsl.templates import _cute_grouped_gemm_sm90 as grouped
 
@@ -33,15 +32,7 @@ def build(config, target, sig):
                                      stream):
         gemm(x, w, out, m_sizes, (), stream)
 
-    m, gn, n, k = cute.sym_int(), cute.sym_int(divisibility=8), cute.sym_int(divisibility=8), \
-        cute.sym_int(divisibility=8)
-    bf16 = cutlass.BFloat16
-    index = {"int32": cutlass.Int32, "int64": cutlass.Int64}[sig["index_dtype"]]
-    args = [make_fake_compact_tensor(bf16, (m, k), stride_order=(1, 0), assumed_align=16),
-            make_fake_compact_tensor(bf16, (gn, k), stride_order=(1, 0), assumed_align=16),
-            make_fake_compact_tensor(bf16, (m, n), stride_order=(1, 0), assumed_align=16),
-            make_fake_compact_tensor(index, (cute.sym_int(),), assumed_align=4),
-            make_fake_stream(use_tvm_ffi_env_stream=True)]
+    args = grouped.fake_args(cutlass.BFloat16, 8, sig["index_dtype"], scales=False)
     return bf16bf16bf16_grouped_stacked, args
 
 

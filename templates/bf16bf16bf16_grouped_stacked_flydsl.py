@@ -20,18 +20,12 @@ def build(config, target, sig):
     import flydsl.compiler as flyc
     import flydsl.expr as fx
 
-    kernel, tile_m, tile_n, threads = gemm.kernel_for(
-        config, target=target, ab_dtype="bfloat16", out_dtype="bfloat16", epilogue="none",
-        tile_of_block=grouped.make_tile_of_block(config["tile_m"], config["tile_n"], scaled=False))
+    kernel, tile_m, tile_n, threads = grouped.kernel_for(config, target=target, ab_dtype="bfloat16", scaled=False)
 
     @flyc.jit
     def bf16bf16bf16_grouped_stacked(x: fx.Tensor, w: fx.Tensor, out: fx.Tensor, m_sizes: fx.Tensor,
                                      stream: fx.Stream = fx.Stream(None)):
-        total_m, _ = x.shape.unpack()
-        _, n = out.shape.unpack()
-        kernel(x, w, out, (m_sizes,)).launch(
-            grid=grouped.grid_bound(total_m, m_sizes.shape.unpack(), n, tile_m, tile_n),
-            block=(threads, 1, 1), stream=stream)
+        grouped.launch(kernel, x, w, out, (m_sizes,), tile_m, tile_n, threads, stream)
 
     bf16, index = torch.bfloat16, getattr(torch, sig["index_dtype"])
     return bf16bf16bf16_grouped_stacked, (torch.empty(40, 64, dtype=bf16), torch.empty(3 * 48, 64, dtype=bf16),

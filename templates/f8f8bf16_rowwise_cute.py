@@ -6,11 +6,10 @@ MSLK accepts; "none": a 1-element bf16 placeholder, never read), out [M, N] bf16
 (16-byte rows for TMA; the op layer rejects other sizes). Split-K configs (config["split_k"] > 1)
 take kernel(xq, wq, x_scale, w_scale, bias, out, partials, counters), as bf16_gemm's do.
 
-The GEMM is ``_cute_gemm_sm90`` with FP8 wgmma (128-deep k-tiles) and this file's epilogue
-hook, which scales the fp32 accumulators in registers before the single rounding to bf16:
-acc * x_scale[m] * w_scale[n] + bias[n], all in fp32 (MSLK's CUTLASS epilogue rounds to bf16
-before adding a bf16 bias). The tile's scales and bias are loaded when the tile starts (their
-latency hides under the mainloop) and staged in shared memory.
+The GEMM is ``_cute_gemm_sm90`` with FP8 wgmma (128-deep k-tiles) and the epilogue hook of
+``_cute_rowwise_scale``, which scales the fp32 accumulators in registers before the single
+rounding to bf16: acc * x_scale[m] * w_scale[n] + bias[n], all in fp32 (MSLK's CUTLASS epilogue
+rounds to bf16 before adding a bf16 bias).
 
 Accumulation. Hopper's FP8 wgmma adds into its fp32 accumulator with a ~13-bit mantissa
 (truncating), so an accumulator carried over all of K drifts by up to ~1e-2 relative at
@@ -44,58 +43,11 @@ def _valid(config, target, sig):
 def build(config, target, sig):
     import cutlass
     import cutlass.cute as cute
-    from cutlass import Float32, const_expr
+    from cutlass import Float32
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
     from mslk_dsl.templates import _cute_gemm_sm90 as sm90
-
-    class RowwiseScale:
-        """The tile's x_scale rows and w_scale (+ bias) columns: loaded into registers when the
-        tile starts, staged in shared memory after the mainloop, read per output value."""
-
-        def __init__(self, tile_m, tile_n, has_bias):
-            self.tile_m, self.tile_n, self.has_bias = tile_m, tile_n, has_bias
-            self.threads = 2 * tile_m  # consumer threads: 128 per 64 rows
-            # (smem offset, length) of x_scale, w_scale and bias inside the staging buffer
-            self.segments = [(0, tile_m), (tile_m, tile_n)] + [(tile_m + tile_n, tile_n)] * has_bias
-            self.smem_words = sum(length for _, length in self.segments)
-            self.num_regs = sum(self._per_thread(length) for _, length in self.segments)
-
-        def _per_thread(self, length):
-            return -(-length // self.threads)
-
-        @cute.jit
-        def prefetch(self, regs, epi_args, m0, n0, tidx):
-            # Clamp rows / columns past M / N to the last one: their outputs are never stored.
-            r = 0
-            for seg in cutlass.range_constexpr(len(self.segments)):
-                src, length = epi_args[seg], self.segments[seg][1]
-                origin = m0 if const_expr(seg == 0) else n0
-                for i in cutlass.range_constexpr(self._per_thread(length)):
-                    j = tidx + i * self.threads
-                    if j < length:
-                        regs[r + i] = src[cutlass.min(origin + j, src.shape[0] - 1)].to(Float32)
-                r += self._per_thread(length)
-
-        @cute.jit
-        def stage(self, regs, smem, tidx):
-            r = 0
-            for seg in cutlass.range_constexpr(len(self.segments)):
-                offset, length = self.segments[seg]
-                for i in cutlass.range_constexpr(self._per_thread(length)):
-                    j = tidx + i * self.threads
-                    if j < length:
-                        smem[offset + j] = regs[r + i]
-                r += self._per_thread(length)
-
-        @cute.jit
-        def apply(self, acc, coords, smem):
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                m, n = coords[i]
-                value = acc[i] * smem[m] * smem[self.tile_m + n]
-                if const_expr(self.has_bias):
-                    value = value + smem[self.tile_m + self.tile_n + n]
-                acc[i] = value
+    from mslk_dsl.templates._cute_rowwise_scale import RowwiseScale
 
     has_bias = sig["bias"] != "none"
     epilogue = RowwiseScale(config["tile_m"], config["tile_n"], has_bias)

@@ -18,7 +18,6 @@ from mslk_dsl.templates import _kernel_limits as limits
 
 from mslk_dsl.templates import _flydsl_gemm as gemm
 
-FP8 = {"gfx942": "float8_e4m3fnuz", "gfx950": "float8_e4m3fn"}
 BIAS = ("none", "bfloat16", "float32")  # the bias argument's dtype, or no bias
 
 
@@ -33,7 +32,7 @@ def build(config, target, sig):
     import flydsl.expr as fx
 
     kernel, tile_m, tile_n, threads = gemm.kernel_for(
-        config, target=target, ab_dtype=FP8[target], out_dtype="bfloat16",
+        config, target=target, ab_dtype=gemm.FP8[target], out_dtype="bfloat16",
         epilogue="rowwise" if sig["bias"] == "none" else "rowwise_bias")
 
     @flyc.jit
@@ -44,7 +43,7 @@ def build(config, target, sig):
         kernel(xq, wq, out, (x_scale, w_scale, bias)).launch(
             grid=gemm.grid_for(M, N, tile_m, tile_n), block=(threads, 1, 1), stream=stream)
 
-    f8 = getattr(torch, FP8[target])
+    f8 = getattr(torch, gemm.FP8[target])
     return f8f8bf16_rowwise, (
         torch.empty(32, 128, dtype=f8), torch.empty(48, 128, dtype=f8),
         torch.empty(32, dtype=torch.float32), torch.empty(48, dtype=torch.float32),

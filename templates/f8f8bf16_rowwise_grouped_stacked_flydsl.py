@@ -14,7 +14,6 @@ from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _flydsl_gemm as gemm
 from mslk_dsl.templates import _flydsl_grouped_gemm as grouped
 
-FP8 = {"gfx942": "float8_e4m3fnuz", "gfx950": "float8_e4m3fn"}
 INDEX_DTYPES = ("int32", "int64")
 CONFIGS, _valid, _heuristic = grouped.template_rules(tile_k_scale=2, elem_bytes=1)
 
@@ -24,20 +23,14 @@ def build(config, target, sig):
     import flydsl.compiler as flyc
     import flydsl.expr as fx
 
-    kernel, tile_m, tile_n, threads = gemm.kernel_for(
-        config, target=target, ab_dtype=FP8[target], out_dtype="bfloat16", epilogue="rowwise",
-        tile_of_block=grouped.make_tile_of_block(config["tile_m"], config["tile_n"], scaled=True))
+    kernel, tile_m, tile_n, threads = grouped.kernel_for(config, target=target, ab_dtype=gemm.FP8[target], scaled=True)
 
     @flyc.jit
     def f8f8bf16_rowwise_grouped_stacked(xq: fx.Tensor, wq: fx.Tensor, x_scale: fx.Tensor, w_scale: fx.Tensor,
                                          out: fx.Tensor, m_sizes: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
-        total_m, _ = xq.shape.unpack()
-        _, n = out.shape.unpack()
-        kernel(xq, wq, out, (x_scale, w_scale, m_sizes)).launch(
-            grid=grouped.grid_bound(total_m, m_sizes.shape.unpack(), n, tile_m, tile_n),
-            block=(threads, 1, 1), stream=stream)
+        grouped.launch(kernel, xq, wq, out, (x_scale, w_scale, m_sizes), tile_m, tile_n, threads, stream)
 
-    f8, index = getattr(torch, FP8[target]), getattr(torch, sig["index_dtype"])
+    f8, index = getattr(torch, gemm.FP8[target]), getattr(torch, sig["index_dtype"])
     return f8f8bf16_rowwise_grouped_stacked, (
         torch.empty(40, 128, dtype=f8), torch.empty(3 * 48, 128, dtype=f8),
         torch.empty(40, dtype=torch.float32), torch.empty(3 * 48, dtype=torch.float32),

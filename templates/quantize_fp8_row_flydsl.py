@@ -15,7 +15,6 @@ thread (four 16-byte vectors, or 16 scalars) stay in registers between the absma
 quantize pass (see _flydsl_rowwise.quantize_row).
 """
 from mslk_dsl.template import Template
-from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _rowwise_space as space
 
 
@@ -47,16 +46,13 @@ def build(config, target, sig):
                          stream: fx.Stream = fx.Stream(None)):
         m, _ = x.shape.unpack()
         quantize_fp8_row_kernel(x, scale_ub, xq, scale).launch(
-            grid=((m + rows - 1) // rows, 1, 1), block=(threads, 1, 1), stream=stream)
+            grid=(space.row_blocks(m, rows), 1, 1), block=(threads, 1, 1), stream=stream)
 
-    k = 64 if sig["aligned"] else 63  # placeholder sizes only; M and K stay dynamic
+    k = space.placeholder_cols(sig)
     args = [torch.empty(2, k, dtype=getattr(torch, sig["dtype"])), torch.ones(1),
             torch.empty(2, k, dtype=getattr(torch, fp8.dtype)), torch.empty(2)]
     return quantize_fp8_row, args
 
 
-TEMPLATE = Template(
-    op="quantize_fp8_row", backend="flydsl", targets=("gfx942", "gfx950"),
-    signatures={"dtype": tuple(space.ELEM_BYTES), "aligned": (True, False), "has_scale_ub": (True, False)},
-    space=space.SPACE, valid=space.valid, heuristic=space.quant_heuristic, build=build,
-    occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)
+TEMPLATE = Template(op="quantize_fp8_row", backend="flydsl", targets=("gfx942", "gfx950"), build=build,
+                    **space.quant_template_rules())

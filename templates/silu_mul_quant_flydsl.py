@@ -10,7 +10,6 @@ device code as silu_mul, rounded to the input dtype, then quantized exactly as
 quantize_fp8_row does (see its docstring for the FP8 semantics).
 """
 from mslk_dsl.template import Template
-from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _rowwise_space as space
 
 
@@ -44,17 +43,14 @@ def build(config, target, sig):
                        count: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
         m, _ = x0.shape.unpack()
         silu_mul_quant_kernel(x0, x1, scale_ub, xq, scale, count).launch(
-            grid=((m + rows - 1) // rows, 1, 1), block=(threads, 1, 1), stream=stream)
+            grid=(space.row_blocks(m, rows), 1, 1), block=(threads, 1, 1), stream=stream)
 
-    k = 64 if sig["aligned"] else 63  # placeholder sizes only; M and K stay dynamic
+    k = space.placeholder_cols(sig)
     x = torch.empty(2, k, dtype=getattr(torch, sig["dtype"]))
     args = [x, x.clone(), torch.ones(1), torch.empty(2, k, dtype=getattr(torch, fp8.dtype)), torch.empty(2),
             torch.ones(1, dtype=torch.int32)]
     return silu_mul_quant, args
 
 
-TEMPLATE = Template(
-    op="silu_mul_quant", backend="flydsl", targets=("gfx942", "gfx950"),
-    signatures={"dtype": tuple(space.ELEM_BYTES), "aligned": (True, False), "has_scale_ub": (True, False)},
-    space=space.SPACE, valid=space.valid, heuristic=space.quant_heuristic, build=build,
-    occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)
+TEMPLATE = Template(op="silu_mul_quant", backend="flydsl", targets=("gfx942", "gfx950"), build=build,
+                    **space.quant_template_rules())

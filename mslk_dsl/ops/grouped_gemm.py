@@ -74,6 +74,33 @@ def _store_target(y: torch.Tensor):
     return temporary, lambda: y.copy_(temporary)
 
 
+def _grouped_launch(select, outputs, x, w, M_sizes, scales=()) -> Launch | None:
+    """The launch of a grouped kernel, kernel(x, w viewed as [G * N, K], *scales flattened, out,
+    M_sizes), or None when none is needed."""
+    (y,) = outputs
+    G, N, K = w.shape
+    if _no_launch_needed(y, G, K):
+        return None
+    a, b = _compact(x), _compact(w).view(G * N, K)
+    kernel, _ = select((dtype_name(M_sizes.dtype),), (a.shape[0], N, K, G))
+    target, finish = _store_target(y)
+    flat_scales = tuple(s.contiguous().view(-1) for s in scales)
+    return Launch(kernel, (a, b, *flat_scales, target, M_sizes.contiguous()), finish=finish)
+
+
+def _grouped_reference(x, w, M_sizes, x_scale=None, w_scale=None) -> torch.Tensor:
+    """fp32 per-group products (scaled by x_scale rows and w_scale[g] columns when given),
+    rounded once to bf16; rows past sum(M_sizes) stay 0."""
+    y = torch.zeros(x.shape[0], w.shape[1], dtype=torch.float32, device=x.device)
+    for g, (start, end) in enumerate(_group_bounds(M_sizes, x.shape[0])):
+        if end > start:
+            part = x[start:end].float() @ w[g].float().T
+            if x_scale is not None:
+                part = part * x_scale[start:end, None] * w_scale[g][None, :]
+            y[start:end] = part
+    return y.to(torch.bfloat16)
+
+
 def split_rows(total: int, groups: int, seed: int, empty_every: int = 0) -> list[int]:
     """A random split of ``total`` rows into ``groups`` sizes (every ``empty_every``-th group
     empty when set): the examples' and the tests' group sizes (plain Python: no tensor, so it
@@ -112,25 +139,6 @@ def _example(fp8: bool):
 
 
 # -- bf16bf16bf16_grouped_stacked -----------------------------------------------------------------
-def _prepare_bf16_grouped(select, outputs, x, w, M_sizes):
-    (y,) = outputs
-    G, N, K = w.shape
-    if _no_launch_needed(y, G, K):
-        return None
-    a, b = _compact(x), _compact(w).view(G * N, K)
-    kernel, _ = select((dtype_name(M_sizes.dtype),), (a.shape[0], N, K, G))
-    target, finish = _store_target(y)
-    return Launch(kernel, (a, b, target, M_sizes.contiguous()), finish=finish)
-
-
-def _bf16_grouped_reference(x, w, M_sizes):
-    y = torch.zeros(x.shape[0], w.shape[1], dtype=torch.float32, device=x.device)
-    for g, (start, end) in enumerate(_group_bounds(M_sizes, x.shape[0])):
-        if end > start:
-            y[start:end] = x[start:end].float() @ w[g].float().T
-    return y.to(torch.bfloat16)
-
-
 bf16bf16bf16_grouped_stacked = declare(OpDecl(
     name="bf16bf16bf16_grouped_stacked",
     schema="(Tensor x, Tensor w, Tensor M_sizes) -> Tensor",
@@ -141,8 +149,8 @@ bf16bf16bf16_grouped_stacked = declare(OpDecl(
     check=lambda x, w, M_sizes: _check_grouped("bf16bf16bf16_grouped_stacked", x, w, M_sizes,
                                                (torch.bfloat16,)),
     outputs=lambda x, w, M_sizes: [((x.shape[0], w.shape[1]), torch.bfloat16)],
-    prepare=_prepare_bf16_grouped, signature=("index_dtype",), problem=("M", "N", "K", "G"),
-    example=_example(fp8=False), reference=_bf16_grouped_reference,
+    prepare=_grouped_launch, signature=("index_dtype",), problem=("M", "N", "K", "G"),
+    example=_example(fp8=False), reference=_grouped_reference,
     small_problem={"M": 37, "N": 64, "K": 64, "G": 4}))
 
 
@@ -163,24 +171,7 @@ def _check_f8_grouped(xq, wq, x_scale, w_scale, M_sizes):
 
 
 def _prepare_f8_grouped(select, outputs, xq, wq, x_scale, w_scale, M_sizes):
-    (y,) = outputs
-    G, N, K = wq.shape
-    if _no_launch_needed(y, G, K):
-        return None
-    a, b = _compact(xq), _compact(wq).view(G * N, K)
-    kernel, _ = select((dtype_name(M_sizes.dtype),), (a.shape[0], N, K, G))
-    target, finish = _store_target(y)
-    return Launch(kernel, (a, b, x_scale.contiguous(), w_scale.contiguous().view(G * N), target,
-                           M_sizes.contiguous()), finish=finish)
-
-
-def _f8_grouped_reference(xq, wq, x_scale, w_scale, M_sizes):
-    y = torch.zeros(xq.shape[0], wq.shape[1], dtype=torch.float32, device=xq.device)
-    for g, (start, end) in enumerate(_group_bounds(M_sizes, xq.shape[0])):
-        if end > start:
-            y[start:end] = ((xq[start:end].float() @ wq[g].float().T) * x_scale[start:end, None]
-                            * w_scale[g][None, :])
-    return y.to(torch.bfloat16)
+    return _grouped_launch(select, outputs, xq, wq, M_sizes, scales=(x_scale, w_scale))
 
 
 f8f8bf16_rowwise_grouped_stacked = declare(OpDecl(
@@ -194,5 +185,5 @@ f8f8bf16_rowwise_grouped_stacked = declare(OpDecl(
     check=_check_f8_grouped,
     outputs=lambda xq, wq, x_scale, w_scale, M_sizes: [((xq.shape[0], wq.shape[1]), torch.bfloat16)],
     prepare=_prepare_f8_grouped, signature=("index_dtype",), problem=("M", "N", "K", "G"),
-    example=_example(fp8=True), reference=_f8_grouped_reference,
+    example=_example(fp8=True), reference=_grouped_reference,
     small_problem={"M": 37, "N": 64, "K": 128, "G": 4}))

@@ -147,15 +147,20 @@ index_shuffling = declare(OpDecl(
 
 
 # -- gather_scale_dense_tokens --------------------------------------------------------------------------------
-def _check_gather(x, token_indices, expert_indices, scores, valid_token_count):
-    op = "gather_scale_dense_tokens"
-    check.tensor(op, "x", x, check.FLOAT_DTYPES, ndim=2)
+def _check_gather_inputs(op, x, x_dtypes, token_indices, expert_indices, scores):
+    """The checks every gather op makes of x, the gathered (token, expert) pairs and the scores."""
+    check.tensor(op, "x", x, x_dtypes, ndim=2)
     _check_indices(op, "token_indices", token_indices)
     _check_indices(op, "expert_indices", expert_indices)
     check.shape(op, "expert_indices", expert_indices, token_indices.shape, "one expert per gathered row")
     check.tensor(op, "scores", scores, SCORE_DTYPES, ndim=2, unit_last_stride=False)
     if scores.shape[0] != x.shape[0]:
         raise ValueError(f"{op}: scores has {scores.shape[0]} rows but x has {x.shape[0]} tokens")
+
+
+def _check_gather(x, token_indices, expert_indices, scores, valid_token_count):
+    op = "gather_scale_dense_tokens"
+    _check_gather_inputs(op, x, check.FLOAT_DTYPES, token_indices, expert_indices, scores)
     check.same_device(op, "x", x, token_indices=token_indices, expert_indices=expert_indices, scores=scores)
     _check_valid_count(op, valid_token_count, x, "x")
 

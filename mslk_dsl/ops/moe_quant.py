@@ -15,20 +15,14 @@ from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder
 from mslk_dsl.ops.elementwise import _check_scale_ub, _quantize_reference, fp8_dtype_for
-from mslk_dsl.ops.moe import (SCORE_DTYPES, _check_indices, _check_valid_count, _gather_example,
+from mslk_dsl.ops.moe import (_check_gather_inputs, _check_valid_count, _gather_example,
                               _gather_reference, _int32, _one_column_needs_padding, _two_columns)
 
 OP = "gather_scale_quant_dense_tokens"
 # The activations of an FP8 MoE; fp32 ones can take gather_scale_dense_tokens, then quantize_fp8_row.
 X_DTYPES = (torch.bfloat16, torch.float16)
 def _check(x, token_indices, expert_indices, scores, scale_ub, valid_token_count):
-    check.tensor(OP, "x", x, X_DTYPES, ndim=2)
-    _check_indices(OP, "token_indices", token_indices)
-    _check_indices(OP, "expert_indices", expert_indices)
-    check.shape(OP, "expert_indices", expert_indices, token_indices.shape, "one expert per gathered row")
-    check.tensor(OP, "scores", scores, SCORE_DTYPES, ndim=2, unit_last_stride=False)
-    if scores.shape[0] != x.shape[0]:
-        raise ValueError(f"{OP}: scores has {scores.shape[0]} rows but x has {x.shape[0]} tokens")
+    _check_gather_inputs(OP, x, X_DTYPES, token_indices, expert_indices, scores)
     if x.shape[1] == 0 and token_indices.shape[0] > 0:
         raise ValueError(f"{OP}: x has no columns (shape {tuple(x.shape)}); a row-wise FP8 scale needs at "
                          f"least one element per row")

@@ -1,0 +1,62 @@
+"""The FP8 rowwise-scale epilogue hook of the CuTe Hopper GEMMs (``_cute_gemm_sm90.HopperGemm``'s
+``epilogue``), shared by the dense and the grouped FP8 GEMM templates:
+
+    out[m, n] = acc[m, n] * x_scale[m] * w_scale[n] (+ bias[n]),  all in fp32
+
+The tile's x_scale rows and w_scale (+ bias) columns are loaded into registers when the tile
+starts (their latency hides under the mainloop), staged in shared memory after the mainloop, and
+read per output value before the single rounding to the output dtype. The kernel's epi_args are
+(x_scale, w_scale) or (x_scale, w_scale, bias), indexed from the tile's origin (m0, n0) as the
+kernel passes it (the grouped kernel's n0 indexes the flattened [G * N] w_scale).
+"""
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, const_expr
+
+
+class RowwiseScale:
+    """The epilogue hook for one tile shape (tile_m rows: 2 * tile_m consumer threads)."""
+
+    def __init__(self, tile_m, tile_n, has_bias=False):
+        self.tile_m, self.tile_n, self.has_bias = tile_m, tile_n, has_bias
+        self.threads = 2 * tile_m  # consumer threads: 128 per 64 rows
+        # (smem offset, length) of x_scale, w_scale and bias inside the staging buffer
+        self.segments = [(0, tile_m), (tile_m, tile_n)] + [(tile_m + tile_n, tile_n)] * has_bias
+        self.smem_words = sum(length for _, length in self.segments)
+        self.num_regs = sum(self._per_thread(length) for _, length in self.segments)
+
+    def _per_thread(self, length):
+        return -(-length // self.threads)
+
+    @cute.jit
+    def prefetch(self, regs, epi_args, m0, n0, tidx):
+        # Clamp rows / columns past the ends to the last one: their outputs are never stored.
+        r = 0
+        for seg in cutlass.range_constexpr(len(self.segments)):
+            src, length = epi_args[seg], self.segments[seg][1]
+            origin = m0 if const_expr(seg == 0) else n0
+            for i in cutlass.range_constexpr(self._per_thread(length)):
+                j = tidx + i * self.threads
+                if j < length:
+                    regs[r + i] = src[cutlass.min(origin + j, src.shape[0] - 1)].to(Float32)
+            r += self._per_thread(length)
+
+    @cute.jit
+    def stage(self, regs, smem, tidx):
+        r = 0
+        for seg in cutlass.range_constexpr(len(self.segments)):
+            offset, length = self.segments[seg]
+            for i in cutlass.range_constexpr(self._per_thread(length)):
+                j = tidx + i * self.threads
+                if j < length:
+                    smem[offset + j] = regs[r + i]
+            r += self._per_thread(length)
+
+    @cute.jit
+    def apply(self, acc, coords, smem):
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            m, n = coords[i]
+            value = acc[i] * smem[m] * smem[self.tile_m + n]
+            if const_expr(self.has_bias):
+                value = value + smem[self.tile_m + self.tile_n + n]
+            acc[i] = value
