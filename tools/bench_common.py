@@ -37,6 +37,29 @@ def table(rows: list[dict], cols: list[str]) -> None:
         print("| " + " | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
 
 
+def quantize_rowwise(t, fp8, torch):
+    """(t in ``fp8`` with one scale per row, the fp32 scales): the rowwise FP8 operands the GEMM
+    benchmarks feed to both ours and torch._scaled_mm."""
+    fp8_max = torch.finfo(fp8).max
+    scale = t.abs().amax(dim=1).clamp(min=1e-12) / fp8_max
+    return (t / scale[:, None]).clamp(-fp8_max, fp8_max).to(fp8), scale.float()
+
+
+def build_jobs(jobs: dict) -> None:
+    """Compile ``jobs`` (digest -> aot Job) into the cache, one worker per CPU, and say how it
+    went: benchmarks build what they will time first, so the timing loop only loads kernels."""
+    import os
+
+    from mslk_dsl import env
+    from mslk_dsl.aot import runner
+
+    report = runner.build(list(jobs.values()), env.cache_dir(), workers=os.cpu_count() or 1, progress=False)
+    print(f"compiled {len(report.built)} kernels ({len(jobs)} needed, {len(report.failed)} failed) "
+          f"in {report.seconds:.0f} s", flush=True)
+    for why in report.failed.values():
+        print("  failed:", why, file=sys.stderr)
+
+
 def geomean(values) -> float:
     """The geometric mean of positive numbers (nan for none): how speed ratios are summarized."""
     values = list(values)

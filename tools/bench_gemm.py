@@ -28,7 +28,7 @@ import math
 import statistics
 import sys
 
-from bench_common import cuda_or_exit, geomean
+from bench_common import cuda_or_exit, geomean, quantize_rowwise
 
 M_VALUES = (1, 16, 128, 512, 2048, 8192, 16384)
 NK_VALUES = ((8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (4096, 4096), (14336, 4096))
@@ -60,12 +60,6 @@ def _config_by_name(op: str, target: str, name: str | None):
     raise KeyError(f"{op}: no config named {name}; known: {[config_name(c) for c in template.all_configs()]}")
 
 
-def _quantize_rowwise(t, fp8, torch):
-    fp8_max = torch.finfo(fp8).max
-    scale = t.abs().amax(dim=1).clamp(min=1e-12) / fp8_max
-    return (t / scale[:, None]).clamp(-fp8_max, fp8_max).to(fp8), scale.float()
-
-
 def _bench_shape(op, target, m, n, k, config, torch, ops, do_bench, promoted=False):
     from mslk_dsl.ops.elementwise import fp8_dtype_for
 
@@ -80,7 +74,7 @@ def _bench_shape(op, target, m, n, k, config, torch, ops, do_bench, promoted=Fal
         theirs = lambda: torch.mm(x, w.T)  # noqa: E731
     else:
         fp8 = fp8_dtype_for(x.device)
-        (xq, x_scale), (wq, w_scale) = _quantize_rowwise(x, fp8, torch), _quantize_rowwise(w, fp8, torch)
+        (xq, x_scale), (wq, w_scale) = quantize_rowwise(x, fp8, torch), quantize_rowwise(w, fp8, torch)
         scale_a, scale_b = x_scale[:, None], w_scale[None, :]  # like with like: the same accumulation
         ours = lambda: ops.f8f8bf16_rowwise(xq, wq, x_scale, w_scale, None, fast, config=config)  # noqa: E731
         theirs = lambda: torch._scaled_mm(xq, wq.T, scale_a=scale_a, scale_b=scale_b,  # noqa: E731

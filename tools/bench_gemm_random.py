@@ -16,12 +16,10 @@ Use fresh seeds: a set of shapes tuned for is no longer a test.
 from __future__ import annotations
 
 import math
-import os
 import random
 import statistics
-import sys
 
-from bench_common import geomean
+from bench_common import build_jobs, geomean, quantize_rowwise
 
 # (N, K, where) of y = x @ w.T for w [N, K]; fused QKV / gate-up as served.
 LAYERS = (
@@ -61,8 +59,6 @@ def _signature(op: str, fast: bool) -> tuple:
 def prebuild(ops_: list[str], shapes, target: str, fast: bool) -> None:
     """Compile the kernels the default choice takes for ``shapes``, in parallel (one worker per
     CPU), so the timing loop only loads them."""
-    from mslk_dsl import env
-    from mslk_dsl.aot import runner
     from mslk_dsl.aot.manifest import Job
     from mslk_dsl.keys import KernelKey
     from mslk_dsl.ops import declaration
@@ -74,11 +70,7 @@ def prebuild(ops_: list[str], shapes, target: str, fast: bool) -> None:
             template, config, sig = kernels.choose(target, _signature(op, fast), (m, n, k), None)
             key = KernelKey.make(template, config, target, sig)
             jobs.setdefault(key.digest, Job(key, template.name))
-    report = runner.build(list(jobs.values()), env.cache_dir(), workers=os.cpu_count() or 1, progress=False)
-    print(f"compiled {len(report.built)} kernels ({len(jobs)} needed, {len(report.failed)} failed) "
-          f"in {report.seconds:.0f} s", flush=True)
-    for why in report.failed.values():
-        print("  failed:", why, file=sys.stderr)
+    build_jobs(jobs)
 
 
 def _time_pair(ours, theirs, do_bench):
@@ -103,11 +95,7 @@ def bench_shape(op, target, m, n, k, fast, torch, do_bench):
         theirs = lambda: torch.mm(x, w.T)  # noqa: E731
     else:
         fp8 = fp8_dtype_for(x.device)
-        fp8_max = torch.finfo(fp8).max
-        x_scale = x.abs().amax(dim=1).clamp(min=1e-12) / fp8_max
-        w_scale = w.abs().amax(dim=1).clamp(min=1e-12) / fp8_max
-        xq = (x / x_scale[:, None]).clamp(-fp8_max, fp8_max).to(fp8)
-        wq = (w / w_scale[:, None]).clamp(-fp8_max, fp8_max).to(fp8)
+        (xq, x_scale), (wq, w_scale) = quantize_rowwise(x, fp8, torch), quantize_rowwise(w, fp8, torch)
         scale_a, scale_b = x_scale[:, None].contiguous(), w_scale[None, :].contiguous()
         ours = lambda: ops.f8f8bf16_rowwise(xq, wq, x_scale, w_scale, None, fast)  # noqa: E731
         theirs = lambda: torch._scaled_mm(xq, wq.T, scale_a=scale_a, scale_b=scale_b,  # noqa: E731

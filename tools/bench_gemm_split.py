@@ -10,8 +10,6 @@ it is. What the heuristic's split-K model is checked against (a CPU test reads t
 """
 from __future__ import annotations
 
-import os
-import sys
 
 SWEEP_M = (72, 129, 311, 513, 800)
 SWEEP_NK = ((4096, 4096), (5120, 32768), (8192, 8192), (2112, 7168), (28672, 4096), (7168, 2048))
@@ -33,8 +31,9 @@ def _signature(op: str) -> dict:
 
 
 def prebuild(op_names) -> None:
-    from mslk_dsl import env, registry
-    from mslk_dsl.aot import runner
+    from bench_common import build_jobs
+
+    from mslk_dsl import registry
     from mslk_dsl.aot.manifest import Job
     from mslk_dsl.keys import KernelKey
 
@@ -44,14 +43,12 @@ def prebuild(op_names) -> None:
         for candidate in SWEEP_CANDIDATES:
             key = KernelKey.make(template, _config(op, *candidate), "sm90a", _signature(op))
             jobs.setdefault(key.digest, Job(key, template.name))
-    report = runner.build(list(jobs.values()), env.cache_dir(), workers=os.cpu_count() or 1, progress=False)
-    print(f"compiled {len(report.built)} kernels ({len(jobs)} needed, {len(report.failed)} failed) "
-          f"in {report.seconds:.0f} s", flush=True)
-    for why in report.failed.values():
-        print("  failed:", why, file=sys.stderr)
+    build_jobs(jobs)
 
 
 def _calls(op, m, n, k, torch):
+    from bench_common import quantize_rowwise
+
     from mslk_dsl import ops
     from mslk_dsl.ops.elementwise import fp8_dtype_for
 
@@ -61,11 +58,7 @@ def _calls(op, m, n, k, torch):
         x, w = x.to(torch.bfloat16), w.to(torch.bfloat16)
         return (lambda config: lambda: ops.bf16_gemm(x, w, config=config)), lambda: torch.mm(x, w.T)
     fp8 = fp8_dtype_for(x.device)
-    fp8_max = torch.finfo(fp8).max
-    x_scale = x.abs().amax(dim=1).clamp(min=1e-12) / fp8_max
-    w_scale = w.abs().amax(dim=1).clamp(min=1e-12) / fp8_max
-    xq = (x / x_scale[:, None]).clamp(-fp8_max, fp8_max).to(fp8)
-    wq = (w / w_scale[:, None]).clamp(-fp8_max, fp8_max).to(fp8)
+    (xq, x_scale), (wq, w_scale) = quantize_rowwise(x, fp8, torch), quantize_rowwise(w, fp8, torch)
     scale_a, scale_b = x_scale[:, None].contiguous(), w_scale[None, :].contiguous()
     return ((lambda config: lambda: ops.f8f8bf16_rowwise(xq, wq, x_scale, w_scale, None, True, config=config)),
             lambda: torch._scaled_mm(xq, wq.T, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16,
