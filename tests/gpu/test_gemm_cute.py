@@ -137,6 +137,15 @@ def test_bf16_gemm_split_k_is_deterministic_and_matches_unsplit():
 MID_SPLIT_SHAPES = ((129, 2112, 4096), (333, 72, 2048), (513, 1000, 1040), (200, 4096, 8192))
 
 
+def _check_repeatable_and_like_plain(x, w, config, option):
+    """bf16_gemm with ``config`` twice gives the same bits, and agrees to rounding with the same
+    tile without ``option`` (split_k or stream_k: the K sums are only regrouped)."""
+    first, second = ops.bf16_gemm(x, w, config=config), ops.bf16_gemm(x, w, config=config)
+    assert torch.equal(first, second), (tuple(x.shape), tuple(w.shape), config)
+    plain = ops.bf16_gemm(x, w, config={c: v for c, v in config.items() if c != option})
+    torch.testing.assert_close(first, plain, atol=2e-2, rtol=1e-2)
+
+
 def test_split_k_at_mid_m_is_deterministic_and_matches_unsplit():
     """128-row split-K tiles (the last unit of a tile adds the others' fp32 partials in place and
     runs the epilogue): repeat calls are bit-identical (the tile counters are left at zero, so
@@ -150,10 +159,7 @@ def test_split_k_at_mid_m_is_deterministic_and_matches_unsplit():
         x = randn(m, k, seed=m).to(torch.bfloat16)
         w = randn(n, k, seed=n).to(torch.bfloat16)
         for config in gemm_configs.MID_SPLIT_CONFIGS:
-            first, second = ops.bf16_gemm(x, w, config=config), ops.bf16_gemm(x, w, config=config)
-            assert torch.equal(first, second), (m, n, k, config)
-            plain = ops.bf16_gemm(x, w, config={c: v for c, v in config.items() if c != "split_k"})
-            torch.testing.assert_close(first, plain, atol=2e-2, rtol=1e-2)
+            _check_repeatable_and_like_plain(x, w, config, "split_k")
         for config in fp8_configs:
             if config.get("split_k", 1) > 1 and config["tile_m"] == 128:
                 _check_fp8(m, n, k, True, config, bias_dtype=torch.float32)
@@ -196,10 +202,7 @@ def test_bf16_gemm_stream_k_is_deterministic_and_matches_data_parallel():
         x = randn(m, k, seed=m).to(torch.bfloat16)
         w = randn(n, k, seed=n).to(torch.bfloat16)
         for config in gemm_configs.STREAM_K_CONFIGS:
-            first, second = ops.bf16_gemm(x, w, config=config), ops.bf16_gemm(x, w, config=config)
-            assert torch.equal(first, second), (m, n, k, config)
-            plain = ops.bf16_gemm(x, w, config={c: v for c, v in config.items() if c != "stream_k"})
-            torch.testing.assert_close(first, plain, atol=2e-2, rtol=1e-2)
+            _check_repeatable_and_like_plain(x, w, config, "stream_k")
 
 
 def test_split_k_rejects_partials_past_int32():
