@@ -98,3 +98,25 @@ def test_import_mslk_dsl_registers_the_ops_whichever_comes_first():
         assert "mslk_dsl.silu_mul.default mslk_dsl.rmsnorm_add.default" in out, (imports, out)
     out = run_python("import sys, mslk_dsl.aot.runner, mslk_dsl.jit; print('torch' in sys.modules)").stdout
     assert out.strip().endswith("False")
+
+
+def test_hooks_take_the_op_arguments_in_the_op_order():
+    """A declaration's reference and prepare receive the op's arguments positionally: their
+    leading parameters must be the op's arguments in the schema's order (any further ones with
+    defaults). A hook shared by two ops with another order would silently swap tensors (a
+    reference taking M_sizes where the op passes x_scale still returns the right shape)."""
+    import inspect
+
+    from mslk_dsl.ops import call, declarations
+
+    for name, decl in declarations().items():
+        names = call._arg_names(decl)
+        for hook, skip in ((decl.reference, 0), (decl.prepare, 2)):
+            if hook is None:
+                continue
+            params = list(inspect.signature(hook).parameters.values())
+            if any(p.kind is p.VAR_POSITIONAL for p in params):   # a composite's placeholder hook
+                continue
+            params = params[skip:]
+            assert [p.name for p in params[:len(names)]] == names, (name, hook.__name__)
+            assert all(p.default is not p.empty for p in params[len(names):]), (name, hook.__name__)

@@ -174,6 +174,11 @@ def _prepare_f8_grouped(select, outputs, xq, wq, x_scale, w_scale, M_sizes):
     return _grouped_launch(select, outputs, xq, wq, M_sizes, scales=(x_scale, w_scale))
 
 
+def _f8_grouped_reference(xq, wq, x_scale, w_scale, M_sizes):
+    """The op's arguments in its own order (M_sizes last) to the shared reference."""
+    return _grouped_reference(xq, wq, M_sizes, x_scale, w_scale)
+
+
 f8f8bf16_rowwise_grouped_stacked = declare(OpDecl(
     name="f8f8bf16_rowwise_grouped_stacked",
     schema="(Tensor xq, Tensor wq, Tensor x_scale, Tensor w_scale, Tensor M_sizes) -> Tensor",
@@ -185,5 +190,5 @@ f8f8bf16_rowwise_grouped_stacked = declare(OpDecl(
     check=_check_f8_grouped,
     outputs=lambda xq, wq, x_scale, w_scale, M_sizes: [((xq.shape[0], wq.shape[1]), torch.bfloat16)],
     prepare=_prepare_f8_grouped, signature=("index_dtype",), problem=("M", "N", "K", "G"),
-    example=_example(fp8=True), reference=_grouped_reference,
+    example=_example(fp8=True), reference=_f8_grouped_reference,
     small_problem={"M": 37, "N": 64, "K": 128, "G": 4}))
