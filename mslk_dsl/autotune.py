@@ -13,6 +13,7 @@ import torch
 
 from mslk_dsl import fs, registry, tuning
 from mslk_dsl.device import target_of
+from mslk_dsl.errors import InputError, StateError
 
 
 def tunable_ops() -> list[str]:
@@ -29,7 +30,7 @@ def inputs_for(op: str, problem: dict, sig: dict, device="cuda") -> tuple:
 
     example = declaration.get(op).example
     if example is None:
-        raise ValueError(f"op {op} declares no example inputs; the tuner cannot time it")
+        raise InputError(f"op {op} declares no example inputs; the tuner cannot time it")
     return example(problem, sig, torch.device(device))
 
 
@@ -40,7 +41,7 @@ def tune(op: str, problems: list[dict], sig: dict | None = None, store: bool = T
     import mslk_dsl.ops as ops
 
     if op not in tunable_ops():
-        raise ValueError(f"tuning {op!r} is not supported; supported: {', '.join(tunable_ops())}")
+        raise InputError(f"tuning {op!r} is not supported; supported: {', '.join(tunable_ops())}")
     target = target_of(torch.device("cuda")).name
     template = registry.templates_for(op, target)[0]
     results = []
@@ -60,7 +61,7 @@ def tune(op: str, problems: list[dict], sig: dict | None = None, store: bool = T
                 continue
             timings.append((ms, config))
         if not timings:
-            raise RuntimeError(f"{op}: no config ran for {problem}")
+            raise StateError(f"{op}: no config ran for {problem}")
         ms, best = min(timings, key=lambda t: t[0])
         results.append((best, ms))
         if store:

@@ -19,6 +19,8 @@ import re
 import struct
 import zlib
 
+from mslk_dsl.errors import InputError
+
 # -- ELF ----------------------------------------------------------------------------------------
 SHT_SYMTAB, SHT_NOTE = 2, 7
 NT_AMDGPU_METADATA = 32
@@ -27,7 +29,7 @@ NT_AMDGPU_METADATA = 32
 def _elf_headers(data: bytes) -> list[dict]:
     """Every section header of a little-endian ELF64 file, by index, with its name."""
     if data[:4] != b"\x7fELF" or data[4] != 2:
-        raise ValueError("not an ELF64 file")
+        raise InputError("not an ELF64 file")
     shoff, = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     headers = []
@@ -127,7 +129,7 @@ def amdgpu_metadata(code_object: bytes) -> dict:
             p += (descsz + 3) & ~3
             if name == b"AMDGPU" and note_type == NT_AMDGPU_METADATA:
                 return msgpack.unpackb(desc)
-    raise ValueError("the code object has no AMDGPU metadata note")
+    raise InputError("the code object has no AMDGPU metadata note")
 
 
 def _kernel_descriptors(code_object: bytes) -> dict[str, dict]:

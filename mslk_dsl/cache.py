@@ -23,7 +23,7 @@ import warnings
 from dataclasses import dataclass
 
 from mslk_dsl import fs
-from mslk_dsl.errors import CacheError, DamagedEntryWarning
+from mslk_dsl.errors import CacheError, DamagedEntryWarning, MslkDslError
 from mslk_dsl.keys import KernelKey
 
 log = logging.getLogger(__name__)
@@ -55,8 +55,10 @@ class Entry:
         return sum(f["size"] for f in self.meta["files"].values())
 
 
-class CorruptEntry(Exception):
-    pass
+class CorruptEntry(MslkDslError):
+    """An entry fails its checks (meta.json missing or malformed, an artifact's size or sha256
+    wrong). Raised to be caught here and by jit and the bundle code, which remove or skip the
+    entry; an MslkDslError all the same, should one escape a caller."""
 
 
 def sha256_of(path: str) -> str:

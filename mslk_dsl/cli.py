@@ -7,7 +7,7 @@ import os
 import sys
 from collections import Counter
 
-from mslk_dsl.errors import MslkDslError
+from mslk_dsl.errors import CacheError, CompileError, InputError, MslkDslError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,7 +146,7 @@ def _parse_pairs(items: list[str]) -> dict:
     for item in items:
         for pair in filter(None, item.split(",")):
             if "=" not in pair:
-                raise ValueError(f"expected PART=VALUE, got {pair!r}")
+                raise InputError(f"expected PART=VALUE, got {pair!r}")
             k, v = pair.split("=", 1)
             out.setdefault(k.strip(), []).append(_parse_value(v.strip()))
     return out
@@ -191,7 +191,7 @@ def cmd_templates(args) -> int:
     from mslk_dsl.template import config_name
 
     if args.op and args.op not in registry.ops():
-        raise ValueError(f"unknown op {args.op!r}; known: {', '.join(registry.ops())}")
+        raise InputError(f"unknown op {args.op!r}; known: {', '.join(registry.ops())}")
     rows = []
     for t in registry.get_templates(op=args.op):
         rows.append({"name": t.name, "op": t.op, "backend": t.backend, "targets": list(t.targets),
@@ -297,7 +297,7 @@ def _cache():
 
     root = env.cache_dir()
     if os.path.exists(root) and not os.path.isdir(root):
-        raise ValueError(f"the kernel cache {root} is not a directory; point MSLK_DSL_CACHE_DIR at a directory "
+        raise CacheError(f"the kernel cache {root} is not a directory; point MSLK_DSL_CACHE_DIR at a directory "
                          "(or unset it for the default)")
     return jit.cache()
 
@@ -403,7 +403,7 @@ def _resources_table(ops: list[str] | None, targets: list[str] | None, as_json: 
         with contextlib.redirect_stdout(sys.stderr):  # progress lines stay out of the table
             report = aot.build(jobs, env.cache_dir(), workers=1, progress=False)
         if not report.ok:
-            raise ValueError("failed to compile:\n" + "\n".join(report.failed.values()))
+            raise CompileError("failed to compile:\n" + "\n".join(report.failed.values()))
         wanted = {j.key.digest for j in jobs}
     seen, entries = set(), []
     for layer in jit._layers():
@@ -437,7 +437,7 @@ def cmd_tune(args) -> int:
     from mslk_dsl import autotune, registry
 
     if args.op not in registry.ops():
-        raise ValueError(f"unknown op {args.op!r}; known: {', '.join(registry.ops())}")
+        raise InputError(f"unknown op {args.op!r}; known: {', '.join(registry.ops())}")
     sig = {k: v[0] for k, v in _parse_pairs(args.sig).items()}
     problems = [{k: v[0] for k, v in _parse_pairs([s]).items()} for s in args.shapes.split(";") if s]
     for problem, (config, ms) in zip(problems, autotune.tune(args.op, problems, sig)):

@@ -9,6 +9,7 @@ import functools
 import torch
 
 from mslk_dsl import env
+from mslk_dsl.errors import UnsupportedDeviceError
 from mslk_dsl.targets import Target, get_target, target_for_cuda_capability, target_for_gfx
 
 
@@ -71,12 +72,13 @@ def _target_of_index(index: int) -> Target:
 
 
 def target_of(device: torch.device) -> Target:
-    """The Target for a tensor's device; NotImplementedError for devices with no GPU target."""
+    """The Target for a tensor's device; UnsupportedDeviceError (a NotImplementedError) for devices with no
+    GPU target."""
     forced = env.forced_target()
     if forced:
         return get_target(forced)
     if device.type != "cuda":
-        raise NotImplementedError(f"mslk-dsl kernels run on CUDA or ROCm GPUs, not on {device.type!r}")
+        raise UnsupportedDeviceError(f"mslk-dsl kernels run on CUDA or ROCm GPUs, not on {device.type!r}")
     return _target_of_index(device.index if device.index is not None else torch.cuda.current_device())
 
 

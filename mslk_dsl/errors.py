@@ -2,10 +2,18 @@
 
 Every exception the project raises on purpose derives from ``MslkDslError``, so a caller (or the
 command line) can catch them all in one place. Where an error was a built-in type before, it
-stays one too (multiple inheritance), so existing ``except RuntimeError`` code keeps working.
+stays one too (multiple inheritance), so existing ``except ValueError`` / ``except RuntimeError``
+code keeps working. tests/test_errors.py fails on any ``raise`` of a bare built-in exception in
+mslk_dsl/ or templates/.
+
+Which one to raise:
+- a caller passed a bad value (shape, size, alignment, device, range, unknown name): InputError;
+  a value of the wrong Python type or tensor dtype: InputTypeError;
+- a template config cannot serve the target, signature or problem: ConfigError;
+- a request mslk-dsl has no implementation for: UnsupportedError (UnsupportedDeviceError for a
+  device or GPU with no kernels);
+- the others below name one place each (compiling, the cache, backends, template files).
 """
-
-
 class MslkDslError(Exception):
     """Base of every error mslk-dsl raises on purpose. Its message says what went wrong, where,
     and how to fix it, in a form fit to print as one line without a traceback."""
@@ -20,7 +28,31 @@ class CompileError(MslkDslError, RuntimeError):
     """The DSL compiler failed on a template config; the message carries the compiler's error."""
 
 
-class UnsupportedDeviceError(MslkDslError, NotImplementedError, ValueError):
+class InputError(MslkDslError, ValueError):
+    """An op or public function got an argument it cannot take: a shape, size or alignment out of
+    what the kernels support, tensors on different devices, a value out of range, or the name of
+    an op, target, backend or signature part that does not exist. The message names the op (or
+    function) and the argument."""
+
+
+class InputTypeError(MslkDslError, TypeError):
+    """An argument has the wrong Python type or tensor dtype (bf16 where FP8 is needed, a float
+    where a bool is, a mask object of the wrong class). The message names the argument, what it
+    got and what is supported."""
+
+
+class ConfigError(MslkDslError, ValueError):
+    """A template config is not usable: its values fail the template's checks, it does not serve
+    the signature, target or problem it was asked for, or no config of that name exists. The
+    message names the template (or op) and the config."""
+
+
+class UnsupportedError(MslkDslError, NotImplementedError):
+    """A well-formed request that mslk-dsl has no implementation for (a mask with no prefill
+    kernel, tensor attention biases, a FlyDSL call-ABI slot this loader cannot pack)."""
+
+
+class UnsupportedDeviceError(UnsupportedError, ValueError):
     """An op got tensors on a device it has no kernel for (CPU, or a GPU target with no template).
     Both a NotImplementedError (no implementation there) and a ValueError (bad input)."""
 
@@ -28,6 +60,22 @@ class UnsupportedDeviceError(MslkDslError, NotImplementedError, ValueError):
 class BackendUnavailableError(MslkDslError, RuntimeError):
     """This process cannot load kernels of a backend (no ROCm for FlyDSL, no tvm_ffi or CuTe
     runtime library for CuTe). Not a damaged entry: the cache keeps it."""
+
+
+class StateError(MslkDslError, RuntimeError):
+    """An operation cannot go on in the state it found: a template changed between planning and
+    building an AOT batch, no config of a tuning run could run, a layer asked to do what its
+    present weights cannot."""
+
+
+class TemplateImportError(MslkDslError, ImportError):
+    """A template file cannot be loaded: importing it failed, a package it needs is missing, or
+    its TEMPLATE(S) are not Template objects. The message names the file (or the package)."""
+
+
+class UnknownTemplateError(MslkDslError, KeyError):
+    """No template has the name asked for; the message lists the known names. A KeyError, as the
+    name is a lookup key."""
 
 
 class CacheError(MslkDslError, OSError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from mslk_dsl import env, jit, registry, resources
+from mslk_dsl.errors import ConfigError, InputError
 from mslk_dsl.keys import KernelKey, package_set_difference
 from mslk_dsl.targets import get_target
 from mslk_dsl.template import config_name
@@ -15,21 +16,21 @@ DEFAULT_PROBLEM = {"M": 4096, "N": 4096, "K": 4096, "T": 4096}
 def resolve(op: str, target: str, sig: dict, config: str | None, problem: dict):
     """(template, config dict, full signature, notes) for an explain/build request."""
     if op not in registry.ops():
-        raise ValueError(f"unknown op {op!r}; known: {', '.join(registry.ops())}")
+        raise InputError(f"unknown op {op!r}; known: {', '.join(registry.ops())}")
     get_target(target)  # an unknown target is an error naming the known ones
     templates = registry.templates_for(op, target)
     if not templates:
-        raise ValueError(f"no template for op {op!r} on target {target!r}")
+        raise InputError(f"no template for op {op!r} on target {target!r}")
     template = templates[0]
     unknown = sorted(set(sig) - set(template.signatures))
     if unknown:
-        raise ValueError(f"unknown signature part(s) {unknown} for {template.name}; known: {sorted(template.signatures)}")
+        raise InputError(f"unknown signature part(s) {unknown} for {template.name}; known: {sorted(template.signatures)}")
     notes = []
     full_sig = {}
     for part, allowed in template.signatures.items():
         if part in sig:
             if sig[part] not in allowed:
-                raise ValueError(f"signature {part}={sig[part]!r} not in {list(allowed)}")
+                raise InputError(f"signature {part}={sig[part]!r} not in {list(allowed)}")
             full_sig[part] = sig[part]
         else:
             full_sig[part] = allowed[0]
@@ -37,7 +38,7 @@ def resolve(op: str, target: str, sig: dict, config: str | None, problem: dict):
     if config:
         matches = [c for c in template.all_configs() if config_name(c) == config]
         if not matches:
-            raise ValueError(f"no config {config!r}; known: {[config_name(c) for c in template.all_configs()]}")
+            raise ConfigError(f"no config {config!r}; known: {[config_name(c) for c in template.all_configs()]}")
         chosen = matches[0]
     else:
         chosen = dict(template.heuristic(target, full_sig, {**DEFAULT_PROBLEM, **problem}))

@@ -33,6 +33,7 @@ import math
 import torch
 
 from mslk_dsl import ops
+from mslk_dsl.errors import InputError, InputTypeError, StateError
 
 BF16, FP8_ROWWISE = "bf16", "fp8_rowwise"
 
@@ -65,12 +66,12 @@ class MoE(torch.nn.Module):
                  device=None, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
         if dtype != torch.bfloat16:
-            raise TypeError(f"MoE: dtype {dtype} is not supported; the expert GEMMs take bf16 (or FP8)")
+            raise InputTypeError(f"MoE: dtype {dtype} is not supported; the expert GEMMs take bf16 (or FP8)")
         if not 1 <= top_k <= num_experts:
-            raise ValueError(f"MoE: top_k={top_k} must be in 1..num_experts={num_experts}")
+            raise InputError(f"MoE: top_k={top_k} must be in 1..num_experts={num_experts}")
         for name, size in (("dim", dim), ("hidden_dim", hidden_dim)):
             if size <= 0 or size % 16:
-                raise ValueError(f"MoE: {name}={size} must be a positive multiple of 16 (the FP8 GEMMs' K)")
+                raise InputError(f"MoE: {name}={size} must be a positive multiple of 16 (the FP8 GEMMs' K)")
         self.dim, self.hidden_dim, self.num_experts, self.top_k = dim, hidden_dim, num_experts, top_k
         self.precision = BF16
         kw = {"device": device, "dtype": dtype}
@@ -94,7 +95,7 @@ class MoE(torch.nn.Module):
     def reset_parameters(self) -> None:
         """Uniform in +-1/sqrt(fan_in) (every GEMM's output then has about the input's scale)."""
         if self.precision != BF16:
-            raise RuntimeError("MoE: reset_parameters on FP8 weights; build a new layer instead")
+            raise StateError("MoE: reset_parameters on FP8 weights; build a new layer instead")
         for name in ["router", *self.expert_weight_names()]:
             p = getattr(self, name)
             fan_in = p.shape[0] if name == "router" else p.shape[-1]
@@ -117,9 +118,9 @@ class MoE(torch.nn.Module):
     # -- forward --------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.dim:
-            raise ValueError(f"MoE: x has last dimension {x.shape[-1]}, expected dim={self.dim}")
+            raise InputError(f"MoE: x has last dimension {x.shape[-1]}, expected dim={self.dim}")
         if x.dtype != torch.bfloat16:
-            raise TypeError(f"MoE: x has dtype {x.dtype}; expected torch.bfloat16")
+            raise InputTypeError(f"MoE: x has dtype {x.dtype}; expected torch.bfloat16")
         tokens = x.reshape(-1, self.dim)
         if tokens.shape[0] == 0:
             return torch.zeros_like(x)

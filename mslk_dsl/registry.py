@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Callable
 
 from mslk_dsl import env, template_index
-from mslk_dsl.errors import MslkDslError
+from mslk_dsl.errors import MslkDslError, TemplateImportError, UnknownTemplateError
 from mslk_dsl.keys import template_digest
 from mslk_dsl.template import Template
 
@@ -43,7 +43,7 @@ def get_templates(op: str | None = None, backend: str | None = None) -> list[Tem
 def get_template(name: str) -> Template:
     found = _find(lambda _op, _backend, t_name: t_name == name)
     if not found:
-        raise KeyError(f"no template named {name!r}; known: {[n for _, _, n in _identities()]}")
+        raise UnknownTemplateError(f"no template named {name!r}; known: {[n for _, _, n in _identities()]}")
     return found[0]
 
 
@@ -154,8 +154,8 @@ def _file_templates(directory: str, stem: str, builtin: bool) -> tuple[Template,
     try:
         module = _import_template_module(directory, stem, builtin)
     except Exception as e:
-        raise ImportError(f"template file {os.path.join(directory, stem + '.py')} failed to import: "
-                          f"{type(e).__name__}: {e}") from e
+        raise TemplateImportError(f"template file {os.path.join(directory, stem + '.py')} failed to import: "
+                                  f"{type(e).__name__}: {e}") from e
     return tuple(_templates_of(module))
 
 
@@ -168,7 +168,7 @@ def _import_template_module(directory: str, stem: str, builtin: bool):
         spec = importlib.util.spec_from_file_location(package, os.path.join(directory, "__init__.py"),
                                                       submodule_search_locations=[directory])
         if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import templates from {directory}")
+            raise TemplateImportError(f"cannot import templates from {directory}")
         pkg = importlib.util.module_from_spec(spec)
         sys.modules[package] = pkg
         if os.path.exists(os.path.join(directory, "__init__.py")):
@@ -184,7 +184,7 @@ def _templates_of(module) -> list[Template]:
         if t is None:
             continue
         if not isinstance(t, Template):
-            raise TypeError(f"{module.__file__}: TEMPLATE(S) must be mslk_dsl.template.Template objects")
+            raise TemplateImportError(f"{module.__file__}: TEMPLATE(S) must be mslk_dsl.template.Template objects")
         name = t.name or (stem if len(declared) == 1 else f"{stem}.{t.op}")
         out.append(dataclasses.replace(t, name=name, source=module.__file__))
     return out

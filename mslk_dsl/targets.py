@@ -6,6 +6,8 @@ import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 
+from mslk_dsl.errors import InputError, UnsupportedDeviceError
+
 
 @dataclass(frozen=True)
 class Target:
@@ -52,7 +54,7 @@ def all_targets() -> dict[str, Target]:
 def get_target(name: str) -> Target:
     targets = all_targets()
     if name not in targets:
-        raise ValueError(f"unknown target {name!r}; known targets: {', '.join(targets)}")
+        raise InputError(f"unknown target {name!r}; known targets: {', '.join(targets)}")
     return targets[name]
 
 
@@ -64,14 +66,14 @@ def target_for_cuda_capability(major: int, minor: int) -> Target:
     for t in all_targets().values():  # same major, any minor: e.g. sm_86 runs sm80 code
         if t.vendor == "nvidia" and t.compute_capability[:1] == (major,):
             return t
-    raise NotImplementedError(f"no mslk-dsl target for CUDA compute capability {major}.{minor}; "
-                              f"known: {[t.name for t in all_targets().values() if t.vendor == 'nvidia']}")
+    raise UnsupportedDeviceError(f"no mslk-dsl target for CUDA compute capability {major}.{minor}; "
+                                 f"known: {[t.name for t in all_targets().values() if t.vendor == 'nvidia']}")
 
 
 def target_for_gfx(arch: str) -> Target:
     base = arch.split(":")[0]
     t = all_targets().get(base)
     if t is None or t.vendor != "amd":
-        raise NotImplementedError(f"no mslk-dsl target for AMD GPU {arch!r}; "
-                                  f"known: {[t.name for t in all_targets().values() if t.vendor == 'amd']}")
+        raise UnsupportedDeviceError(f"no mslk-dsl target for AMD GPU {arch!r}; "
+                                     f"known: {[t.name for t in all_targets().values() if t.vendor == 'amd']}")
     return t

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mslk_dsl.errors import ConfigError
+
 Config = Mapping[str, Any]
 Signature = Mapping[str, Any]
 
@@ -96,8 +98,8 @@ class Template:
         code_kinds = {"cute": {"ptx", "sass"}, "flydsl": {"isa"}}.get(self.backend, set())
         unknown = set(self.instructions) - code_kinds
         if unknown:
-            raise ValueError(f"template {self.name or self.op!r}: instructions name {sorted(unknown)}; a "
-                             f"{self.backend} template's code is checked as {sorted(code_kinds)}")
+            raise ConfigError(f"template {self.name or self.op!r}: instructions name {sorted(unknown)}; a "
+                              f"{self.backend} template's code is checked as {sorted(code_kinds)}")
 
     def all_configs(self) -> list[dict]:
         if self.configs:
@@ -134,32 +136,32 @@ class Template:
     def check_config(self, config: Config, target: str, sig: Signature,
                      problem: Mapping[str, int] | None = None) -> dict:
         """Validate an explicit config (for a call of sizes ``problem``, if given); raise
-        ValueError naming what is wrong."""
+        ConfigError (a ValueError) naming what is wrong."""
         config = dict(config)
         known = self.all_configs()
         if config not in known:
-            raise ValueError(
+            raise ConfigError(
                 f"{self.op}: config {config} is not in the space of template {self.name!r}; "
                 f"known configs: {[config_name(c) for c in known]}")
         if target not in self.targets:
-            raise ValueError(f"{self.op}: template {self.name!r} does not support target {target!r} "
-                             f"(supports {list(self.targets)})")
+            raise ConfigError(f"{self.op}: template {self.name!r} does not support target {target!r} "
+                              f"(supports {list(self.targets)})")
         if not self.valid(config, target, sig):
-            raise ValueError(f"{self.op}: config {config_name(config)} is not valid for target {target} and "
-                             f"signature {dict(sig)} (template {self.name!r})")
+            raise ConfigError(f"{self.op}: config {config_name(config)} is not valid for target {target} and "
+                              f"signature {dict(sig)} (template {self.name!r})")
         problem_text = self.launch_problem(config, target)
         if problem_text:
-            raise ValueError(f"{self.op}: config {config_name(config)} cannot launch on {target}: {problem_text} "
-                             f"(template {self.name!r})")
+            raise ConfigError(f"{self.op}: config {config_name(config)} cannot launch on {target}: {problem_text} "
+                              f"(template {self.name!r})")
         if problem is not None and not self.serves(config, problem):
-            raise ValueError(f"{self.op}: config {config_name(config)} does not serve a call of sizes "
-                             f"{dict(problem)} (template {self.name!r}); use another config")
+            raise ConfigError(f"{self.op}: config {config_name(config)} does not serve a call of sizes "
+                              f"{dict(problem)} (template {self.name!r}); use another config")
         return config
 
 
 def require(condition: bool, template: str, config: Config, why: str) -> None:
-    """A template's check of a config it is built with: ValueError naming the template and the
-    config when ``condition`` is false. Use it, not ``assert``, which ``python -O`` removes and
+    """A template's check of a config it is built with: ConfigError (a ValueError) naming the
+    template and the config when ``condition`` is false. Use it, not ``assert``, which ``python -O`` removes and
     whose message names neither."""
     if not condition:
-        raise ValueError(f"template {template!r}, config {config_name(config)}: {why}")
+        raise ConfigError(f"template {template!r}, config {config_name(config)}: {why}")

@@ -38,6 +38,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
+from mslk_dsl.errors import ConfigError, TemplateImportError
+
 
 def _import_without_initialiser(package: str) -> None:
     """Make ``package``'s submodules importable without executing its ``__init__``."""
@@ -45,7 +47,7 @@ def _import_without_initialiser(package: str) -> None:
         return
     spec = importlib.util.find_spec(package)
     if spec is None or spec.submodule_search_locations is None:
-        raise ImportError(f"the attention kernels need the package {package!r} (pip install flash-attn-4)")
+        raise TemplateImportError(f"the attention kernels need the package {package!r} (pip install flash-attn-4)")
     module = types.ModuleType(package)
     module.__path__ = list(spec.submodule_search_locations)
     module.__spec__ = spec
@@ -322,7 +324,7 @@ class HopperAttentionForward:
     def __init__(self, dtype, head_dim: int, tile_m: int, tile_n: int, stages: int, overlap: bool,
                  mask: str, varlen: bool, persistent: bool = False):
         if persistent and varlen:
-            raise ValueError("the persistent schedule serves dense batches only")
+            raise ConfigError("the persistent schedule serves dense batches only")
         self.dtype, self.head_dim = dtype, head_dim
         self.tile_m, self.tile_n, self.stages, self.overlap = tile_m, tile_n, stages, overlap
         self.mask, self.varlen, self.persistent = mask, varlen, persistent

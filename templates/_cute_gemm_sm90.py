@@ -44,6 +44,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator, get_smem_capacity_in_bytes
 from cutlass.tensor_utils import LayoutEnum
 
+from mslk_dsl.errors import ConfigError
 from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
 
 # SMs of an H100 / H200 SXM. The persistent grid is sized from this because the kernel's
@@ -115,7 +116,7 @@ class HopperGemm:
         if problems:
             config = dict(tile_mn=tile_mn, cluster_m=cluster_m, group=group, split_k=split_k, stream_k=stream_k,
                           x_rows=x_rows, promote_every=promote_every)
-            raise ValueError(f"{template}: config {config} is not usable: " + "; ".join(problems))
+            raise ConfigError(f"{template}: config {config} is not usable: " + "; ".join(problems))
         self.template = template
         self.cluster_m, self.raster_m, self.group = cluster_m, raster_m, group
         self.split_k, self.stream_k = split_k, stream_k
@@ -194,8 +195,8 @@ class HopperGemm:
 
         size = SharedStorage.size_in_bytes()
         if size > _SMEM_BYTES:
-            raise ValueError(f"{self.template}: tile {self.tile_m}x{self.tile_n} with {self.stages} stages needs "
-                             f"{size} bytes of shared memory, more than {_SMEM_BYTES}")
+            raise ConfigError(f"{self.template}: tile {self.tile_m}x{self.tile_n} with {self.stages} stages needs "
+                              f"{size} bytes of shared memory, more than {_SMEM_BYTES}")
         self.shared_storage = SharedStorage
 
     @cute.jit

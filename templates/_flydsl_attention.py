@@ -47,6 +47,8 @@ flydsl is imported lazily inside the builders; config values reach the kernel as
 scalars, which FlyDSL's cache key covers.
 """
 
+from mslk_dsl.errors import ConfigError
+
 WAVE = 64
 MMA = 16  # v_mfma_f32_16x16x16_{bf16,f16}: a wave computes one 16 x 16 fp32 tile per K of 16
 LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
@@ -119,7 +121,7 @@ def make_attention_kernel(*, target: str, dtype: str, head_dim: int, waves: int,
     from flydsl._mlir.dialects.rocdl import log as log2_hw
 
     if mask not in MASKS:
-        raise ValueError(f"attention kernel: mask {mask!r} is not one of {MASKS}")
+        raise ConfigError(f"attention kernel: mask {mask!r} is not one of {MASKS}")
     D, BN, W = head_dim, block_n, waves
     THREADS, BM = WAVE * W, MMA * W
     D_TILES, N_TILES = D // MMA, BN // MMA

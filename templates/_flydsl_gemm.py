@@ -30,6 +30,8 @@ flydsl is imported lazily inside the builders. Compile-time parameters reach the
 scalars, which FlyDSL's own cache key covers, so configs never share a cache entry.
 """
 
+from mslk_dsl.errors import ConfigError
+
 LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
 CUS = {"gfx942": 304, "gfx950": 256}  # MI300X, MI355X
 WAVE = 64
@@ -285,9 +287,9 @@ def make_gemm_kernel(*, target, ab_dtype, out_dtype, epilogue, tile_m, tile_n, t
         # (V, RM, RN) accumulator order row(i) depends on i % per_col and col(i) on i // per_col.
         row_strides, col_strides = rows.stride.to_py_value(), cols.stride.to_py_value()
         if const_expr(row_strides[2] != 0 or any(_flatten(col_strides[:2]))):
-            raise ValueError(f"GEMM config tile {tile_m}x{tile_n}x{tile_k}, waves {waves_m}x{waves_n}, mfma {mfma}: "
-                             f"the accumulators' row / column strides {row_strides} / {col_strides} do not "
-                             f"have the layout the epilogue assumes")
+            raise ConfigError(f"GEMM config tile {tile_m}x{tile_n}x{tile_k}, waves {waves_m}x{waves_n}, mfma {mfma}: "
+                              f"the accumulators' row / column strides {row_strides} / {col_strides} do not "
+                              f"have the layout the epilogue assumes")
         n_acc = fx.size(frag_C.shape).unpack()
         per_col = n_acc // fx.size(frag_C.shape[2]).unpack()
         vals = [frag_C[i] for i in range_constexpr(n_acc)]

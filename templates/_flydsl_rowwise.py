@@ -20,6 +20,7 @@ from flydsl.expr import math as fmath
 from flydsl.expr.typing import ReductionOp, T
 from flydsl.expr.utils.arith import fastmath
 
+from mslk_dsl.errors import ConfigError
 from mslk_dsl.targets import get_target
 
 WAVE = 64
@@ -64,7 +65,7 @@ class RowGroups:
 
     def __init__(self, threads: int, rows: int):
         if threads % (rows * WAVE):
-            raise ValueError(f"a block of {threads} threads cannot give {rows} rows whole waves of {WAVE}")
+            raise ConfigError(f"a block of {threads} threads cannot give {rows} rows whole waves of {WAVE}")
         self.threads = threads
         self.width = threads // rows  # threads per row
         self.waves = self.width // WAVE  # waves per row

@@ -5,6 +5,7 @@ A config is ``max_experts`` (E the kernel is built for, rounded up), ``lanes`` (
 hold one token's scores; each keeps max_experts / lanes of them) and the number of warps (CuTe,
 32 threads) or waves (FlyDSL, 64 threads) of a route block.
 """
+from mslk_dsl.errors import ConfigError
 from mslk_dsl.templates._kernel_limits import MAX_CHUNKS, MAX_EXPERTS, MAX_TOP_K, SCORE_DTYPES
 
 SIGNATURES = {"score_dtype": SCORE_DTYPES, "has_valid_count": (False, True)}
@@ -35,7 +36,7 @@ def heuristic(configs, problem) -> dict:
 
 
 def check(template: str, config, wave: int) -> None:
-    """Raise ValueError, naming the template and the config, for a config the kernels cannot
+    """Raise ConfigError (a ValueError), naming the template and the config, for a config the kernels cannot
     run: they assume these divisions are exact and the key packing's limits."""
     max_e, lanes = config["max_experts"], config["lanes"]
     problems = []
@@ -48,7 +49,7 @@ def check(template: str, config, wave: int) -> None:
         problems.append(f"lanes must be a power of two in [{MAX_TOP_K}, {wave}] (one lane per "
                         f"selected expert) that divides max_experts")
     if problems:
-        raise ValueError(f"{template}: config {dict(config)} is not usable: " + "; ".join(problems))
+        raise ConfigError(f"{template}: config {dict(config)} is not usable: " + "; ".join(problems))
 
 
 class RouteGeometry:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mslk_dsl.errors import ConfigError
 from mslk_dsl.templates._kernel_limits import ELEM_BYTES
 
 FLOAT_DTYPES = tuple(ELEM_BYTES)
@@ -93,7 +94,7 @@ def pick(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict:
     is streamed). Ties keep list order, so list the preferred shape first."""
     ok = [c for c in configs if valid(c, sig, arrays)]
     if not ok:
-        raise ValueError(f"no config of {len(configs)} serves signature {sig}")
+        raise ConfigError(f"no config of {len(configs)} serves signature {sig}")
     covering = [c for c in ok if RowTile.of(c).tile_k >= k]
     if covering:
         return min(covering, key=lambda c: RowTile.of(c).tile_k)
@@ -112,8 +113,9 @@ def rules(configs: list[dict], arrays: int):
 
 
 def check(template: str, config: dict, sig: dict, arrays: int) -> "RowTile":
-    """The config's tile; ValueError, naming the template and the config, unless ``valid``."""
+    """The config's tile; ConfigError (a ValueError), naming the template and the config, unless
+    ``valid``."""
     if not valid(config, sig, arrays):
-        raise ValueError(f"{template}: config {dict(config)} does not serve signature {dict(sig)}: see "
-                         f"_rowwise_plan.valid (vector width vs. alignment, threads per row, register budget)")
+        raise ConfigError(f"{template}: config {dict(config)} does not serve signature {dict(sig)}: see "
+                          f"_rowwise_plan.valid (vector width vs. alignment, threads per row, register budget)")
     return RowTile.of(config)

@@ -4,6 +4,7 @@ DSL-free on purpose: the registry evaluates validity and heuristics in processes
 import a DSL. A config is ``threads`` per block, ``rows_per_block`` (each row gets
 threads / rows_per_block threads, whole waves of 64) and ``vec``, the elements one load moves.
 """
+from mslk_dsl.errors import ConfigError
 from mslk_dsl.templates._kernel_limits import ELEM_BYTES, ROWWISE_OCCUPANCY_FLOOR
 
 SPACE = {"threads": (256, 512), "rows_per_block": (1, 4), "vec": (8, 4, 1)}
@@ -22,10 +23,10 @@ def valid(config, target, sig) -> bool:
 
 
 def check(template: str, config, sig) -> None:
-    """Raise ValueError, naming the template and the config, unless ``valid``."""
+    """Raise ConfigError (a ValueError), naming the template and the config, unless ``valid``."""
     if not valid(config, None, sig):
-        raise ValueError(f"{template}: config {dict(config)} does not serve signature {dict(sig)}: vectors "
-                         f"of at most 16 bytes (1 element on unaligned rows), whole waves of {WAVE} per row")
+        raise ConfigError(f"{template}: config {dict(config)} does not serve signature {dict(sig)}: vectors "
+                          f"of at most 16 bytes (1 element on unaligned rows), whole waves of {WAVE} per row")
 
 
 def quant_heuristic(target, sig, problem) -> dict:

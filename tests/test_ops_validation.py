@@ -1,4 +1,5 @@
-"""Bad inputs raise a clear ValueError / TypeError naming the argument, before any launch.
+"""Bad inputs raise a clear ValueError / TypeError naming the argument, before any launch; each is
+an MslkDslError (InputError, InputTypeError, ...) too.
 
 These run on the CPU: every check that does not need a GPU happens before the device check,
 and CPU tensors themselves are refused with an error naming the supported targets.
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from mslk_dsl import ops
-from mslk_dsl.errors import UnsupportedDeviceError
+from mslk_dsl.errors import MslkDslError, UnsupportedDeviceError
 
 bf16, f32 = torch.bfloat16, torch.float32
 
@@ -75,6 +76,7 @@ CASES = [
 def test_bad_input_is_rejected_with_the_argument_named(call, exc, words):
     with pytest.raises(exc) as err:
         call()
+    assert isinstance(err.value, MslkDslError), f"{type(err.value).__name__} is not an MslkDslError"
     for word in words:
         assert word in str(err.value), f"{word!r} not in: {err.value}"
 
@@ -235,6 +237,7 @@ OUT_CASES = [
 def test_bad_out_is_rejected_with_the_argument_named(call, exc, words):
     with pytest.raises(exc) as err:
         call()
+    assert isinstance(err.value, MslkDslError), f"{type(err.value).__name__} is not an MslkDslError"
     for word in words:
         assert word in str(err.value), f"{word!r} not in: {err.value}"
 

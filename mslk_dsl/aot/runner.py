@@ -22,6 +22,7 @@ from mslk_dsl.aot.manifest import Job
 from mslk_dsl.backends import die_with_parent
 from mslk_dsl.cache import CorruptEntry, KernelCache
 from mslk_dsl.compile_errors import describe_compile_error
+from mslk_dsl.errors import StateError
 
 # How an error message tells the user to pick another output directory.
 OTHER_OUTPUT = "choose (with --out) another,"
@@ -58,7 +59,7 @@ def _build_task(jobs: list[tuple[dict, str]], out_root: str) -> list[tuple[str, 
             template = registry.get_template(template_name)
             fresh = KernelKey.make(template, key.config, key.target, key.signature)
             if fresh.digest != key.digest:
-                raise RuntimeError("the key changed between planning and building (template edited?)")
+                raise StateError("the key changed between planning and building (template edited?)")
             todo.append((key, template, get_target(key.target)))
         except Exception as e:
             results.append((key.digest, f"{key.describe()}: {_one_line(e)}", 0.0))

@@ -16,6 +16,7 @@ import zipfile
 
 from mslk_dsl import fs
 from mslk_dsl.aot.bundle import verify_bundle
+from mslk_dsl.errors import InputError
 
 _EPOCH = (2020, 1, 1, 0, 0, 0)
 
@@ -24,9 +25,9 @@ def package_bundle(bundle: str, name: str, out_dir: str, version: str = "1.0.0")
     """Write ``mslk_dsl_bundle_<name>-<version>-py3-none-any.whl`` into out_dir; return its path."""
     problems = verify_bundle(bundle)
     if problems:
-        raise ValueError(f"bundle {bundle} does not verify: " + "; ".join(problems[:5]))
+        raise InputError(f"bundle {bundle} does not verify: " + "; ".join(problems[:5]))
     if not re.fullmatch(r"[a-z0-9_]+", name):
-        raise ValueError(f"bundle name {name!r}: use lowercase letters, digits and underscores")
+        raise InputError(f"bundle name {name!r}: use lowercase letters, digits and underscores")
     package = f"mslk_dsl_bundle_{name}"
     dist = package
     dist_info = f"{dist}-{version}.dist-info"

@@ -24,6 +24,7 @@ from mslk_dsl.attention.attn_bias import (AttentionBias, BlockDiagonalCausalFrom
                                           LowerTriangularFromBottomRightMask, LowerTriangularMask,
                                           PagedBlockDiagonalCausalWithOffsetPaddedKeysMask)
 from mslk_dsl.attention.decode import DECODE_BIASES, decode_partial, merge_attentions
+from mslk_dsl.errors import InputTypeError, UnsupportedError
 
 __all__ = ["AttentionBias", "BlockDiagonalCausalFromBottomRightMask", "BlockDiagonalCausalLocalAttentionFromBottomRightMask",
            "BlockDiagonalCausalMask", "BlockDiagonalCausalWithOffsetPaddedKeysMask", "BlockDiagonalMask",
@@ -36,10 +37,10 @@ def _mask_args(attn_bias: AttentionBias | None, q: torch.Tensor, k: torch.Tensor
     if attn_bias is None:
         return {}
     if isinstance(attn_bias, torch.Tensor):
-        raise NotImplementedError("tensor biases are not supported; pass an attn_bias class (attn_bias.py)")
+        raise UnsupportedError("tensor biases are not supported; pass an attn_bias class (attn_bias.py)")
     if not isinstance(attn_bias, AttentionBias):
-        raise TypeError(f"attn_bias must be None or an mslk_dsl.attention.attn_bias class, got "
-                        f"{type(attn_bias).__name__}")
+        raise InputTypeError(f"attn_bias must be None or an mslk_dsl.attention.attn_bias class, got "
+                             f"{type(attn_bias).__name__}")
     return attn_bias.fwd_args(q, k)
 
 

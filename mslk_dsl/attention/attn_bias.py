@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mslk_dsl.errors import InputError, UnsupportedError
 from mslk_dsl.ops.attention import visible_keys
 
 
@@ -35,7 +36,7 @@ class AttentionBias:
 
     def fwd_args(self, q: torch.Tensor, k: torch.Tensor) -> dict:
         """The mask as keyword arguments of ``attention_fwd`` for q / k of these shapes."""
-        raise NotImplementedError(f"{type(self).__name__} has no prefill kernel")
+        raise UnsupportedError(f"{type(self).__name__} has no prefill kernel")
 
     def materialize(self, shape: tuple[int, ...], dtype=torch.float32, device="cpu") -> torch.Tensor:
         """The additive bias [..., Mq, Mk]: 0 where a key is visible, -inf elsewhere."""
@@ -79,7 +80,7 @@ class LocalAttentionFromBottomRightMask(AttentionBias):
 
     def __post_init__(self) -> None:
         if self.window_left < 0 or self.window_right < 0:
-            raise ValueError(f"LocalAttentionFromBottomRightMask: windows must be >= 0, got "
+            raise InputError(f"LocalAttentionFromBottomRightMask: windows must be >= 0, got "
                              f"window_left={self.window_left}, window_right={self.window_right}")
 
     def fwd_args(self, q, k) -> dict:
@@ -94,7 +95,7 @@ class LowerTriangularFromBottomRightLocalAttentionMask(LowerTriangularFromBottom
 
     def __post_init__(self) -> None:
         if self._window_size <= 0:
-            raise ValueError(f"expected window_size > 0, got {self._window_size}")
+            raise InputError(f"expected window_size > 0, got {self._window_size}")
 
     def fwd_args(self, q, k) -> dict:
         return {"causal": True, "bottom_right": True, "window_left": self._window_size - 1}
@@ -113,7 +114,7 @@ class _SeqLenInfo:
     def from_seqlens(cls, seqlens: Sequence[int], *, device=None) -> _SeqLenInfo:
         lengths = [int(n) for n in seqlens]
         if not lengths or min(lengths) < 0:
-            raise ValueError(f"sequence lengths must be a non-empty list of non-negative ints, got {lengths}")
+            raise InputError(f"sequence lengths must be a non-empty list of non-negative ints, got {lengths}")
         starts = [0]
         for n in lengths:
             starts.append(starts[-1] + n)
@@ -134,7 +135,7 @@ class BlockDiagonalMask(AttentionBias):
     @classmethod
     def from_seqlens(cls, q_seqlen: Sequence[int], kv_seqlen: Sequence[int] | None = None, *, device=None):
         if kv_seqlen is not None and len(kv_seqlen) != len(q_seqlen):
-            raise ValueError(f"{cls.__name__}: {len(q_seqlen)} query lengths but {len(kv_seqlen)} key lengths")
+            raise InputError(f"{cls.__name__}: {len(q_seqlen)} query lengths but {len(kv_seqlen)} key lengths")
         q_info = _SeqLenInfo.from_seqlens(q_seqlen, device=device)
         if kv_seqlen is None or list(kv_seqlen) == list(q_seqlen):
             return cls(q_seqinfo=q_info, k_seqinfo=q_info)
@@ -151,7 +152,7 @@ class BlockDiagonalMask(AttentionBias):
     def fwd_args(self, q, k) -> dict:
         total_q, total_k = self.q_seqinfo.seqstart_py[-1], self.k_seqinfo.seqstart_py[-1]
         if q.shape[0] != 1 or q.shape[1] != total_q or k.shape[1] != total_k:
-            raise ValueError(f"{type(self).__name__}: q and k must be [1, {total_q}, ...] and [1, {total_k}, ...] "
+            raise InputError(f"{type(self).__name__}: q and k must be [1, {total_q}, ...] and [1, {total_k}, ...] "
                              f"(the packed sequences), got {tuple(q.shape)} and {tuple(k.shape)}")
         return {"seqstart_q": self.q_seqinfo.seqstart.to(q.device), "seqstart_k": self.k_seqinfo.seqstart.to(q.device),
                 "max_seqlen_q": self.q_seqinfo.max_seqlen, "max_seqlen_k": self.k_seqinfo.max_seqlen,
@@ -181,9 +182,9 @@ class BlockDiagonalCausalMask(BlockDiagonalMask):
 
     def fwd_args(self, q, k) -> dict:
         if not self._equal_lengths():
-            raise NotImplementedError("BlockDiagonalCausalMask with query and key lengths that differ within a "
-                                      "sequence (top-left alignment) has no kernel; use "
-                                      "BlockDiagonalCausalFromBottomRightMask if that is what is meant")
+            raise UnsupportedError("BlockDiagonalCausalMask with query and key lengths that differ within a "
+                                   "sequence (top-left alignment) has no kernel; use "
+                                   "BlockDiagonalCausalFromBottomRightMask if that is what is meant")
         return super().fwd_args(q, k)
 
     def _blocks(self, mq, mk):
@@ -206,7 +207,7 @@ class BlockDiagonalCausalLocalAttentionFromBottomRightMask(BlockDiagonalMask):
 
     def __post_init__(self) -> None:
         if self._window_size <= 0:
-            raise ValueError(f"expected window_size > 0, got {self._window_size}")
+            raise InputError(f"expected window_size > 0, got {self._window_size}")
 
     def _mask(self) -> dict:
         return {"causal": True, "bottom_right": True, "window_left": self._window_size - 1}
@@ -224,7 +225,7 @@ def _lengths(values, device=None) -> torch.Tensor:
 def _query_length(q_seqlen) -> int:
     lengths = set(q_seqlen.tolist() if isinstance(q_seqlen, torch.Tensor) else q_seqlen)
     if len(lengths) != 1:
-        raise ValueError(f"decode needs the same number of queries in every sequence, got {sorted(lengths)}")
+        raise InputError(f"decode needs the same number of queries in every sequence, got {sorted(lengths)}")
     return lengths.pop()
 
 
@@ -253,7 +254,7 @@ class PagedBlockDiagonalCausalWithOffsetPaddedKeysMask(AttentionBias):
     def from_seqlens(cls, q_seqlen: Sequence[int], kv_seqlen, block_tables: torch.Tensor,
                      page_size: int) -> PagedBlockDiagonalCausalWithOffsetPaddedKeysMask:
         if page_size <= 0 or page_size % 16:
-            raise ValueError(f"page_size must be a positive multiple of 16, got {page_size}")
+            raise InputError(f"page_size must be a positive multiple of 16, got {page_size}")
         return cls(_query_length(q_seqlen), _lengths(kv_seqlen, block_tables.device), block_tables, page_size)
 
     @property

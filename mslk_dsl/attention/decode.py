@@ -16,6 +16,7 @@ import torch
 from mslk_dsl import ops
 from mslk_dsl.attention.attn_bias import (BlockDiagonalCausalWithOffsetPaddedKeysMask,
                                           PagedBlockDiagonalCausalWithOffsetPaddedKeysMask)
+from mslk_dsl.errors import InputTypeError
 
 
 DECODE_BIASES = (BlockDiagonalCausalWithOffsetPaddedKeysMask, PagedBlockDiagonalCausalWithOffsetPaddedKeysMask)
@@ -24,7 +25,7 @@ DECODE_BIASES = (BlockDiagonalCausalWithOffsetPaddedKeysMask, PagedBlockDiagonal
 def decode_partial(q, k, v, attn_bias, scale: float | None = None, num_splits: int = 0):
     """(out, lse fp32 [B, Hq, Mq]) of decode attention under one of DECODE_BIASES."""
     if not isinstance(attn_bias, DECODE_BIASES):
-        raise TypeError(f"decode_partial takes {[c.__name__ for c in DECODE_BIASES]}, got {type(attn_bias).__name__}")
+        raise InputTypeError(f"decode_partial takes {[c.__name__ for c in DECODE_BIASES]}, got {type(attn_bias).__name__}")
     B = attn_bias.kv_seqlen.shape[0]
     Mq = attn_bias.q_len
     packed = q.dim() == 4 and q.shape[0] == 1 and B * Mq == q.shape[1] and B > 1

@@ -14,6 +14,8 @@ import time
 from typing import Any, Protocol
 from collections.abc import Callable, Sequence
 
+from mslk_dsl.errors import InputError
+
 BACKENDS = ("cute", "flydsl")
 
 # (template, config, target, signature, out_dir): one kernel to compile into out_dir.
@@ -35,7 +37,7 @@ class Backend(Protocol):
 
 def get_backend(name: str) -> Backend:
     if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; known: {BACKENDS}")
+        raise InputError(f"unknown backend {name!r}; known: {BACKENDS}")
     return importlib.import_module(f"mslk_dsl.backends.{name}")  # type: ignore[return-value]
 
 

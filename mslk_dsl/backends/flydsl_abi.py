@@ -19,6 +19,8 @@ import pickle
 import struct
 from typing import Any
 
+from mslk_dsl.errors import InputTypeError, UnsupportedError
+
 # The scalar C types FlyDSL's export ABI names (flydsl/compiler/_aot.py, _leaf_semantic_slots).
 _SCALAR_CTYPES = {"bool": ctypes.c_bool, "int8": ctypes.c_int8, "int16": ctypes.c_int16,
                   "int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint8": ctypes.c_uint8,
@@ -59,7 +61,7 @@ def describe(launcher, args) -> dict:
         if isinstance(value, Stream):
             value = value.value
         if value is not None and not isinstance(value, (bool, int, float)):
-            raise TypeError(f"launcher parameter {param.name!r} has a default that cannot be recorded: {value!r}")
+            raise InputTypeError(f"launcher parameter {param.name!r} has a default that cannot be recorded: {value!r}")
         defaults.append(value)
     return {"backend": compiled._backend, "params": len(params), "defaults": defaults, "slots": slots}
 
@@ -71,7 +73,7 @@ def slot_specs(slots: list[dict]) -> tuple:
     for slot in slots:
         kind, index = slot["kind"], slot.get("arg_index")
         if slot.get("field") is not None:   # a field of a struct argument
-            raise NotImplementedError(f"FlyDSL ABI slot {slot} (a struct field) is not supported by this loader")
+            raise UnsupportedError(f"FlyDSL ABI slot {slot} (a struct field) is not supported by this loader")
         if kind == "stream" and index is None:   # no stream parameter: FlyDSL's NULL slot
             specs.append((-1, ctypes.c_void_p, None))
         elif kind == "stream":
@@ -83,7 +85,7 @@ def slot_specs(slots: list[dict]) -> tuple:
         elif kind == "scalar" and slot["ctype"] in _SCALAR_CTYPES and "encoding" not in slot:
             specs.append((index, _SCALAR_CTYPES[slot["ctype"]], _fill_scalar))
         else:
-            raise NotImplementedError(f"FlyDSL ABI slot {slot} is not supported by this loader")
+            raise UnsupportedError(f"FlyDSL ABI slot {slot} is not supported by this loader")
     return tuple(specs)
 
 
@@ -111,7 +113,7 @@ def _layout_fill(slot: dict):
     codec = struct.Struct("<" + size_code[slot.get("shape_bits", 32)] * len(shape_dims)
                           + size_code[slot.get("stride_bits", 64)] * len(stride_dims))
     if codec.size != slot["size"]:
-        raise NotImplementedError(f"FlyDSL layout slot {slot} packs {codec.size} bytes, not {slot['size']}")
+        raise UnsupportedError(f"FlyDSL layout slot {slot} packs {codec.size} bytes, not {slot['size']}")
     terms = [f"a.shape[{d}]" for d in shape_dims] + [f"a.stride({d})" for d in stride_dims]
     namespace = {"pack": codec.pack_into}
     exec(f"def fill(a, s):\n    pack(s, 0, {', '.join(terms)})\n", namespace)
@@ -130,8 +132,8 @@ class LoadedKernel:
         missing = self.params - len(args)
         if missing > 0:
             if missing > len(self.defaults):
-                raise TypeError(f"the kernel takes {self.params} arguments ({len(self.defaults)} with "
-                                f"defaults), got {len(args)}")
+                raise InputTypeError(f"the kernel takes {self.params} arguments ({len(self.defaults)} with "
+                                     f"defaults), got {len(args)}")
             args = (*args, *self.defaults[len(self.defaults) - missing:])
         return self.compiled(*args)
 

@@ -28,6 +28,7 @@ import math
 
 import torch
 
+from mslk_dsl.errors import InputError
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Fixed, Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder, sm_count
@@ -45,41 +46,41 @@ def _check_qkv(op: str, q, k, v) -> None:
     check.same_device(op, "q", q, k=k, v=v)
     B, Mq, Hq, K = q.shape
     if K not in limits.HEAD_DIMS:
-        raise ValueError(f"{op}: head dimension {K} is not supported; supported: {limits.HEAD_DIMS}")
+        raise InputError(f"{op}: head dimension {K} is not supported; supported: {limits.HEAD_DIMS}")
     if tuple(k.shape) != tuple(v.shape):
-        raise ValueError(f"{op}: k has shape {tuple(k.shape)} but v has {tuple(v.shape)}; they must match")
+        raise InputError(f"{op}: k has shape {tuple(k.shape)} but v has {tuple(v.shape)}; they must match")
     if k.shape[0] != B or k.shape[3] != K:
-        raise ValueError(f"{op}: k has shape {tuple(k.shape)}; expected [B={B}, Mk, Hkv, K={K}] for q of "
+        raise InputError(f"{op}: k has shape {tuple(k.shape)}; expected [B={B}, Mk, Hkv, K={K}] for q of "
                          f"shape {tuple(q.shape)}")
     Hkv = k.shape[2]
     if Hkv == 0 or Hq % Hkv:
-        raise ValueError(f"{op}: q has {Hq} heads and k / v {Hkv}; the query heads must be a multiple of the "
+        raise InputError(f"{op}: q has {Hq} heads and k / v {Hkv}; the query heads must be a multiple of the "
                          f"key/value heads (GQA / MQA)")
     if max(Mq, k.shape[1]) >= limits.MAX_SEQLEN:
-        raise ValueError(f"{op}: sequences longer than {limits.MAX_SEQLEN - 1} rows are not supported")
+        raise InputError(f"{op}: sequences longer than {limits.MAX_SEQLEN - 1} rows are not supported")
     per = limits.STRIDE_ALIGN_BYTES // q.element_size()
     for name, t in (("q", q), ("k", k), ("v", v)):
         # TMA reads rows of K elements: each stride but the last must keep rows 16-byte aligned.
         if any(s % per for s, n in zip(t.stride()[:3], t.shape[:3]) if n > 1) or \
                 t.data_ptr() % limits.STRIDE_ALIGN_BYTES:
-            raise ValueError(f"{op}: {name} must start on a 16-byte boundary and have strides that are "
+            raise InputError(f"{op}: {name} must start on a 16-byte boundary and have strides that are "
                              f"multiples of {per} elements (16 bytes) in its first three dimensions, got "
                              f"strides {t.stride()}; pass a contiguous copy")
 
 
 def _check_seqstarts(op: str, q, k, seqstart_q, seqstart_k) -> None:
     if (seqstart_q is None) != (seqstart_k is None):
-        raise ValueError(f"{op}: seqstart_q and seqstart_k go together (packed variable-length sequences)")
+        raise InputError(f"{op}: seqstart_q and seqstart_k go together (packed variable-length sequences)")
     if seqstart_q is None:
         return
     for name, t in (("seqstart_q", seqstart_q), ("seqstart_k", seqstart_k)):
         check.tensor(op, name, t, (torch.int32,), ndim=1)
         check.same_device(op, "q", q, **{name: t})
     if seqstart_q.shape != seqstart_k.shape or seqstart_q.shape[0] < 2:
-        raise ValueError(f"{op}: seqstart_q {tuple(seqstart_q.shape)} and seqstart_k {tuple(seqstart_k.shape)} "
+        raise InputError(f"{op}: seqstart_q {tuple(seqstart_q.shape)} and seqstart_k {tuple(seqstart_k.shape)} "
                          f"must both hold n + 1 >= 2 offsets (n sequences)")
     if q.shape[0] != 1:
-        raise ValueError(f"{op}: packed sequences (seqstart_q / seqstart_k) take B = 1, got q of shape "
+        raise InputError(f"{op}: packed sequences (seqstart_q / seqstart_k) take B = 1, got q of shape "
                          f"{tuple(q.shape)}")
 
 
@@ -90,11 +91,11 @@ def _check_attention(q, k, v, seqstart_q=None, seqstart_k=None, max_seqlen_q=Non
     _check_seqstarts(op, q, k, seqstart_q, seqstart_k)
     masked = causal or window_left >= 0 or window_right >= 0
     if seqstart_q is not None and masked and not bottom_right:
-        raise ValueError(f"{op}: for packed sequences a mask's diagonal is aligned bottom-right "
+        raise InputError(f"{op}: for packed sequences a mask's diagonal is aligned bottom-right "
                          f"(bottom_right=True); top-left is the same where each sequence's q and k "
                          f"lengths are equal (the mslk_dsl.attention biases decide that on the host)")
     if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"{op}: scale must be finite, got {scale}")
+        raise InputError(f"{op}: scale must be finite, got {scale}")
 
 
 def _attention_outputs(q, k, v, seqstart_q=None, seqstart_k=None, max_seqlen_q=None, max_seqlen_k=None,

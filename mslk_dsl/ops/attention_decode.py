@@ -29,6 +29,7 @@ import math
 
 import torch
 
+from mslk_dsl.errors import InputError
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Fixed, Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder, sm_count
@@ -46,12 +47,12 @@ def _check_merge(out_partials, lse_partials):
     S, B, M, H, _ = out_partials.shape
     check.shape(op, "lse_partials", lse_partials, (S, B, H, M), "one LSE per chunk, sequence, head and query")
     if S == 0:
-        raise ValueError(f"{op}: there must be at least one partial attention (out_partials has S=0)")
+        raise InputError(f"{op}: there must be at least one partial attention (out_partials has S=0)")
     if (out_partials.shape[-1] * out_partials.element_size()) % _ALIGN:
-        raise ValueError(f"{op}: rows of out_partials must be a multiple of 16 bytes (K = {out_partials.shape[-1]} "
+        raise InputError(f"{op}: rows of out_partials must be a multiple of 16 bytes (K = {out_partials.shape[-1]} "
                          f"{out_partials.dtype} elements); pad K")
     if out_partials.numel() >= 2**31:
-        raise ValueError(f"{op}: out_partials has {out_partials.numel()} elements; at most 2**31 - 1")
+        raise InputError(f"{op}: out_partials has {out_partials.numel()} elements; at most 2**31 - 1")
 
 
 def _merge_outputs(out_partials, lse_partials):
@@ -123,36 +124,36 @@ def _check_decode(q, k, v, kv_seqlen, block_table, scale, causal, num_splits):
     check.same_device(op, "q", q, k=k, v=v, kv_seqlen=kv_seqlen)
     B, Mq, Hq, D = q.shape
     if k.shape != v.shape:
-        raise ValueError(f"{op}: k {tuple(k.shape)} and v {tuple(v.shape)} must have one shape")
+        raise InputError(f"{op}: k {tuple(k.shape)} and v {tuple(v.shape)} must have one shape")
     if D not in plan.HEAD_DIMS or k.shape[3] != D:
-        raise ValueError(f"{op}: head dim of q ({D}) and k ({k.shape[3]}) must match and be one of {plan.HEAD_DIMS}")
+        raise InputError(f"{op}: head dim of q ({D}) and k ({k.shape[3]}) must match and be one of {plan.HEAD_DIMS}")
     if not 1 <= Mq <= plan.MAX_QUERIES and B > 0:
-        raise ValueError(f"{op}: q has {Mq} queries per sequence; decode takes 1..{plan.MAX_QUERIES} "
+        raise InputError(f"{op}: q has {Mq} queries per sequence; decode takes 1..{plan.MAX_QUERIES} "
                          f"(use memory_efficient_attention_forward for prefill)")
     Hkv = k.shape[2]
     if Hkv == 0 or Hq % Hkv:
-        raise ValueError(f"{op}: q's {Hq} heads must be a multiple of k's {Hkv} heads (GQA)")
+        raise InputError(f"{op}: q's {Hq} heads must be a multiple of k's {Hkv} heads (GQA)")
     check.shape(op, "kv_seqlen", kv_seqlen, (B,), "one KV length per sequence")
     for name, t in (("k", k), ("v", v)):
         if not _strides_aligned(t):
-            raise ValueError(f"{op}: {name} must start 16-byte aligned with strides that are multiples "
+            raise InputError(f"{op}: {name} must start 16-byte aligned with strides that are multiples "
                              f"of {_ALIGN // t.element_size()} elements (got strides {t.stride()})")
     if block_table is None:
         if k.shape[0] != B:
-            raise ValueError(f"{op}: a contiguous cache has one row per sequence: k has {k.shape[0]}, q has {B}")
+            raise InputError(f"{op}: a contiguous cache has one row per sequence: k has {k.shape[0]}, q has {B}")
     else:
         check.tensor(op, "block_table", block_table, (torch.int32,), ndim=2, unit_last_stride=False)
         check.same_device(op, "q", q, block_table=block_table)
         if block_table.shape[0] != B:
-            raise ValueError(f"{op}: block_table has {block_table.shape[0]} rows, q has {B} sequences")
+            raise InputError(f"{op}: block_table has {block_table.shape[0]} rows, q has {B} sequences")
         page = k.shape[1]
         if page % plan.BLOCK_KEYS or page == 0:
-            raise ValueError(f"{op}: page size {page} (k.shape[1]) must be a positive multiple of {plan.BLOCK_KEYS}")
+            raise InputError(f"{op}: page size {page} (k.shape[1]) must be a positive multiple of {plan.BLOCK_KEYS}")
     # The kernel masks scores with -inf before scaling: a scale <= 0 would turn them into +inf / NaN.
     if scale is not None and not (isinstance(scale, (float, int)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"{op}: scale must be a positive finite float or None, got {scale!r}")
+        raise InputError(f"{op}: scale must be a positive finite float or None, got {scale!r}")
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
-        raise ValueError(f"{op}: num_splits must be an int >= 0 (0: chosen for you), got {num_splits!r}")
+        raise InputError(f"{op}: num_splits must be an int >= 0 (0: chosen for you), got {num_splits!r}")
 
 
 def _decode_outputs(q, k, v, kv_seqlen, block_table=None, scale=None, causal=True, num_splits=0):
@@ -181,7 +182,7 @@ def _prepare_decode(select, outputs, q, k, v, kv_seqlen, block_table, scale, cau
         return None
     S = splits_for(q, k, block_table, num_splits)
     if S * out.numel() >= plan.MAX_PARTIAL_ELEMENTS:
-        raise ValueError(f"attention_decode: {S} splits of an output of {out.numel()} elements exceed the "
+        raise InputError(f"attention_decode: {S} splits of an output of {out.numel()} elements exceed the "
                          f"2**31 elements of the split-KV partials; pass a smaller num_splits")
     o_part = torch.empty((S, B, Mq, Hq, D), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((S, B, Hq, Mq), dtype=torch.float32, device=q.device)

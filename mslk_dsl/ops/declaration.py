@@ -62,7 +62,8 @@ class OpDecl:
 
     - ``schema``: torch's schema of the arguments and results, e.g. ``(Tensor x, float eps=1e-06)
       -> Tensor``; the eager function, ``torch.ops.mslk_dsl.<name>`` and the fake follow from it.
-    - ``check(*args)``: argument checks; raise ValueError/TypeError naming the argument.
+    - ``check(*args)``: argument checks; raise InputError / InputTypeError (mslk_dsl.errors) naming
+      the argument.
     - ``outputs(*args)``: the (shape, dtype) of each result, in order (none for an in-place op).
       Runs on fake tensors too: it is the op's fake.
     - ``prepare(select, outputs, *args)``: see the module docstring; ``outputs`` are the result

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from mslk_dsl.errors import ConfigError, InputError, InputTypeError
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder, zeroed_counters
@@ -25,15 +26,15 @@ def _check_operands(op: str, x, w, dtypes, names=("x", "w")) -> None:
     check.same_dtype(op, wn, w, x.dtype, xn)
     check.same_device(op, xn, x, **{wn: w})
     if w.shape[1] != x.shape[-1]:
-        raise ValueError(f"{op}: {wn} has shape {tuple(w.shape)} but {xn} has K={x.shape[-1]}; "
+        raise InputError(f"{op}: {wn} has shape {tuple(w.shape)} but {xn} has K={x.shape[-1]}; "
                          f"{wn} must be [N, K]")
     # TMA loads 16-byte rows of x and w (K), and stores 16-byte rows of the bf16/fp16 output (N).
     k_per = _ALIGN_BYTES // x.element_size()
     if x.shape[-1] % k_per:
-        raise ValueError(f"{op}: K={x.shape[-1]} must be a multiple of {k_per} for {x.dtype} "
+        raise InputError(f"{op}: K={x.shape[-1]} must be a multiple of {k_per} for {x.dtype} "
                          f"(16-byte aligned rows for TMA); pad K")
     if w.shape[0] % _OUT_ROW_ELEMENTS:
-        raise ValueError(f"{op}: N={w.shape[0]} must be a multiple of {_OUT_ROW_ELEMENTS} (16-byte rows of "
+        raise InputError(f"{op}: N={w.shape[0]} must be a multiple of {_OUT_ROW_ELEMENTS} (16-byte rows of "
                          f"the 16-bit output); pad the weight")
 
 
@@ -110,8 +111,8 @@ def _work_buffers(op: str, chosen: dict, M: int, N: int, device) -> tuple[tuple,
     buffer for the last wave's tile pieces."""
     scratch = gemm_configs.partials_elements(chosen, M, N)
     if scratch >= _MAX_PARTIALS:
-        raise ValueError(f"{op}: config split_k={chosen.get('split_k', 1)} needs fewer than 2**31 fp32 partials "
-                         f"(M={M}, N={N}); split-K is for small and mid-sized M, use a config without it")
+        raise ConfigError(f"{op}: config split_k={chosen.get('split_k', 1)} needs fewer than 2**31 fp32 partials "
+                          f"(M={M}, N={N}); split-K is for small and mid-sized M, use a config without it")
     partials = (torch.empty(scratch, dtype=torch.float32, device=device),) if scratch else ()
     count = gemm_configs.counters_needed(chosen, M, N)
     counters = (zeroed_counters(device, count),) if count else ()
@@ -140,16 +141,16 @@ _BIAS_DTYPES = (torch.bfloat16, torch.float32)
 def _check_f8f8bf16_rowwise(xq, wq, x_scale, w_scale, bias, use_fast_accum):
     op = "f8f8bf16_rowwise"
     if not isinstance(use_fast_accum, bool):
-        raise TypeError(f"{op}: use_fast_accum must be a bool, got {type(use_fast_accum).__name__}")
+        raise InputTypeError(f"{op}: use_fast_accum must be a bool, got {type(use_fast_accum).__name__}")
     _check_operands(op, xq, wq, check.FP8_DTYPES, names=("xq", "wq"))
     fp8 = fp8_dtype_for(xq.device)
     if xq.dtype != fp8:
-        raise TypeError(f"{op}: xq has dtype {xq.dtype} but this device's FP8 flavour is {fp8}")
+        raise InputTypeError(f"{op}: xq has dtype {xq.dtype} but this device's FP8 flavour is {fp8}")
     rows, N = xq.shape[:-1], wq.shape[0]
     check.tensor(op, "x_scale", x_scale, (torch.float32,), min_ndim=1)
     check.tensor(op, "w_scale", w_scale, (torch.float32,), ndim=1)
     if tuple(x_scale.shape) not in (tuple(rows), (rows.numel(),)):
-        raise ValueError(f"{op}: x_scale has shape {tuple(x_scale.shape)}, expected {tuple(rows)} or "
+        raise InputError(f"{op}: x_scale has shape {tuple(x_scale.shape)}, expected {tuple(rows)} or "
                          f"({rows.numel()},) (one scale per row of xq)")
     check.shape(op, "w_scale", w_scale, (N,), "one scale per row of wq")
     check.same_device(op, "xq", xq, x_scale=x_scale, w_scale=w_scale)

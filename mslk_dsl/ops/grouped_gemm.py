@@ -20,6 +20,7 @@ import random
 
 import torch
 
+from mslk_dsl.errors import InputError, InputTypeError
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name
@@ -40,15 +41,15 @@ def _check_grouped(op: str, x, w, M_sizes, dtypes, names=("x", "w")) -> None:
     check.same_device(op, xn, x, **{wn: w, "M_sizes": M_sizes})
     G, N, K = w.shape
     if M_sizes.shape[0] != G:
-        raise ValueError(f"{op}: M_sizes has {M_sizes.shape[0]} groups but {wn} has G={G}; {wn} must be [G, N, K]")
+        raise InputError(f"{op}: M_sizes has {M_sizes.shape[0]} groups but {wn} has G={G}; {wn} must be [G, N, K]")
     if x.shape[1] != K:
-        raise ValueError(f"{op}: {wn} has shape {tuple(w.shape)} but {xn} has K={x.shape[1]}; {wn} must be [G, N, K]")
+        raise InputError(f"{op}: {wn} has shape {tuple(w.shape)} but {xn} has K={x.shape[1]}; {wn} must be [G, N, K]")
     k_per = _ALIGN_BYTES // x.element_size()
     if K % k_per:
-        raise ValueError(f"{op}: K={K} must be a multiple of {k_per} for {x.dtype} (16-byte aligned rows for "
+        raise InputError(f"{op}: K={K} must be a multiple of {k_per} for {x.dtype} (16-byte aligned rows for "
                          f"TMA); pad K")
     if N % _OUT_ROW_ELEMENTS:
-        raise ValueError(f"{op}: N={N} must be a multiple of {_OUT_ROW_ELEMENTS} (16-byte rows of the bf16 "
+        raise InputError(f"{op}: N={N} must be a multiple of {_OUT_ROW_ELEMENTS} (16-byte rows of the bf16 "
                          f"output); pad the weight")
 
 
@@ -160,9 +161,9 @@ def _check_f8_grouped(xq, wq, x_scale, w_scale, M_sizes):
     _check_grouped(op, xq, wq, M_sizes, check.FP8_DTYPES, names=("xq", "wq"))
     fp8 = fp8_dtype_for(xq.device)
     if xq.dtype != fp8:
-        raise TypeError(f"{op}: xq has dtype {xq.dtype} but this device's FP8 flavour is {fp8}")
+        raise InputTypeError(f"{op}: xq has dtype {xq.dtype} but this device's FP8 flavour is {fp8}")
     if xq.shape[1] % 16:
-        raise ValueError(f"{op}: K={xq.shape[1]} must be a multiple of 16 (16-byte aligned FP8 rows for TMA)")
+        raise InputError(f"{op}: K={xq.shape[1]} must be a multiple of 16 (16-byte aligned FP8 rows for TMA)")
     check.tensor(op, "x_scale", x_scale, (torch.float32,), ndim=1, unit_last_stride=False)
     check.tensor(op, "w_scale", w_scale, (torch.float32,), ndim=2, unit_last_stride=False)
     check.shape(op, "x_scale", x_scale, (xq.shape[0],), "one scale per row of xq")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from mslk_dsl.device import target_of
+from mslk_dsl.errors import InputError
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Fixed, Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder
@@ -64,13 +65,13 @@ def _check_index_shuffling(scores, expert_index_start, expert_index_end, valid_t
     check.tensor(op, "scores", scores, SCORE_DTYPES, ndim=2, unit_last_stride=False)
     E = scores.shape[1]
     if not 1 <= E <= MAX_EXPERTS:
-        raise ValueError(f"{op}: scores has E={E} experts; supported: 1..{MAX_EXPERTS}")
+        raise InputError(f"{op}: scores has E={E} experts; supported: 1..{MAX_EXPERTS}")
     if not 1 <= top_k <= min(MAX_TOP_K, E):
-        raise ValueError(f"{op}: top_k={top_k} must be in 1..{min(MAX_TOP_K, E)} for E={E}")
+        raise InputError(f"{op}: top_k={top_k} must be in 1..{min(MAX_TOP_K, E)} for E={E}")
     start = 0 if expert_index_start is None else int(expert_index_start)
     end = E if expert_index_end is None else int(expert_index_end)
     if not 0 <= start <= end <= E:
-        raise ValueError(f"{op}: expert_index_start={start}, expert_index_end={end} must satisfy "
+        raise InputError(f"{op}: expert_index_start={start}, expert_index_end={end} must satisfy "
                          f"0 <= start <= end <= E={E}")
     _check_valid_count(op, valid_token_count, scores, "scores")
 
@@ -155,7 +156,7 @@ def _check_gather_inputs(op, x, x_dtypes, token_indices, expert_indices, scores)
     check.shape(op, "expert_indices", expert_indices, token_indices.shape, "one expert per gathered row")
     check.tensor(op, "scores", scores, SCORE_DTYPES, ndim=2, unit_last_stride=False)
     if scores.shape[0] != x.shape[0]:
-        raise ValueError(f"{op}: scores has {scores.shape[0]} rows but x has {x.shape[0]} tokens")
+        raise InputError(f"{op}: scores has {scores.shape[0]} rows but x has {x.shape[0]} tokens")
 
 
 def _check_gather(x, token_indices, expert_indices, scores, valid_token_count):
@@ -216,11 +217,11 @@ def _check_scatter(out_tokens, in_tokens, token_indices, valid_token_count):
     check.same_dtype(op, "in_tokens", in_tokens, out_tokens.dtype, "out_tokens")
     _check_indices(op, "token_indices", token_indices)
     if in_tokens.shape[1] != out_tokens.shape[1]:
-        raise ValueError(f"{op}: in_tokens has {in_tokens.shape[1]} columns but out_tokens has "
+        raise InputError(f"{op}: in_tokens has {in_tokens.shape[1]} columns but out_tokens has "
                          f"{out_tokens.shape[1]}")
     check.shape(op, "token_indices", token_indices, in_tokens.shape[:1], "one destination token per input row")
     if not out_tokens.is_contiguous():
-        raise ValueError(f"{op}: out_tokens is updated in place and must be contiguous, got strides "
+        raise InputError(f"{op}: out_tokens is updated in place and must be contiguous, got strides "
                          f"{out_tokens.stride()}")
     check.same_device(op, "out_tokens", out_tokens, in_tokens=in_tokens, token_indices=token_indices)
     _check_valid_count(op, valid_token_count, out_tokens, "out_tokens")

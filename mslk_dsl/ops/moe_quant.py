@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from mslk_dsl.device import target_of
+from mslk_dsl.errors import InputError
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder
@@ -24,7 +25,7 @@ X_DTYPES = (torch.bfloat16, torch.float16)
 def _check(x, token_indices, expert_indices, scores, scale_ub, valid_token_count):
     _check_gather_inputs(OP, x, X_DTYPES, token_indices, expert_indices, scores)
     if x.shape[1] == 0 and token_indices.shape[0] > 0:
-        raise ValueError(f"{OP}: x has no columns (shape {tuple(x.shape)}); a row-wise FP8 scale needs at "
+        raise InputError(f"{OP}: x has no columns (shape {tuple(x.shape)}); a row-wise FP8 scale needs at "
                          f"least one element per row")
     check.same_device(OP, "x", x, token_indices=token_indices, expert_indices=expert_indices, scores=scores)
     _check_scale_ub(OP, scale_ub, x, "x")

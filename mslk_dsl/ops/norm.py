@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from mslk_dsl.errors import InputError, InputTypeError
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name
@@ -24,14 +25,14 @@ def _check(op: str, x, weight, eps) -> None:
     check.tensor(op, "x", x, check.FLOAT_DTYPES)
     check.tensor(op, "weight", weight, WEIGHT_DTYPES, ndim=1)
     if weight.dtype not in (x.dtype, torch.float32):
-        raise TypeError(f"{op}: weight has dtype {weight.dtype}; it must be x's dtype ({x.dtype}) or torch.float32")
+        raise InputTypeError(f"{op}: weight has dtype {weight.dtype}; it must be x's dtype ({x.dtype}) or torch.float32")
     check.shape(op, "weight", weight, x.shape[-1:], "one weight per hidden element of x")
     check.same_device(op, "x", x, weight=weight)
     check.nonempty_rows(op, "x", x)
     if x.shape[-1] > MAX_HIDDEN:
-        raise ValueError(f"{op}: hidden size {x.shape[-1]} of x exceeds the supported {MAX_HIDDEN}")
+        raise InputError(f"{op}: hidden size {x.shape[-1]} of x exceeds the supported {MAX_HIDDEN}")
     if isinstance(eps, bool) or not isinstance(eps, (float, int)) or eps < 0:
-        raise ValueError(f"{op}: eps must be a non-negative float, got {eps!r}")
+        raise InputError(f"{op}: eps must be a non-negative float, got {eps!r}")
 
 
 def _example(count: int):

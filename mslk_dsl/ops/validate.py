@@ -1,10 +1,10 @@
-"""Input checks shared by every op: each raises ValueError / TypeError naming the argument,
-before anything is launched. Kept cheap: they run on every call."""
+"""Input checks shared by every op: each raises InputError (a ValueError) or InputTypeError (a
+TypeError) naming the argument, before anything is launched. Kept cheap: they run on every call."""
 from __future__ import annotations
 
 import torch
 
-from mslk_dsl.errors import UnsupportedDeviceError
+from mslk_dsl.errors import InputError, InputTypeError, UnsupportedDeviceError
 from mslk_dsl.templates._kernel_limits import VECTOR_BYTES  # the kernels' 128-bit accesses
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -15,29 +15,29 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 def tensor(op: str, name: str, t, dtypes=None, ndim: int | None = None, min_ndim: int = 1,
            unit_last_stride: bool = True) -> None:
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        raise InputTypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if dtypes is not None and t.dtype not in dtypes:
-        raise TypeError(f"{op}: {name} has dtype {t.dtype}; supported: {', '.join(str(d) for d in dtypes)}")
+        raise InputTypeError(f"{op}: {name} has dtype {t.dtype}; supported: {', '.join(str(d) for d in dtypes)}")
     if ndim is not None and t.dim() != ndim:
-        raise ValueError(f"{op}: {name} must be {ndim}-D, got shape {tuple(t.shape)}")
+        raise InputError(f"{op}: {name} must be {ndim}-D, got shape {tuple(t.shape)}")
     if t.dim() < min_ndim:
-        raise ValueError(f"{op}: {name} must have at least {min_ndim} dimension(s), got shape {tuple(t.shape)}")
+        raise InputError(f"{op}: {name} must have at least {min_ndim} dimension(s), got shape {tuple(t.shape)}")
     if unit_last_stride and t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
-        raise ValueError(f"{op}: {name} must be contiguous in its last dimension (stride(-1) == 1), "
+        raise InputError(f"{op}: {name} must be contiguous in its last dimension (stride(-1) == 1), "
                          f"got strides {t.stride()}")
 
 
 def nonempty_rows(op: str, name: str, t: torch.Tensor) -> None:
     """Row-wise reductions (absmax, mean square) are undefined over an empty row."""
     if t.dim() and t.shape[-1] == 0 and t.numel() == 0 and t.shape[:-1].numel() > 0:
-        raise ValueError(f"{op}: {name} has an empty last dimension (shape {tuple(t.shape)}); "
+        raise InputError(f"{op}: {name} has an empty last dimension (shape {tuple(t.shape)}); "
                          f"a row-wise reduction needs at least one element per row")
 
 
 def same_device(op: str, first: str, t0: torch.Tensor, **others: torch.Tensor) -> None:
     for name, t in others.items():
         if t.device != t0.device:
-            raise ValueError(f"{op}: {name} is on {t.device} but {first} is on {t0.device}")
+            raise InputError(f"{op}: {name} is on {t.device} but {first} is on {t0.device}")
 
 
 def one_element(op: str, name: str, t, dtype: torch.dtype, like: torch.Tensor, like_name: str) -> None:
@@ -47,7 +47,7 @@ def one_element(op: str, name: str, t, dtype: torch.dtype, like: torch.Tensor, l
         return
     tensor(op, name, t, (dtype,), min_ndim=0)
     if t.numel() != 1:
-        raise ValueError(f"{op}: {name} must hold one element, got shape {tuple(t.shape)}")
+        raise InputError(f"{op}: {name} must hold one element, got shape {tuple(t.shape)}")
     same_device(op, like_name, like, **{name: t})
 
 
@@ -65,12 +65,12 @@ def supported_targets(op: str) -> str:
 
 def shape(op: str, name: str, t: torch.Tensor, expected: tuple, why: str) -> None:
     if tuple(t.shape) != tuple(expected):
-        raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}, expected {tuple(expected)} ({why})")
+        raise InputError(f"{op}: {name} has shape {tuple(t.shape)}, expected {tuple(expected)} ({why})")
 
 
 def same_dtype(op: str, name: str, t: torch.Tensor, dtype: torch.dtype, like: str) -> None:
     if t.dtype != dtype:
-        raise TypeError(f"{op}: {name} has dtype {t.dtype} but {like} has {dtype}; they must match")
+        raise InputTypeError(f"{op}: {name} has dtype {t.dtype} but {like} has {dtype}; they must match")
 
 
 def rows(t: torch.Tensor) -> torch.Tensor:
@@ -122,17 +122,17 @@ def outputs(op: str, out, specs, device: torch.device, inputs: dict) -> tuple[to
         given = out
     else:
         want = "a tensor" if len(specs) == 1 else f"a tuple of {len(specs)} tensors"
-        raise TypeError(f"{op}: out must be {want}, got {type(out).__name__}")
+        raise InputTypeError(f"{op}: out must be {want}, got {type(out).__name__}")
     names = ["out"] if len(specs) == 1 else [f"out[{i}]" for i in range(len(specs))]
     for i, (name, t, (shape, dtype)) in enumerate(zip(names, given, specs)):
         tensor(op, name, t, (dtype,), min_ndim=0)
         if tuple(t.shape) != tuple(shape):
-            raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+            raise InputError(f"{op}: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
         if t.device != device:
-            raise ValueError(f"{op}: {name} is on {t.device} but the inputs are on {device}")
+            raise InputError(f"{op}: {name} is on {t.device} but the inputs are on {device}")
         if not t.is_contiguous():
-            raise ValueError(f"{op}: {name} must be contiguous, got strides {t.stride()}")
+            raise InputError(f"{op}: {name} must be contiguous, got strides {t.stride()}")
         for other, x in list(inputs.items()) + list(zip(names[:i], given[:i])):
             if x is not None and overlap(t, x):
-                raise ValueError(f"{op}: {name} shares memory with {other}")
+                raise InputError(f"{op}: {name} shares memory with {other}")
     return given
