@@ -324,7 +324,8 @@ class HopperAttentionForward:
     def __init__(self, dtype, head_dim: int, tile_m: int, tile_n: int, stages: int, overlap: bool,
                  mask: str, varlen: bool, persistent: bool = False):
         if persistent and varlen:
-            raise ConfigError("the persistent schedule serves dense batches only")
+            raise ConfigError(f"attention_fwd_cute: config persistent=True, varlen=True (head_dim {head_dim}, "
+                              f"tile {tile_m}x{tile_n}): the persistent schedule serves dense batches only")
         self.dtype, self.head_dim = dtype, head_dim
         self.tile_m, self.tile_n, self.stages, self.overlap = tile_m, tile_n, stages, overlap
         self.mask, self.varlen, self.persistent = mask, varlen, persistent

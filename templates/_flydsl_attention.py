@@ -121,7 +121,8 @@ def make_attention_kernel(*, target: str, dtype: str, head_dim: int, waves: int,
     from flydsl._mlir.dialects.rocdl import log as log2_hw
 
     if mask not in MASKS:
-        raise ConfigError(f"attention kernel: mask {mask!r} is not one of {MASKS}")
+        raise ConfigError(f"FlyDSL attention kernel ({target}, head_dim {head_dim}, waves {waves}, block_n {block_n}): "
+                          f"mask {mask!r} is not one of {MASKS}")
     D, BN, W = head_dim, block_n, waves
     THREADS, BM = WAVE * W, MMA * W
     D_TILES, N_TILES = D // MMA, BN // MMA

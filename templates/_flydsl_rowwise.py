@@ -65,7 +65,8 @@ class RowGroups:
 
     def __init__(self, threads: int, rows: int):
         if threads % (rows * WAVE):
-            raise ConfigError(f"a block of {threads} threads cannot give {rows} rows whole waves of {WAVE}")
+            raise ConfigError(f"FlyDSL row-wise config threads={threads}, rows_per_block={rows}: a block of {threads} "
+                              f"threads cannot give {rows} rows whole waves of {WAVE}")
         self.threads = threads
         self.width = threads // rows  # threads per row
         self.waves = self.width // WAVE  # waves per row

@@ -94,7 +94,7 @@ def pick(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict:
     is streamed). Ties keep list order, so list the preferred shape first."""
     ok = [c for c in configs if valid(c, sig, arrays)]
     if not ok:
-        raise ConfigError(f"no config of {len(configs)} serves signature {sig}")
+        raise ConfigError(f"row-wise heuristic: no config of the {len(configs)} given serves signature {sig}")
     covering = [c for c in ok if RowTile.of(c).tile_k >= k]
     if covering:
         return min(covering, key=lambda c: RowTile.of(c).tile_k)
