@@ -332,3 +332,65 @@ def test_eager_functions_are_bound_to_their_plans(launcher):
         assert native.fast_op("silu_mul") is None
         assert native.remember("silu_mul", (), (), (), (), None) is False   # no plan is added
     assert names["FAST"].op is native.fast_op("silu_mul")
+
+
+def test_plans_keyed_by_values_hold_their_fixed_scalars(launcher):
+    """An op with plan_values (attention's mask flags and scale, decode's split count): its plans
+    are keyed by those arguments' values, hold the scalars derived from them (declaration.Fixed)
+    as constants, even where such a constant is the same Python object as an argument, and take
+    tensors of up to 6 dimensions."""
+    seen = []
+
+    def kernel(x, out, scale, flag, count):
+        seen.append((tuple(x.shape), scale, flag, count))
+        as_torch(out, torch.float32).copy_(as_torch(x, torch.float32) * scale + flag)
+
+    kernel = tvm_ffi.convert(kernel)
+    native.key_by_values("test_keyed", (1, 2))
+    fast = native.fast_op("test_keyed")
+    fast.clear()
+    x = torch.randn(2, 1, 3, 1, 2, 4)          # 6-D
+    out = torch.empty_like(x)
+    count = 5
+    args = (x, out, 0.5, count, count)         # arg 3 is a constant that is the same object as count
+    kernel(*args)
+    assert native.remember("test_keyed", (x, 2.0, True, count), (out,), args, (0,), kernel, constants=(2, 3))
+    y = torch.randn(2, 1, 3, 1, 2, 4)
+    torch.testing.assert_close(fast(y, 2.0, True, 7), y * 0.5 + 5)
+    assert seen[-1] == ((2, 1, 3, 1, 2, 4), 0.5, 5, 7)     # the constants, and the call's own count
+    for other in [(y, 3.0, True, 7), (y, 2.0, False, 7), (y, 2, True, 7), (y, 2.0, True, 2.0 ** 70),
+                  (y, 2.0, True, 1 << 70)]:
+        assert fast(*other) is native.MISS, other
+    # A second plan for other values; both serve.
+    kernel(x, out, 0.25, 1, count)
+    assert native.remember("test_keyed", (x, 3.0, True, count), (out,), (x, out, 0.25, 1, count), (0,), kernel,
+                           constants=(2, 3))
+    torch.testing.assert_close(fast(y, 3.0, True, 1), y * 0.25 + 1)
+    torch.testing.assert_close(fast(y, 2.0, True, 1), y * 0.5 + 5)
+    assert fast.plans() == 2
+    # A scalar argument neither an input nor a constant still adds no plan.
+    assert not native.remember("test_keyed", (x, 2.0, True, count), (out,), (x, out, 0.5, 1, count), (0,), kernel,
+                               constants=(2,))
+    with pytest.raises(RuntimeError, match="key them by values before"):
+        native.key_by_values("test_keyed", (1,))
+    too_deep = torch.randn(1, 1, 1, 1, 1, 1, 2)
+    assert fast(too_deep, 2.0, True, 7) is native.MISS
+
+
+def test_in_place_and_stream_bound_plans(launcher):
+    """An op writing an input in place (scatter_add): the plan misses when that input overlaps
+    another one, so the Python path decides. A stream-bound plan (split-K counters) serves the
+    stream it was made on: on the CPU there is none, so every call."""
+    def add_into(out, y):
+        ot = as_torch(out, torch.float32)
+        ot += as_torch(y, torch.float32)
+
+    kernel = tvm_ffi.convert(add_into)
+    out, y = torch.zeros(8), torch.ones(8)
+    kernel(out, y)
+    assert native.remember("test_in_place", (out, y), (), (out, y), (), kernel, written=(0,), stream_bound=True)
+    fast = native.fast_op("test_in_place")
+    assert fast(out, y) is None and out.tolist() == [2.0] * 8
+    both = torch.zeros(16)
+    assert fast(both[:8], both[4:12]) is native.MISS      # overlapping: not served
+    assert fast(both[:8], both[8:]) is None               # side by side: served

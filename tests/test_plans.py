@@ -3,6 +3,7 @@ layout (and, for these ops, the values of their ``plan_values``) seen before ski
 the kernel choice, gets fresh outputs and scratch, and passes the kernel the same derived scalars;
 a call the plan does not cover (another mask, split count or scale; a copied input) takes the
 checked path; a plan holds none of a call's tensors."""
+import contextlib
 import gc
 import importlib
 import math
@@ -19,14 +20,45 @@ decode_module = importlib.import_module("mslk_dsl.ops.attention_decode")  # ops.
 prefill_module = importlib.import_module("mslk_dsl.ops.attention")
 
 
-@pytest.fixture
-def stand_in(monkeypatch):
+PLANNED_OPS = ("attention_decode", "merge_attentions", "attention_fwd", "index_shuffling",
+               "gather_scale_dense_tokens", "scatter_add_dense_tokens")
+
+
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory):
+    """The native launcher, built for these tests (a C++ compiler and tvm_ffi are test requirements)."""
+    from mslk_dsl import native
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MSLK_DSL_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    mp.delenv("MSLK_DSL_NO_NATIVE", raising=False)
+    module = native.load()
+    mp.undo()
+    if module is None:
+        pytest.fail("the native launcher did not build")
+    return module
+
+
+@pytest.fixture(params=["python", "native"])
+def stand_in(request, monkeypatch):
     """Every kernel is a recorder of what it was given (shapes and scalars, never the tensors);
-    ``chosen`` counts kernel choices per op, ``checked`` argument checks."""
+    ``chosen`` counts kernel choices per op, ``checked`` argument checks. Run twice: with the
+    Python path's plans (the launcher bypassed, as on ROCm) and with the native launcher's (the
+    recorder a TVM-FFI function, as CuTe kernels are)."""
+    from mslk_dsl import native
+
     launched, chosen, checked = [], [], []
 
-    def kernel(*args):
-        launched.append(tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args))
+    def record(*args):
+        launched.append(tuple(tuple(a.shape) if hasattr(a, "shape") else a for a in args))
+
+    kernel = record
+    if request.param == "native":
+        request.getfixturevalue("launcher")
+        kernel = pytest.importorskip("tvm_ffi").convert(record)
+        for name in PLANNED_OPS:
+            native.fast_op(name).clear()
+            native.fast_op(name + ".out").clear()
 
     def selection_of(name):
         def selection(device, signature, problem, config):
@@ -35,16 +67,23 @@ def stand_in(monkeypatch):
         return selection
 
     monkeypatch.setattr(validate, "gpu", lambda *args: None)   # CPU tensors stand in for GPU ones
-    for name in ("attention_decode", "merge_attentions", "attention_fwd", "index_shuffling",
-                 "gather_scale_dense_tokens"):
+    for name in PLANNED_OPS:
         monkeypatch.setattr(declaration.get(name).kernels, "selection", selection_of(name))
     for module in (decode_module, prefill_module):
         monkeypatch.setattr(module, "sm_count", lambda device: 132)   # an H200's SMs
     tensor_check = validate.tensor
     monkeypatch.setattr(validate, "tensor", lambda *a, **kw: checked.append(a[1]) or tensor_check(*a, **kw))
     call.clear_python_plans()
-    yield launched, chosen, checked
+    with (native.bypassed() if request.param == "python" else contextlib.nullcontext()):
+        yield launched, chosen, checked
     call.clear_python_plans()
+    if request.param == "native":
+        # The launcher, not the Python path, holds the plans of every op that ran.
+        assert all(native.fast_op(name).plans() + native.fast_op(name + ".out").plans() >= 1
+                   for name in {c[0] for c in chosen})
+        for name in PLANNED_OPS:
+            native.fast_op(name).clear()
+            native.fast_op(name + ".out").clear()
 
 
 def _decode_args(B=3, Mq=2, Hq=8, Hkv=2, D=64, L=256):
@@ -174,9 +213,10 @@ def test_an_unhashable_value_gets_the_checks_message(stand_in):
 
 @pytest.mark.parametrize("split_k", [1, 2])
 def test_split_k_gemm_launches_keep_no_plan(monkeypatch, split_k):
-    """A split-K tile counter buffer belongs to the stream of the call that took it: a plan
-    replaying it on another stream could let two GEMMs count into one buffer at once. So only
-    the unsplit config's launch is remembered."""
+    """A split-K tile counter buffer belongs to the stream of the call that took it: the launch
+    is stream-bound, which only a native plan can check (it compares the current stream), so on
+    the Python path only the unsplit config's launch is remembered. (The GPU tests check that a
+    native split-K plan serves its own stream only.)"""
     chosen = []
 
     def selection(device, signature, problem, config):
@@ -192,3 +232,26 @@ def test_split_k_gemm_launches_keep_no_plan(monkeypatch, split_k):
         ops.bf16_gemm(x, w)
     call.clear_python_plans()
     assert len(chosen) == (1 if split_k == 1 else 3)
+
+
+def test_out_calls_and_in_place_ops_plan_natively_only(stand_in, request):
+    """out= calls of a value-keyed op, and an op that updates an input in place, are served by
+    native plans; the Python path keeps none for them (it would not check that a written tensor
+    overlaps another input), so there each call is checked."""
+    launched, chosen, checked = stand_in
+    native_run = request.node.callspec.params["stand_in"] == "native"
+    args = _decode_args()
+    out = (torch.empty(3, 2, 8, 64, dtype=bf16), torch.empty(3, 8, 2))
+    for _ in range(3):
+        assert ops.attention_decode(*args, out=out) is out
+    assert len(chosen) == (1 if native_run else 3)
+    overlapping = (out[0], out[0].view(-1).view(torch.float32)[:48].view(3, 8, 2))   # lse inside out: refused
+    with pytest.raises(ValueError, match="share"):
+        ops.attention_decode(*args, out=overlapping)
+    tokens, rows = torch.zeros(5, 64, dtype=bf16), torch.randn(7, 64, dtype=bf16)
+    index = torch.randint(0, 5, (7,), dtype=torch.int32)
+    checks = len(checked)
+    for _ in range(3):
+        assert ops.scatter_add_dense_tokens(tokens, rows, index) is None
+    assert len(checked) - checks == (3 if native_run else 9)             # 3 tensor checks per checked call
+    assert launched[-1][:3] == ((5, 64), (7, 64), (7,))

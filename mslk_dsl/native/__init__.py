@@ -37,7 +37,7 @@ import sysconfig
 import threading
 
 from mslk_dsl import env
-from mslk_dsl.errors import BackendUnavailableError
+from mslk_dsl.errors import BackendUnavailableError, StateError
 
 log = logging.getLogger("mslk_dsl")
 
@@ -52,6 +52,7 @@ _builder: threading.Thread | None = None
 _bindings: list = []       # (op name, eager function's namespace, fallback): see bind()
 _bind_lock = threading.Lock()
 _bypassed = False
+_value_positions: dict[str, tuple[int, ...]] = {}  # op -> its arguments whose values key its plans
 
 
 def enabled() -> bool:
@@ -199,9 +200,18 @@ def fast_op(name: str):
     if fast is None:
         import torch
 
+        positions = _value_positions.get(name.removesuffix(".out"), ())
         fast = _fast_ops[name] = _module.FastOp(torch.Tensor.__dlpack_c_exchange_api__,
-                                                (torch.Tensor, torch.nn.Parameter))
+                                                (torch.Tensor, torch.nn.Parameter), positions)
     return fast
+
+
+def key_by_values(name: str, positions: tuple[int, ...]) -> None:
+    """Key ``name``'s plans (and its out= plans) by the values of the scalar arguments at
+    ``positions`` too, not only by their types (the op's plan_values). Set before its first plan."""
+    if _fast_ops.get(name) is not None and _value_positions.get(name) != tuple(positions):
+        raise StateError(f"native plans of {name} exist already: key them by values before the first")
+    _value_positions[name] = tuple(positions)
 
 
 def _may_load() -> bool:
@@ -265,14 +275,18 @@ def bypassed():
 
 
 def remember(name: str, inputs: tuple, outputs: tuple, args: tuple, returns: tuple, kernel,
-             held: tuple = (), written: tuple = ()) -> bool | None:
+             held: tuple = (), written: tuple = (), constants: tuple = (), stream_bound: bool = False
+             ) -> bool | None:
     """Add a launch plan to ``name``'s FastOp after a call validated and launched by Python:
     ``inputs`` as the op received them, ``outputs`` every tensor it allocated for the call (in
     the order ``returns`` indexes), ``args`` what the kernel was given, ``held`` the tensors the
     plan may keep and pass on every call (placeholders). Every tensor argument must be an input,
-    an output or a view of one (same data pointer), or held; a scalar must be one of the inputs.
-    A call that copied an input (a layout the kernel cannot take), or whose inputs share memory,
-    therefore adds no plan. ``written`` indexes the inputs the kernel writes (see remember_into).
+    an output or a view of one (same data pointer), or held; a scalar must be one of the inputs
+    or, where ``constants`` indexes it, a value the plan holds (one that follows from the layout
+    and the keyed values: declaration.Fixed). A call that copied an input (a layout the kernel
+    cannot take), or whose inputs share memory, therefore adds no plan. ``written`` indexes the
+    inputs the kernel writes (see remember_into). ``stream_bound``: the launch holds a buffer of
+    the current stream (split-K counters), so the plan serves calls on that stream only.
     Returns whether a plan was added, or None while the launcher is not
     loaded but may still be (a caller that repeats the launch, like a cached Python plan, asks
     again only then)."""
@@ -289,13 +303,16 @@ def remember(name: str, inputs: tuple, outputs: tuple, args: tuple, returns: tup
     if len(set(input_pointers)) != len(input_pointers):
         return False
     pointers = {*input_pointers, *(t.data_ptr() for t in outputs if isinstance(t, torch.Tensor))}
-    for arg in args:
+    for a, arg in enumerate(args):
         if isinstance(arg, torch.Tensor):
             if not (arg.data_ptr() in pointers or any(arg is h for h in held)):
                 return False
+        elif a in constants:
+            continue
         elif arg is None or not any(arg is i for i in inputs):
             return False
-    return fast.add(tuple(inputs), tuple(outputs), tuple(args), tuple(returns), kernel, tuple(written))
+    return fast.add(tuple(inputs), tuple(outputs), tuple(args), tuple(returns), kernel, tuple(written),
+                    tuple(constants), stream_bound)
 
 
 def run_into(name: str, inputs: tuple, outs) -> bool:
@@ -309,11 +326,12 @@ def run_into(name: str, inputs: tuple, outs) -> bool:
 
 
 def remember_into(name: str, inputs: tuple, out: tuple, args: tuple, kernel, held: tuple = (),
-                  scratch: tuple = ()) -> bool | None:
+                  scratch: tuple = (), constants: tuple = (), stream_bound: bool = False) -> bool | None:
     """remember() for a call that wrote into the caller's ``out`` tensors instead of allocating:
     they are inputs of the plan that the kernel writes, so a later call in which one of them
     shares memory with another input misses. ``scratch``: tensors the op allocated for the
     kernel alone (allocated anew by every call, not returned)."""
     first = len(inputs)
     return remember(name + ".out", (*inputs, *out), scratch, args, (), kernel, held,
-                    written=tuple(range(first, first + len(out))))
+                    written=tuple(range(first, first + len(out))), constants=constants,
+                    stream_bound=stream_bound)

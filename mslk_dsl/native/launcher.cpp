@@ -1,6 +1,7 @@
 // The native launch path of the op layer (see mslk_dsl/native/__init__.py for how it is built
 // and used). One FastOp per op holds launch plans keyed by the exact layout of the call's inputs
-// (dtype, device, shape, strides, 16-byte alignment of each tensor; the type of each scalar).
+// (dtype, device, shape, strides, 16-byte alignment of each tensor; the type of each scalar, and
+// the value of the scalars the op keys its plans by: its plan_values).
 // A call whose layout has a plan allocates the plan's outputs, launches the kernel through the
 // TVM-FFI C ABI on the caller's current stream, and returns the outputs; any other call returns
 // the MISS sentinel and the Python op takes its full path (validation, kernel choice), which then
@@ -27,14 +28,15 @@
 
 namespace {
 
-constexpr int kMaxInputs = 8;
-constexpr int kMaxOutputs = 4;
-constexpr int kMaxArgs = 16;
-constexpr int kMaxDims = 4;
+constexpr int kMaxInputs = 16;   // the op's arguments (plus its out= tensors)
+constexpr int kMaxOutputs = 8;   // results and per-call scratch
+constexpr int kMaxArgs = 24;
+constexpr int kMaxDims = 6;
 constexpr int kTableSize = 1024;  // plans per op; the table is cleared when it fills up
 
-// Where a kernel argument comes from.
-enum Source : int8_t { kInput = 0, kOutput = 1, kExtra = 2 };
+// Where a kernel argument comes from: an input, an output, a tensor the plan holds, or a scalar
+// the plan holds (a value derived from the layout and the plan's keyed values).
+enum Source : int8_t { kInput = 0, kOutput = 1, kExtra = 2, kConstant = 3 };
 
 struct TensorShape {
   int32_t ndim;
@@ -45,6 +47,7 @@ struct TensorShape {
 struct InputLayout {
   bool is_tensor;
   int32_t scalar_kind;  // kTVMFFIInt / kTVMFFIFloat / kTVMFFIBool when !is_tensor
+  int64_t value_bits;   // a keyed scalar's value (a float's bits), else 0
   DLDataType dtype;
   DLDevice device;
   TensorShape view;
@@ -73,11 +76,13 @@ struct Plan {
   KernelArg args[kMaxArgs];
   int n_returns;
   int8_t returns[kMaxOutputs];
-  uint32_t written;  // bit i: the kernel writes input i (a caller's out= tensor)
+  uint32_t written;  // bit i: the kernel writes input i (a caller's out= tensor, an in-place input)
+  void* stream;      // stream-bound plans (they hold buffers of one stream): that stream, else null
   PyObject* extras;  // tuple of the extra tensor arguments (e.g. placeholders), owned
   PyObject* func;    // the tvm_ffi.Function, owned
   TVMFFIObjectHandle func_handle;
   DLTensor extra_dl[kMaxArgs];  // DLTensor of each tensor extra (valid while `extras` lives)
+  TVMFFIAny constant[kMaxArgs];  // each kConstant argument
 };
 
 PyObject* g_miss = nullptr;  // the MISS sentinel
@@ -88,6 +93,7 @@ struct FastOp {
   PyObject* tensor_types;  // tuple of the exact types taken as tensors (torch.Tensor, Parameter)
   Plan* table;
   int count;
+  uint32_t value_mask;  // bit i: argument i is keyed by value (a plan_value), not only by type
 };
 
 bool IsTensor(FastOp* self, PyObject* obj) {
@@ -131,6 +137,50 @@ bool SameShape(const TensorShape& a, const DLTensor& t) {
 }
 
 inline uint64_t Mix(uint64_t h, uint64_t v) { return (h ^ v) * 1099511628211ull; }
+
+// What a keyed scalar contributes to the layout: its value (an int, a bool, a float's bits;
+// None has none). False for an int beyond 64 bits (such a call takes the Python path).
+bool ScalarBits(PyObject* obj, int kind, int64_t* bits) {
+  *bits = 0;
+  if (kind == kTVMFFIFloat) {
+    double value = PyFloat_AS_DOUBLE(obj);
+    std::memcpy(bits, &value, sizeof(value));
+  } else if (kind == kTVMFFIInt || kind == kTVMFFIBool) {
+    int overflow = 0;
+    *bits = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow != 0 || (*bits == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  return true;
+}
+
+// A scalar as TVM-FFI passes it: the kind Python's tvm_ffi would give it (bool, int, float).
+bool ScalarAny(PyObject* obj, TVMFFIAny* any) {
+  std::memset(any, 0, sizeof(*any));
+  int kind = ScalarKind(obj);
+  if (kind != kTVMFFIInt && kind != kTVMFFIFloat && kind != kTVMFFIBool) return false;
+  any->type_index = kind;
+  if (kind == kTVMFFIFloat) {
+    any->v_float64 = PyFloat_AS_DOUBLE(obj);
+    return true;
+  }
+  int overflow = 0;
+  any->v_int64 = PyLong_AsLongLongAndOverflow(obj, &overflow);
+  if (overflow != 0 || (any->v_int64 == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return false;
+  }
+  return true;
+}
+
+// The caller's current stream on `device` (null on the CPU or where torch gives none).
+bool CurrentStream(const DLPackExchangeAPI* api, DLDevice device, void** stream) {
+  *stream = nullptr;
+  if (device.device_type == kDLCPU || api->current_work_stream == nullptr) return true;
+  return api->current_work_stream(device.device_type, device.device_id, stream) == 0;
+}
 
 uint64_t HashTensor(uint64_t h, const DLTensor& t, bool aligned) {
   h = Mix(h, (uint64_t(t.dtype.code) << 24) | (uint64_t(t.dtype.bits) << 8) | t.dtype.lanes);
@@ -239,6 +289,7 @@ PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, Py
   if (kwnames != nullptr || n > kMaxInputs) return Py_NewRef(g_miss);
   DLTensor dl[kMaxInputs];
   bool aligned[kMaxInputs];
+  int64_t bits[kMaxInputs];
   uint64_t h = 1469598103934665603ull ^ uint64_t(n);
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* obj = argv[i];
@@ -254,6 +305,11 @@ PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, Py
       int kind = ScalarKind(obj);
       if (kind < 0) return Py_NewRef(g_miss);
       h = Mix(h, 0x5ca1a7 + uint64_t(kind));
+      bits[i] = 0;
+      if (self->value_mask >> i & 1u) {
+        if (!ScalarBits(obj, kind, &bits[i])) return Py_NewRef(g_miss);
+        h = Mix(h, uint64_t(bits[i]));
+      }
     }
   }
   // Open addressing, linear probing; a slot holds the plan of one exact layout.
@@ -271,7 +327,7 @@ PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, Py
                in.device.device_id == dl[i].device.device_id && in.aligned16 == aligned[i] &&
                SameShape(in.view, dl[i]);
       } else {
-        same = !IsTensor(self, argv[i]) && ScalarKind(argv[i]) == in.scalar_kind;
+        same = !IsTensor(self, argv[i]) && ScalarKind(argv[i]) == in.scalar_kind && bits[i] == in.value_bits;
       }
     }
     if (same) {
@@ -280,10 +336,6 @@ PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, Py
     }
   }
   if (plan == nullptr || (plan->written != 0 && WrittenOverlaps(*plan, dl, int(n)))) return Py_NewRef(g_miss);
-
-  // Outputs: allocated by torch's caching allocator, compact, on the plan's device.
-  PyObject* outputs[kMaxOutputs] = {nullptr};
-  DLTensor out_dl[kMaxOutputs];
   DLDevice device = plan->inputs[0].device;
   for (int i = 0; i < n; ++i) {
     if (plan->inputs[i].is_tensor) {
@@ -291,6 +343,17 @@ PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, Py
       break;
     }
   }
+  // The caller's current stream: the kernel runs on it, and a stream-bound plan serves only it.
+  void* stream = nullptr;
+  if (!CurrentStream(self->api, device, &stream)) {
+    PyErr_Clear();
+    return Py_NewRef(g_miss);
+  }
+  if (plan->stream != nullptr && plan->stream != stream) return Py_NewRef(g_miss);
+
+  // Outputs: allocated by torch's caching allocator, compact, on the plan's device.
+  PyObject* outputs[kMaxOutputs] = {nullptr};
+  DLTensor out_dl[kMaxOutputs];
   PyObject* result = nullptr;
   try {
     for (int k = 0; k < plan->n_outputs; ++k) {
@@ -328,13 +391,14 @@ PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, Py
         any->v_ptr = &plan->extra_dl[a];
         continue;
       }
+      if (arg.source == kConstant) {  // a scalar the plan holds
+        *any = plan->constant[a];
+        continue;
+      }
       if (arg.source == kInput && !plan->inputs[arg.index].is_tensor) {
-        PyObject* scalar = argv[arg.index];
-        any->type_index = plan->inputs[arg.index].scalar_kind;
-        if (any->type_index == kTVMFFIFloat) {
-          any->v_float64 = PyFloat_AS_DOUBLE(scalar);
-        } else {
-          any->v_int64 = PyLong_AsLongLong(scalar);
+        if (!ScalarAny(argv[arg.index], any)) {  // an int beyond 64 bits: the Python path says so
+          result = Py_NewRef(g_miss);
+          goto done;
         }
         continue;
       }
@@ -346,15 +410,11 @@ PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, Py
       any->v_ptr = &views[a];
     }
     // The caller's current stream, as TVM-FFI hands it to the kernel (restored afterwards).
-    void* stream = nullptr;
     TVMFFIStreamHandle previous = nullptr;
     bool on_device = device.device_type != kDLCPU && self->api->current_work_stream != nullptr;
-    if (on_device) {
-      if (self->api->current_work_stream(device.device_type, device.device_id, &stream) != 0 ||
-          TVMFFIEnvSetStream(device.device_type, device.device_id, stream, &previous) != 0) {
-        if (!PyErr_Occurred()) RaiseFFIError();
-        goto done;
-      }
+    if (on_device && TVMFFIEnvSetStream(device.device_type, device.device_id, stream, &previous) != 0) {
+      if (!PyErr_Occurred()) RaiseFFIError();
+      goto done;
     }
     TVMFFIAny ret;
     std::memset(&ret, 0, sizeof(ret));
@@ -385,17 +445,32 @@ done:
 }
 
 // --------------------------------------------------------------------------- adding a plan
-// add(inputs, outputs, args, returns, func, written=()): `inputs` as the call passed them (tensors
-// and scalars); `outputs` the tensors the op allocated; `args` the kernel's arguments, each an
-// input, an output, a view of one (same data pointer), or anything else (an extra: kept and
-// passed as it is); `returns` the indices of the outputs the op returns; `written` the indices
-// of inputs the kernel writes (out= tensors: a later call where one overlaps another input misses).
+// add(inputs, outputs, args, returns, func, written=(), constants=(), stream_bound=False):
+// `inputs` as the call passed them (tensors and scalars); `outputs` the tensors the op allocated;
+// `args` the kernel's arguments, each an input, an output, a view of one (same data pointer), or
+// anything else (an extra: kept and passed as it is); `returns` the indices of the outputs the op
+// returns; `written` the indices of inputs the kernel writes (out= tensors, in-place inputs: a
+// later call where one overlaps another input misses); `constants` the indices of the scalar
+// arguments the plan holds (derived from the layout and the keyed values: the same for every
+// call the plan serves); `stream_bound`: the plan holds a buffer of the current stream, so it
+// serves calls on that stream only.
 PyObject* FastOpAdd(PyObject* py_self, PyObject* argv) {
   FastOp* self = reinterpret_cast<FastOp*>(py_self);
-  PyObject *inputs, *outputs, *args, *returns, *func, *written = nullptr;
-  if (!PyArg_ParseTuple(argv, "O!O!O!O!O|O!", &PyTuple_Type, &inputs, &PyTuple_Type, &outputs, &PyTuple_Type,
-                        &args, &PyTuple_Type, &returns, &func, &PyTuple_Type, &written)) {
+  PyObject *inputs, *outputs, *args, *returns, *func, *written = nullptr, *constants = nullptr;
+  int stream_bound = 0;
+  if (!PyArg_ParseTuple(argv, "O!O!O!O!O|O!O!p", &PyTuple_Type, &inputs, &PyTuple_Type, &outputs, &PyTuple_Type,
+                        &args, &PyTuple_Type, &returns, &func, &PyTuple_Type, &written, &PyTuple_Type, &constants,
+                        &stream_bound)) {
     return nullptr;
+  }
+  uint32_t constant_mask = 0;
+  for (Py_ssize_t c = 0; constants != nullptr && c < PyTuple_GET_SIZE(constants); ++c) {
+    long index = PyLong_AsLong(PyTuple_GET_ITEM(constants, c));
+    if (index < 0 || index >= PyTuple_GET_SIZE(args) || index >= kMaxArgs) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "FastOp.add: constant index out of range");
+      return nullptr;
+    }
+    constant_mask |= 1u << index;
   }
   Py_ssize_t n_in = PyTuple_GET_SIZE(inputs), n_out = PyTuple_GET_SIZE(outputs);
   Py_ssize_t n_args = PyTuple_GET_SIZE(args), n_ret = PyTuple_GET_SIZE(returns);
@@ -430,6 +505,10 @@ PyObject* FastOpAdd(PyObject* py_self, PyObject* argv) {
       in.scalar_kind = ScalarKind(obj);
       if (in.scalar_kind < 0) Py_RETURN_FALSE;
       h = Mix(h, 0x5ca1a7 + uint64_t(in.scalar_kind));
+      if (self->value_mask >> i & 1u) {
+        if (!ScalarBits(obj, in.scalar_kind, &in.value_bits)) Py_RETURN_FALSE;
+        h = Mix(h, uint64_t(in.value_bits));
+      }
     }
   }
   plan.n_outputs = int(n_out);
@@ -462,6 +541,14 @@ PyObject* FastOpAdd(PyObject* py_self, PyObject* argv) {
   for (Py_ssize_t a = 0; a < n_args; ++a) {
     PyObject* obj = PyTuple_GET_ITEM(args, a);
     KernelArg& arg = plan.args[a];
+    if (constant_mask >> a & 1u) {  // held as it is, even where an input has the same object
+      arg.source = kConstant;
+      if (!ScalarAny(obj, &plan.constant[a])) {
+        Py_DECREF(extras);
+        Py_RETURN_FALSE;
+      }
+      continue;
+    }
     arg.source = kExtra;
     for (Py_ssize_t i = 0; i < n_in && arg.source == kExtra; ++i) {
       if (PyTuple_GET_ITEM(inputs, i) == obj && !plan.inputs[i].is_tensor &&
@@ -528,6 +615,20 @@ PyObject* FastOpAdd(PyObject* py_self, PyObject* argv) {
     }
     plan.written |= 1u << index;
   }
+  if (stream_bound) {
+    DLDevice device{kDLCPU, 0};
+    for (Py_ssize_t i = 0; i < n_in; ++i) {
+      if (plan.inputs[i].is_tensor) {
+        device = plan.inputs[i].device;
+        break;
+      }
+    }
+    if (!CurrentStream(self->api, device, &plan.stream)) {
+      Py_DECREF(extras);
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "FastOp.add: no current stream");
+      return nullptr;
+    }
+  }
   plan.used = true;
   plan.hash = h;
   plan.extras = extras;
@@ -566,10 +667,20 @@ PyObject* FastOpLen(PyObject* py_self, PyObject*) {
   return PyLong_FromLong(reinterpret_cast<FastOp*>(py_self)->count);
 }
 
-// FastOp(exchange_api_capsule, tensor_types)
+// FastOp(exchange_api_capsule, tensor_types, value_positions=()): value_positions are the
+// arguments whose values (not only types) key the plans.
 PyObject* FastOpNew(PyTypeObject* type, PyObject* argv, PyObject* kwargs) {
-  PyObject *capsule, *types;
-  if (!PyArg_ParseTuple(argv, "OO!", &capsule, &PyTuple_Type, &types)) return nullptr;
+  PyObject *capsule, *types, *positions = nullptr;
+  if (!PyArg_ParseTuple(argv, "OO!|O!", &capsule, &PyTuple_Type, &types, &PyTuple_Type, &positions)) return nullptr;
+  uint32_t value_mask = 0;
+  for (Py_ssize_t p = 0; positions != nullptr && p < PyTuple_GET_SIZE(positions); ++p) {
+    long index = PyLong_AsLong(PyTuple_GET_ITEM(positions, p));
+    if (index < 0 || index >= kMaxInputs) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "FastOp: value position out of range");
+      return nullptr;
+    }
+    value_mask |= 1u << index;
+  }
   auto* api = static_cast<const DLPackExchangeAPI*>(PyCapsule_GetPointer(capsule, "dlpack_exchange_api"));
   if (api == nullptr) return nullptr;
   if (api->dltensor_from_py_object_no_sync == nullptr || api->managed_tensor_allocator == nullptr ||
@@ -583,6 +694,7 @@ PyObject* FastOpNew(PyTypeObject* type, PyObject* argv, PyObject* kwargs) {
   self->tensor_types = Py_NewRef(types);
   self->table = static_cast<Plan*>(PyMem_Calloc(kTableSize, sizeof(Plan)));
   self->count = 0;
+  self->value_mask = value_mask;
   if (self->table == nullptr) {
     Py_DECREF(self);
     return PyErr_NoMemory();
@@ -678,7 +790,8 @@ PyObject* FastOpWithFallback(PyObject* py_self, PyObject* fallback) {
 }
 
 PyMethodDef kFastOpMethods[] = {
-    {"add", FastOpAdd, METH_VARARGS, "add(inputs, outputs, args, returns, func, written=()) -> bool: add a launch plan"},
+    {"add", FastOpAdd, METH_VARARGS,
+     "add(inputs, outputs, args, returns, func, written=(), constants=(), stream_bound=False) -> bool: add a launch plan"},
     {"clear", FastOpClear, METH_NOARGS, "drop every plan"},
     {"plans", FastOpLen, METH_NOARGS, "number of plans held"},
     {"with_fallback", FastOpWithFallback, METH_O,

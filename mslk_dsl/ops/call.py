@@ -32,16 +32,17 @@ _INPUT, _OUTPUT, _HELD, _VIEW_OF_INPUT, _VIEW_OF_OUTPUT = range(5)
 
 class _PythonPlan:
     """A launch to replay for calls with one input layout: what to allocate and where each kernel
-    argument comes from (an input, an output, a view of one, or a held placeholder). ``replay``
-    does it in straight-line code generated for the plan. While the native launcher is still
-    loading, each call offers it the launch too (``native_pending``); once that is settled the
-    plan table holds ``replay`` itself."""
-    __slots__ = ("name", "kernel", "allocate", "args", "returned", "held", "native_pending", "replay",
-                 "table", "key")
+    argument comes from (an input, an output, a view of one, a held placeholder or Fixed value).
+    ``replay`` does it in straight-line code generated for the plan. While the native launcher is
+    still loading, each call offers it the launch too (``native_pending``); once that is settled
+    the plan table holds ``replay`` itself."""
+    __slots__ = ("name", "kernel", "allocate", "args", "returned", "held", "constants", "native_pending",
+                 "replay", "table", "key")
 
-    def __init__(self, name, kernel, allocate, args, returned, held, native_pending):
+    def __init__(self, name, kernel, allocate, args, returned, held, constants, native_pending):
         self.name, self.kernel, self.allocate, self.args = name, kernel, allocate, args
         self.returned, self.held, self.native_pending = returned, held, native_pending
+        self.constants = constants
         self.replay = _replay_function(name, kernel, allocate, args, returned)
         self.table = self.key = None
 
@@ -61,7 +62,7 @@ class _PythonPlan:
                 args.append(source.as_strided(*view, source.storage_offset()))
         self.kernel(*args)
         added = native.remember(self.name, inputs, tuple(made), tuple(args), tuple(range(self.returned)),
-                                self.kernel, held=self.held)
+                                self.kernel, held=self.held, constants=self.constants)
         if added is not None:  # settled (None: the launcher may still load; ask again next time)
             self.native_pending = False
             if self.table is not None and self.table.get(self.key) is self:
@@ -161,7 +162,7 @@ def _source(a: torch.Tensor, inputs: tuple, made: tuple):
     return None
 
 
-def _python_plan(name: str, inputs: tuple, outputs: tuple, launch: Launch, held: tuple,
+def _python_plan(name: str, inputs: tuple, outputs: tuple, launch: Launch, held: tuple, constants: tuple,
                  native_pending: bool) -> _PythonPlan | None:
     """The plan replaying ``launch`` for calls laid out like ``inputs``, or None where an argument
     is not an input, output, view of one or placeholder (a copied input)."""
@@ -178,7 +179,7 @@ def _python_plan(name: str, inputs: tuple, outputs: tuple, launch: Launch, held:
             return None
         args.append(source)
     allocate = [_allocator(tuple(t.shape), t.dtype, t.device, t) for t in made]
-    return _PythonPlan(name, launch.kernel, allocate, args, len(outputs), held, native_pending)
+    return _PythonPlan(name, launch.kernel, allocate, args, len(outputs), held, constants, native_pending)
 
 
 # -- the checked path -------------------------------------------------------------------------------
@@ -216,27 +217,40 @@ def checked_call(decl: OpDecl, inputs: tuple, out, config: dict | None):
 def _remember(decl: OpDecl, inputs: tuple, outputs: tuple, out, launch: Launch) -> None:
     """Keep a plan for the layout of ``inputs``: native where the launcher takes it, else Python.
     Inputs that share memory (silu_mul(x, x)) get neither: which kernel argument is which input
-    would be ambiguous for later calls of the same layout with distinct tensors."""
+    would be ambiguous for later calls of the same layout with distinct tensors. A launch bound
+    to the current stream, or an op that writes an input in place, gets a native plan only (the
+    launcher checks the stream and that a written input overlaps no other one)."""
     pointers = [t.data_ptr() for t in inputs if isinstance(t, torch.Tensor)]
     if len(set(pointers)) != len(pointers):
         return
     held = tuple(a for a in launch.args if isinstance(a, torch.Tensor) and is_placeholder(a))
-    if decl.plan_values:  # keyed by values too: Python plans only (see OpDecl.plan_values)
-        if out is None:
-            plan = _python_plan(decl.name, inputs, outputs, launch, held, native_pending=False)
-            if plan is not None:
-                _plans.setdefault(decl.name, _PlanTable()).add(_plan_key(decl.name, inputs), plan)
-        return
+    args = tuple(a.value if type(a) is Fixed else a for a in launch.args)
+    constants = tuple(i for i, a in enumerate(launch.args) if type(a) is Fixed)
+    written = _written_positions(decl)
     if out is not None:
-        native.remember_into(decl.name, inputs, outputs, launch.args, launch.kernel, held=held,
-                             scratch=launch.scratch)
+        native.remember_into(decl.name, inputs, outputs, args, launch.kernel, held=held,
+                             scratch=launch.scratch, constants=constants, stream_bound=launch.stream_bound)
         return
-    added = native.remember(decl.name, inputs, (*outputs, *launch.scratch), launch.args,
-                            tuple(range(len(outputs))), launch.kernel, held=held)
-    if not added:  # no native plan (None: not yet, the launcher is loading): keep a Python one
-        plan = _python_plan(decl.name, inputs, outputs, launch, held, native_pending=added is None)
+    added = native.remember(decl.name, inputs, (*outputs, *launch.scratch), args, tuple(range(len(outputs))),
+                            launch.kernel, held=held, written=written, constants=constants,
+                            stream_bound=launch.stream_bound)
+    if not added and not launch.stream_bound and not written:
+        # No native plan (None: not yet, the launcher is loading): keep a Python one.
+        plan = _python_plan(decl.name, inputs, outputs, launch, held, constants, native_pending=added is None)
         if plan is not None:
             _plans.setdefault(decl.name, _PlanTable()).add(_plan_key(decl.name, inputs), plan)
+
+
+_written: dict[str, tuple[int, ...]] = {}
+
+
+def _written_positions(decl: OpDecl) -> tuple[int, ...]:
+    """The arguments the op writes in place (``Tensor(a!)`` in its schema)."""
+    found = _written.get(decl.name)
+    if found is None:
+        found = _written[decl.name] = tuple(i for i, a in enumerate(_schema(decl).arguments)
+                                            if a.alias_info is not None and a.alias_info.is_write)
+    return found
 
 
 def python_plan_call(decl: OpDecl, inputs: tuple, config):
@@ -293,11 +307,6 @@ def plan_allowed({params}):
 # on to python_step (step 2, then 3); FAST_OUT runs the out= plan (None when it did).
 
 
-def _no_out_plan(*args):
-    """FAST_OUT of an op without native plans: every out= call takes the checked path."""
-    return native.MISS
-
-
 def eager_function(decl: OpDecl):
     """The op as a Python function with the schema's parameters, plus keyword-only ``config``
     (force a config of the op's template) and, for ops with results, ``out`` (write into the
@@ -324,15 +333,13 @@ def eager_function(decl: OpDecl):
     exec(compile(source, f"<mslk_dsl.ops.{decl.name}>", "exec"), namespace)
     _plan_allowed[decl.name] = namespace["plan_allowed"]
     if decl.plan_values:
-        # Plans keyed by values are Python plans: no native launcher call on the way to them.
         names_at = {n: i for i, n in enumerate(names)}
         unknown = [n for n in decl.plan_values if n not in names_at]
         if unknown:
             raise MslkDslError(f"op {decl.name}: plan_values names {unknown}, which are not arguments")
         _value_positions[decl.name] = tuple(names_at[n] for n in decl.plan_values)
-        namespace["FAST"], namespace["FAST_OUT"] = namespace["python_step"], _no_out_plan
-    else:
-        native.bind(decl.name, namespace, namespace["python_step"])
+        native.key_by_values(decl.name, _value_positions[decl.name])
+    native.bind(decl.name, namespace, namespace["python_step"])
     fn = namespace[decl.name]
     fn.__defaults__ = defaults or None
     fn.__doc__ = decl.doc

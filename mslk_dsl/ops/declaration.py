@@ -30,19 +30,22 @@ class Launch(NamedTuple):
     input, an output, a view of one, a placeholder (``dispatch.placeholder``), a tensor of
     ``scratch`` (allocated for this call only, never returned) or a scalar input. ``finish`` runs
     after the launch (copying out of a temporary); a launch with one is never replayed from a
-    plan. ``plannable`` False: the launch holds something that is only right for this call (a
-    buffer of the current stream), so it is never remembered as a plan either."""
+    plan. ``plannable`` False: the launch holds something that is only right for this call, so
+    it is never remembered as a plan either. ``stream_bound``: it holds a buffer of the current
+    stream (split-K tile counters, dispatch.zeroed_counters), so its plan serves calls on that
+    stream only (native plans; the Python path keeps none)."""
     kernel: Any
     args: tuple
     scratch: tuple = ()
     finish: Callable[[], None] | None = None
     plannable: bool = True
+    stream_bound: bool = False
 
 
 class Fixed(NamedTuple):
     """A scalar kernel argument that ``prepare`` derives from the call's layout and the values of
     the op's ``plan_values`` (1/sqrt(head_dim), a mask flag): every call a plan serves has the
-    same one, so a Python plan holds it. Any other scalar argument must be one of the op's own
+    same one, so a plan holds it. Any other scalar argument must be one of the op's own
     arguments, passed as given (else the call keeps no plan)."""
     value: Any
 
@@ -80,12 +83,12 @@ class OpDecl:
       to serve a call: the plans match layouts (dtype, shape, strides, alignment, scalar types),
       not values, so a value the checks restrict (a negative eps) must keep the checked path.
     - ``plan_values``: the scalar arguments whose values, not only types, key the op's plans
-      (values that choose the kernel's flags, split counts or scratch sizes). Such an op keeps
-      Python plans only (the native launcher's plans are keyed by types); its ``prepare`` may pass
-      scalars derived from these values as ``Fixed``. A value a plan serves was checked when the
-      plan was made, so ``plan_when`` need not guard it.
+      (values that choose the kernel's flags, split counts or scratch sizes); its ``prepare`` may
+      pass scalars derived from these values as ``Fixed``. A value a plan serves was checked when
+      the plan was made, so ``plan_when`` need not guard it.
     - ``plannable``: False where a plan could not replay the launch (outputs sized by a scalar's
-      value, inputs written in place).
+      value). Inputs the schema marks written (``Tensor(a!)``, in place) get native plans only,
+      which check that a written input shares no memory with another.
     - ``composite``: a plain torch function that is the whole op (no kernel).
     """
     name: str

@@ -98,10 +98,10 @@ def _prepare_bf16_gemm(select, outputs, x, w):
     kernel, chosen = select((dtype_name(a.dtype),), (M, N, K))
     partials, counters = _work_buffers("bf16_gemm", chosen, M, N, a.device)
     target, finish = _store_target(y)
-    # Split-K tile counters belong to this call's stream (dispatch.zeroed_counters): a plan would
-    # replay them on whatever stream a later call runs on, so such launches keep none.
+    # Split-K tile counters belong to this call's stream (dispatch.zeroed_counters): the plan
+    # serves calls on this stream only.
     return Launch(kernel, (a, b, target, *partials, *counters), scratch=partials, finish=finish,
-                  plannable=not counters)
+                  stream_bound=bool(counters))
 
 
 def _work_buffers(op: str, chosen: dict, M: int, N: int, device) -> tuple[tuple, tuple]:
@@ -173,10 +173,10 @@ def _prepare_f8f8bf16_rowwise(select, outputs, xq, wq, x_scale, w_scale, bias, u
     bias_arg = bias.contiguous() if bias is not None else placeholder(a.device, torch.bfloat16)
     partials, counters = _work_buffers("f8f8bf16_rowwise", chosen, M, N, a.device)
     target, finish = _store_target(y)
-    # Split-K tile counters belong to this call's stream (see dispatch.zeroed_counters): a plan
-    # would replay them on whatever stream a later call runs on, so such launches keep none.
+    # Split-K tile counters belong to this call's stream (see dispatch.zeroed_counters): the plan
+    # serves calls on this stream only.
     return Launch(kernel, (a, b, x_scale.contiguous(), w_scale.contiguous(), bias_arg, target, *partials, *counters),
-                  scratch=partials, finish=finish, plannable=not counters)
+                  scratch=partials, finish=finish, stream_bound=bool(counters))
 
 
 def _f8f8bf16_rowwise_reference(xq, wq, x_scale, w_scale, bias=None, use_fast_accum=True):

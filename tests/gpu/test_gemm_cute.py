@@ -193,6 +193,46 @@ def test_split_k_counters_are_per_stream_and_left_zero():
     assert all(int(c.abs().sum()) == 0 for c in counters)
 
 
+def test_split_k_plans_serve_their_own_stream(monkeypatch):
+    """A split-K launch holds its stream's tile counters, so its native plan serves that stream
+    only: a call on another stream takes the checked path (its own counters), and every result
+    is right and every counter left zero."""
+    from mslk_dsl import native
+    from mslk_dsl.ops import declaration, dispatch
+
+    if native.wait_until_loaded(timeout=300) is None:
+        pytest.skip("no native launcher here")
+    config = {"tile_m": 128, "tile_n": 128, "cluster_m": 1, "raster": "m", "group": 8, "split_k": 3}
+    x, w = randn(300, 2048, seed=3).to(torch.bfloat16), randn(4096, 2048, seed=4).to(torch.bfloat16)
+    want = ops.bf16_gemm(x, w, config={c: v for c, v in config.items() if c != "split_k"})
+    kernels = declaration.get("bf16_gemm").kernels
+    select, chosen = kernels.selection, []
+    monkeypatch.setattr(kernels, "selection", lambda dev, sig, problem, cfg: chosen.append(problem)
+                        or select(dev, sig, problem, config))   # the heuristic "picks" split-K here
+    fast = native.fast_op("bf16_gemm")
+    fast.clear()
+    results = [ops.bf16_gemm(x, w), ops.bf16_gemm(x, w)]
+    assert len(chosen) == 1 and fast.plans() == 1              # the second call: the plan
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        results += [ops.bf16_gemm(x, w), ops.bf16_gemm(x, w)]   # checked once, then its own plan
+    torch.cuda.current_stream().wait_stream(side)
+    assert len(chosen) == 2
+    results.append(ops.bf16_gemm(x, w))                        # back on the first stream: checked
+    assert len(chosen) == 3
+    torch.cuda.synchronize()
+    for got in results:
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=1e-2)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    counters = [dispatch.zeroed_counters(dev, 1)]
+    with torch.cuda.stream(side):
+        counters.append(dispatch.zeroed_counters(dev, 1))
+    assert counters[0].data_ptr() != counters[1].data_ptr()
+    assert all(int(c.abs().sum()) == 0 for c in counters)
+    fast.clear()
+
+
 def test_bf16_gemm_stream_k_is_deterministic_and_matches_data_parallel():
     """Stream-K configs on sizes with a partial last wave (and with fewer tiles than CTAs): repeat
     calls are bit-identical and agree with the same tile's data-parallel kernel to rounding."""
