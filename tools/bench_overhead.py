@@ -112,7 +112,8 @@ def _launch_floor(calls: int, runs: int, torch_add) -> dict:
     parts = {"torch.add(x, y, out=z)": torch_add, "eager ops.silu_mul (all of it)": lambda: ops.silu_mul(x, y)}
     fast = native.fast_op("silu_mul")
     if fast is not None:
-        parts["silu_mul: the native launcher's call alone (match, allocate, launch)"] = lambda: fast(x, y)
+        # the plan's inputs are the op's arguments as given: x0, x1 and valid_token_count (None)
+        parts["silu_mul: the native launcher's call alone (match, allocate, launch)"] = lambda: fast(x, y, None)
     parts["silu_mul: TVM-FFI kernel call from Python, output preallocated"] = lambda: silu_mul(x, y, out, count)
     parts["eager ops.quantize_fp8_row (two outputs)"] = lambda: ops.quantize_fp8_row(x)
     fast_quantize = native.fast_op("quantize_fp8_row")

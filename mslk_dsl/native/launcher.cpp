@@ -77,7 +77,8 @@ struct Plan {
   int n_returns;
   int8_t returns[kMaxOutputs];
   uint32_t written;  // bit i: the kernel writes input i (a caller's out= tensor, an in-place input)
-  void* stream;      // stream-bound plans (they hold buffers of one stream): that stream, else null
+  bool stream_bound;  // the plan holds a buffer of one stream (split-K counters): it serves only
+  void* stream;       // that stream (null: the default stream)
   PyObject* extras;  // tuple of the extra tensor arguments (e.g. placeholders), owned
   PyObject* func;    // the tvm_ffi.Function, owned
   TVMFFIObjectHandle func_handle;
@@ -349,7 +350,7 @@ PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, Py
     PyErr_Clear();
     return Py_NewRef(g_miss);
   }
-  if (plan->stream != nullptr && plan->stream != stream) return Py_NewRef(g_miss);
+  if (plan->stream_bound && plan->stream != stream) return Py_NewRef(g_miss);
 
   // Outputs: allocated by torch's caching allocator, compact, on the plan's device.
   PyObject* outputs[kMaxOutputs] = {nullptr};
@@ -615,6 +616,7 @@ PyObject* FastOpAdd(PyObject* py_self, PyObject* argv) {
     }
     plan.written |= 1u << index;
   }
+  plan.stream_bound = stream_bound != 0;
   if (stream_bound) {
     DLDevice device{kDLCPU, 0};
     for (Py_ssize_t i = 0; i < n_in; ++i) {
