@@ -7,7 +7,8 @@ A decode CTA (work-group) owns one KV head, ``ROWS`` query rows of that head's g
 group's heads times the queries of the sequence, so K/V are read once per KV head) and one
 split of the sequence's keys. Its warps take ``BLOCK_KEYS``-key blocks of the split in turn,
 each warp a flash-attention of its own over its blocks; the CTA merges its warps at the end,
-and the LSE-combine kernel merges the splits.
+and the splits are merged by LSE: on Hopper by the last CTA of each row, in the decode kernel
+(CuTe template, config ``merge="fused"``), else by the LSE-combine kernel.
 """
 
 import functools
