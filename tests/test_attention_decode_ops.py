@@ -90,6 +90,21 @@ def test_split_heuristic_fills_the_gpu_and_keeps_splits_long():
     assert plan.num_splits(1, 4, 16, 8, 131072, sms) < plan.num_splits(1, 4, 1, 8, 131072, sms)
 
 
+@pytest.mark.parametrize("batch", [1, 2, 3, 4, 8, 16])
+@pytest.mark.parametrize("keys", [4096, 32768, 131072])
+def test_fused_merge_splits_stop_at_one_cta_per_sm(batch, keys):
+    """With the merge fused into the decode kernel, few rows get either the wave model's choice or
+    one CTA per SM (the H200's measured best at B = 1: 33 splits x 4 KV heads), never more splits
+    than without it; many rows keep the wave model's choice."""
+    sms = 132
+    unfused = plan.num_splits(batch, 4, 1, 8, keys, sms)
+    fused = plan.num_splits(batch, 4, 1, 8, keys, sms, fused_merge=True)
+    assert fused in (unfused, sms // (batch * 4)) and fused <= unfused
+    assert plan.num_splits(1, 4, 1, 8, 32768, sms, fused_merge=True) == 33
+    assert plan.num_splits(1, 4, 1, 8, 131072, sms, fused_merge=True) == 33
+    assert plan.num_splits(64, 4, 1, 8, keys, sms, fused_merge=True) == plan.num_splits(64, 4, 1, 8, keys, sms)
+
+
 def test_fakes():
     with FakeTensorMode():
         q = torch.empty(3, 2, 32, 128, dtype=bf16, device="cuda")

@@ -173,7 +173,9 @@ def splits_for(q, k, block_table, num_splits: int = 0) -> int:
     Hkv = k.shape[2]
     if num_splits:
         return num_splits
-    return plan.num_splits(B, Hkv, Mq, Hq // Hkv, max_keys(k, block_table), sm_count(q.device), D)
+    # CUDA runs the CuTe kernel, whose last CTA of a row merges the splits (ROCm: a merge kernel).
+    return plan.num_splits(B, Hkv, Mq, Hq // Hkv, max_keys(k, block_table), sm_count(q.device), D,
+                           fused_merge=torch.version.hip is None)
 
 
 def _prepare_decode(select, outputs, q, k, v, kv_seqlen, block_table, scale, causal, num_splits):
