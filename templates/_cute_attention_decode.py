@@ -27,7 +27,9 @@ so 4 warps x 2-3 blocks of 4-8 KB per CTA), and runs S = Q K^T and O += P V on m
 (m16n8k16, fp32 accumulators) with the CTA's 16 query rows (the GQA group) as M: K and V are read
 once per KV head. Warps never wait for each other in the loop (a warp-level sync guards its own
 stages); at the end the CTA merges its warps' (max, sum, O) through shared memory and writes one
-fp32 partial and its LSE per split, which ``MergeAttentions.merge_kernel`` combines.
+fp32 partial and its LSE per split. With the fused merge the CTA then counts itself in its row's
+counter, and the row's last CTA adds every split's partial in split order into out / lse
+(``merge_splits``); otherwise ``MergeAttentions.merge_kernel`` combines them in a second kernel.
 """
 import math
 
@@ -43,23 +45,28 @@ from mslk_dsl.templates._cute_merge_attentions import DTYPES, MergeAttentions, r
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 SMEM_COLS = 64  # the swizzle atom's columns: 128-byte rows, conflict-free ldmatrix
+# The fused merge: 16-byte partial loads each thread keeps in flight (its vectors x splits).
+MERGE_LOADS = 16
+# Partials are read once, by the row's last CTA: kept out of L1.
+STREAM = cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE
 
 
 class AttentionDecode:
-    def __init__(self, dtype: str, head_dim: int, warps: int, stages: int):
+    def __init__(self, dtype: str, head_dim: int, warps: int, stages: int, fused_merge: bool = True):
         self.dtype_name = dtype
         self.dtype = DTYPES[dtype]
         self.D = head_dim
         self.warps = warps
         self.stages = stages
         self.threads = 32 * warps
+        self.fused_merge = fused_merge
         self.merge = MergeAttentions("float32", dtype, aligned=True)
 
     # -- host ---------------------------------------------------------------------------------------
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mLen: cute.Tensor, mTable: cute.Tensor,
-                 mO: cute.Tensor, mLse: cute.Tensor, mOp: cute.Tensor, mLsep: cute.Tensor, scale: Float32,
-                 causal: Int32, paged: Int32, stream):
+                 mO: cute.Tensor, mLse: cute.Tensor, mOp: cute.Tensor, mLsep: cute.Tensor, mCount: cute.Tensor,
+                 scale: Float32, causal: Int32, paged: Int32, stream):
         D, W, NS = self.D, self.warps, self.stages
         atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0,
                                          cute.make_layout((8, SMEM_COLS), stride=(SMEM_COLS, 1)))
@@ -69,6 +76,7 @@ class AttentionDecode:
         @cute.struct
         class SharedStorage:
             sLse: cute.struct.MemRange[Float32, W * ROWS]
+            sFlag: cute.struct.MemRange[Int32, 4]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
@@ -87,15 +95,17 @@ class AttentionDecode:
         B, Mq, Hq, _ = mQ.shape
         Hkv = mK.shape[2]
         tiles = cute.ceil_div(Mq * (Hq // Hkv), ROWS)
-        self.decode_kernel(mQ, mK, mV, mLen, mTable, mOp, mLsep, scale * Float32(LOG2E), causal, paged,
-                           sQ_layout, sKV_layout, gmem_copy, tiled_mma, SharedStorage).launch(
+        self.decode_kernel(mQ, mK, mV, mLen, mTable, mO, mLse, mOp, mLsep, mCount, scale * Float32(LOG2E), causal,
+                           paged, sQ_layout, sKV_layout, gmem_copy, tiled_mma, SharedStorage).launch(
             grid=(mOp.shape[0], Hkv * tiles, B), block=(self.threads, 1, 1), stream=stream)
-        self.merge.launch(mOp, mLsep, mO, mLse, stream)
+        if cutlass.const_expr(not self.fused_merge):
+            self.merge.launch(mOp, mLsep, mO, mLse, stream)
 
     # -- device -------------------------------------------------------------------------------------
     @cute.kernel
     def decode_kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mLen: cute.Tensor,
-                      mTable: cute.Tensor, mOp: cute.Tensor, mLsep: cute.Tensor, scale_log2: Float32,
+                      mTable: cute.Tensor, mO: cute.Tensor, mLse: cute.Tensor, mOp: cute.Tensor,
+                      mLsep: cute.Tensor, mCount: cute.Tensor, scale_log2: Float32,
                       causal: Int32, paged: Int32, sQ_layout: cute.ComposedLayout,
                       sKV_layout: cute.ComposedLayout, gmem_copy: cute.TiledCopy, tiled_mma: cute.TiledMma,
                       SharedStorage: cutlass.Constexpr):
@@ -188,6 +198,22 @@ class AttentionDecode:
         self.merge_warps(storage, sLse, thr_mma, acc_O, row_max, row_sum, scale_log2, wid, lane)
         cute.arch.barrier()
         self.store_partial(storage, sLse, mOp, mLsep, split, b, hkv, G, rows_total, row0, tidx)
+        if cutlass.const_expr(self.fused_merge):
+            # Release: this CTA's partial is visible GPU-wide before the count that announces it;
+            # the acq_rel add orders the last CTA's reads after every other split's stores.
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.barrier()
+            sFlag = storage.sFlag.get_tensor(cute.make_layout((4,)))
+            if tidx == 0:
+                counter = (mCount.iterator + (b * Hkv * tiles + head_tile)).llvm_ptr
+                arrived = cute.arch.atomic_add(counter, Int32(1), sem="acq_rel", scope="gpu")
+                if arrived == S - 1:  # the row's last split: reset the counter for the next call
+                    cute.arch.store(counter, Int32(0), sem="relaxed", scope="gpu")
+                sFlag[0] = arrived
+            cute.arch.barrier()
+            if sFlag[0] == S - 1:
+                cute.arch.fence_acq_rel_gpu()
+                self.merge_splits(mOp, mLsep, mO, mLse, b, hkv, G, rows_total, row0, tidx)
 
     @cute.jit
     def load_block(self, mK: cute.Tensor, mV: cute.Tensor, mTable: cute.Tensor, seq, blk: Int32, stage: Int32,
@@ -315,6 +341,76 @@ class AttentionDecode:
                 everything = cta_lse(sLse, tidx, W)
                 mLsep[split, b, hkv * G + r % G, r // G] = everything * Float32(LN2)
 
+    @cute.jit
+    def merge_splits(self, mOp: cute.Tensor, mLsep: cute.Tensor, mO: cute.Tensor, mLse: cute.Tensor, b: Int32,
+                     hkv: Int32, G: Int32, rows_total: Int32, row0: Int32, tidx: Int32):
+        """The row's last CTA: out and lse of this CTA's query rows from every split's partial,
+        taken in split order with a running max (the same arithmetic whichever split comes last:
+        deterministic). Thread t takes the 16-byte vectors t, t + threads, ... of the tile's
+        valid rows (D / 4 vectors per row); a vector past them loads the last one (in bounds, so
+        each group of loads goes out unpredicated, back to back; a warp's such loads are of one
+        address) and stores nothing. Partials are read once: kept out of L1."""
+        VEC = 4
+        per_row = self.D // VEC
+        slots = ROWS * per_row // self.threads
+        unroll = max(1, MERGE_LOADS // slots)
+        S = mOp.shape[0]
+        vectors = cutlass.min(rows_total - row0, ROWS) * per_row
+        tops = cute.make_rmem_tensor((slots,), Float32)
+        totals = cute.make_rmem_tensor((slots,), Float32)
+        accs = []
+        coords = []
+        for i in cutlass.range_constexpr(slots):
+            idx = tidx + i * self.threads
+            at = cutlass.min(idx, vectors - 1)
+            r = row0 + at // per_row
+            coords.append((r // G, hkv * G + r % G, at % per_row, idx < vectors))
+            tops[i] = -Float32.inf
+            totals[i] = Float32(0.0)
+            acc = cute.make_rmem_tensor((VEC,), Float32)
+            acc.fill(0.0)
+            accs.append(acc)
+        for s0 in cutlass.range(0, S, unroll):
+            # Every load of the group is issued before the first is used.
+            parts = []
+            lses = []
+            for u in cutlass.range_constexpr(unroll):
+                s = cutlass.min(s0 + u, S - 1)
+                for i in cutlass.range_constexpr(slots):
+                    m, hq, j, _ = coords[i]
+                    part = cute.make_rmem_tensor((VEC,), Float32)
+                    cute.autovec_copy(cute.zipped_divide(mOp[s, b, m, hq, None], (VEC,))[None, j], part,
+                                      l1c_evict_priority=STREAM)
+                    parts.append(part)
+                    lses.append(mLsep[s, b, hq, m])
+            for u in cutlass.range_constexpr(unroll):
+                for i in cutlass.range_constexpr(slots):
+                    lse = lses[u * slots + i]
+                    # The clamped repeat of the last split adds nothing, nor does an empty split (LSE -inf).
+                    if s0 + u < S:
+                        if lse != -Float32.inf:
+                            top = cute.arch.fmax(tops[i], lse)
+                            keep = cute.math.exp2((tops[i] - top) * Float32(LOG2E), fastmath=True)
+                            w = cute.math.exp2((lse - top) * Float32(LOG2E), fastmath=True)
+                            totals[i] = totals[i] * keep + w
+                            accs[i].store(accs[i].load() * keep + parts[u * slots + i].load() * w)
+                            tops[i] = top
+        for i in cutlass.range_constexpr(slots):
+            m, hq, j, valid = coords[i]
+            if valid:
+                total = totals[i]
+                inv = Float32(0.0)
+                if total > Float32(0.0):
+                    inv = cute.arch.rcp_approx(total)
+                res = cute.make_rmem_tensor((VEC,), self.dtype)
+                res.store((accs[i].load() * inv).to(self.dtype))
+                cute.autovec_copy(res, cute.zipped_divide(mO[b, m, hq, None], (VEC,))[None, j])
+                if j == 0:
+                    lse = -Float32.inf
+                    if total > Float32(0.0):
+                        lse = tops[i] + cute.math.log2(total, fastmath=True) * Float32(LN2)
+                    mLse[b, hq, m] = lse
+
     def fake_args(self):
         """Compile-time stand-ins for ``__call__``'s arguments: every size but D dynamic; q, k, v with
         any strides (K/V strides multiples of 8 elements, 16-byte aligned: cp.async pieces)."""
@@ -333,7 +429,7 @@ class AttentionDecode:
                 make_fake_tensor(Int32, (cute.sym_int(), p), stride=(cute.sym_int(), cute.sym_int())),
                 row_major(dt, (b, mq, hq, D), 16), row_major(Float32, (b, hq, mq)),
                 row_major(Float32, (s, b, mq, hq, D), 16), row_major(Float32, (s, b, hq, mq)),
-                Float32(1.0), Int32(1), Int32(0), make_fake_stream(use_tvm_ffi_env_stream=True)]
+                row_major(Int32, (cute.sym_int(),)), Float32(1.0), Int32(1), Int32(0), make_fake_stream(use_tvm_ffi_env_stream=True)]
 
 
 @cute.jit

@@ -1,12 +1,14 @@
 """attention_decode on ROCm (FlyDSL, MFMA): split-KV attention over a contiguous or paged cache.
 
 Calling convention (the op's, see mslk_dsl/ops/attention_decode.py):
-  kernel(q, k, v, kv_seqlen, block_table, out, lse, out_partials, lse_partials, scale, causal, paged)
+  kernel(q, k, v, kv_seqlen, block_table, out, lse, out_partials, lse_partials, counters, scale, causal,
+         paged)
   q [B, Mq, Hq, D] (Mq <= 16); k / v [N, Lk, Hkv, D]: the contiguous cache (N = B, Lk = max_kv,
   paged = 0) or the pages (N pages of Lk = page_size keys, a multiple of 16; paged = 1,
   block_table [B, max_pages] int32, unread when paged = 0); kv_seqlen [B] int32 on the device;
   out [B, Mq, Hq, D] of q's dtype, lse [B, Hq, Mq] fp32; out_partials [S, B, Mq, Hq, D] and
-  lse_partials [S, B, Hq, Mq] fp32 scratch, S (their leading size) the split count; scale fp32;
+  lse_partials [S, B, Hq, Mq] fp32 scratch, S (their leading size) the split count; counters int32
+  (the CuTe template's fused merge counts splits in them; unread here); scale fp32;
   causal 0 / 1 (bottom-right: query i sees keys j <= kv_seqlen[b] - Mq + i).
 Nothing is sized from the lengths on the host, so a graph of the call replays any lengths.
 
@@ -57,7 +59,7 @@ def build(config, target, sig):
     @flyc.jit
     def attention_decode(q: fx.Tensor, k: fx.Tensor, v: fx.Tensor, kv_seqlen: fx.Tensor, block_table: fx.Tensor,
                          out: fx.Tensor, lse: fx.Tensor, out_partials: fx.Tensor, lse_partials: fx.Tensor,
-                         scale: fx.Float32, causal: fx.Int32, paged: fx.Int32,
+                         counters: fx.Tensor, scale: fx.Float32, causal: fx.Int32, paged: fx.Int32,
                          stream: fx.Stream = fx.Stream(None)):
         batch, mq, heads, _ = q.shape.unpack()
         _, _, kv_heads, _ = k.shape.unpack()
@@ -78,7 +80,8 @@ def build(config, target, sig):
     splits = 2
     return attention_decode, (q, cache, cache.clone(), torch.empty(2, dtype=torch.int32),
                               torch.empty(2, 3, dtype=torch.int32), torch.empty_like(q), torch.empty(2, 8, 1),
-                              torch.empty(splits, 2, 1, 8, d), torch.empty(splits, 2, 8, 1), 0.125, 1, 1)
+                              torch.empty(splits, 2, 1, 8, d), torch.empty(splits, 2, 8, 1),
+                              torch.zeros(1024, dtype=torch.int32), 0.125, 1, 1)
 
 
 TEMPLATE = Template(op="attention_decode", backend="flydsl", targets=TARGETS,

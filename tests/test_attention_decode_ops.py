@@ -90,6 +90,21 @@ def test_split_heuristic_fills_the_gpu_and_keeps_splits_long():
     assert plan.num_splits(1, 4, 16, 8, 131072, sms) < plan.num_splits(1, 4, 1, 8, 131072, sms)
 
 
+@pytest.mark.parametrize("batch", [1, 2, 3, 4, 8, 16])
+@pytest.mark.parametrize("keys", [4096, 32768, 131072])
+def test_fused_merge_splits_stop_at_one_cta_per_sm(batch, keys):
+    """With the merge fused into the decode kernel, few rows get either the wave model's choice or
+    one CTA per SM (the H200's measured best at B = 1: 33 splits x 4 KV heads), never more splits
+    than without it; many rows keep the wave model's choice."""
+    sms = 132
+    unfused = plan.num_splits(batch, 4, 1, 8, keys, sms)
+    fused = plan.num_splits(batch, 4, 1, 8, keys, sms, fused_merge=True)
+    assert fused in (unfused, sms // (batch * 4)) and fused <= unfused
+    assert plan.num_splits(1, 4, 1, 8, 32768, sms, fused_merge=True) == 33
+    assert plan.num_splits(1, 4, 1, 8, 131072, sms, fused_merge=True) == 33
+    assert plan.num_splits(64, 4, 1, 8, keys, sms, fused_merge=True) == plan.num_splits(64, 4, 1, 8, keys, sms)
+
+
 def test_fakes():
     with FakeTensorMode():
         q = torch.empty(3, 2, 32, 128, dtype=bf16, device="cuda")
@@ -168,9 +183,11 @@ def test_merge_attentions_takes_lists_and_grouped_heads(monkeypatch):
 
 def test_decode_launch_follows_the_kernel_contract():
     """prepare() hands the kernel (q, k, v, kv_seqlen, table, out, lse, partials, partial LSEs,
-    scale, causal, paged), the partials sized by the split count, and asks for the kernel by
-    (dtype, head_dim) and the call's sizes."""
+    counters, scale, causal, paged), the partials sized by the split count, zero counters for
+    every (sequence, KV head, row tile), and asks for the kernel by (dtype, head_dim) and the
+    call's sizes."""
     from mslk_dsl.ops import declarations
+    from mslk_dsl.ops.dispatch import zeroed_counters
 
     decl = declarations()["attention_decode"]
     q, k, v, lengths = _decode_args(B=3, Mq=2, Hq=8, Hkv=2, D=64, L=4096)
@@ -184,11 +201,19 @@ def test_decode_launch_follows_the_kernel_contract():
     table = torch.zeros(3, 64, dtype=torch.int32)
     launch = decl.prepare(select, outputs, q, k, v, lengths, table, None, False, 6)
     assert asked == [(("bfloat16", 64), (3, 2, 8, 2, 64 * 4096))]
-    (q2, k2, v2, len2, table2, out, lse, o_part, lse_part, scale, causal, paged) = launch.args
+    (q2, k2, v2, len2, table2, out, lse, o_part, lse_part, counters, scale, causal, paged) = launch.args
     assert q2 is q and k2 is k and v2 is v and len2 is lengths and table2 is table
     assert out is outputs[0] and lse is outputs[1]
     assert o_part.shape == (6, 3, 2, 8, 64) and o_part.dtype == torch.float32
     assert lse_part.shape == (6, 3, 8, 2) and lse_part.dtype == torch.float32
+    # 3 sequences x 2 KV heads x one 16-row tile (2 queries x 4 heads of a group)
+    assert counters.dtype == torch.int32 and counters.numel() >= 3 * 2 and not counters.any()
+    assert counters is zeroed_counters(q.device, 6)
     # scalars a launch plan may hold: they follow from the layout and the plan_values
     assert scale.value == pytest.approx(64 ** -0.5) and (causal.value, paged.value) == (0, 1)
     assert launch.scratch == (o_part, lse_part)
+    # Only a kernel that counts in them (the CuTe template's fused merge) binds the launch to the stream.
+    assert not launch.stream_bound
+    fused = decl.prepare(lambda sig, problem: ("kernel", {"merge": "fused"}), outputs, q, k, v, lengths, table, None,
+                         False, 6)
+    assert fused.stream_bound and fused.args[9] is counters

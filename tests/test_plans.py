@@ -100,7 +100,7 @@ def test_attention_decode_repeat_layout_skips_checks_and_choice(stand_in):
     out, lse = ops.attention_decode(*args)
     assert len(chosen) == 1 and len(checked) == checks            # the plan served it
     assert launched[1] == launched[0]                              # same shapes, same scalars
-    q, k, v, lengths, table, o, l_, o_part, lse_part, scale, causal, paged = launched[1]
+    q, k, v, lengths, table, o, l_, o_part, lse_part, counters, scale, causal, paged = launched[1]
     assert (scale, causal, paged) == (1 / math.sqrt(64), 1, 0) and table == (1, 1)
     assert o == (3, 2, 8, 64) and o_part[1:] == (3, 2, 8, 64) and lse_part[1:] == (3, 8, 2)
     assert out.shape == (3, 2, 8, 64) and lse.shape == (3, 8, 2)
@@ -108,9 +108,9 @@ def test_attention_decode_repeat_layout_skips_checks_and_choice(stand_in):
 
 
 @pytest.mark.parametrize("change,kernel_sees", [
-    ({"causal": False}, lambda launch: launch[10] == 0),
+    ({"causal": False}, lambda launch: launch[11] == 0),
     ({"num_splits": 3}, lambda launch: launch[7][0] == 3),
-    ({"scale": 0.5}, lambda launch: launch[9] == 0.5),
+    ({"scale": 0.5}, lambda launch: launch[10] == 0.5),
 ])
 def test_attention_decode_values_the_plan_does_not_cover_are_checked(stand_in, change, kernel_sees):
     """causal, num_splits and scale key the plans by value: another value is checked and chosen
@@ -134,7 +134,7 @@ def test_attention_decode_paged_plan(stand_in):
     q, _, _, lengths = _decode_args()
     for _ in range(2):
         ops.attention_decode(q.clone(), *pages, lengths.clone(), table.clone())
-    assert len(chosen) == 1 and launched[1][4] == (3, 4) and launched[1][11] == 1
+    assert len(chosen) == 1 and launched[1][4] == (3, 4) and launched[1][12] == 1
 
 
 def test_a_plan_holds_no_tensor_of_a_call(stand_in):

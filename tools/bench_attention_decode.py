@@ -16,7 +16,12 @@ serving engine that replays graphs sees). The graphed calls rotate over copies o
 to keep a call's KV out of L2 when the next call of the same copy runs.
 
   python tools/bench_attention_decode.py [--batches 1,32,128] [--kv 4096,32768,131072]
-      [--hq 32] [--hkv 4] [--d 128] [--page 64] [--splits N] [--peers sdpa,fa4] [--json PATH]
+      [--hq 32] [--hkv 4] [--d 128] [--page 64] [--splits N] [--config merge=kernel,stages=3]
+      [--peers sdpa,fa4 | none] [--json PATH]
+
+--config forces the template config (its keys override the heuristic's: merge=kernel times the
+decode kernel followed by the separate merge kernel); eager calls with a config take the checked
+path, graph replays time the kernels alone either way.
 """
 from __future__ import annotations
 
@@ -119,16 +124,19 @@ def _bench_case(torch, ops, timed, do_bench, B, L, args) -> list[dict]:
     base = {name: timed(fn) for name, fn in peers[0].items()}
     base_graph = {name: _graph_ms(torch, do_bench, lambda i, name=name: peers[i][name], copies) for name in base}
 
+    config = _config(args)
+
     def decode(i):
         qi, ki, vi = qkv[i]
-        return lambda: ops.attention_decode(qi, ki, vi, seqlen, None, None, True, args.splits)
+        return lambda: ops.attention_decode(qi, ki, vi, seqlen, None, None, True, args.splits, config=config)
 
     ours = {"contiguous": (timed(decode(0)), _graph_ms(torch, do_bench, decode, copies))}
     paged = [_paged(torch, ki, vi, args.page) for _, ki, vi in qkv]
 
     def decode_paged(i):
         kp, vp, tbl = paged[i]
-        return lambda: ops.attention_decode(qkv[i][0], kp, vp, seqlen, tbl, None, True, args.splits)
+        return lambda: ops.attention_decode(qkv[i][0], kp, vp, seqlen, tbl, None, True, args.splits,
+                                            config=config)
 
     ours["paged"] = (timed(decode_paged(0)), _graph_ms(torch, do_bench, decode_paged, copies))
     rows = []
@@ -149,6 +157,19 @@ def _bench_case(torch, ops, timed, do_bench, B, L, args) -> list[dict]:
     return rows
 
 
+def _config(args) -> dict | None:
+    """The heuristic's config for this case's layout with --config's keys over it, or None."""
+    if not args.config:
+        return None
+    from mslk_dsl.templates.attention_decode_cute import DEFAULT_STAGES
+
+    config = {"warps": 4, "stages": DEFAULT_STAGES[args.d], "merge": "fused"}
+    for item in args.config.split(","):
+        key, value = item.split("=")
+        config[key] = int(value) if value.isdigit() else value
+    return config
+
+
 def _splits(q, k, table, args) -> int:
     from mslk_dsl.ops.attention_decode import splits_for
 
@@ -164,7 +185,8 @@ def main(argv=None) -> int:
     p.add_argument("--d", type=int, default=128)
     p.add_argument("--page", type=int, default=64)
     p.add_argument("--splits", type=int, default=0)
-    p.add_argument("--peers", default="sdpa,fa4", help="comma-separated: sdpa, fa4")
+    p.add_argument("--config", default="", help="template config keys, e.g. merge=kernel,stages=4")
+    p.add_argument("--peers", default="sdpa,fa4", help="comma-separated: sdpa, fa4 (none: no peers)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     found = cuda_or_exit("bench_attention_decode")

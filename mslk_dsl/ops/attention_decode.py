@@ -18,7 +18,8 @@ attention_decode(q, k, v, kv_seqlen, block_table=None, scale=None, causal=True, 
     causal: the queries are the sequence's last Mq positions (bottom-right aligned, MSLK's
     BlockDiagonalCausalWithOffsetPaddedKeysMask): query i sees keys j <= kv_seqlen[b] - Mq + i.
     num_splits: KV splits per sequence (0: chosen from the sizes and the SM count; the partials
-    are merged by merge_attentions' kernel). scale: default 1 / sqrt(D).
+    are merged in fixed split order, by the decode kernel's last CTA of each row on CUDA, by
+    merge_attentions' kernel on ROCm: deterministic either way). scale: default 1 / sqrt(D).
     A query that sees no key (kv_seqlen 0) gets out 0 and lse -inf. kv_seqlen[b] must not exceed
     the keys the cache holds for b (max_kv, or the pages its block table row names): the lengths
     stay on the device, so this is not checked.
@@ -32,7 +33,7 @@ import torch
 from mslk_dsl.errors import InputError
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Fixed, Launch, OpDecl, declare
-from mslk_dsl.ops.dispatch import dtype_name, placeholder, sm_count
+from mslk_dsl.ops.dispatch import dtype_name, placeholder, sm_count, zeroed_counters
 from mslk_dsl.templates import _attention_decode_plan as plan
 
 _ALIGN = 16  # cp.async moves 16-byte pieces of K/V rows
@@ -172,7 +173,9 @@ def splits_for(q, k, block_table, num_splits: int = 0) -> int:
     Hkv = k.shape[2]
     if num_splits:
         return num_splits
-    return plan.num_splits(B, Hkv, Mq, Hq // Hkv, max_keys(k, block_table), sm_count(q.device), D)
+    # CUDA runs the CuTe kernel, whose last CTA of a row merges the splits (ROCm: a merge kernel).
+    return plan.num_splits(B, Hkv, Mq, Hq // Hkv, max_keys(k, block_table), sm_count(q.device), D,
+                           fused_merge=torch.version.hip is None)
 
 
 def _prepare_decode(select, outputs, q, k, v, kv_seqlen, block_table, scale, causal, num_splits):
@@ -189,11 +192,17 @@ def _prepare_decode(select, outputs, q, k, v, kv_seqlen, block_table, scale, cau
     paged = block_table is not None
     # The kernel reads the block table only when paged; a contiguous cache gets a stand-in.
     table = block_table if paged else placeholder(q.device, torch.int32, shape=(1, 1))
-    kernel, _ = select((dtype_name(q.dtype), D), (B, Mq, Hq, k.shape[2], max_keys(k, block_table)))
+    Hkv = k.shape[2]
+    kernel, chosen = select((dtype_name(q.dtype), D), (B, Mq, Hq, Hkv, max_keys(k, block_table)))
+    # One counter per (sequence, KV head, row tile): the CuTe kernel's fused merge counts a row's
+    # splits in it and leaves it zero. They belong to the calling stream (dispatch.zeroed_counters),
+    # so a launch that reads them is stream-bound; the other kernels take them unread.
+    counters = zeroed_counters(q.device, B * Hkv * plan.row_tiles(Mq, Hq // Hkv))
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     # The scalars follow from the layout (D, paged) and the plan_values (scale, causal): see Fixed.
-    return Launch(kernel, (q, k, v, kv_seqlen, table, out, lse, o_part, lse_part, Fixed(scale),
-                           Fixed(int(bool(causal))), Fixed(int(paged))), scratch=(o_part, lse_part))
+    return Launch(kernel, (q, k, v, kv_seqlen, table, out, lse, o_part, lse_part, counters, Fixed(scale),
+                           Fixed(int(bool(causal))), Fixed(int(paged))), scratch=(o_part, lse_part),
+                  stream_bound=chosen.get("merge") == "fused")
 
 
 def decode_reference(q, k, v, kv_seqlen, block_table=None, scale=None, causal=True, num_splits=0):

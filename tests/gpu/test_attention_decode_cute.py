@@ -195,3 +195,70 @@ def test_scale_and_strided_q():
     scale = 0.3 / math.sqrt(D)
     _check(ops.attention_decode(q, k, v, seqlen, None, scale, True, 0),
            decode_reference(q, k, v, seqlen, None, scale, True))
+
+
+FUSED = {"warps": 4, "stages": 3, "merge": "fused"}
+SEPARATE = {"warps": 4, "stages": 3, "merge": "kernel"}
+
+
+@SM90
+@pytest.mark.parametrize("B,Mq,lengths,splits", [
+    (1, 1, [1], 0), (1, 1, [17], 7), (1, 1, [32769], 0), (1, 1, [32769], 300),
+    (3, 2, [33, 4999, 1], 64), (8, 1, [32769, 1, 17, 0, 5000, 32768, 100, 2048], 0),
+])
+def test_fused_merge_equals_separate_merge(B, Mq, lengths, splits):
+    """The decode kernel's fused merge (the last CTA of each row adds the splits' partials) gives
+    the merge kernel's results, for one split or hundreds, odd and empty lengths; it leaves the
+    split counters zero."""
+    from mslk_dsl.ops.dispatch import zeroed_counters
+
+    Hq, Hkv, D = 32, 4, 128
+    L = max(lengths)
+    torch.manual_seed(B + L)
+    q = torch.randn(B, Mq, Hq, D, device="cuda", dtype=torch.bfloat16)
+    k, v = _cache(B, L, Hkv, D, torch.bfloat16, seed=L)
+    seqlen = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    fused = ops.attention_decode(q, k, v, seqlen, None, None, True, splits, config=FUSED)
+    separate = ops.attention_decode(q, k, v, seqlen, None, None, True, splits, config=SEPARATE)
+    torch.testing.assert_close(fused[0].float(), separate[0].float(), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(fused[1], separate[1], atol=1e-5, rtol=1e-5)
+    _check(fused, decode_reference(q, k, v, seqlen))
+    torch.cuda.synchronize()
+    assert not zeroed_counters(q.device, B * Hkv).any()
+
+
+@SM90
+@pytest.mark.parametrize("splits", [0, 1, 65, 512])
+def test_decode_repeats_bit_for_bit(splits):
+    """Repeat calls give the same bytes whichever split's CTA finishes last (fixed merge order);
+    B = 1 with an odd length, up to hundreds of splits."""
+    Hq, Hkv, D, L = 32, 4, 128, 32769
+    q = torch.randn(1, 1, Hq, D, device="cuda", dtype=torch.bfloat16)
+    k, v = _cache(1, L, Hkv, D, torch.bfloat16, seed=splits)
+    seqlen = torch.tensor([L], dtype=torch.int32, device="cuda")
+    first = ops.attention_decode(q, k, v, seqlen, None, None, True, splits)
+    for _ in range(5):
+        again = ops.attention_decode(q, k, v, seqlen, None, None, True, splits)
+        assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
+    _check(first, decode_reference(q, k, v, seqlen))
+
+
+@SM90
+def test_fused_merge_on_two_streams():
+    """Calls on two streams at once each count their splits in their own stream's counters."""
+    Hq, Hkv, D, L = 32, 4, 128, 20000
+    q = torch.randn(2, 1, Hq, D, device="cuda", dtype=torch.bfloat16)
+    k, v = _cache(2, L, Hkv, D, torch.bfloat16, seed=7)
+    seqlen = torch.tensor([L, 12345], dtype=torch.int32, device="cuda")
+    want = ops.attention_decode(q, k, v, seqlen, None, None, True, 40)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    results = [[], []]
+    torch.cuda.synchronize()
+    for _ in range(20):
+        for s, got in zip(streams, results):
+            with torch.cuda.stream(s):
+                got.append(ops.attention_decode(q, k, v, seqlen, None, None, True, 40))
+    torch.cuda.synchronize()
+    for got in results:
+        for out, lse in got:
+            assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
