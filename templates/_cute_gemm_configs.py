@@ -247,6 +247,10 @@ def heuristic(problem, fp8, fast_accum=False):
         fix-up = FIXUP_WEIGHT x (split_k + 1) x tile_m x tile_n   (none unsplit)
         waves = ceil(clusters of tiles x split_k / clusters per wave), M tiles in whole clusters
     (split-K only up to one wave of units, see _split_fits)
+    and, but for promoted FP8, the same over the swapped tiles on the kernel's N x M (the weight
+    along the 128-row side, the tokens along tile_n in steps of 16, at least SWAP_MIN_WIDTH), so
+    a mid-sized M is padded to 16 rows instead of 128, as cuBLAS's tiles do (it runs torch's
+    x @ w.T as w @ x^T: its 72- to 176-wide N side is our M; docs/benchmarks.md)
     (a 2x1 cluster only on an even number of M tiles, or at least PADDED_CLUSTER_MIN_TILES)
     so a width that splits N into whole tiles and the tiles into whole waves wins over a wider
     one that leaves a wave part-empty, a partial last M tile (and an odd number of them under a
