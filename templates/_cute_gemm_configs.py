@@ -24,6 +24,11 @@ A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
                   range touches at most two tiles), the pieces go to an fp32 partials buffer
                   and a second kernel adds them in a fixed order (CUTLASS's stream-K
                   "data-parallel + one stream-K wave")
+  swap            (128-row tiles; absent means 0) 1: the kernel multiplies the weight by the
+                  tokens (A = w, B = x, D^T stored transposed), so tile_m runs along N and
+                  tile_n along M, in steps of 16 (64-256): a mid-sized M is padded to 16 rows
+                  instead of 128 (cuBLAS's own orientation: torch's row-major x @ w.T is its
+                  column-major w @ x^T). Fast accumulation only for FP8
   x_rows          (64-row tiles; absent means all 64) rows of x each k-tile's TMA load brings in:
                   a config with x_rows serves M <= x_rows only (the op layer refuses larger M,
                   the tuner offers it only there). A 64-row box of x holding M = 1-16 rows loads
@@ -39,8 +44,10 @@ and K must keep rows 16-byte aligned (the op layer checks).
 NUM_SMS = 132  # H100 / H200 SXM: the persistent grid size and the heuristic's waves
 
 
-def _config(tile_m, tile_n, cluster_m=1, raster="m", group=8, split_k=1, stream_k=False, x_rows=0):
+def _config(tile_m, tile_n, cluster_m=1, raster="m", group=8, split_k=1, stream_k=False, x_rows=0, swap=False):
     config = {"tile_m": tile_m, "tile_n": tile_n, "cluster_m": cluster_m, "raster": raster, "group": group}
+    if swap:
+        config["swap"] = 1
     if split_k > 1:
         config["split_k"] = split_k
     if x_rows:
@@ -76,6 +83,16 @@ BF16_CONFIGS = CONFIGS + SPLIT_CONFIGS + STREAM_K_CONFIGS + X_ROWS_CONFIGS
 FITTED_WIDTHS = (160, 192, 224)
 FITTED_CONFIGS = tuple(_config(128, n, c) for n in FITTED_WIDTHS for c in (2, 1))
 BF16_CONFIGS = BF16_CONFIGS + FITTED_CONFIGS + MID_SPLIT_CONFIGS
+# Swapped operands (the weight is the kernel's A, the tokens its B: see kernel_args): tile_m runs
+# along N (the weight's rows), tile_n along M in steps of 16, so a mid-sized M is padded to 16
+# rows instead of 64 or 128.
+# Unsplit ones run in 2x1 clusters (two weight tiles share the tokens' tile through multicast);
+# split-K ones (no cluster) in steps of 32.
+SWAP_WIDTHS = tuple(range(64, 257, 16))
+SWAP_SPLIT_WIDTHS = (64, 96, 128, 160, 192, 256)
+SWAP_CONFIGS = (tuple(_config(128, n, 2, swap=True) for n in SWAP_WIDTHS)
+                + tuple(_config(128, n, split_k=s, swap=True) for n in SWAP_SPLIT_WIDTHS for s in MID_SPLIT_K))
+BF16_CONFIGS = BF16_CONFIGS + SWAP_CONFIGS
 FP8_PROMOTE = 4  # the default: 512-deep partial sums, error below bf16 rounding
 # Promotion keeps a second set of accumulators: tiles of <= 64 fp32 registers per thread.
 _PROMOTED = [_config(128, 128, 2), _config(128, 128, 1), _config(128, 64, 2), _config(128, 64, 1),
@@ -85,7 +102,8 @@ FP8_CONFIGS = (tuple({**c, "promote": 0} for c in CONFIGS + FITTED_CONFIGS)
                + tuple({**_config(64, n, x_rows=X_ROWS), "promote": 4} for n in (64, 128))
                + tuple({**_config(64, n, x_rows=X_ROWS), "promote": 0} for n in (64, 128, 256))
                + tuple({**c, "promote": 0} for c in MID_SPLIT_CONFIGS)
-               + tuple({**_config(128, 128, split_k=s), "promote": FP8_PROMOTE} for s in MID_SPLIT_K))
+               + tuple({**_config(128, 128, split_k=s), "promote": FP8_PROMOTE} for s in MID_SPLIT_K)
+               + tuple({**c, "promote": 0} for c in SWAP_CONFIGS))
 
 # The cost model of calls with M > 64 (see heuristic): a tile's time per unit of K is its MMA
 # work plus LOAD_WEIGHT times the operand rows it loads per k-step. Fit to the relative throughput
@@ -143,9 +161,11 @@ def unit_time(k_bytes, tile_m, tile_n, cluster_m, split_k=1):
     return steps * tile_time(tile_m, tile_n, cluster_m) + fixup
 
 
-def call_time(m, n, tile_m, tile_n, cluster_m, split_k=1, k_bytes=K_TILE_BYTES):
+def call_time(m, n, tile_m, tile_n, cluster_m, split_k=1, k_bytes=K_TILE_BYTES, swap=False):
     """Model: waves x time per unit (k_bytes: bytes of K per row; unsplit candidates compare
-    the same at any K)."""
+    the same at any K). A swap config tiles the kernel's N x M (tile_m along N)."""
+    if swap:
+        m, n = n, m
     return waves(m, n, tile_m, tile_n, cluster_m, split_k) * unit_time(k_bytes, tile_m, tile_n, cluster_m, split_k)
 
 
@@ -161,7 +181,24 @@ def candidates(fp8, fast_accum):
     else:
         pool = [c for c in FP8_CONFIGS if (c["promote"] == 0) == fast_accum and c["promote"] in (0, FP8_PROMOTE)]
     return sorted({(c["tile_m"], c["tile_n"], c["cluster_m"], c.get("split_k", 1)) for c in pool
-                   if "x_rows" not in c and c["tile_m"] == 128 and (c["tile_n"], c["cluster_m"]) != (64, 2)})
+                   if "x_rows" not in c and "swap" not in c and c["tile_m"] == 128
+                   and (c["tile_n"], c["cluster_m"]) != (64, 2)})
+
+
+# Swapped tiles the heuristic takes: tokens at least this many columns wide. A wgmma of N < 64
+# columns reads its 64 x 16 A fragment from shared memory for fewer products than the tensor
+# cores take in the time (shared memory, not the MMA, bounds it), which the model leaves out.
+SWAP_MIN_WIDTH = 64
+
+
+def swap_candidates(fp8, fast_accum):
+    """(tile_m, tile_n, cluster_m, split_k) of the swapped configs the heuristic chooses from, in
+    the kernel's terms (tile_m along N, tile_n along M): those of the op's accumulation, at
+    least SWAP_MIN_WIDTH tokens wide."""
+    if fp8 and not fast_accum:
+        return []
+    return sorted({(c["tile_m"], c["tile_n"], c["cluster_m"], c.get("split_k", 1)) for c in SWAP_CONFIGS
+                   if c["tile_n"] >= SWAP_MIN_WIDTH})
 
 
 # A 2x1 cluster over an odd number of M tiles pads the last cluster with a CTA that has no rows:
@@ -184,13 +221,16 @@ def _split_fits(m, n, tile_m, tile_n, split_k):
 
 
 def _large_m(m, n, k_bytes, fp8, fast_accum):
-    """(tile_m, tile_n, cluster_m, split_k) of least modelled call time; near-ties go to the
-    unsplit, then the larger tile."""
-    options = [(call_time(m, n, *c, k_bytes=k_bytes), c) for c in candidates(fp8, fast_accum)
+    """(tile_m, tile_n, cluster_m, split_k, swap) of least modelled call time; near-ties go to
+    the unsplit, then the unswapped, then the larger tile. A swapped candidate is costed on the
+    kernel's N x M (its tile_m along N)."""
+    options = [(call_time(m, n, *c, k_bytes=k_bytes), (*c, False)) for c in candidates(fp8, fast_accum)
                if _cluster_fits(m, c[0], c[2]) and _split_fits(m, n, c[0], c[1], c[3])]
+    options += [(call_time(n, m, *c, k_bytes=k_bytes), (*c, True)) for c in swap_candidates(fp8, fast_accum)
+                if _cluster_fits(n, c[0], c[2]) and _split_fits(n, m, c[0], c[1], c[3])]
     best = min(cost for cost, _ in options)
     ties = [c for cost, c in options if cost <= best * (1 + TIE)]
-    return max(ties, key=lambda c: (-c[3], c[0] * c[1], c[2]))
+    return max(ties, key=lambda c: (-c[3], not c[4], c[0] * c[1], c[2]))
 
 
 def heuristic(problem, fp8, fast_accum=False):
@@ -207,6 +247,10 @@ def heuristic(problem, fp8, fast_accum=False):
         fix-up = FIXUP_WEIGHT x (split_k + 1) x tile_m x tile_n   (none unsplit)
         waves = ceil(clusters of tiles x split_k / clusters per wave), M tiles in whole clusters
     (split-K only up to one wave of units, see _split_fits)
+    and, but for promoted FP8, the same over the swapped tiles on the kernel's N x M (the weight
+    along the 128-row side, the tokens along tile_n in steps of 16, at least SWAP_MIN_WIDTH), so
+    a mid-sized M is padded to 16 rows instead of 128, as cuBLAS's tiles do (it runs torch's
+    x @ w.T as w @ x^T: its 72- to 176-wide N side is our M; docs/benchmarks.md)
     (a 2x1 cluster only on an even number of M tiles, or at least PADDED_CLUSTER_MIN_TILES)
     so a width that splits N into whole tiles and the tiles into whole waves wins over a wider
     one that leaves a wave part-empty, a partial last M tile (and an odd number of them under a
@@ -231,8 +275,8 @@ def heuristic(problem, fp8, fast_accum=False):
             return _config(64, 256, split_k=split_k, x_rows=decode_rows)
     if m > 64:
         k_bytes = problem.get("K", 0) * (1 if fp8 else 2)
-        tile_m, tile_n, cluster_m, split_k = _large_m(m, n, k_bytes, fp8, fast_accum)
-        return {**_config(tile_m, tile_n, cluster_m, split_k=split_k), **promote}
+        tile_m, tile_n, cluster_m, split_k, swap = _large_m(m, n, k_bytes, fp8, fast_accum)
+        return {**_config(tile_m, tile_n, cluster_m, split_k=split_k, swap=swap), **promote}
     # A 64-row tile streams its 64-row box of x along K beside the tile_n rows of w (the box is
     # loaded whole however few rows M has), so narrow tiles pay for x again and again (sweeps of
     # every 64-row config at M = 1-64, both ops: docs/benchmarks.md).
@@ -317,7 +361,10 @@ def stream_k_partials(config):
 
 
 def output_tiles(config, m, n):
-    """Output tiles of an M x N call (split-K: the tile counters it takes)."""
+    """Output tiles of an M x N call (split-K: the tile counters it takes); a swap config tiles
+    the kernel's N x M."""
+    if config.get("swap"):
+        m, n = n, m
     return _ceil_div(m, config["tile_m"]) * _ceil_div(n, config["tile_n"])
 
 
@@ -350,4 +397,5 @@ def kernel_args(config):
     return {"tile_mn": (config["tile_m"], config["tile_n"]), "cluster_m": config["cluster_m"],
             "raster_m": config["raster"] == "m", "group": config["group"],
             "promote_every": config.get("promote", 0), "split_k": config.get("split_k", 1),
-            "stream_k": bool(config.get("stream_k", 0)), "x_rows": config.get("x_rows", 0)}
+            "stream_k": bool(config.get("stream_k", 0)), "x_rows": config.get("x_rows", 0),
+            "swap_ab": bool(config.get("swap", 0))}

@@ -26,6 +26,10 @@ templates need, with its own tile order and an epilogue hook:
     tile's last: it resets the counter to zero for the next call, adds the tile's slots in
     split order (deterministic whoever comes last) and runs the epilogue as an unsplit tile
     does. One kernel, no spin-waits (CUTLASS's in-place split-K fix-up, without its waits);
+  * swap_ab (the templates pass the weight as A, the activations as B and D^T): tokens run along
+    the wgmma N, which takes any multiple of 8 (so a tile of 16-row granularity fits a mid-sized
+    M that 64-row wgmma M tiles pad), D^T is M-major and the epilogue stores it transposed
+    (transposing stmatrix, TMA store of (tile_m x 16|32) column blocks of D^T);
   * stream-K (``stream_k``, for grids whose last wave would be partial): the full waves of
     tiles run as above; the k-tiles of the remaining tiles are shared out evenly between all
     CTAs (gemm_configs.stream_k_*: a CTA's range touches at most two tiles), each CTA stores
@@ -53,6 +57,7 @@ from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
 NUM_SMS = gemm_configs.NUM_SMS
 _SMEM_BYTES = get_smem_capacity_in_bytes("sm_90")
 _EPI_TILE_N = 32  # epilogue sub-tile width (CUTLASS's choice for 16-bit outputs)
+_EPI_TILE_N_MIN = 16  # swap_ab tiles of an odd number of 16 columns store 16-wide sub-tiles
 _REDUCE_THREADS = 256  # 64-row split-K: threads per block of the partials reduction (4 columns each)
 _PRODUCER_REGS, _CONSUMER_REGS = 40, 232  # setmaxnreg split; 40*128 + 232*256 <= 64K
 
@@ -85,6 +90,11 @@ class HopperGemm:
                   shared memory; rows past x_rows hold stale data, which only reaches output
                   rows >= M, never stored. (TMA fills a box's rows past M with zeros, but a
                   64-row box with 63 such rows streams ~15% slower than one of 64 real rows.)
+    swap_ab:      the caller passes A = the weight [N, K], B = the activations [M, K] and
+                  D = the output's transpose (an M-major [N, M] view): the kernel's tile_n then
+                  runs along the tokens and may be any multiple of 16 from 32 to 256; the
+                  epilogue stores D^T's (tile_m x 16 or 32) column blocks. No 64-row split-K
+                  (its second kernel writes row-major D) and no stream-K.
     stream_k:     share the last partial wave's tiles out by k-tiles (no epilogue hook, no
                   promotion); the call then takes an fp32 partials buffer of at least
                   gemm_configs.stream_k_partials(config) elements (16-byte aligned).
@@ -100,11 +110,17 @@ class HopperGemm:
     """
 
     def __init__(self, tile_mn, cluster_m=1, raster_m=True, group=8, promote_every=0,
-                 split_k=1, stream_k=False, x_rows=0, epilogue=None, template="HopperGemm"):
+                 split_k=1, stream_k=False, x_rows=0, swap_ab=False, epilogue=None, template="HopperGemm"):
         self.tile_m, self.tile_n = tile_mn
         problems = [why for bad, why in (
-            (self.tile_m not in (64, 128) or self.tile_n % _EPI_TILE_N or not 64 <= self.tile_n <= 256,
+            (not swap_ab and (self.tile_m not in (64, 128) or self.tile_n % _EPI_TILE_N
+                              or not 64 <= self.tile_n <= 256),
              f"tile_m must be 64 or 128, tile_n a multiple of {_EPI_TILE_N} from 64 to 256"),
+            (swap_ab and (self.tile_m not in (64, 128) or self.tile_n % _EPI_TILE_N_MIN
+                          or not 2 * _EPI_TILE_N_MIN <= self.tile_n <= 256
+                          or stream_k or (split_k > 1 and self.tile_m == 64) or x_rows),
+             f"swap_ab: tile_m 64 or 128, tile_n a multiple of {_EPI_TILE_N_MIN} from 32 to 256, no stream-K, "
+             "x_rows or 64-row split-K"),
             (cluster_m not in (1, 2) or group < 0, "cluster_m must be 1 or 2 and group >= 0"),
             (split_k < 1 or (split_k > 1 and (cluster_m != 1 or (self.tile_m == 64 and epilogue is not None))),
              "split_k >= 1, and split-K runs with cluster_m 1 (64-row tiles: and no epilogue)"),
@@ -120,6 +136,10 @@ class HopperGemm:
         self.template = template
         self.cluster_m, self.raster_m, self.group = cluster_m, raster_m, group
         self.split_k, self.stream_k = split_k, stream_k
+        self.swap_ab = swap_ab
+        # D's layout as the kernel sees it: D^T (M-major) under swap_ab.
+        self.d_layout = LayoutEnum.COL_MAJOR if swap_ab else LayoutEnum.ROW_MAJOR
+        self.epi_n = _EPI_TILE_N if self.tile_n % _EPI_TILE_N == 0 else _EPI_TILE_N_MIN
         # 128-row split-K tiles are fixed up in place by the last unit of each tile; 64-row
         # (decode) ones are summed by a second kernel: measured faster there on the H200
         # (docs/benchmarks.md), where one warp of the last unit would read split_k slots.
@@ -144,11 +164,11 @@ class HopperGemm:
         # 4 wgmma k-blocks per stage = 128 bytes of K per row, one 128B-swizzle atom.
         self.tile_k = cute.size(self.tiled_mma.shape_mnk, mode=[2]) * 4
         self.tile_mnk = (self.tile_m, self.tile_n, self.tile_k)
-        self.epi_tile = (self.tile_m, _EPI_TILE_N)
+        self.epi_tile = (self.tile_m, self.epi_n)
         # As many A/B stages as fit beside 2 store buffers; leftover bytes buy up to 4 of those.
         # The head (mbarriers of <= 32 stages, epilogue words) is padded to sA's 1 KB alignment.
         ab_bytes = (self.tile_m * a_dtype.width + self.tile_n * b_dtype.width) * self.tile_k // 8
-        d_bytes = self.tile_m * _EPI_TILE_N * d_dtype.width // 8
+        d_bytes = self.tile_m * self.epi_n * d_dtype.width // 8
         # (+1 word: the split-K fix-up's flag; other kernels keep the 4 bytes in the head's slack)
         head = -(-(16 * 32 + 4 * (self.epi_words + self.fix_up_in_place)) // 1024) * 1024
         free = _SMEM_BYTES - head - 2 * d_bytes
@@ -157,7 +177,7 @@ class HopperGemm:
         row_major = LayoutEnum.ROW_MAJOR  # A, B K-major; D N-major
         self.a_smem = sm90_utils.make_smem_layout_a(row_major, self.tile_mnk, a_dtype, self.stages)
         self.b_smem = sm90_utils.make_smem_layout_b(row_major, self.tile_mnk, b_dtype, self.stages)
-        self.d_smem = sm90_utils.make_smem_layout_epi(d_dtype, row_major, self.epi_tile, self.epi_stages)
+        self.d_smem = sm90_utils.make_smem_layout_epi(d_dtype, self.d_layout, self.epi_tile, self.epi_stages)
         # One stage of the A box: the first x_rows rows of an A stage (same swizzle pattern).
         self.a_box_smem = sm90_utils.make_smem_layout_a(
             row_major, (self.x_rows, self.tile_n, self.tile_k), a_dtype, 1)
@@ -204,6 +224,7 @@ class HopperGemm:
                  partials: cute.Tensor = None, counters: cute.Tensor = None):
         """Launch D = A @ B^T; ``partials`` (fp32, 1-D) is the split-K or stream-K buffer, only
         with split_k > 1 or stream_k; ``counters`` (int32, 1-D) the split-K tile counters."""
+        a, b, d = self._operands(a, b, d)
         self._setup(a.element_type, b.element_type, d.element_type)
         tma_a, gA, tma_b, gB, tma_d, gD = self._make_tma_atoms(a, b, d)
 
@@ -235,6 +256,14 @@ class HopperGemm:
             self.reduce_stream_k(self.tiled_mma, partials, d, clusters_m, clusters_n, k_tiles).launch(
                 grid=(cutlass.max(shared * self.cluster_m, 1), 1, 1),
                 block=(self.num_mma_threads, 1, 1), stream=stream)
+
+    def _operands(self, a, b, d):
+        """(A, B, D) as the kernel multiplies them: under swap_ab the weight (b) is A, the
+        activations B, and D the output's transpose (its modes swapped: an M-major view).
+        Plain Python, run while __call__ is traced."""
+        if not self.swap_ab:
+            return a, b, d
+        return b, a, cute.make_tensor(d.iterator, cute.select(d.layout, mode=[1, 0]))
 
     # -------------------------------------------------------------- device side
     @cute.jit
@@ -495,9 +524,10 @@ class HopperGemm:
         tiled_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
 
         # Register -> shared copy of the epilogue (stmatrix), partitioned like the MMA's C.
-        stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.d_dtype)
+        # (transposing under swap_ab: D^T is M-major)
+        stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(self.swap_ab, 4), self.d_dtype)
         c.tiled_r2s = cute.make_tiled_copy_S(
-            sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.d_dtype, Float32),
+            sm90_utils.get_smem_store_op(self.d_layout, self.d_dtype, Float32),
             cute.make_tiled_copy_C_atom(stmatrix, tiled_mma))
         c.thr_r2s = c.tiled_r2s.get_slice(mma_tidx)
         c.tRS_sD = c.thr_r2s.partition_D(sD)  # (R2S, R2S_M, R2S_N, EPI_STAGE)
@@ -561,7 +591,7 @@ class HopperGemm:
         gD_sub = cute.zipped_divide(gD_tile, self.epi_tile)
         bSG_sD, bSG_gD = cpasync.tma_partition(tma_d, 0, cute.make_layout(1),
                                                cute.group_modes(sD, 0, 2), gD_sub)
-        num_sub = self.tile_n // _EPI_TILE_N
+        num_sub = self.tile_n // self.epi_n
         store_pipeline = c.store_pipeline  # a local: the DSL refuses attribute calls inside a dynamic if
         for j in cutlass.range_constexpr(num_sub):
             for v in cutlass.range_constexpr(c.sub_size):

@@ -7,7 +7,9 @@ The tile's x_scale rows and w_scale (+ bias) columns are loaded into registers w
 starts (their latency hides under the mainloop), staged in shared memory after the mainloop, and
 read per output value before the single rounding to the output dtype. The kernel's epi_args are
 (x_scale, w_scale) or (x_scale, w_scale, bias), indexed from the tile's origin (m0, n0) as the
-kernel passes it (the grouped kernel's n0 indexes the flattened [G * N] w_scale).
+kernel passes it (the grouped kernel's n0 indexes the flattened [G * N] w_scale). With
+``swapped`` (a swap_ab GEMM: the kernel's m runs along the weight's rows, its n along the
+tokens) x_scale follows the kernel's n and w_scale and the bias its m.
 """
 import cutlass
 import cutlass.cute as cute
@@ -17,13 +19,17 @@ from cutlass import Float32, const_expr
 class RowwiseScale:
     """The epilogue hook for one tile shape (tile_m rows: 2 * tile_m consumer threads)."""
 
-    def __init__(self, tile_m, tile_n, has_bias=False):
-        self.tile_m, self.tile_n, self.has_bias = tile_m, tile_n, has_bias
+    def __init__(self, tile_m, tile_n, has_bias=False, swapped=False):
+        self.tile_m, self.tile_n, self.has_bias, self.swapped = tile_m, tile_n, has_bias, swapped
         self.threads = 2 * tile_m  # consumer threads: 128 per 64 rows
-        # (smem offset, length) of x_scale, w_scale and bias inside the staging buffer
-        self.segments = [(0, tile_m), (tile_m, tile_n)] + [(tile_m + tile_n, tile_n)] * has_bias
-        self.smem_words = sum(length for _, length in self.segments)
-        self.num_regs = sum(self._per_thread(length) for _, length in self.segments)
+        # (smem offset, length, kernel axis: 0 m, 1 n) of x_scale, w_scale and bias inside the
+        # staging buffer
+        x_axis, w_axis = (1, 0) if swapped else (0, 1)
+        x_len, w_len = (tile_m, tile_n)[x_axis], (tile_m, tile_n)[w_axis]
+        self.segments = ([(0, x_len, x_axis), (x_len, w_len, w_axis)]
+                         + [(x_len + w_len, w_len, w_axis)] * has_bias)
+        self.smem_words = sum(length for _, length, _ in self.segments)
+        self.num_regs = sum(self._per_thread(length) for _, length, _ in self.segments)
 
     def _per_thread(self, length):
         return -(-length // self.threads)
@@ -34,7 +40,7 @@ class RowwiseScale:
         r = 0
         for seg in cutlass.range_constexpr(len(self.segments)):
             src, length = epi_args[seg], self.segments[seg][1]
-            origin = m0 if const_expr(seg == 0) else n0
+            origin = m0 if const_expr(self.segments[seg][2] == 0) else n0
             for i in cutlass.range_constexpr(self._per_thread(length)):
                 j = tidx + i * self.threads
                 if j < length:
@@ -45,7 +51,7 @@ class RowwiseScale:
     def stage(self, regs, smem, tidx):
         r = 0
         for seg in cutlass.range_constexpr(len(self.segments)):
-            offset, length = self.segments[seg]
+            offset, length, _ = self.segments[seg]
             for i in cutlass.range_constexpr(self._per_thread(length)):
                 j = tidx + i * self.threads
                 if j < length:
@@ -54,9 +60,12 @@ class RowwiseScale:
 
     @cute.jit
     def apply(self, acc, coords, smem):
+        x_off, w_off = self.segments[0][0], self.segments[1][0]
+        b_off = x_off + self.tile_m + self.tile_n
         for i in cutlass.range_constexpr(cute.size(acc)):
             m, n = coords[i]
-            value = acc[i] * smem[m] * smem[self.tile_m + n]
+            x_i, w_i = (n, m) if const_expr(self.swapped) else (m, n)
+            value = acc[i] * smem[x_off + x_i] * smem[w_off + w_i]
             if const_expr(self.has_bias):
-                value = value + smem[self.tile_m + self.tile_n + n]
+                value = value + smem[b_off + w_i]
             acc[i] = value

@@ -267,6 +267,8 @@ def test_x_rows_configs_serve_decode_only(op, monkeypatch):
 #   fix-up = FIXUP_WEIGHT x (split_k + 1) x tile_m x tile_n   (none unsplit)
 #   waves = ceil(clusters of output tiles x split_k / (NUM_SMS / cluster_m)), M tiles in whole clusters
 #   split-K only where tiles x split_k <= NUM_SMS (one wave of units)
+#   swapped configs (fast accumulation or 16-bit, at least SWAP_MIN_WIDTH tokens wide): the same
+#   on the kernel's N x M (tile_m along N, tile_n along M, the cluster rule on N's tiles)
 # k_steps: the bf16-equivalent depth of K in whole 128-byte k-tiles, each split a whole number.
 LAYERS_N = (1024, 2112, 2560, 4096, 5120, 6144, 7168, 8192, 13824, 14336, 28672, 57344, 72, 1000, 8200)
 LARGE_M = (65, 100, 128, 129, 200, 257, 333, 640, 1000, 1500, 2048, 3000, 4096, 8192, 16384)
@@ -289,54 +291,73 @@ def _model_time(m, n, k_bytes, tile_m, tile_n, cluster_m, split_k):
 def test_large_m_heuristic_is_the_model_s_best(op, sig):
     """For M > 64 the default is the tile and K split of least modelled time among the op's
     128-row configs (no stream-K or x_rows; promoted FP8: promote 4; not 128x64 in a 2x1
-    cluster), near-ties going to no split, then the larger tile."""
+    cluster) and, but for promoted FP8, its swapped ones of at least SWAP_MIN_WIDTH tokens,
+    near-ties going to no split, then the unswapped, then the larger tile."""
     (template,) = registry.get_templates(op=op, backend="cute")
-    shapes = {(c["tile_m"], c["tile_n"], c["cluster_m"], c.get("split_k", 1))
+    shapes = {(c["tile_m"], c["tile_n"], c["cluster_m"], c.get("split_k", 1), bool(c.get("swap")))
               for c in template.valid_configs("sm90a", sig)
               if not ({"stream_k", "x_rows"} & c.keys()) and c.get("promote", 0) in (0, 4)
-              and c["tile_m"] == 128 and (c["tile_n"], c["cluster_m"]) != (64, 2)}
+              and c["tile_m"] == 128
+              and (c["tile_n"] >= gemm_configs.SWAP_MIN_WIDTH if c.get("swap")
+                   else (c["tile_n"], c["cluster_m"]) != (64, 2))}
+    assert any(s[4] for s in shapes) == (sig != {"bias": "none", "fast_accum": False})
     k_bytes_per = 2 if op == "bf16_gemm" else 1
     for m, n, k in itertools.product(LARGE_M, LAYERS_N, (1024, 4096, 28672)):
         config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
-        chosen = (config["tile_m"], config["tile_n"], config["cluster_m"], config.get("split_k", 1))
-        m_tiles = -(-m // 128)  # a 2x1 cluster needs an even number of M tiles, or many
-        shapes_m = {s for s in shapes if s[2] == 1 or m_tiles % 2 == 0 or m_tiles >= 8}
-        # Split-K at most up to one wave of units.
-        shapes_m = {s for s in shapes_m if s[3] == 1 or -(-m // s[0]) * -(-n // s[1]) * s[3] <= gemm_configs.NUM_SMS}
-        times = {s: _model_time(m, n, k * k_bytes_per, *s) for s in shapes_m}
+        chosen = (config["tile_m"], config["tile_n"], config["cluster_m"], config.get("split_k", 1),
+                  bool(config.get("swap")))
+        times = {}
+        for s in shapes:
+            rows, cols = (n, m) if s[4] else (m, n)  # the kernel's M x N
+            row_tiles = -(-rows // 128)  # a 2x1 cluster needs an even number of row tiles, or many
+            if s[2] == 2 and row_tiles % 2 and row_tiles < 8:
+                continue
+            # Split-K at most up to one wave of units.
+            if s[3] > 1 and row_tiles * -(-cols // s[1]) * s[3] > gemm_configs.NUM_SMS:
+                continue
+            times[s] = _model_time(rows, cols, k * k_bytes_per, *s[:4])
         best = min(times.values())
-        assert chosen in shapes_m and times[chosen] <= best * (1 + gemm_configs.TIE), (m, n, k, config)
-        near = [s for s in shapes_m if times[s] <= best * (1 + gemm_configs.TIE)]
+        assert chosen in times and times[chosen] <= best * (1 + gemm_configs.TIE), (m, n, k, config)
+        near = [s for s in times if times[s] <= best * (1 + gemm_configs.TIE)]
         assert chosen[3] == min(s[3] for s in near), (m, n, k, config, near)
-        unsplit = [s for s in near if s[3] == chosen[3]]
-        assert chosen[0] * chosen[1] == max(s[0] * s[1] for s in unsplit), (m, n, k, config, near)
+        same_split = [s for s in near if s[3] == chosen[3]]
+        assert chosen[4] == all(s[4] for s in same_split), (m, n, k, config, near)
+        alike = [s for s in same_split if s[4] == chosen[4]]
+        assert chosen[0] * chosen[1] == max(s[0] * s[1] for s in alike), (m, n, k, config, near)
 
 
 def test_model_prefers_widths_that_fit_the_layer():
     """What the model buys on real layers: N = 2112 at large M takes a width that splits it into
-    whole tiles (11 x 192 or 10 x 224 wasting less than 256's 9 tiles' last wave), and an odd
-    number of 128-row M tiles that a 2x1 cluster would round up to a second wave runs without
-    one. M > 64 always takes 128-row tiles (64-row ones measured slower there)."""
+    whole tiles (11 x 192 or 10 x 224 wasting less than 256's 9 tiles' last wave); a mid-sized M
+    that 128-row tiles would pad takes swapped tiles (the weight along the kernel's M, the tokens
+    along its N in steps of 16), whose token width fits M; large M keeps the unswapped big tile.
+    M > 64 always takes 128-row tiles (64-row ones measured slower there)."""
     (bf16,) = registry.get_templates(op="bf16_gemm", backend="cute")
     sig = {"dtype": "bfloat16"}
 
     def pick(m, n, k=1024):
         c = bf16.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
-        return c["tile_m"], c["tile_n"], c["cluster_m"], c.get("split_k", 1)
+        return c["tile_m"], c["tile_n"], c["cluster_m"], c.get("split_k", 1), bool(c.get("swap"))
 
-    assert pick(8192, 2112)[1] in (192, 224)
-    assert pick(8192, 8192, 8192) == (128, 256, 2, 1)  # 8192^3 keeps the big tile
-    # M = 333: 3 M tiles; a 2x1 cluster would pad a fourth (and run 4 x 40 = 160 > 132 CTAs).
-    assert pick(333, 5120) == (128, 128, 1, 1)
-    assert pick(324, 4096)[2] == 1 and pick(256, 8192) == (128, 128, 2, 1)
-    # Split-K where the tiles leave SMs idle and K is long: M = 129 at 4096 x 4096 has 64 tiles
-    # of 128 x 128 (half the SMs); M = 333 at 5120 x 4096 takes 256-wide tiles, split in two.
-    assert pick(129, 4096, 4096) == (128, 128, 1, 2)
-    assert pick(333, 5120, 4096) == (128, 256, 1, 2)
+    assert pick(8192, 2112)[1] in (192, 224) and not pick(8192, 2112)[4]
+    assert pick(8192, 8192, 8192) == (128, 256, 2, 1, False)  # 8192^3 keeps the big tile
+    assert pick(2048, 8192, 8192) == (128, 256, 2, 1, False)
+    # M = 333: 3 x 128 rows pad 15%, 3 x 112 swapped columns 1%; 40 weight tiles in 2x1
+    # clusters x 3 = 120 CTAs, one wave.
+    assert pick(333, 5120) == (128, 112, 2, 1, True)
+    assert pick(324, 4096) == (128, 96, 2, 1, True)  # 4 x 96 = 384 > 324 > 3 x 96: tiles x waves
+    assert pick(256, 8192) == (128, 128, 2, 1, False)  # M a multiple of 128: unswapped
+    # Split-K where the tiles leave SMs idle and K is long: M = 129 at 4096 x 4096 is one
+    # swapped 160-token tile by 32 weight tiles, split in 4 (128 units).
+    assert pick(129, 4096, 4096) == (128, 160, 1, 4, True)
     for m, n, k in itertools.product(LARGE_M, LAYERS_N, (1024, 8192)):
-        tile_m, tile_n, cluster_m, split_k = pick(m, n, k)
-        assert tile_m == 128 and tile_n % 32 == 0 and 64 <= tile_n <= 256 and (tile_n, cluster_m) != (64, 2)
-        assert split_k == 1 or (cluster_m == 1 and -(-m // 128) * -(-n // tile_n) * split_k <= gemm_configs.NUM_SMS)
+        tile_m, tile_n, cluster_m, split_k, swap = pick(m, n, k)
+        rows, cols = (n, m) if swap else (m, n)
+        assert tile_m == 128 and 64 <= tile_n <= 256
+        assert (tile_n % 16 == 0 and tile_n >= gemm_configs.SWAP_MIN_WIDTH if swap
+                else tile_n % 32 == 0 and (tile_n, cluster_m) != (64, 2))
+        assert split_k == 1 or (cluster_m == 1 and -(-rows // 128) * -(-cols // tile_n) * split_k
+                                <= gemm_configs.NUM_SMS)
 
 
 def test_model_picks_within_half_a_percent_of_the_sweep_s_fastest():
