@@ -119,6 +119,10 @@ class Scatter(MoeRows):
     def __init__(self, config, sig):
         super().__init__(config, sig)
         self.sorted = config.get("method") == "sorted"
+        self.linked = config.get("method") == "linked"
+        # Programmatic dependent launch of the sorted method's kernels 2-5: each may start while
+        # its predecessor runs and waits for it (griddepcontrol.wait) before reading anything.
+        self.pdl = bool(config.get("pdl", False))
         self.elem_bytes = ELEM_BYTES[sig["dtype"]]
         self.slots = SCATTER_THREADS * self.unroll                       # vectors per scatter block
         self.k_min = (MIN_SLICE_BYTES // (self.vec * self.elem_bytes)).bit_length() - 1
@@ -183,6 +187,12 @@ class Scatter(MoeRows):
                 cute.make_tensor(base + (2 * t + 1 + a), cute.make_layout(a)),
                 cute.make_tensor(base + (2 * t + 1 + 2 * a), cute.make_layout(t)))
 
+    def after_predecessor(self):
+        """PDL: let the next kernel launch, then wait for the previous one (no-op without PDL)."""
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
+            cute.arch.griddepcontrol_wait()
+
     def flat_index(self):
         tidx, _, _ = cute.arch.thread_idx()
         b, _, _ = cute.arch.block_idx()
@@ -206,6 +216,8 @@ class Scatter(MoeRows):
     @cute.kernel
     def zero_kernel(self, mWs: cute.Tensor, t: Int32, a: Int32):
         counts, _, _, _, _ = self.workspace_views(mWs, t, a)
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
         i = self.flat_index()
         if i < t:
             counts[i] = 0
@@ -213,6 +225,7 @@ class Scatter(MoeRows):
     @cute.kernel
     def count_kernel(self, mTok: cute.Tensor, mN: cute.Tensor, mWs: cute.Tensor, t: Int32):
         counts, _, pos, _, first = self.workspace_views(mWs, t, mTok.shape[0])
+        self.after_predecessor()
         i, tok, routed = self.routed_row(mTok, mN, t)
         if routed:
             # The old count is this row's position among its token's rows; position 0 is also
@@ -232,6 +245,7 @@ class Scatter(MoeRows):
         # per tile). Warp totals are scanned through shared memory; each chunk is scanned with
         # shuffles on top of the running sum; a carry runs across tiles.
         counts, offsets, _, _, _ = self.workspace_views(mWs, t, a)
+        self.after_predecessor()
         tidx, _, _ = cute.arch.thread_idx()
         warp, lane = tidx // 32, tidx % 32
         smem = cutlass.memory.SmemAllocator()
@@ -275,6 +289,7 @@ class Scatter(MoeRows):
     @cute.kernel
     def place_kernel(self, mTok: cute.Tensor, mN: cute.Tensor, mWs: cute.Tensor, t: Int32):
         _, offsets, pos, rows, _ = self.workspace_views(mWs, t, mTok.shape[0])
+        self.after_predecessor()
         i, tok, routed = self.routed_row(mTok, mN, t)
         if routed:
             rows[offsets[tok] + pos[i]] = i
@@ -286,6 +301,8 @@ class Scatter(MoeRows):
         t, _, _ = cute.arch.block_idx()
         n_tok = mOut.shape[0]
         _, offsets, _, rows, first = self.workspace_views(mWs, n_tok, mY.shape[0])
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
         # The token's first row comes straight from first[t], loaded beside its offsets (only
         # read when the token has rows): its data loads wait for one index load, as the
         # gather's do, instead of two (offsets, then the list).
@@ -314,6 +331,63 @@ class Scatter(MoeRows):
                     r.store(acc[j].load().to(dtype))
                     cute.autovec_copy(r, out_vecs[None, ids[j]])
 
+    # -- method "linked": one list of rows per token (heads [t], next [a]), walked by the reduction --
+    def link_views(self, mWs, t, a):
+        """heads [t] (the last row linked per token, -1 for none) and next [a] (the row linked
+        before each row, -1 at a list's end) inside the workspace."""
+        base = mWs.iterator
+        return cute.make_tensor(base, cute.make_layout(t)), cute.make_tensor(base + t, cute.make_layout(a))
+
+    @cute.kernel
+    def head_kernel(self, mWs: cute.Tensor, t: Int32, a: Int32):
+        heads, _ = self.link_views(mWs, t, a)
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
+        i = self.flat_index()
+        if i < t:
+            heads[i] = -1
+
+    @cute.kernel
+    def link_kernel(self, mTok: cute.Tensor, mN: cute.Tensor, mWs: cute.Tensor, t: Int32):
+        heads, nxt = self.link_views(mWs, t, mTok.shape[0])
+        self.after_predecessor()
+        i, tok, routed = self.routed_row(mTok, mN, t)
+        if routed:
+            nxt[i] = cute.arch.atomic_exch((heads.iterator + tok).llvm_ptr, Int32(i), sem="relaxed", scope="gpu")
+
+    @cute.kernel
+    def linked_reduce_kernel(self, mOut: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
+        # Block (t, c): out[t] chunk c += the chunk of each row on token t's list, summed in fp32;
+        # each row's next index is loaded with its data, so one index load separates two rows.
+        VEC, dtype = self.vec, self.dtype
+        t, _, _ = cute.arch.block_idx()
+        heads, nxt = self.link_views(mWs, mOut.shape[0], mY.shape[0])
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+        row = heads[t]
+        if row >= 0:
+            nvec = mOut.shape[1] // VEC
+            ids, ok = self.vector_ids(nvec)
+            out_vecs = cute.zipped_divide(mOut[t, None], (VEC,))
+            frags = self.load_row(out_vecs, ids)
+            ys = self.load_row(cute.zipped_divide(mY[row, None], (VEC,)), ids)
+            row = nxt[row]
+            acc = []
+            for j in cutlass.range_constexpr(self.unroll):
+                f = cute.make_rmem_tensor((VEC,), Float32)
+                f.store(frags[j].load().to(Float32) + ys[j].load().to(Float32))
+                acc.append(f)
+            while row >= 0:
+                ys = self.load_row(cute.zipped_divide(mY[row, None], (VEC,)), ids)
+                row = nxt[row]
+                for j in cutlass.range_constexpr(self.unroll):
+                    acc[j].store(acc[j].load() + ys[j].load().to(Float32))
+            r = cute.make_rmem_tensor((VEC,), dtype)
+            for j in cutlass.range_constexpr(self.unroll):
+                if ok[j]:
+                    r.store(acc[j].load().to(dtype))
+                    cute.autovec_copy(r, out_vecs[None, ids[j]])
+
     # -- host launcher ---------------------------------------------------------------------------
     @cute.jit
     def __call__(self, mOut: cute.Tensor, mY: cute.Tensor, mTok: cute.Tensor, mN: cute.Tensor,
@@ -323,12 +397,22 @@ class Scatter(MoeRows):
             t_blocks = ((t + INDEX_THREADS - 1) // INDEX_THREADS, 1, 1)
             a_blocks = ((a + INDEX_THREADS - 1) // INDEX_THREADS, 1, 1)
             index_block = (INDEX_THREADS, 1, 1)
+            pdl = {"use_pdl": True} if const_expr(self.pdl) else {}
             self.zero_kernel(mWs, t, a).launch(grid=t_blocks, block=index_block, stream=stream)
-            self.count_kernel(mTok, mN, mWs, t).launch(grid=a_blocks, block=index_block, stream=stream)
-            self.scan_kernel(mWs, t, a).launch(grid=(1, 1, 1), block=(SCAN_THREADS, 1, 1), stream=stream)
-            self.place_kernel(mTok, mN, mWs, t).launch(grid=a_blocks, block=index_block, stream=stream)
+            self.count_kernel(mTok, mN, mWs, t).launch(grid=a_blocks, block=index_block, stream=stream, **pdl)
+            self.scan_kernel(mWs, t, a).launch(grid=(1, 1, 1), block=(SCAN_THREADS, 1, 1), stream=stream, **pdl)
+            self.place_kernel(mTok, mN, mWs, t).launch(grid=a_blocks, block=index_block, stream=stream, **pdl)
             grid, block = self.grid_and_block(t, d)
-            self.reduce_kernel(mOut, mY, mWs).launch(grid=grid, block=block, stream=stream)
+            self.reduce_kernel(mOut, mY, mWs).launch(grid=grid, block=block, stream=stream, **pdl)
+        elif const_expr(self.linked):
+            pdl = {"use_pdl": True} if const_expr(self.pdl) else {}
+            index_block = (INDEX_THREADS, 1, 1)
+            self.head_kernel(mWs, t, a).launch(grid=((t + INDEX_THREADS - 1) // INDEX_THREADS, 1, 1),
+                                               block=index_block, stream=stream)
+            self.link_kernel(mTok, mN, mWs, t).launch(grid=((a + INDEX_THREADS - 1) // INDEX_THREADS, 1, 1),
+                                                      block=index_block, stream=stream, **pdl)
+            grid, block = self.grid_and_block(t, d)
+            self.linked_reduce_kernel(mOut, mY, mWs).launch(grid=grid, block=block, stream=stream, **pdl)
         else:
             grid, log2_slice = self.scatter_launch(t, a, d)
             self.scatter_kernel(mOut, mY, mTok, mN, log2_slice).launch(

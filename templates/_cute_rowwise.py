@@ -31,8 +31,8 @@ DSL_DTYPES = {
 # against 250-252 us with the default policy (Liger's swiglu, plain loads: 250-251 us), and
 # rmsnorm_add 276-281 against 263-266 us at 4000-14336.
 KEEP = cute.nvgpu.CacheEvictionPriority.EVICT_NORMAL
-# The FP8 row quantizers (``quantize_row``) still read their single-use tiles with no_allocate:
-# their tiles were chosen and timed with it; the default policy is not timed for them yet.
+# The FP8 row quantizers (``quantize_row``) take the policy of their single-use loads from the
+# config (``l1``: "keep" = KEEP, "stream" = NO_ALLOCATE).
 NO_ALLOCATE = cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE
 
 
@@ -99,6 +99,16 @@ def launch_hints(tile, regs_per_thread: int = 64) -> dict:
     compile from querying a device for the SM's shared memory size.)"""
     return {"min_blocks_per_mp": max(1, 65536 // (tile.threads * regs_per_thread)),
             "preferred_smem_carveout": -1}
+
+
+def quantize_launch(tile, rows) -> dict:
+    """Grid, block and cluster of a row-wise FP8 quantizer over ``rows`` rows: one CTA per
+    ``rows_per_block`` rows, or ``tile.cluster`` CTAs (one cluster) per row."""
+    launch = {"grid": (cute.ceil_div(rows, tile.rows_per_block) * tile.cluster, 1, 1),
+              "block": (tile.threads, 1, 1)}
+    if tile.cluster > 1:
+        launch["cluster"] = (tile.cluster, 1, 1)
+    return launch
 
 
 # ----------------------------------------------------------------------------------------------
@@ -333,37 +343,73 @@ def map_row(srcs, combine: cutlass.Constexpr, dst: cute.Tensor, tile: cutlass.Co
 @cute.jit
 def quantize_row(srcs, combine: cutlass.Constexpr, dst: cute.Tensor, tile: cutlass.Constexpr, lane: Int32,
                  nvec: Int32, row_in_cta: Int32, buf, scale_ub, eps: cutlass.Constexpr[float],
-                 fp8_max: cutlass.Constexpr[float]) -> Float32:
+                 fp8_max: cutlass.Constexpr[float], base: Int32 = 0, cbuf=None) -> Float32:
     """Row-wise FP8 quantization of the row values combine(*srcs) into ``dst``; returns the row's
     dequant scale (the same in every thread of the row).
 
-    The first tile of the row stays in registers from the absmax pass to the quantize pass, so
-    a row of up to ``tile.tile_k`` elements is read from DRAM once. Longer rows stream the other
-    tiles twice (absmax, then quantize); the second read mostly hits L2. Every thread of the CTA
-    must call this (one barrier when a row spans several warps)."""
+    The CTA handles the row's vectors [base, nvec) (all of them unless the row is split over a
+    cluster: then ``cbuf``, a one-slot shared buffer, carries the CTA's absmax to the others).
+    The first tile of that range stays in registers from the absmax pass to the quantize pass,
+    so a row of up to ``tile.row_k`` elements is read from DRAM once. Longer rows stream the
+    other tiles twice (absmax, then quantize); the second read mostly hits L2. Every thread of
+    the CTA must call this (one barrier when a row spans several warps, two cluster barriers
+    when it spans several CTAs)."""
     tpr, tv = tile.tpr, tile.tile_vecs
+    once = NO_ALLOCATE if const_expr(tile.l1 == "stream") else KEEP   # L1 policy of single-use loads
     bounded = scale_ub is None
     dtypes = [s.element_type for s in srcs]
     ins = tile_fragments(tile, dtypes)
-    load_tile(srcs, ins, lane, tpr, nvec, NO_ALLOCATE)
+    load_tile(srcs, ins, base + lane, tpr, nvec, once)
     held = combine(*ins)  # an SSA value: lives in registers until the quantize pass
     amax = absmax(held, Float32(0.0))
 
-    ntiles = cute.ceil_div(nvec, tv)
+    ntiles = cute.ceil_div(nvec - base, tv)
     for t in cutlass.range(1, ntiles):
         part = tile_fragments(tile, dtypes)
-        load_tile(srcs, part, t * tv + lane, tpr, nvec, KEEP)
+        load_tile(srcs, part, base + t * tv + lane, tpr, nvec, KEEP)
         amax = absmax(combine(*part), amax)
 
     amax = row_allreduce(amax, nan_max, tpr, buf, row_in_cta, lane)
+    if const_expr(tile.cluster > 1):
+        amax = cluster_allreduce(amax, cbuf, tile.cluster)
     scale, rcp = fp8_row_scale(amax, eps, fp8_max, scale_ub)
-    store_tile(fp8_quantize_tile(held, scale, rcp, fp8_max, dst.element_type, bounded), dst, lane, tpr, nvec)
+    store_tile(fp8_quantize_tile(held, scale, rcp, fp8_max, dst.element_type, bounded), dst, base + lane, tpr,
+               nvec)
     for t in cutlass.range(1, ntiles):
         part = tile_fragments(tile, dtypes)
-        load_tile(srcs, part, t * tv + lane, tpr, nvec, NO_ALLOCATE)
+        load_tile(srcs, part, base + t * tv + lane, tpr, nvec, once)
         q = fp8_quantize_tile(combine(*part), scale, rcp, fp8_max, dst.element_type, bounded)
-        store_tile(q, dst, t * tv + lane, tpr, nvec)
+        store_tile(q, dst, base + t * tv + lane, tpr, nvec)
+    if const_expr(tile.cluster > 1):
+        cute.arch.cluster_wait()   # the other CTAs have read this one's slot: its smem may go
     return scale
+
+
+def load_dsmem_f32(buf, rank: int) -> Float32:
+    """buf[0] of the cluster's CTA ``rank`` (ld.shared::cluster; the DSL's tensors in the
+    distributed shared space take no loads). Inline PTX is volatile: it stays after the barrier."""
+    addr = Int32(cute.arch.map_dsmem_ptr(buf.iterator, Int32(rank)).toint())
+    return cute.arch.inline_ptx("ld.shared::cluster.f32 {$w0}, [{$r0}];", write_only_types=[Float32],
+                                read_only_args=[addr])
+
+
+@cute.jit
+def cluster_allreduce(val: Float32, cbuf, cluster: cutlass.Constexpr[int]) -> Float32:
+    """The NaN-propagating max of ``val`` (the same in every thread of a CTA) over the CTAs of
+    the cluster, in rank order (the same bits everywhere). Publishes ``val`` in the CTA's slot,
+    meets the others at a cluster barrier (release / acquire), reads every slot through
+    distributed shared memory, then arrives at a second barrier that the caller waits on before
+    it exits (``cute.arch.cluster_wait``), so no CTA leaves while another reads its slot."""
+    tidx, _, _ = cute.arch.thread_idx()
+    if tidx == 0:
+        cbuf[0] = val
+    cute.arch.cluster_arrive()
+    cute.arch.cluster_wait()
+    out = load_dsmem_f32(cbuf, 0)
+    for r in cutlass.range_constexpr(1, cluster):
+        out = nan_max(out, load_dsmem_f32(cbuf, r))
+    cute.arch.cluster_arrive_relaxed()
+    return out
 
 
 @cute.jit
@@ -373,14 +419,34 @@ def quantize_rows(inputs, combine: cutlass.Constexpr, mUB: cute.Tensor, mQ: cute
     """Kernel body of the row-wise FP8 quantizers: the CTA's rows of combine(*inputs) (inputs
     [M, K]) quantized into mQ, their dequant scales into mS; scale_ub read from mUB[0] when
     ``has_ub``. ``rows``: how many rows to compute (default all of mQ's); the others are
-    neither read nor written."""
+    neither read nor written. A clustered tile (``tile.cluster`` CTAs per row, the grid's x
+    being rows * cluster) gives CTA rank r of a row the vectors [r * share, (r + 1) * share)."""
     if const_expr(rows is None):
         rows = mQ.shape[0]
-    row, row_in_cta, lane, nvec = cta_row(tile, rows, mQ.shape[1])
     ub = mUB[0] if const_expr(has_ub) else None
-    buf = reduction_buffer(cutlass.utils.SmemAllocator(), tile)
-    srcs = tuple(row_vectors(t, row, tile.vec) for t in inputs)
-    scale = quantize_row(srcs, combine, row_vectors(mQ, row, tile.vec), tile, lane, nvec, row_in_cta, buf,
-                         ub, eps, fp8_max)
-    if lane == 0 and nvec > 0:
-        mS[row] = scale
+    smem = cutlass.utils.SmemAllocator()
+    buf = reduction_buffer(smem, tile)
+    if const_expr(tile.cluster == 1):
+        row, row_in_cta, lane, nvec = cta_row(tile, rows, mQ.shape[1])
+        srcs = tuple(row_vectors(t, row, tile.vec) for t in inputs)
+        scale = quantize_row(srcs, combine, row_vectors(mQ, row, tile.vec), tile, lane, nvec, row_in_cta, buf,
+                             ub, eps, fp8_max)
+        if lane == 0 and nvec > 0:
+            mS[row] = scale
+    else:
+        cbuf = smem.allocate_tensor(Float32, cute.make_layout(1), byte_alignment=16)
+        lane, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        rank = bidx % tile.cluster
+        row = bidx // tile.cluster
+        total = mQ.shape[1] // tile.vec
+        share = cute.ceil_div(total, tile.cluster)
+        base = rank * share
+        end = cutlass.min(base + share, total)
+        if row >= rows:
+            end = base   # a row past the end: nothing read or written, the barriers still taken
+        srcs = tuple(row_vectors(t, cutlass.min(row, mQ.shape[0] - 1), tile.vec) for t in inputs)
+        scale = quantize_row(srcs, combine, row_vectors(mQ, cutlass.min(row, mQ.shape[0] - 1), tile.vec), tile,
+                             lane, end, Int32(0), buf, ub, eps, fp8_max, base, cbuf)
+        if lane == 0 and rank == 0 and row < rows:
+            mS[row] = scale

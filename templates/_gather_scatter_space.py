@@ -8,6 +8,10 @@ SIGNATURES = {"dtype": DTYPES, "aligned": (True, False), "has_valid_count": (Fal
 GATHER_SIGNATURES = {**SIGNATURES, "score_dtype": SCORE_DTYPES}
 UNROLLS = (1, 2, 4, 8)
 SCATTER_SPACE = {"unroll": UNROLLS, "method": ("atomic", "sorted")}
+# The CuTe scatter also has the method "linked" (a list of rows per token built with one atomic
+# exchange per row: two index kernels instead of four) and chooses whether the kernels of the
+# sorted and linked methods use programmatic dependent launch (Hopper); see scatter_valid.
+CUTE_SCATTER_SPACE = {"unroll": UNROLLS, "method": ("atomic", "sorted", "linked"), "pdl": (False, True)}
 # Scatter inputs at least this large use the sorted method: its four index passes (~10 us on the
 # H200) cost more than atomics save on smaller ones (not re-measured on CDNA: no AMD GPU).
 SORTED_MIN_BYTES = 32 << 20
@@ -22,3 +26,9 @@ def scatter_method(sig, problem) -> str:
     """"sorted" once the rows to add (A x D) reach SORTED_MIN_BYTES, else "atomic"."""
     rows, width = int(problem.get("A", 65536)), int(problem.get("D", 8192))
     return "sorted" if rows * width * ELEM_BYTES[sig["dtype"]] >= SORTED_MIN_BYTES else "atomic"
+
+
+def scatter_valid(config, target, sig) -> bool:
+    """Programmatic dependent launch ("pdl") chains the kernels of the sorted (five) and linked
+    (three) methods; the atomic method is one kernel."""
+    return not (config.get("pdl") and config.get("method") == "atomic")

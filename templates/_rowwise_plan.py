@@ -3,7 +3,8 @@
 Plain Python (no DSL import): the template files read it when the registry loads them, the
 device helpers (``_cute_rowwise``) read it inside ``build()``.
 
-A config is ``{"threads", "rows_per_block", "vec", "chunks"}``:
+A config is ``{"threads", "rows_per_block", "vec", "chunks"}``, and for the FP8 row quantizers also
+``"l1"`` and optionally ``"cluster"``:
   * a CTA of ``threads`` threads owns ``rows_per_block`` consecutive rows; each row is handled by
     ``tpr = threads // rows_per_block`` consecutive threads (a power of two: a group of at most
     32 threads lives inside one warp, a larger one spans whole warps);
@@ -12,7 +13,12 @@ A config is ``{"threads", "rows_per_block", "vec", "chunks"}``:
     warp's accesses are contiguous;
   * a tile is ``tpr * chunks`` vectors (``tile_k`` elements) of one row: what a thread group
     keeps in registers at once. Every load of a tile is issued before the first use, which is
-    what keeps enough bytes in flight per SM.
+    what keeps enough bytes in flight per SM;
+  * ``l1`` ("keep" or "stream"): the L1 policy of the loads of data read once, the default policy
+    or L1::no_allocate (absent: "keep");
+  * ``cluster`` (absent: 1): a row is split over that many CTAs of a thread-block cluster, each
+    holding ``tile_k`` of it (its share, ``row_k`` = tile_k * cluster in all); the row reduction
+    meets over distributed shared memory. Only with ``rows_per_block == 1``.
 """
 from __future__ import annotations
 
@@ -38,10 +44,13 @@ class RowTile:
     rows_per_block: int
     vec: int
     chunks: int
+    l1: str = "keep"
+    cluster: int = 1
 
     @classmethod
     def of(cls, config) -> "RowTile":
-        return cls(config["threads"], config["rows_per_block"], config["vec"], config["chunks"])
+        return cls(config["threads"], config["rows_per_block"], config["vec"], config["chunks"],
+                   config.get("l1", "keep"), config.get("cluster", 1))
 
     @property
     def tpr(self) -> int:
@@ -55,6 +64,11 @@ class RowTile:
     @property
     def tile_k(self) -> int:
         return self.tile_vecs * self.vec
+
+    @property
+    def row_k(self) -> int:
+        """Elements of a row held at once by all the CTAs that share it."""
+        return self.tile_k * self.cluster
 
     @property
     def warps_per_row(self) -> int:
@@ -72,6 +86,19 @@ def expand(vector_shapes, scalar_shapes) -> list[dict]:
             + [config(t, r, 1, c) for (t, r, c) in scalar_shapes])
 
 
+L1_POLICIES = ("keep", "stream")
+
+
+def with_l1(configs, policies=L1_POLICIES) -> list[dict]:
+    """Every config once per L1 policy of its single-use loads (the ``l1`` key)."""
+    return [{**c, "l1": p} for p in policies for c in configs]
+
+
+def clustered(configs, cluster: int) -> list[dict]:
+    """The configs with a row split over ``cluster`` CTAs (the ``cluster`` key)."""
+    return [{**c, "cluster": cluster} for c in configs]
+
+
 def valid(config: dict, sig: dict, arrays: int = 1) -> bool:
     """Vector accesses need 16-byte aligned rows; aligned rows always use full 128-bit vectors
     (vec * element size == 16); ``arrays`` inputs of one tile must fit the register budget."""
@@ -83,7 +110,15 @@ def valid(config: dict, sig: dict, arrays: int = 1) -> bool:
     elif tile.vec != 1:
         return False
     tpr = tile.tpr
-    if tile.threads % tile.rows_per_block or tpr & (tpr - 1) or not 8 <= tpr <= 1024:
+    if tile.threads % tile.rows_per_block or not 8 <= tpr <= 1024:
+        return False
+    # Threads per row: a power of two, or whole warps when the CTA holds one row (e.g. 160 or
+    # 224 threads: 5120 and 7168 elements in 4 chunks of 8).
+    if tpr & (tpr - 1) and (tile.rows_per_block != 1 or tpr % 32):
+        return False
+    if tile.cluster != 1 and (tile.rows_per_block != 1 or tile.cluster not in (2, 4)):
+        return False
+    if tile.l1 not in L1_POLICIES:
         return False
     return arrays * tile.chunks * tile.vec * elem <= MAX_TILE_BYTES_PER_THREAD
 
@@ -91,14 +126,15 @@ def valid(config: dict, sig: dict, arrays: int = 1) -> bool:
 def pick(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict:
     """The valid config with the smallest tile that still covers a row of ``k`` elements (fewest
     idle threads, whole row in registers), else the one with the largest tile (the rest of the row
-    is streamed). Ties keep list order, so list the preferred shape first."""
+    is streamed). Ties keep list order, so list the preferred shape first. A clustered config's
+    tile is the row share of all its CTAs (``row_k``)."""
     ok = [c for c in configs if valid(c, sig, arrays)]
     if not ok:
         raise ConfigError(f"row-wise heuristic: no config of the {len(configs)} given serves signature {sig}")
-    covering = [c for c in ok if RowTile.of(c).tile_k >= k]
+    covering = [c for c in ok if RowTile.of(c).row_k >= k]
     if covering:
-        return min(covering, key=lambda c: RowTile.of(c).tile_k)
-    return max(ok, key=lambda c: RowTile.of(c).tile_k)
+        return min(covering, key=lambda c: RowTile.of(c).row_k)
+    return max(ok, key=lambda c: RowTile.of(c).row_k)
 
 
 def rules(configs: list[dict], arrays: int):

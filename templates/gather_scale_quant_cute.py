@@ -28,10 +28,13 @@ DTYPES = ("bfloat16", "float16")  # the activations of an FP8 MoE (fp32 x: gathe
 REGS = 64  # registers per thread: 4 CTAs of 256 threads per SM, as quantize_fp8_row
 
 # quantize_fp8_row's tile shapes (threads, rows_per_block, chunks); see its template.
-CONFIGS = plan.expand(
-    vector_shapes=[(128, 4, 4), (256, 2, 4), (256, 1, 4), (512, 1, 4), (1024, 1, 2)],
+# 160 x 4 chunks of 8 (one row per CTA) holds a row of 5120. Both L1 policies (``l1``).
+CONFIGS = plan.with_l1(plan.expand(
+    vector_shapes=[(128, 4, 4), (256, 2, 4), (256, 1, 4), (512, 1, 4), (1024, 1, 2), (160, 1, 4)],
     scalar_shapes=[(128, 4, 8), (256, 1, 16)],
-)
+))
+HEURISTIC_L1 = "keep"
+HEURISTIC_CONFIGS = [c for c in CONFIGS if c["l1"] == HEURISTIC_L1 and c["threads"] != 160]
 
 
 def _valid(config, target, sig) -> bool:
@@ -39,7 +42,7 @@ def _valid(config, target, sig) -> bool:
 
 
 def _heuristic(target, sig, problem):
-    return plan.pick(CONFIGS, sig, int(problem.get("D", 4096)), arrays=1)
+    return plan.pick(HEURISTIC_CONFIGS, sig, int(problem.get("D", 4096)), arrays=1)
 
 
 def _spills_at_64_registers(config, target) -> bool:

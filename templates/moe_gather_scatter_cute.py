@@ -71,15 +71,18 @@ def _heuristic(target, sig, problem):
     return {"unroll": 1 if rows < 132 else 4}
 
 
+SORTED_PDL = False
+
+
 def _scatter_heuristic(target, sig, problem):
     # The method by size (shared.scatter_method). The sorted reduction wants more, lighter threads
     # the more rows each token sums (measured on the H200 at T = 65536, D = 5120: unroll 4 best
     # for 1 row per token, unroll 1 for 8, unroll 2 within 3% of the best for both).
     if shared.scatter_method(sig, problem) == "atomic":
-        return {**_heuristic(target, sig, problem), "method": "atomic"}
+        return {**_heuristic(target, sig, problem), "method": "atomic", "pdl": False}
     rows = int(problem.get("A", 65536))
     per_token = rows / max(int(problem.get("T", rows)), 1)
-    return {"unroll": 1 if per_token >= 6 else 2 if per_token >= 2 else 4, "method": "sorted"}
+    return {"unroll": 1 if per_token >= 6 else 2 if per_token >= 2 else 4, "method": "sorted", "pdl": SORTED_PDL}
 
 
 def _build_gather(config, target, sig):
@@ -101,7 +104,8 @@ TEMPLATES = [
              signatures=shared.GATHER_SIGNATURES, space={"unroll": shared.UNROLLS},
              heuristic=_heuristic, build=_build_gather, occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR),
     Template(op="scatter_add_dense_tokens", backend="cute", targets=("sm90a",), signatures=shared.SIGNATURES,
-             space=shared.SCATTER_SPACE, heuristic=_scatter_heuristic, build=_build_scatter,
+             space=shared.CUTE_SCATTER_SPACE, valid=shared.scatter_valid, heuristic=_scatter_heuristic,
+             build=_build_scatter,
              occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR,
              instructions={"ptx": [r"(red|atom)\.global(\.\w+)*\.add"]}),
 ]

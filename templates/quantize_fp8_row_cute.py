@@ -36,11 +36,24 @@ def _spills_at_64_registers(config, target) -> bool:
 # against 70% and 62% in 4K and 8K tiles): on the H200 (bf16, 1 GiB moved) 280 against 299 us at
 # 2880 and 272 against 296 us at 5120;
 # the scalar shapes (unaligned rows) hold 256 and 4096 elements.
-CONFIGS = plan.expand(
-    vector_shapes=[(128, 4, 4), (256, 2, 4), (256, 1, 4), (512, 1, 4), (1024, 1, 2), (256, 2, 3), (256, 2, 5)],
+# Rows fitted with whole warps (one row per CTA): 160 x 4 chunks of 8 holds 5120 elements, 224 x 4
+# 7168, 96 x 4 3072; split over a cluster of 2 CTAs, 224 x 4 holds 14336 (the row resident in
+# registers in CTAs of 224 threads; the absmax meets over DSMEM). Every shape comes with both L1
+# policies of its single-use loads (``l1``).
+SHAPES = plan.expand(
+    vector_shapes=[(128, 4, 4), (256, 2, 4), (256, 1, 4), (512, 1, 4), (1024, 1, 2), (256, 2, 3), (256, 2, 5),
+                   (160, 1, 4), (224, 1, 4), (96, 1, 4)],
     scalar_shapes=[(128, 4, 8), (256, 1, 16)],
-)
-_valid, _heuristic = plan.rules(CONFIGS, arrays=1)
+) + plan.clustered(plan.expand(vector_shapes=[(224, 1, 4), (256, 1, 4)], scalar_shapes=[]), 2)
+CONFIGS = plan.with_l1(SHAPES)
+HEURISTIC_L1 = "keep"
+HEURISTIC_CONFIGS = [c for c in CONFIGS if c["l1"] == HEURISTIC_L1 and "cluster" not in c
+                     and (c["threads"] // c["rows_per_block"]) & (c["threads"] // c["rows_per_block"] - 1) == 0]
+_valid, _ = plan.rules(CONFIGS, arrays=1)
+
+
+def _heuristic(target, sig, problem):
+    return plan.pick(HEURISTIC_CONFIGS, sig, problem["K"], arrays=1)
 
 
 def build(config, target, sig):
@@ -60,8 +73,7 @@ def build(config, target, sig):
 
     @cute.jit
     def quantize_fp8_row(mX: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, stream):
-        grid = (cute.ceil_div(mX.shape[0], tile.rows_per_block), 1, 1)
-        kernel(mX, mUB, mQ, mS).launch(grid=grid, block=(tile.threads, 1, 1), stream=stream,
+        kernel(mX, mUB, mQ, mS).launch(**rw.quantize_launch(tile, mX.shape[0]), stream=stream,
                                        **rw.launch_hints(tile, REGS if tile.chunks <= 4 else REGS_LONG))
 
     args = rw.fake_quantize_args(dtype, fp8_dtype, 1, sig["aligned"], plan.ELEM_BYTES[sig["dtype"]])

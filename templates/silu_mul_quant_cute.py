@@ -22,10 +22,17 @@ REGS, REGS_LONG = 80, 104
 # elements of a 16-bit dtype for the vector shapes (half for fp32). The 5K tile fits rows of 5120
 # (all lanes with data, against 62% in an 8K tile: 41936 x 5120 took 292 us in 5K tiles, 302 us
 # in 8K; H200, bf16). A 3K tile for 2880 did not help here (289 against 285 us in 4K tiles).
-CONFIGS = plan.expand(
-    vector_shapes=[(128, 4, 4), (256, 2, 4), (256, 1, 4), (512, 1, 2), (1024, 1, 2), (512, 1, 4), (256, 2, 5)],
+# Rows fitted with whole warps (one row per CTA): 160 x 4 chunks of 8 holds 5120 elements, 224 x 4
+# 7168; split over a cluster of 2 CTAs, 224 x 4 holds 14336 and 256 x 4 16384, 160 x 2 5120 (the
+# row resident in registers with no CTA above 256 threads; the absmax meets over DSMEM).
+# Every shape comes with both L1 policies of its single-use loads (``l1``).
+SHAPES = plan.expand(
+    vector_shapes=[(128, 4, 4), (256, 2, 4), (256, 1, 4), (512, 1, 2), (1024, 1, 2), (512, 1, 4), (256, 2, 5),
+                   (160, 1, 4), (224, 1, 4)],
     scalar_shapes=[(128, 4, 8), (256, 1, 16)],
-)
+) + plan.clustered(plan.expand(vector_shapes=[(224, 1, 4), (256, 1, 4), (160, 1, 2)], scalar_shapes=[]), 2)
+CONFIGS = plan.with_l1(SHAPES)
+HEURISTIC_L1 = "keep"
 _valid, _ = plan.rules(CONFIGS, arrays=2)
 
 # The heuristic takes CTAs of at most 256 threads: each row ends in a CTA-wide barrier (its
@@ -33,7 +40,8 @@ _valid, _ = plan.rules(CONFIGS, arrays=2)
 # each row's barrier leaves the SM with no loads in flight. Rows longer than the largest such
 # tile (8K) read their rest twice (the second time mostly from L2), which costs less: at
 # 14979 x 14336 (H200, bf16) 256 x 4 took 306 us, 512 x 4 361 us, 1024 x 2 (row resident) 373 us.
-HEURISTIC_CONFIGS = [c for c in CONFIGS if c["threads"] <= 256]
+HEURISTIC_CONFIGS = [c for c in CONFIGS if c["threads"] <= 256 and c["l1"] == HEURISTIC_L1
+                     and "cluster" not in c and c["threads"] & (c["threads"] - 1) == 0]
 
 
 def _heuristic(target, sig, problem):
@@ -59,9 +67,8 @@ def build(config, target, sig):
     @cute.jit
     def silu_mul_quant(mX0: cute.Tensor, mX1: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor,
                        mS: cute.Tensor, mCount: cute.Tensor, stream):
-        grid = (cute.ceil_div(mX0.shape[0], tile.rows_per_block), 1, 1)
-        kernel(mX0, mX1, mUB, mQ, mS, mCount).launch(grid=grid, block=(tile.threads, 1, 1), stream=stream,
-                                             **rw.launch_hints(tile, REGS if tile.chunks <= 4 else REGS_LONG))
+        kernel(mX0, mX1, mUB, mQ, mS, mCount).launch(**rw.quantize_launch(tile, mX0.shape[0]), stream=stream,
+                                                     **rw.launch_hints(tile, REGS if tile.chunks <= 4 else REGS_LONG))
 
     args = rw.fake_quantize_args(dtype, fp8_dtype, 2, sig["aligned"], plan.ELEM_BYTES[sig["dtype"]])
     return silu_mul_quant, args[:-1] + [rw.fake_count(), args[-1]]
@@ -69,8 +76,10 @@ def build(config, target, sig):
 
 def _spills_on_sm100a(config, target) -> bool:
     """sm100a's ptxas spills 8 bytes per thread at 80 registers when a thread keeps 32 values of
-    its row resident (vec 8 x 4 chunks; resource reports); sm90a does not."""
-    return target == "sm100a" and config["vec"] * config["chunks"] >= 32
+    its row resident (vec 8 x 4 chunks; resource reports); sm90a does not, except in CTAs of 160
+    threads (5 per SM at 80 registers: 72 and 8 bytes of local memory, which stays in L1)."""
+    resident = config["vec"] * config["chunks"] >= 32
+    return resident and (target == "sm100a" or config["threads"] == 160)
 
 
 TEMPLATE = Template(op="silu_mul_quant", backend="cute", targets=("sm90a", "sm100a"),

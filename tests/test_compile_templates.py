@@ -187,9 +187,12 @@ def test_cute_template_compiles(cute_case, cute_built):
     if key["target"] == "sm90a":
         for pattern in _patterns(key, "ptx", PTX_VECTOR):
             assert re.search(pattern, ptx), f"{cute_case.id}: no {pattern} in the PTX"
-    if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") == "sorted":
-        # The sorted scatter counts with integer atomics and adds the data without atomics.
-        assert re.search(r"atom\.global(\.\w+)*\.add\.u32", ptx), entry.path
+    if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") in ("sorted", "linked"):
+        # The sorted scatter counts with integer atomics, the linked one links rows with atomic
+        # exchanges; both add the data without atomics.
+        index_atomic = r"atom\.global(\.\w+)*\.add\.u32" if key["config"]["method"] == "sorted" else \
+            r"atom\.global(\.\w+)*\.exch\.b32"
+        assert re.search(index_atomic, ptx), entry.path
         assert not re.search(r"(red|atom)\.global(\.\w+)*\.add(\.noftz)?(\.v\d)?\.(bf16|f16|f32)", ptx), entry.path
     if key["target"] == "sm90a" and _patterns(key, "sass"):
         sass = subprocess.run([_nvdisasm(), entry.file("kernel.cubin")], capture_output=True, text=True,

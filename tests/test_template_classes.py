@@ -103,19 +103,26 @@ def test_cute_kernel_classes_compile(tmp_path):
             + _jobs("moe_gather_scatter_cute.gather_scale_dense_tokens", "sm90a", [{"unroll": 4}],
                     {**bf16, "score_dtype": "bfloat16"})
             + _jobs("moe_gather_scatter_cute.scatter_add_dense_tokens", "sm90a",
-                    [{"unroll": 2, "method": "atomic"}, {"unroll": 2, "method": "sorted"}], bf16))
+                    [{"unroll": 2, "method": "atomic", "pdl": False}, {"unroll": 2, "method": "sorted", "pdl": False},
+                     {"unroll": 2, "method": "sorted", "pdl": True}, {"unroll": 2, "method": "linked", "pdl": True}],
+                    bf16))
     for job, entry in zip(jobs, _build(jobs, tmp_path)):
         ptx = open(entry.file("kernel.ptx")).read()
         kernels = len(re.findall(r"\.entry\s", ptx))
         op, method = job.key.parts()["op"], job.key.parts()["config"].get("method")
         assert kernels == {"index_shuffling": 2, "gather_scale_dense_tokens": 1}.get(
-            op, 5 if method == "sorted" else 1), (job.label, kernels)
+            op, {"sorted": 5, "linked": 3}.get(method, 1)), (job.label, kernels)
         if op == "index_shuffling":
             assert re.search(r"shfl\.sync\.bfly", ptx) and re.search(r"shfl\.sync\.up", ptx), job.label
         elif method == "atomic":   # 128-bit vector reductions on aligned bf16 rows
             assert re.search(r"(red|atom)\.global(\.\w+)*\.add(\.noftz)?\.v8\.bf16", ptx), job.label
         else:
             assert re.search(r"ld\.global(\.[\w:]+)*\.v4\.(b32|u32|f32)", ptx), job.label
+            # With programmatic dependent launch, kernels 2-5 wait for their predecessor and
+            # kernels 1-4 let their successor launch; without it, neither.
+            pdl, chained = job.key.parts()["config"].get("pdl", False), kernels - 1
+            assert len(re.findall(r"griddepcontrol\.wait", ptx)) == (chained if pdl else 0), job.label
+            assert len(re.findall(r"griddepcontrol\.launch_dependents", ptx)) == (chained if pdl else 0), job.label
 
 
 @pytest.mark.skipif(not have_lld(), reason="FlyDSL needs ld.lld (apt-get install -y lld-19)")

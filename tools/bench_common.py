@@ -25,8 +25,16 @@ def parse_shapes(text: str) -> list[tuple[int, ...]]:
 
 
 def rowwise_label(config: dict) -> str:
-    """A short name for a row-wise kernel config (threads, rows per block, vector, chunks)."""
-    return f"t{config['threads']}r{config['rows_per_block']}v{config['vec']}c{config['chunks']}"
+    """A short name for a row-wise kernel config (threads, rows per block, vector, chunks; the
+    L1 policy and cluster where given), or for a scatter config (method, unroll, pdl)."""
+    if "threads" not in config:
+        return f"{config.get('method', '')}{'+pdl' if config.get('pdl') else ''} u{config.get('unroll')}"
+    label = f"t{config['threads']}r{config['rows_per_block']}v{config['vec']}c{config['chunks']}"
+    if "cluster" in config:
+        label += f"x{config['cluster']}"
+    if "l1" in config:
+        label += f" {config['l1']}"
+    return label
 
 
 def table(rows: list[dict], cols: list[str]) -> None:

@@ -14,6 +14,7 @@ every input read and output written once (the weight and row scales included):
   silu_mul_quant     x0, x1 in, xq + scales out rmsnorm            x in, y out
   rmsnorm_add        x, residual in, y, new_residual out
   gather k2          A = 2T rows of D gathered and scaled (read A D, write A D)
+  gather_quant k2    the same, quantized to FP8 (read A D, write A D FP8 + A scales)
   scatter_add k1..8  A = kT rows added into T rows (read A D + T D, write T D)
 
 "% copy" is the op's bytes / time over the bandwidth of ``dst.copy_(src)`` moving the same
@@ -43,6 +44,7 @@ MAX_ROWS = 131072
 LONG_ROWS = (65536, 131072)  # rmsnorm / rmsnorm_add hidden sizes past the old 16K limit
 OPS = ("silu_mul", "quantize_fp8_row", "silu_mul_quant", "rmsnorm", "rmsnorm_add", "gather_k2",
        "scatter_add_k1", "scatter_add_k2", "scatter_add_k8")
+EXTRA_OPS = ("gather_quant_k2",)   # with --ops only
 EPS = 1e-6
 
 
@@ -88,6 +90,8 @@ def _bytes_per_row(op, d, elem):
     if op == "rmsnorm_add":
         return 4 * d * elem
     k = int(op.rsplit("k", 1)[1])
+    if op.startswith("gather_quant"):
+        return k * (d * (elem + 1) + 4)
     if op.startswith("gather"):
         return 2 * k * d * elem
     return (k + 2) * d * elem
@@ -172,7 +176,11 @@ def _make_case(op, rows, d, dtype, peers_wanted, torch, ops):
     scores = torch.sigmoid(torch.randn(rows, 16, device=dev))
     _, exp_idx, tok_idx = ops.index_shuffling(scores, top_k=k)
     tok_long, exp_long = tok_idx.long(), exp_idx.long()
-    if op.startswith("gather"):
+    if op.startswith("gather_quant"):
+        x = torch.randn(rows, d, device=dev, dtype=dtype)
+        ours = lambda config=None: ops.gather_scale_quant_dense_tokens(  # noqa: E731
+            x, tok_idx, exp_idx, scores, config=config)
+    elif op.startswith("gather"):
         x = torch.randn(rows, d, device=dev, dtype=dtype)
         ours = lambda: ops.gather_scale_dense_tokens(x, tok_idx, exp_idx, scores)  # noqa: E731
 
@@ -186,25 +194,32 @@ def _make_case(op, rows, d, dtype, peers_wanted, torch, ops):
     else:
         y = torch.randn(rows * k, d, device=dev, dtype=dtype)
         out = torch.randn(rows, d, device=dev, dtype=dtype)
-        ours = lambda: ops.scatter_add_dense_tokens(out, y, tok_idx)  # noqa: E731
+        ours = lambda config=None: ops.scatter_add_dense_tokens(out, y, tok_idx, config=config)  # noqa: E731
         if "eager" in peers_wanted:
             peers["index_add_"] = lambda: out.index_add_(0, tok_long, y)
     return Case(op, rows, d, nbytes, ours, peers)
 
 
 def _configs_near(op, d, torch):
-    """The configs of ``op``'s CuTe template for 128-bit bf16/fp16 rows whose tile is 0.4-2.5x
-    a row of ``d`` elements (none for the MoE ops)."""
-    if "_k" in op:
-        return []
+    """The configs of ``op``'s CuTe template for 128-bit bf16/fp16 rows whose tile (the share of
+    all the CTAs of a row) is 0.4-2.5x a row of ``d`` elements; for scatter_add, both methods
+    (sorted with and without programmatic dependent launch) at unroll 1, 2 and 4; none for the
+    gather."""
     from mslk_dsl import registry
     from mslk_dsl.templates import _rowwise_plan as plan
 
-    template = next(t for t in registry.get_templates(backend="cute") if t.op == op)
+    name = {"gather_quant": "gather_scale_quant_dense_tokens", "scatter_add": "scatter_add_dense_tokens"}
+    base = op.rsplit("_k", 1)[0] if "_k" in op else op
+    if base not in name and "_k" in op:
+        return []
+    template = next(t for t in registry.get_templates(backend="cute") if t.op == name.get(base, base))
     sigs = [s for s in template.all_signatures() if s["dtype"] == "bfloat16" and s["aligned"]
-            and not s.get("has_scale_ub") and not s.get("fp32_weight")]
-    return [c for c in template.all_configs() if template.valid(c, "sm90a", sigs[0])
-            and 0.4 * d <= plan.RowTile.of(c).tile_k <= 2.5 * d]
+            and not s.get("has_scale_ub") and not s.get("fp32_weight") and not s.get("has_valid_count")
+            and s.get("score_dtype", "float32") == "float32"]
+    valid = [c for c in template.all_configs() if template.valid(c, "sm90a", sigs[0])]
+    if base == "scatter_add":
+        return [c for c in valid if c["unroll"] in (1, 2, 4)]
+    return [c for c in valid if 0.4 * d <= plan.RowTile.of(c).row_k <= 2.5 * d]
 
 
 def sizes(op, mibs):

@@ -241,8 +241,9 @@ def _prepare_scatter(select, outputs, out_tokens, in_tokens, token_indices, vali
     sig = (check.aligned16(out_tokens, y), dtype_name(y.dtype), valid_token_count is not None)
     kernel, chosen = select(sig, (A, D, out_tokens.shape[0]))
     # Per-token counts, offsets, positions, row lists and first rows, which only the sorted
-    # method uses (see the CuTe template); the atomic method gets the cached placeholder.
-    sorted_method = chosen.get("method") == "sorted"
+    # method uses (the linked one, CuTe only, takes its heads and next rows from the same space;
+    # see the CuTe template); the atomic method gets the cached placeholder.
+    sorted_method = chosen.get("method") in ("sorted", "linked")
     if sorted_method:
         workspace = torch.empty(limits.scatter_workspace_ints(out_tokens.shape[0], A), dtype=torch.int32,
                                 device=y.device)

@@ -179,7 +179,9 @@ def _scatter_config(method, t, a):
         return None
     (tpl,) = registry.get_templates(op="scatter_add_dense_tokens", backend="cute")
     sig = {"dtype": "bfloat16", "aligned": True, "has_valid_count": False}
-    config = tpl.heuristic("sm90a", sig, {"A": a, "D": 1 << 40 if method == "sorted" else 1, "T": t})
+    config = tpl.heuristic("sm90a", sig, {"A": a, "D": 1 << 40 if method != "atomic" else 1, "T": t})
+    if method == "linked":   # the sorted config's unroll, with the rows linked per token
+        return {**config, "method": "linked", "pdl": True}
     assert config["method"] == method
     return config
 
@@ -187,7 +189,7 @@ def _scatter_config(method, t, a):
 def _check_scatter(t, d, k, dtype=torch.bfloat16, integers=False, n_valid=None, config=None, tok=None,
                    method=None):
     """tok: the rows' destination tokens (default: each token k times, in random order); entries
-    outside [0, t) must be skipped. method: force "atomic" or "sorted" (default: heuristic)."""
+    outside [0, t) must be skipped. method: force "atomic", "sorted" or "linked" (default: heuristic)."""
     g = _gen(t * 5 + d + k)
     if tok is None:
         tok, _ = _routing(t, 1, k, seed=t + k)
@@ -213,7 +215,7 @@ def _check_scatter(t, d, k, dtype=torch.bfloat16, integers=False, n_valid=None, 
     mag = out0.double().abs().index_add(0, idx, y[:n][keep].double().abs())
     rows = torch.bincount(idx, minlength=t).double()[:, None]      # additions per out row
     err = (out.double() - ref).abs()
-    if (config or {}).get("method") == "sorted":
+    if (config or {}).get("method") in ("sorted", "linked"):
         # fp32 sums, one rounding to the dtype: half an ulp of the result plus fp32 error.
         bound = UNIT_ROUNDOFF[dtype] * ref.abs() * 1.0001 + (rows + 1) * 2.0 ** -24 * mag
     else:   # each atomic addition rounds to the dtype
@@ -226,12 +228,12 @@ def _check_scatter(t, d, k, dtype=torch.bfloat16, integers=False, n_valid=None, 
 @pytest.mark.parametrize("t,d", list(itertools.product(TOKENS, HIDDEN)))
 def test_scatter_shapes(t, d):
     _check_scatter(t, d, k=2)
-    for method in ("atomic", "sorted"):
+    for method in ("atomic", "sorted", "linked"):
         _check_scatter(t, d, k=2, method=method)
 
 
 @hopper
-@pytest.mark.parametrize("method", ("atomic", "sorted"))
+@pytest.mark.parametrize("method", ("atomic", "sorted", "linked"))
 def test_scatter_irregular_tokens(method):
     """Tokens that get no rows, one token that gets most rows, and out-of-range indices."""
     g = _gen(7)
@@ -251,7 +253,7 @@ def test_scatter_irregular_tokens(method):
 @hopper
 @pytest.mark.parametrize("k", TOP_K)
 def test_scatter_top_k(k):
-    for method in ("atomic", "sorted"):
+    for method in ("atomic", "sorted", "linked"):
         _check_scatter(1000, 5120, k, torch.float32, integers=True, method=method)
         _check_scatter(1000, 5120, k, torch.bfloat16, method=method)
         _check_scatter(1000, 5120, k, torch.float16, method=method)
@@ -269,7 +271,7 @@ def test_scatter_every_config(case):
 
 @hopper
 def test_scatter_options():
-    for method in ("atomic", "sorted"):
+    for method in ("atomic", "sorted", "linked"):
         _check_scatter(1000, 5121, 4, torch.bfloat16, method=method)                      # unaligned rows
         _check_scatter(1000, 5121, 4, torch.float32, integers=True, method=method)
         _check_scatter(1000, 5120, 4, torch.float32, integers=True, n_valid=2222, method=method)
