@@ -107,5 +107,6 @@ TEMPLATES = [
              space=shared.CUTE_SCATTER_SPACE, valid=shared.scatter_valid, heuristic=_scatter_heuristic,
              build=_build_scatter,
              occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR,
-             instructions={"ptx": [r"(red|atom)\.global(\.\w+)*\.add"]}),
+             # Data atomics (atomic), count atomics (sorted) or link exchanges (linked).
+             instructions={"ptx": [r"(red|atom)\.global(\.\w+)*\.(add|exch)"]}),
 ]
