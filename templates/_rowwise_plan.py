@@ -137,6 +137,23 @@ def pick(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict:
     return max(ok, key=lambda c: RowTile.of(c).row_k)
 
 
+def pick_fitted(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict:
+    """The valid config that reads a row of ``k`` elements in the fewest tiles (passes), then
+    with the fewest idle lanes over them (ceil(k / row_k) * row_k - k); ties keep list order.
+    For a row that one tile covers this is ``pick``'s smallest covering tile; a longer row gets
+    the tile that splits it most evenly (14336 = 2 x 7168 rather than 8192 + 6144)."""
+    ok = [c for c in configs if valid(c, sig, arrays)]
+    if not ok:
+        raise ConfigError(f"row-wise heuristic: no config of the {len(configs)} given serves signature {sig}")
+
+    def cost(c):
+        row_k = RowTile.of(c).row_k
+        passes = -(-k // row_k)
+        return passes, passes * row_k - k
+
+    return min(ok, key=cost)
+
+
 def rules(configs: list[dict], arrays: int):
     """(valid, heuristic) of a row-wise template whose kernels read ``arrays`` inputs per tile."""
     def template_valid(config, target, sig):

@@ -27,25 +27,29 @@ REGS, REGS_LONG = 80, 104
 # row resident in registers with no CTA above 256 threads; the absmax meets over DSMEM).
 # Every shape comes with both L1 policies of its single-use loads (``l1``).
 SHAPES = plan.expand(
-    vector_shapes=[(128, 4, 4), (256, 2, 4), (256, 1, 4), (512, 1, 2), (1024, 1, 2), (512, 1, 4), (256, 2, 5),
-                   (160, 1, 4), (224, 1, 4)],
+    vector_shapes=[(160, 1, 4), (224, 1, 4), (128, 4, 4), (256, 2, 4), (256, 1, 4), (512, 1, 2), (1024, 1, 2),
+                   (512, 1, 4), (256, 2, 5)],
     scalar_shapes=[(128, 4, 8), (256, 1, 16)],
 ) + plan.clustered(plan.expand(vector_shapes=[(224, 1, 4), (256, 1, 4), (160, 1, 2)], scalar_shapes=[]), 2)
 CONFIGS = plan.with_l1(SHAPES)
-HEURISTIC_L1 = "keep"
 _valid, _ = plan.rules(CONFIGS, arrays=2)
 
 # The heuristic takes CTAs of at most 256 threads: each row ends in a CTA-wide barrier (its
 # absmax), and a CTA of 512 or 1024 threads is one or two per SM at these register counts, so
-# each row's barrier leaves the SM with no loads in flight. Rows longer than the largest such
-# tile (8K) read their rest twice (the second time mostly from L2), which costs less: at
-# 14979 x 14336 (H200, bf16) 256 x 4 took 306 us, 512 x 4 361 us, 1024 x 2 (row resident) 373 us.
-HEURISTIC_CONFIGS = [c for c in CONFIGS if c["threads"] <= 256 and c["l1"] == HEURISTIC_L1
-                     and "cluster" not in c and c["threads"] & (c["threads"] - 1) == 0]
+# each row's barrier leaves the SM with no loads in flight (14979 x 14336, H200, bf16: 256 x 4
+# 306 us, 512 x 4 361 us, 1024 x 2 with the row resident 373 us). Among those it takes the tile
+# that reads the row in the fewest, most evenly filled passes (plan.pick_fitted; the one-CTA
+# fitted shapes first, so they win ties with the clusters), with the default L1 policy. Measured
+# (H200, bf16, docs/benchmarks.md): 41936 x 5120 160 x 4 258 us (256 x 2 rows x 5 chunks: 292;
+# no_allocate loads: 271); 14979 x 14336 the 2-CTA cluster of 224 x 4 298 us, 3745 x 14336 82.0
+# us (256 x 4, the rest of the row read again from L2: 313 and 86.9 us; 224 x 4 in two passes:
+# 299 and 84.1 us).
+HEURISTIC_L1 = "keep"
+HEURISTIC_CONFIGS = [c for c in CONFIGS if c["threads"] <= 256 and c["l1"] == HEURISTIC_L1]
 
 
 def _heuristic(target, sig, problem):
-    return plan.pick(HEURISTIC_CONFIGS, sig, problem["K"], arrays=2)
+    return plan.pick_fitted(HEURISTIC_CONFIGS, sig, problem["K"], arrays=2)
 
 
 def build(config, target, sig):

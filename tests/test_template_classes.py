@@ -47,6 +47,54 @@ def test_rowwise_config_checks_name_the_template_and_config():
         rowwise_space.check("silu_mul_quant_flydsl", {"threads": 256, "rows_per_block": 1, "vec": 8}, unaligned)
 
 
+def test_rowwise_fitted_and_clustered_tiles():
+    """Rows held by any whole number of warps only with one row per CTA; clusters of 2 or 4 CTAs
+    only with one row per CTA; the L1 policy is "keep" or "stream"; row_k counts every CTA."""
+    bf16 = {"dtype": "bfloat16", "aligned": True}
+    for threads in (96, 160, 224):
+        assert plan.valid(plan.config(threads, 1, 8, 4), bf16)
+    assert not plan.valid(plan.config(160, 2, 8, 4), bf16)        # 80 threads per row
+    assert not plan.valid(plan.config(100, 1, 8, 4), bf16)        # not whole warps
+    assert plan.valid({**plan.config(224, 1, 8, 4), "cluster": 2, "l1": "stream"}, bf16)
+    assert not plan.valid({**plan.config(256, 2, 8, 4), "cluster": 2}, bf16)
+    assert not plan.valid({**plan.config(256, 1, 8, 4), "cluster": 3}, bf16)
+    assert not plan.valid({**plan.config(256, 1, 8, 4), "l1": "evict_first"}, bf16)
+    assert plan.RowTile.of({**plan.config(224, 1, 8, 4), "cluster": 2}).row_k == 14336
+
+
+def test_pick_fitted_reads_a_row_in_the_fewest_most_even_passes():
+    bf16 = {"dtype": "bfloat16", "aligned": True}
+    c96, c256x3 = plan.config(96, 1, 8, 4), plan.config(256, 2, 8, 3)
+    c224, c256 = plan.config(224, 1, 8, 4), plan.config(256, 1, 8, 4)
+    assert plan.pick_fitted([c96, c256x3, c256], bf16, 2880) == c96          # a tie: list order
+    assert plan.pick_fitted([c256x3, c96, c256], bf16, 2880) == c256x3
+    assert plan.pick_fitted([c256, c224], bf16, 14336) == c224               # 2 x 7168, not 8192 + 6144
+    assert plan.pick_fitted([c256, c224], bf16, 16384) == c256
+    assert plan.pick_fitted([c256, c224], bf16, 8000) == c256                # one pass beats two
+
+
+def test_memory_bound_heuristics_take_the_measured_configs():
+    """The configs docs/benchmarks.md measured fastest (H200, bf16): the default L1 policy, the
+    fitted one-row CTAs, silu_mul_quant's 2-CTA cluster at 14336, the linked scatter with pdl."""
+    def pick(op, sig, problem):
+        (t,) = registry.get_templates(op=op, backend="cute")
+        return t.heuristic("sm90a", sig, problem)
+
+    q = {"dtype": "bfloat16", "aligned": True, "has_scale_ub": False}
+    for k, threads in ((2880, 96), (5120, 160), (14336, 224)):
+        assert pick("quantize_fp8_row", q, {"M": 8, "K": k}) == {**plan.config(threads, 1, 8, 4), "l1": "keep"}
+    assert pick("silu_mul_quant", q, {"M": 8, "K": 5120}) == {**plan.config(160, 1, 8, 4), "l1": "keep"}
+    assert pick("silu_mul_quant", q, {"M": 8, "K": 14336}) == {**plan.config(224, 1, 8, 4), "cluster": 2,
+                                                                "l1": "keep"}
+    g = {"dtype": "bfloat16", "aligned": True, "score_dtype": "float32"}
+    assert pick("gather_scale_quant_dense_tokens", g, {"A": 8, "D": 5120}) == {**plan.config(160, 1, 8, 4),
+                                                                                "l1": "keep"}
+    s = {"dtype": "bfloat16", "aligned": True, "has_valid_count": False}
+    assert pick("scatter_add_dense_tokens", s, {"A": 23300, "D": 2880, "T": 11650}) == {
+        "unroll": 4, "method": "linked", "pdl": True}
+    assert pick("scatter_add_dense_tokens", s, {"A": 200, "D": 2880, "T": 100})["method"] == "atomic"
+
+
 def test_a_cute_gemm_config_check_names_the_template_and_config():
     run_python(textwrap.dedent("""
         from mslk_dsl.templates import _cute_gemm_sm90 as sm90
