@@ -180,8 +180,9 @@ def _scatter_config(method, t, a):
     (tpl,) = registry.get_templates(op="scatter_add_dense_tokens", backend="cute")
     sig = {"dtype": "bfloat16", "aligned": True, "has_valid_count": False}
     config = tpl.heuristic("sm90a", sig, {"A": a, "D": 1 << 40 if method != "atomic" else 1, "T": t})
-    if method == "linked":   # the sorted config's unroll, with the rows linked per token
-        return {**config, "method": "linked", "pdl": True}
+    if method in ("sorted", "linked"):   # the large-input config's unroll and pdl, this method
+        assert config["method"] in ("sorted", "linked")
+        return {**config, "method": method}
     assert config["method"] == method
     return config
 
