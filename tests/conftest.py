@@ -30,6 +30,22 @@ def _no_launch_plans_across_tests():
         call.clear_python_plans()
 
 
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory):
+    """The native launcher, built for the module's tests into a cache of their own (a C++
+    compiler and tvm_ffi are test requirements)."""
+    from mslk_dsl import native
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MSLK_DSL_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    mp.delenv("MSLK_DSL_NO_NATIVE", raising=False)
+    module = native.load()
+    mp.undo()
+    if module is None:
+        pytest.fail("the native launcher did not build; a C++ compiler and tvm_ffi are test requirements")
+    return module
+
+
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     """A fresh, empty writable cache for one test (and a clean in-process memo)."""

@@ -12,18 +12,6 @@ from mslk_dsl import native
 tvm_ffi = pytest.importorskip("tvm_ffi")
 
 
-@pytest.fixture(scope="module")
-def launcher(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MSLK_DSL_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    mp.delenv("MSLK_DSL_NO_NATIVE", raising=False)
-    module = native.load()
-    mp.undo()
-    if module is None:
-        pytest.fail("the native launcher did not build; a C++ compiler and tvm_ffi are test requirements")
-    return module
-
-
 def as_torch(t, dtype):
     """A torch view of a TVM-FFI tensor argument's memory (CPU)."""
     n = 1
@@ -31,6 +19,12 @@ def as_torch(t, dtype):
         n *= s
     buf = (ctypes.c_uint8 * (n * torch.empty((), dtype=dtype).element_size())).from_address(t.data_ptr())
     return torch.frombuffer(buf, dtype=dtype).view(tuple(t.shape)) if n else torch.empty(tuple(t.shape), dtype=dtype)
+
+
+def add_into(out, y):
+    """A stand-in in-place kernel: out += y (CPU, fp32)."""
+    ot = as_torch(out, torch.float32)
+    ot += as_torch(y, torch.float32)
 
 
 def test_repeat_call_runs_the_plan(launcher):
@@ -89,10 +83,6 @@ def test_several_outputs_none_returned_and_scratch(launcher):
     got_b, got_a = native.fast_op("test_split")(x2)
     torch.testing.assert_close(got_a, x2[:, :2])
     torch.testing.assert_close(got_b, x2.sum(dim=1))
-
-    def add_into(out, y):
-        ot = as_torch(out, torch.float32)
-        ot += as_torch(y, torch.float32)
 
     kernel = tvm_ffi.convert(add_into)
     out, y = torch.zeros(4), torch.ones(4)
@@ -381,10 +371,6 @@ def test_in_place_and_stream_bound_plans(launcher):
     """An op writing an input in place (scatter_add): the plan misses when that input overlaps
     another one, so the Python path decides. A stream-bound plan (split-K counters) serves the
     stream it was made on: on the CPU there is none, so every call."""
-    def add_into(out, y):
-        ot = as_torch(out, torch.float32)
-        ot += as_torch(y, torch.float32)
-
     kernel = tvm_ffi.convert(add_into)
     out, y = torch.zeros(8), torch.ones(8)
     kernel(out, y)

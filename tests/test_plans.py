@@ -24,21 +24,6 @@ PLANNED_OPS = ("attention_decode", "merge_attentions", "attention_fwd", "index_s
                "gather_scale_dense_tokens", "scatter_add_dense_tokens")
 
 
-@pytest.fixture(scope="module")
-def launcher(tmp_path_factory):
-    """The native launcher, built for these tests (a C++ compiler and tvm_ffi are test requirements)."""
-    from mslk_dsl import native
-
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MSLK_DSL_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    mp.delenv("MSLK_DSL_NO_NATIVE", raising=False)
-    module = native.load()
-    mp.undo()
-    if module is None:
-        pytest.fail("the native launcher did not build")
-    return module
-
-
 @pytest.fixture(params=["python", "native"])
 def stand_in(request, monkeypatch):
     """Every kernel is a recorder of what it was given (shapes and scalars, never the tensors);
