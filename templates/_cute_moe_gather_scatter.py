@@ -65,6 +65,20 @@ class MoeRows:
             frags.append(f)
         return frags
 
+    def start_sums(self, frags, ys):
+        """fp32 sums, one register vector per vector of the chunk: out's values plus a first row's."""
+        acc = []
+        for j in range(self.unroll):
+            f = cute.make_rmem_tensor((self.vec,), Float32)
+            f.store(frags[j].load().to(Float32) + ys[j].load().to(Float32))
+            acc.append(f)
+        return acc
+
+    def add_to_sums(self, acc, ys):
+        """Add one more row's vectors to the fp32 sums."""
+        for j in range(self.unroll):
+            acc[j].store(acc[j].load() + ys[j].load().to(Float32))
+
     def grid_and_block(self, a, d):
         nvec = d // self.vec
         threads = cutlass.min((nvec + self.unroll * 32 - 1) // (self.unroll * 32) * 32, MAX_THREADS)
@@ -315,16 +329,11 @@ class Scatter(MoeRows):
             out_vecs = cute.zipped_divide(mOut[t, None], (VEC,))
             frags = self.load_row(out_vecs, ids)
             ys = self.load_row(cute.zipped_divide(mY[row0, None], (VEC,)), ids)
-            acc = []
-            for j in cutlass.range_constexpr(self.unroll):
-                f = cute.make_rmem_tensor((VEC,), Float32)
-                f.store(frags[j].load().to(Float32) + ys[j].load().to(Float32))
-                acc.append(f)
+            acc = self.start_sums(frags, ys)
             for k in cutlass.range(1, count, unroll=2):
                 row = rows[start + k]
                 ys = self.load_row(cute.zipped_divide(mY[row, None], (VEC,)), ids)
-                for j in cutlass.range_constexpr(self.unroll):
-                    acc[j].store(acc[j].load() + ys[j].load().to(Float32))
+                self.add_to_sums(acc, ys)
             r = cute.make_rmem_tensor((VEC,), dtype)
             for j in cutlass.range_constexpr(self.unroll):
                 if ok[j]:
@@ -372,16 +381,11 @@ class Scatter(MoeRows):
             frags = self.load_row(out_vecs, ids)
             ys = self.load_row(cute.zipped_divide(mY[row, None], (VEC,)), ids)
             row = nxt[row]
-            acc = []
-            for j in cutlass.range_constexpr(self.unroll):
-                f = cute.make_rmem_tensor((VEC,), Float32)
-                f.store(frags[j].load().to(Float32) + ys[j].load().to(Float32))
-                acc.append(f)
+            acc = self.start_sums(frags, ys)
             while row >= 0:
                 ys = self.load_row(cute.zipped_divide(mY[row, None], (VEC,)), ids)
                 row = nxt[row]
-                for j in cutlass.range_constexpr(self.unroll):
-                    acc[j].store(acc[j].load() + ys[j].load().to(Float32))
+                self.add_to_sums(acc, ys)
             r = cute.make_rmem_tensor((VEC,), dtype)
             for j in cutlass.range_constexpr(self.unroll):
                 if ok[j]:
