@@ -79,6 +79,16 @@ class MoeRows:
         for j in range(self.unroll):
             acc[j].store(acc[j].load() + ys[j].load().to(Float32))
 
+    @cute.jit
+    def store_sums(self, acc, out_vecs, ids, ok):
+        """The sums, rounded to the output dtype, into the chunk's vectors that are in the row
+        (a jit helper: its test of ``ok`` is a run-time branch)."""
+        r = cute.make_rmem_tensor((self.vec,), self.dtype)
+        for j in cutlass.range_constexpr(self.unroll):
+            if ok[j]:
+                r.store(acc[j].load().to(self.dtype))
+                cute.autovec_copy(r, out_vecs[None, ids[j]])
+
     def grid_and_block(self, a, d):
         nvec = d // self.vec
         threads = cutlass.min((nvec + self.unroll * 32 - 1) // (self.unroll * 32) * 32, MAX_THREADS)
@@ -311,7 +321,7 @@ class Scatter(MoeRows):
     @cute.kernel
     def reduce_kernel(self, mOut: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
         # Block (t, c): out[t] chunk c += the chunk of each of token t's rows, summed in fp32.
-        VEC, dtype = self.vec, self.dtype
+        VEC = self.vec
         t, _, _ = cute.arch.block_idx()
         n_tok = mOut.shape[0]
         _, offsets, _, rows, first = self.workspace_views(mWs, n_tok, mY.shape[0])
@@ -334,11 +344,7 @@ class Scatter(MoeRows):
                 row = rows[start + k]
                 ys = self.load_row(cute.zipped_divide(mY[row, None], (VEC,)), ids)
                 self.add_to_sums(acc, ys)
-            r = cute.make_rmem_tensor((VEC,), dtype)
-            for j in cutlass.range_constexpr(self.unroll):
-                if ok[j]:
-                    r.store(acc[j].load().to(dtype))
-                    cute.autovec_copy(r, out_vecs[None, ids[j]])
+            self.store_sums(acc, out_vecs, ids, ok)
 
     # -- method "linked": one list of rows per token (heads [t], next [a]), walked by the reduction --
     def link_views(self, mWs, t, a):
@@ -368,7 +374,7 @@ class Scatter(MoeRows):
     def linked_reduce_kernel(self, mOut: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
         # Block (t, c): out[t] chunk c += the chunk of each row on token t's list, summed in fp32;
         # each row's next index is loaded with its data, so one index load separates two rows.
-        VEC, dtype = self.vec, self.dtype
+        VEC = self.vec
         t, _, _ = cute.arch.block_idx()
         heads, nxt = self.link_views(mWs, mOut.shape[0], mY.shape[0])
         if const_expr(self.pdl):
@@ -386,11 +392,7 @@ class Scatter(MoeRows):
                 ys = self.load_row(cute.zipped_divide(mY[row, None], (VEC,)), ids)
                 row = nxt[row]
                 self.add_to_sums(acc, ys)
-            r = cute.make_rmem_tensor((VEC,), dtype)
-            for j in cutlass.range_constexpr(self.unroll):
-                if ok[j]:
-                    r.store(acc[j].load().to(dtype))
-                    cute.autovec_copy(r, out_vecs[None, ids[j]])
+            self.store_sums(acc, out_vecs, ids, ok)
 
     # -- host launcher ---------------------------------------------------------------------------
     @cute.jit
