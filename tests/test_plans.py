@@ -240,3 +240,19 @@ def test_out_calls_and_in_place_ops_plan_natively_only(stand_in, request):
         assert ops.scatter_add_dense_tokens(tokens, rows, index) is None
     assert len(checked) - checks == (3 if native_run else 9)             # 3 tensor checks per checked call
     assert launched[-1][:3] == ((5, 64), (7, 64), (7,))
+
+
+@pytest.mark.parametrize("merge", ["fused", "kernel"])
+def test_attention_decode_splits_follow_the_chosen_merge(stand_in, monkeypatch, merge):
+    """The split count comes from the config that runs: a kernel merging its splits itself (the
+    CuTe default) takes the heuristic's fused-merge count, one leaving them to the merge kernel
+    the wave model's (B 1, GQA 8, 32k keys: 33 against 65 splits on 132 SMs)."""
+    launched, _, _ = stand_in
+    kernels = declaration.get("attention_decode").kernels
+    select = kernels.selection
+    monkeypatch.setattr(kernels, "selection", lambda *a: (select(*a)[0], {"merge": merge}))
+    plan = decode_module.plan
+    want = {m: plan.num_splits(1, 4, 1, 8, 32768, 132, 64, fused_merge=m == "fused") for m in ("fused", "kernel")}
+    assert want["fused"] != want["kernel"]
+    ops.attention_decode(*_decode_args(B=1, Mq=1, Hq=32, Hkv=4, L=32768))
+    assert launched[-1][7][0] == want[merge]

@@ -143,7 +143,7 @@ def _bench_case(torch, ops, timed, do_bench, B, L, args) -> list[dict]:
     for layout, (ms, graph_ms) in ours.items():
         tbps = nbytes / ms * 1e-9
         kc, table_ = (k, None) if layout == "contiguous" else (paged[0][0], paged[0][2])
-        row = {"B": B, "KV": L, "layout": layout, "splits": _splits(q, kc, table_, args),
+        row = {"B": B, "KV": L, "layout": layout, "splits": _splits(q, kc, table_, args, config),
                "ms": ms, "TB/s": tbps, "copy TB/s": copy_tbps, "% copy": 100.0 * tbps / copy_tbps}
         if graph_ms is not None:
             row["graph ms"] = graph_ms
@@ -170,10 +170,12 @@ def _config(args) -> dict | None:
     return config
 
 
-def _splits(q, k, table, args) -> int:
+def _splits(q, k, table, args, config) -> int:
+    """The split count the op used: from the config it ran (the CuTe default merges in-kernel)."""
     from mslk_dsl.ops.attention_decode import splits_for
 
-    return splits_for(q, k, table, args.splits)
+    fused = (config or {"merge": "fused"}).get("merge") == "fused"
+    return splits_for(q, k, table, args.splits, fused)
 
 
 def main(argv=None) -> int:

@@ -167,15 +167,16 @@ def max_keys(k: torch.Tensor, block_table: torch.Tensor | None) -> int:
     return k.shape[1] if block_table is None else block_table.shape[1] * k.shape[1]
 
 
-def splits_for(q, k, block_table, num_splits: int = 0) -> int:
-    """The split count a call uses: ``num_splits`` if given, else the heuristic's."""
+def splits_for(q, k, block_table, num_splits: int = 0, fused_merge: bool = False) -> int:
+    """The split count a call uses: ``num_splits`` if given, else the heuristic's for a kernel
+    that merges the splits itself (``fused_merge``: the CuTe config merge="fused") or leaves them
+    to the merge kernel."""
     B, Mq, Hq, D = q.shape
     Hkv = k.shape[2]
     if num_splits:
         return num_splits
-    # CUDA runs the CuTe kernel, whose last CTA of a row merges the splits (ROCm: a merge kernel).
     return plan.num_splits(B, Hkv, Mq, Hq // Hkv, max_keys(k, block_table), sm_count(q.device), D,
-                           fused_merge=torch.version.hip is None)
+                           fused_merge=fused_merge)
 
 
 def _prepare_decode(select, outputs, q, k, v, kv_seqlen, block_table, scale, causal, num_splits):
@@ -183,7 +184,10 @@ def _prepare_decode(select, outputs, q, k, v, kv_seqlen, block_table, scale, cau
     B, Mq, Hq, D = q.shape
     if out.numel() == 0:
         return None
-    S = splits_for(q, k, block_table, num_splits)
+    Hkv = k.shape[2]
+    kernel, chosen = select((dtype_name(q.dtype), D), (B, Mq, Hq, Hkv, max_keys(k, block_table)))
+    fused_merge = chosen.get("merge") == "fused"
+    S = splits_for(q, k, block_table, num_splits, fused_merge)
     if S * out.numel() >= plan.MAX_PARTIAL_ELEMENTS:
         raise InputError(f"attention_decode: {S} splits of an output of {out.numel()} elements exceed the "
                          f"2**31 elements of the split-KV partials; pass a smaller num_splits")
@@ -192,8 +196,6 @@ def _prepare_decode(select, outputs, q, k, v, kv_seqlen, block_table, scale, cau
     paged = block_table is not None
     # The kernel reads the block table only when paged; a contiguous cache gets a stand-in.
     table = block_table if paged else placeholder(q.device, torch.int32, shape=(1, 1))
-    Hkv = k.shape[2]
-    kernel, chosen = select((dtype_name(q.dtype), D), (B, Mq, Hq, Hkv, max_keys(k, block_table)))
     # One counter per (sequence, KV head, row tile): the CuTe kernel's fused merge counts a row's
     # splits in it and leaves it zero. They belong to the calling stream (dispatch.zeroed_counters),
     # so a launch that reads them is stream-bound; the other kernels take them unread.
@@ -202,7 +204,7 @@ def _prepare_decode(select, outputs, q, k, v, kv_seqlen, block_table, scale, cau
     # The scalars follow from the layout (D, paged) and the plan_values (scale, causal): see Fixed.
     return Launch(kernel, (q, k, v, kv_seqlen, table, out, lse, o_part, lse_part, counters, Fixed(scale),
                            Fixed(int(bool(causal))), Fixed(int(paged))), scratch=(o_part, lse_part),
-                  stream_bound=chosen.get("merge") == "fused")
+                  stream_bound=fused_merge)
 
 
 def decode_reference(q, k, v, kv_seqlen, block_table=None, scale=None, causal=True, num_splits=0):
