@@ -139,25 +139,8 @@ bool SameShape(const TensorShape& a, const DLTensor& t) {
 
 inline uint64_t Mix(uint64_t h, uint64_t v) { return (h ^ v) * 1099511628211ull; }
 
-// What a keyed scalar contributes to the layout: its value (an int, a bool, a float's bits;
-// None has none). False for an int beyond 64 bits (such a call takes the Python path).
-bool ScalarBits(PyObject* obj, int kind, int64_t* bits) {
-  *bits = 0;
-  if (kind == kTVMFFIFloat) {
-    double value = PyFloat_AS_DOUBLE(obj);
-    std::memcpy(bits, &value, sizeof(value));
-  } else if (kind == kTVMFFIInt || kind == kTVMFFIBool) {
-    int overflow = 0;
-    *bits = PyLong_AsLongLongAndOverflow(obj, &overflow);
-    if (overflow != 0 || (*bits == -1 && PyErr_Occurred())) {
-      PyErr_Clear();
-      return false;
-    }
-  }
-  return true;
-}
-
 // A scalar as TVM-FFI passes it: the kind Python's tvm_ffi would give it (bool, int, float).
+// False for anything else and for an int beyond 64 bits (such a call takes the Python path).
 bool ScalarAny(PyObject* obj, TVMFFIAny* any) {
   std::memset(any, 0, sizeof(*any));
   int kind = ScalarKind(obj);
@@ -173,6 +156,17 @@ bool ScalarAny(PyObject* obj, TVMFFIAny* any) {
     PyErr_Clear();
     return false;
   }
+  return true;
+}
+
+// What a keyed scalar contributes to the layout: its value's 64 bits (an int, a bool, a float's
+// bits: v_int64 and v_float64 share TVMFFIAny's union); None has none.
+bool ScalarBits(PyObject* obj, int kind, int64_t* bits) {
+  *bits = 0;
+  if (kind == kTVMFFINone) return true;
+  TVMFFIAny any;
+  if (!ScalarAny(obj, &any)) return false;
+  *bits = any.v_int64;
   return true;
 }
 
