@@ -197,11 +197,11 @@ def test_an_unhashable_value_gets_the_checks_message(stand_in):
 
 
 @pytest.mark.parametrize("split_k", [1, 2])
-def test_split_k_gemm_launches_keep_no_plan(monkeypatch, split_k):
+def test_split_k_gemm_python_plans_serve_their_own_stream(monkeypatch, split_k):
     """A split-K tile counter buffer belongs to the stream of the call that took it: the launch
-    is stream-bound, which only a native plan can check (it compares the current stream), so on
-    the Python path only the unsplit config's launch is remembered. (The GPU tests check that a
-    native split-K plan serves its own stream only.)"""
+    is stream-bound, so its Python plan is keyed by the current stream too and a call on another
+    stream is checked and chosen for again (the GPU test test_split_k_plans_serve_their_own_stream
+    checks the native plans). An unsplit launch serves every stream."""
     chosen = []
 
     def selection(device, signature, problem, config):
@@ -209,20 +209,28 @@ def test_split_k_gemm_launches_keep_no_plan(monkeypatch, split_k):
         return (lambda *args: None), {"tile_m": 128, "tile_n": 128, "cluster_m": 1, "raster": "m", "group": 8,
                                       "split_k": split_k}
 
+    stream = [1]
     monkeypatch.setattr(validate, "gpu", lambda *args: None)
     monkeypatch.setattr(declaration.get("bf16_gemm").kernels, "selection", selection)
+    monkeypatch.setattr(call, "current_stream", lambda inputs: stream[0])
     call.clear_python_plans()
     x, w = torch.randn(200, 256, dtype=bf16), torch.randn(384, 256, dtype=bf16)
-    for _ in range(3):
-        ops.bf16_gemm(x, w)
+    with native_bypassed():
+        for s in (1, 1, 1, 2, 2, 1):
+            stream[0] = s
+            ops.bf16_gemm(x, w)
     call.clear_python_plans()
-    assert len(chosen) == (1 if split_k == 1 else 3)
+    assert len(chosen) == (1 if split_k == 1 else 2)
 
 
-def test_out_calls_and_in_place_ops_plan_natively_only(stand_in, request):
-    """out= calls of a value-keyed op, and an op that updates an input in place, are served by
-    native plans; the Python path keeps none for them (it would not check that a written tensor
-    overlaps another input), so there each call is checked."""
+def native_bypassed():
+    from mslk_dsl import native
+    return native.bypassed()
+
+
+def test_out_calls_plan_natively_only_and_in_place_ops_on_both_paths(stand_in, request):
+    """out= calls of a value-keyed op are served by native plans only (on the Python path each is
+    checked); an op that updates an input in place is planned on both paths."""
     launched, chosen, checked = stand_in
     native_run = request.node.callspec.params["stand_in"] == "native"
     args = _decode_args()
@@ -238,8 +246,44 @@ def test_out_calls_and_in_place_ops_plan_natively_only(stand_in, request):
     checks = len(checked)
     for _ in range(3):
         assert ops.scatter_add_dense_tokens(tokens, rows, index) is None
-    assert len(checked) - checks == (3 if native_run else 9)             # 3 tensor checks per checked call
+    assert len(checked) - checks == 3                                    # 3 tensor checks, once
     assert launched[-1][:3] == ((5, 64), (7, 64), (7,))
+
+
+def test_an_in_place_plan_refuses_overlapping_inputs(stand_in):
+    """A planned in-place op still refuses a call whose written input overlaps another input
+    (the plan's overlap test sends it to the checks, which name the overlap); a call that
+    overlaps nothing is served again."""
+    launched, chosen, _ = stand_in
+    tokens = torch.zeros(16, 64, dtype=bf16)
+    index = torch.randint(0, 8, (8,), dtype=torch.int32)
+    for _ in range(2):
+        ops.scatter_add_dense_tokens(tokens[:8], tokens[8:].clone(), index)
+    assert len(chosen) == 1
+    launches = len(launched)
+    with pytest.raises(ValueError, match="out_tokens is updated in place and shares memory with in_tokens"):
+        ops.scatter_add_dense_tokens(tokens[:8], tokens[4:12], index)    # rows 4-7 are both
+    assert len(launched) == launches
+    ops.scatter_add_dense_tokens(tokens[:8], tokens[8:], index)           # adjacent, not overlapping
+    assert len(chosen) == 1 and len(launched) == launches + 1
+
+
+def test_stream_bound_decode_python_plans_follow_the_stream(stand_in, monkeypatch, request):
+    """attention_decode's fused merge counts splits in counters of the calling stream: on the
+    Python path its plans are keyed by the stream (the native launcher reads the stream itself)."""
+    if request.node.callspec.params["stand_in"] == "native":
+        pytest.skip("the native launcher reads the current stream itself: GPU test "
+                    "test_split_k_plans_serve_their_own_stream")
+    _, chosen, _ = stand_in
+    kernels = declaration.get("attention_decode").kernels
+    select = kernels.selection
+    monkeypatch.setattr(kernels, "selection", lambda *a: (select(*a)[0], {"merge": "fused"}))
+    stream = [7]
+    monkeypatch.setattr(call, "current_stream", lambda inputs: stream[0])
+    for s in (7, 7, 9, 9, 7):
+        stream[0] = s
+        ops.attention_decode(*_decode_args())
+    assert len(chosen) == 2
 
 
 @pytest.mark.parametrize("merge", ["fused", "kernel"])

@@ -5,7 +5,9 @@ A call goes through at most these steps, each skipped when an earlier one answer
    match, allocate, launch; on a miss that call passes the arguments on to step 2;
    mslk_dsl.native);
 2. Python plan: the same, in Python, replayed by code generated per plan (ROCm's FlyDSL kernels
-   are not TVM-FFI functions, and calls made before the launcher is loaded);
+   are not TVM-FFI functions, and calls made before the launcher is loaded); a plan that holds a
+   buffer of a stream is keyed by the current stream too, and one that writes an input in place
+   first checks that the input overlaps no other one;
 3. the checked path: argument checks, outputs, the op's ``prepare`` (kernel choice: explicit
    config, tuned, heuristic; see dispatch.KernelOp), launch, and the plan remembered for next time.
 
@@ -20,7 +22,7 @@ import functools
 import torch
 
 from mslk_dsl import native
-from mslk_dsl.errors import MslkDslError
+from mslk_dsl.errors import InputError, MslkDslError
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Fixed, Launch, OpDecl
 from mslk_dsl.ops.dispatch import is_placeholder, placeholder
@@ -37,17 +39,20 @@ class _PythonPlan:
     still loading, each call offers it the launch too (``native_pending``); once that is settled
     the plan table holds ``replay`` itself."""
     __slots__ = ("name", "kernel", "allocate", "args", "returned", "held", "constants", "native_pending",
-                 "replay", "table", "key")
+                 "replay", "table", "key", "spans", "written", "stream_bound")
 
-    def __init__(self, name, kernel, allocate, args, returned, held, constants, native_pending):
+    def __init__(self, name, kernel, allocate, args, returned, held, constants, native_pending,
+                 spans=(), written=(), stream_bound=False):
         self.name, self.kernel, self.allocate, self.args = name, kernel, allocate, args
         self.returned, self.held, self.native_pending = returned, held, native_pending
-        self.constants = constants
-        self.replay = _replay_function(name, kernel, allocate, args, returned)
+        self.constants, self.spans, self.written, self.stream_bound = constants, spans, written, stream_bound
+        self.replay = _replay_function(name, kernel, allocate, args, returned, spans, written)
         self.table = self.key = None
 
     def __call__(self, inputs: tuple):
         """The replay, then the offer to the native launcher (with the tensors it needs to see)."""
+        if self.written and _overlapping(inputs, self.spans, self.written):
+            return OVERLAP
         made = [new() for new in self.allocate]
         args = []
         for kind, value, view in self.args:
@@ -62,7 +67,8 @@ class _PythonPlan:
                 args.append(source.as_strided(*view, source.storage_offset()))
         self.kernel(*args)
         added = native.remember(self.name, inputs, tuple(made), tuple(args), tuple(range(self.returned)),
-                                self.kernel, held=self.held, constants=self.constants)
+                                self.kernel, held=self.held, written=self.written, constants=self.constants,
+                                stream_bound=self.stream_bound)
         if added is not None:  # settled (None: the launcher may still load; ask again next time)
             self.native_pending = False
             if self.table is not None and self.table.get(self.key) is self:
@@ -84,11 +90,49 @@ def _allocator(shape: tuple, dtype: torch.dtype, device: torch.device, made: tor
     return functools.partial(like.new_empty, shape)
 
 
-def _replay_function(name: str, kernel, allocate: list, args: list, returned: int):
+# What a plan of an op that writes an input in place returns, instead of launching, for a call
+# whose written input overlaps another input (the checked path then says what is wrong).
+OVERLAP = object()
+
+
+def _spans(inputs: tuple) -> tuple:
+    """Each tensor input's extent in bytes from its data pointer (None for other arguments): fixed
+    by the layout a plan is keyed by, so a replay tests overlap with data pointers alone."""
+    spans = []
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and t.numel():
+            start, end = check.byte_range(t)
+            spans.append((t.data_ptr() - start, end - t.data_ptr()))
+        else:
+            spans.append(None)
+    return tuple(spans)
+
+
+def _overlapping(inputs: tuple, spans: tuple, written: tuple) -> bool:
+    """Whether a written input's bytes meet another tensor input's (the plan's ``spans``)."""
+    for w in written:
+        if spans[w] is None:
+            continue
+        p = inputs[w].data_ptr()
+        w0, w1 = p - spans[w][0], p + spans[w][1]
+        for i, span in enumerate(spans):
+            if i != w and span is not None:
+                q = inputs[i].data_ptr()
+                if q - span[0] < w1 and w0 < q + span[1]:
+                    return True
+    return False
+
+
+def _replay_function(name: str, kernel, allocate: list, args: list, returned: int, spans: tuple = (),
+                     written: tuple = ()):
     """``replay(inputs)``: allocate, launch, return, written out for one plan (no loop, no test of
-    where an argument comes from)."""
-    namespace: dict = {"KERNEL": kernel}
+    where an argument comes from); for an op writing inputs in place, first the overlap test."""
+    namespace: dict = {"KERNEL": kernel, "OVERLAP": OVERLAP, "overlapping": _overlapping, "SPANS": spans,
+                       "WRITTEN": written}
     lines = ["def replay(inputs):"]
+    if written:
+        lines.append("    if overlapping(inputs, SPANS, WRITTEN):")
+        lines.append("        return OVERLAP")
     for k, new in enumerate(allocate):
         namespace[f"NEW{k}"] = new
         lines.append(f"    o{k} = NEW{k}()")
@@ -120,14 +164,27 @@ def _layout(inputs: tuple):
 
 
 _value_positions: dict[str, tuple[int, ...]] = {}  # op -> where its plan_values are in its arguments
+# Ops that made a stream-bound launch (declaration.Launch.stream_bound): their Python plans are
+# keyed by the current stream too, as a native plan of such a launch serves its stream only.
+_stream_keyed: set[str] = set()
+
+
+def current_stream(inputs: tuple) -> int:
+    """The handle of the current stream on the device of the first tensor input (0 off the GPU)."""
+    for t in inputs:
+        if isinstance(t, torch.Tensor):
+            return torch._C._cuda_getCurrentRawStream(t.get_device()) if t.is_cuda else 0
+    return 0
 
 
 def _plan_key(name: str, inputs: tuple):
-    """The layout, and for an op with ``plan_values`` those arguments' values."""
+    """The layout, for an op with ``plan_values`` those arguments' values, and for an op with
+    stream-bound launches the current stream."""
     positions = _value_positions.get(name)
-    if positions:
-        return (_layout(inputs), *(inputs[i] for i in positions))
-    return _layout(inputs)
+    key = (_layout(inputs), *(inputs[i] for i in positions)) if positions else _layout(inputs)
+    if name in _stream_keyed:
+        return key, current_stream(inputs)
+    return key
 
 
 class _PlanTable(dict):
@@ -163,7 +220,7 @@ def _source(a: torch.Tensor, inputs: tuple, made: tuple):
 
 
 def _python_plan(name: str, inputs: tuple, outputs: tuple, launch: Launch, held: tuple, constants: tuple,
-                 native_pending: bool) -> _PythonPlan | None:
+                 native_pending: bool, written: tuple = ()) -> _PythonPlan | None:
     """The plan replaying ``launch`` for calls laid out like ``inputs``, or None where an argument
     is not an input, output, view of one or placeholder (a copied input)."""
     made = (*outputs, *launch.scratch)
@@ -179,7 +236,8 @@ def _python_plan(name: str, inputs: tuple, outputs: tuple, launch: Launch, held:
             return None
         args.append(source)
     allocate = [_allocator(tuple(t.shape), t.dtype, t.device, t) for t in made]
-    return _PythonPlan(name, launch.kernel, allocate, args, len(outputs), held, constants, native_pending)
+    return _PythonPlan(name, launch.kernel, allocate, args, len(outputs), held, constants, native_pending,
+                       _spans(inputs) if written else (), written, launch.stream_bound)
 
 
 # -- the checked path -------------------------------------------------------------------------------
@@ -195,6 +253,7 @@ def checked_call(decl: OpDecl, inputs: tuple, out, config: dict | None):
     decl.check(*inputs)
     tensors = {n: t for n, t in zip(_arg_names(decl), inputs) if isinstance(t, torch.Tensor)}
     device = next(iter(tensors.values())).device
+    _check_written(decl, inputs, tensors)
     check.gpu(name, next(iter(tensors)), next(iter(tensors.values())))
     specs = decl.outputs(*inputs)
     outputs = check.outputs(name, out, specs, device, tensors) if specs else ()
@@ -214,12 +273,23 @@ def checked_call(decl: OpDecl, inputs: tuple, out, config: dict | None):
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
+def _check_written(decl: OpDecl, inputs: tuple, tensors: dict) -> None:
+    """An input the op writes in place must not share memory with another input: the kernel
+    would read what it is writing."""
+    names = _arg_names(decl)
+    for w in _written_positions(decl):
+        written = inputs[w]
+        for other, t in tensors.items():
+            if other != names[w] and t.numel() and written.numel() and check.overlap(written, t):
+                raise InputError(f"{decl.name}: {names[w]} is updated in place and shares memory with {other}")
+
+
 def _remember(decl: OpDecl, inputs: tuple, outputs: tuple, out, launch: Launch) -> None:
     """Keep a plan for the layout of ``inputs``: native where the launcher takes it, else Python.
     Inputs that share memory (silu_mul(x, x)) get neither: which kernel argument is which input
     would be ambiguous for later calls of the same layout with distinct tensors. A launch bound
-    to the current stream, or an op that writes an input in place, gets a native plan only (the
-    launcher checks the stream and that a written input overlaps no other one)."""
+    to the current stream is kept for that stream, and a plan of an op that writes an input in
+    place checks on every call that the input overlaps no other one (natively or in Python)."""
     pointers = [t.data_ptr() for t in inputs if isinstance(t, torch.Tensor)]
     if len(set(pointers)) != len(pointers):
         return
@@ -234,10 +304,14 @@ def _remember(decl: OpDecl, inputs: tuple, outputs: tuple, out, launch: Launch) 
     added = native.remember(decl.name, inputs, (*outputs, *launch.scratch), args, tuple(range(len(outputs))),
                             launch.kernel, held=held, written=written, constants=constants,
                             stream_bound=launch.stream_bound)
-    if not added and not launch.stream_bound and not written:
+    if not added:
         # No native plan (None: not yet, the launcher is loading): keep a Python one.
-        plan = _python_plan(decl.name, inputs, outputs, launch, held, constants, native_pending=added is None)
+        plan = _python_plan(decl.name, inputs, outputs, launch, held, constants, native_pending=added is None,
+                            written=written)
         if plan is not None:
+            if launch.stream_bound and decl.name not in _stream_keyed:
+                _stream_keyed.add(decl.name)
+                _plans.pop(decl.name, None)  # plans keyed without the stream would no longer be found
             _plans.setdefault(decl.name, _PlanTable()).add(_plan_key(decl.name, inputs), plan)
 
 
@@ -263,12 +337,15 @@ def python_plan_call(decl: OpDecl, inputs: tuple, config):
             # say so), or no storage
             plan = None
         if plan is not None:
-            return plan(inputs)
+            result = plan(inputs)
+            if result is not OVERLAP:
+                return result
     return checked_call(decl, inputs, None, config)
 
 
 def clear_python_plans() -> None:
     _plans.clear()
+    _stream_keyed.clear()
 
 
 # -- eager functions ----------------------------------------------------------------------------------

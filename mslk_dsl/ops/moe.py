@@ -4,8 +4,8 @@ the kernels' exact contracts and the deliberate differences from MSLK.
 
 index_shuffling and gather_scale_dense_tokens keep launch plans (index_shuffling's keyed by the
 values of top_k and the expert range too: top_k sizes its outputs); routing indices the op
-converts to int32 for the kernel (int64 ones) keep none. scatter_add_dense_tokens keeps none: it
-writes an input in place."""
+converts to int32 for the kernel (int64 ones) keep none. scatter_add_dense_tokens writes an input
+in place: its plans check on every call that out_tokens overlaps no other input."""
 from __future__ import annotations
 
 import torch

@@ -95,7 +95,8 @@ def aligned16(*tensors: torch.Tensor) -> bool:
     return True
 
 
-def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+def byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last + 1) of the bytes ``t``'s elements occupy ((0, 0) when it has none)."""
     if t.numel() == 0:
         return 0, 0
     last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
@@ -104,7 +105,7 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
 
 def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """True when the bytes a's elements span and b's intersect."""
-    (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
+    (a0, a1), (b0, b1) = byte_range(a), byte_range(b)
     return a0 < b1 and b0 < a1
 
 
