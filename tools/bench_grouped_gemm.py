@@ -15,8 +15,13 @@ are int32 (its grouped GEMMs take int32 end offsets); ours take M_sizes as is.
 Times are medians of triton.testing.do_bench, ours and torch's taking turns; TFLOP/s counts
 2 * total_M * N * K; ratio = torch time / our time (> 1: ours is faster).
 
-  python tools/bench.py grouped_gemm [--quick] [--op bf16|fp8|all] [--sweep] [--json PATH]
---sweep also times every config of the target's template at the prefill shapes (ours only).
+At decode the GEMMs stream the routed experts' weights: weights_tbps is the bytes of the
+non-empty groups' weights over our time (compare with the copy roofline, ~4.3 TB/s on an H200).
+
+  python tools/bench.py grouped_gemm [--quick] [--op bf16|fp8|all] [--tokens T,...]
+                                     [--sweep [prefill|decode|all]] [--json PATH]
+--sweep also times every config of the target's template (ours only) at the prefill shapes (the
+default), the decode shapes or both; --tokens keeps only those T.
 """
 from __future__ import annotations
 
@@ -90,12 +95,17 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the DeepSeek-V3-like layer only")
     parser.add_argument("--op", choices=("bf16", "fp8", "all"), default="all")
-    parser.add_argument("--sweep", action="store_true", help="also time every config at the prefill shapes")
+    parser.add_argument("--sweep", nargs="?", const="prefill", choices=("prefill", "decode", "all"),
+                        help="also time every config at these shapes (default: prefill)")
+    parser.add_argument("--tokens", type=lambda v: {int(t) for t in v.split(",")},
+                        help="only these T (comma-separated)")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
 
     rows, weights = [], {}
     for name, tokens, experts, top_k, proj, n, k in _cases(args.quick):
+        if args.tokens and tokens not in args.tokens:
+            continue
         sizes = _sizes(torch, tokens, experts, top_k, seed=tokens + experts)
         offs = torch.cumsum(sizes, 0, dtype=torch.int32)
         total = tokens * top_k
@@ -132,15 +142,18 @@ def main(argv: list[str]) -> int:
             row = {"layer": name, "proj": proj, "T": tokens, "M": total, "N": n, "K": k, "op": op,
                    "ours_tflops": flop / t["ours"] * 1e-9, "torch_tflops": flop / t["torch"] * 1e-9,
                    "dense_tflops": flop / t["dense"] * 1e-9, "ours_us": t["ours"] * 1e3,
-                   "torch_us": t["torch"] * 1e3, "ratio": t["torch"] / t["ours"]}
-            if args.sweep and tokens > max(DECODE_T):
+                   "torch_us": t["torch"] * 1e3, "ratio": t["torch"] / t["ours"],
+                   "weights_tbps": int((sizes > 0).sum()) * n * k * (2 if op == "bf16" else 1) / t["ours"] * 1e-9}
+            decode = tokens <= max(DECODE_T)
+            if args.sweep == "all" or args.sweep == ("decode" if decode else "prefill"):
                 row["sweep"] = _sweep(do_bench, op, flop, ops, x, w, sizes, xq, wq, xs, ws)
             rows.append(row)
             print(f"{name:12s} {proj:7s} T={tokens:5d} {op}: ours {row['ours_tflops']:7.1f} "
                   f"torch {row['torch_tflops']:7.1f} dense {row['dense_tflops']:7.1f} TFLOP/s "
-                  f"({row['ours_us']:.1f} vs {row['torch_us']:.1f} us) x{row['ratio']:.2f}", flush=True)
+                  f"({row['ours_us']:.1f} vs {row['torch_us']:.1f} us) x{row['ratio']:.2f}, weights "
+                  f"{row['weights_tbps']:.2f} TB/s", flush=True)
     table(rows, ["layer", "proj", "T", "op", "ours_tflops", "torch_tflops", "dense_tflops", "ours_us",
-                 "torch_us", "ratio"])
+                 "torch_us", "ratio", "weights_tbps"])
     for op in ("bf16", "fp8"):
         for phase, pick in (("prefill", lambda r: r["T"] > max(DECODE_T)), ("decode", lambda r: r["T"] <= max(DECODE_T))):
             ratios = [r["ratio"] for r in rows if r["op"] == op and pick(r)]
