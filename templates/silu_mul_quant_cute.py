@@ -22,16 +22,27 @@ REGS, REGS_LONG = 80, 104
 # elements of a 16-bit dtype for the vector shapes (half for fp32). The 5K tile fits rows of 5120
 # (all lanes with data, against 62% in an 8K tile: 41936 x 5120 took 292 us in 5K tiles, 302 us
 # in 8K; H200, bf16). A 3K tile for 2880 did not help here (289 against 285 us in 4K tiles).
-# Rows fitted with whole warps (one row per CTA): 160 x 4 chunks of 8 holds 5120 elements, 224 x 4
-# 7168; split over a cluster of 2 CTAs, 224 x 4 holds 14336 and 256 x 4 16384, 160 x 2 5120 (the
-# row resident in registers with no CTA above 256 threads; the absmax meets over DSMEM).
+# Rows fitted with whole warps (one row per CTA): 96 x 4 chunks of 8 holds 3072 elements (2880
+# fills 94%: 250 against 285 us for 256 x 2 rows x 4 chunks at 74545 x 2880, 70.9 against 78.0 us
+# at 18636 x 2880; H200, bf16), 160 x 4 5120, 224 x 4 7168; split over a cluster of 2 CTAs,
+# 224 x 4 holds 14336 and 256 x 4 16384, 160 x 2 5120 (the row resident in registers with no CTA
+# above 256 threads; the absmax meets over DSMEM).
 # Every shape comes with both L1 policies of its single-use loads (``l1``).
 SHAPES = plan.expand(
-    vector_shapes=[(160, 1, 4), (224, 1, 4), (128, 4, 4), (256, 2, 4), (256, 1, 4), (512, 1, 2), (1024, 1, 2),
+    vector_shapes=[(96, 1, 4), (160, 1, 4), (224, 1, 4), (128, 4, 4), (256, 2, 4), (256, 1, 4), (512, 1, 2), (1024, 1, 2),
                    (512, 1, 4), (256, 2, 5)],
     scalar_shapes=[(128, 4, 8), (256, 1, 16)],
 ) + plan.clustered(plan.expand(vector_shapes=[(224, 1, 4), (256, 1, 4), (160, 1, 2)], scalar_shapes=[]), 2)
-CONFIGS = plan.with_l1(SHAPES)
+# Fitted CTAs with a lower register cap (``regs``), one CTA more per SM: 224 threads at 72
+# registers instead of 80, 4 CTAs per SM (28 warps, quantize_fp8_row's occupancy with the same
+# tile at 64 registers) instead of 3; 96 threads at 72, 9 CTAs instead of 8. ptxas then keeps 8
+# bytes per thread in local memory (L1). (160 threads at 64 registers, 6 CTAs instead of 5,
+# spills 176 bytes: left out.) Listed first, so the heuristic's tie-break takes them over the
+# same tiles at 80 registers where it takes them at all.
+TRIMMED_REGS = {224: 72, 96: 72}
+TRIMMED = [{**c, "regs": TRIMMED_REGS[c["threads"]]} for c in SHAPES
+           if c["threads"] in TRIMMED_REGS and c["vec"] == 8 and c["chunks"] == 4]
+CONFIGS = plan.with_l1(TRIMMED + SHAPES)
 _valid, _ = plan.rules(CONFIGS, arrays=2)
 
 # The heuristic takes CTAs of at most 256 threads: each row ends in a CTA-wide barrier (its
@@ -43,13 +54,22 @@ _valid, _ = plan.rules(CONFIGS, arrays=2)
 # (H200, bf16, docs/benchmarks.md): 41936 x 5120 160 x 4 258 us (256 x 2 rows x 5 chunks: 292;
 # no_allocate loads: 271); 14979 x 14336 the 2-CTA cluster of 224 x 4 298 us, 3745 x 14336 82.0
 # us (256 x 4, the rest of the row read again from L2: 313 and 86.9 us; 224 x 4 in two passes:
-# 299 and 84.1 us).
+# 299 and 84.1 us). The 72-register cap only where the row spans two CTAs (the clusters): there
+# it is faster, one CTA holding the row is slower with it (H200, bf16, one run: the 224 x 4
+# cluster at 14336 278 against 297 us at 1 GiB, 78.4 against 81.8 us at 256 MiB; 224 x 4 at
+# 7168 255 against 251 us at 1 GiB, 74.0 against 71.0 us at 256 MiB; 96 x 4 at 2880 256 against
+# 250 us at 1 GiB, 74.5 against 70.9 us at 256 MiB).
 HEURISTIC_L1 = "keep"
-HEURISTIC_CONFIGS = [c for c in CONFIGS if c["threads"] <= 256 and c["l1"] == HEURISTIC_L1]
+HEURISTIC_CONFIGS = [c for c in CONFIGS if c["threads"] <= 256 and c["l1"] == HEURISTIC_L1
+                     and ("regs" not in c or "cluster" in c)]
 
 
 def _heuristic(target, sig, problem):
     return plan.pick_fitted(HEURISTIC_CONFIGS, sig, problem["K"], arrays=2)
+
+
+def _registers(config, tile) -> int:
+    return config.get("regs", REGS if tile.chunks <= 4 else REGS_LONG)
 
 
 def build(config, target, sig):
@@ -72,7 +92,7 @@ def build(config, target, sig):
     def silu_mul_quant(mX0: cute.Tensor, mX1: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor,
                        mS: cute.Tensor, mCount: cute.Tensor, stream):
         kernel(mX0, mX1, mUB, mQ, mS, mCount).launch(**rw.quantize_launch(tile, mX0.shape[0]), stream=stream,
-                                                     **rw.launch_hints(tile, REGS if tile.chunks <= 4 else REGS_LONG))
+                                                     **rw.launch_hints(tile, _registers(config, tile)))
 
     args = rw.fake_quantize_args(dtype, fp8_dtype, 2, sig["aligned"], plan.ELEM_BYTES[sig["dtype"]])
     return silu_mul_quant, args[:-1] + [rw.fake_count(), args[-1]]
@@ -81,9 +101,10 @@ def build(config, target, sig):
 def _spills_on_sm100a(config, target) -> bool:
     """sm100a's ptxas spills 8 bytes per thread at 80 registers when a thread keeps 32 values of
     its row resident (vec 8 x 4 chunks; resource reports); sm90a does not, except in CTAs of 160
-    threads (5 per SM at 80 registers: 72 and 8 bytes of local memory, which stays in L1)."""
+    threads (5 per SM at 80 registers: 72 and 8 bytes of local memory, which stays in L1) and the
+    224-thread CTAs capped at 72 registers (8 bytes)."""
     resident = config["vec"] * config["chunks"] >= 32
-    return resident and (target == "sm100a" or config["threads"] == 160)
+    return resident and (target == "sm100a" or config["threads"] == 160 or "regs" in config)
 
 
 TEMPLATE = Template(op="silu_mul_quant", backend="cute", targets=("sm90a", "sm100a"),

@@ -1,6 +1,8 @@
 """Plots for docs/benchmarks.md from the JSON files that tools/bench.py writes.
 
-  python tools/plot_benchmarks.py docs/results docs/img
+  python tools/plot_benchmarks.py docs/results docs/img [PLOT ...]
+
+PLOT names the plots to draw (gemm, gemm_random, memory_bound, moe_layer, membound); all by default.
 """
 from __future__ import annotations
 
@@ -140,20 +142,25 @@ def plot_moe_layer(data, out):
 
 
 def main(argv):
-    folder, out = argv[0], argv[1]
+    folder, out, only = argv[0], argv[1], set(argv[2:])
     os.makedirs(out, exist_ok=True)
+
+    def wanted(name):
+        return not only or name in only
+
     gemm = _load(folder, "gemm_tuned") or _load(folder, "gemm")  # the tuned run when there is one
-    if gemm:
+    if gemm and wanted("gemm"):
         plot_gemm(gemm, out)
     random_draw = _load(folder, "gemm_random")
-    if random_draw:
+    if random_draw and wanted("gemm_random"):
         plot_gemm_random(random_draw, out)
-    plot_memory_bound(folder, out)
+    if wanted("memory_bound"):
+        plot_memory_bound(folder, out)
     moe_layer = _load(folder, "moe_layer")
-    if moe_layer:
+    if moe_layer and wanted("moe_layer"):
         plot_moe_layer(moe_layer, out)
     sweep = _load(folder, "membound")
-    if sweep:
+    if sweep and wanted("membound"):
         plot_membound_sweep(sweep, out)
     return 0
 
