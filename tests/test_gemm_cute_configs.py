@@ -104,7 +104,9 @@ def test_decode_heuristic_splits_k_when_few_tiles_would_leave_sms_idle():
         else:
             assert "split_k" not in config, (m, n, k, config)
     # Decode tiles split only up to M = 16, and never for FP8 (it has 16-row x boxes there);
-    # M > 64 is the model's (below), which never splits a call of many waves.
+    # at M = 17-64 only swapped tiles split, where the 64-row tiles leave SMs idle (not on
+    # 8192 x 8192's 128 tiles, see the streaming tests below); M > 64 is the model's (below),
+    # which never splits a call of many waves.
     for m in (17, 64, 4096):
         assert "split_k" not in template.heuristic("sm90a", sig, {"M": m, "N": 8192, "K": 8192})
     (fp8,) = registry.get_templates(op="f8f8bf16_rowwise", backend="cute")
@@ -237,18 +239,22 @@ def test_x_rows_configs_serve_decode_only(op, monkeypatch):
 
     (template,) = registry.get_templates(op=op, backend="cute")
     sig = OPS[op][0]
-    for m, (n, k) in itertools.product(M_VALUES, NK_VALUES):
+    # FP8: 16-row boxes; 16-bit: also 32- and 48-row ones for 64-row tiles at 16 < M <= 48.
+    rows_max = gemm_configs.X_ROWS if op == "f8f8bf16_rowwise" else max(gemm_configs.X_ROWS_MID)
+    for m, (n, k) in itertools.product(M_VALUES + (17, 32, 33, 48, 49), NK_VALUES):
         config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
-        if m > gemm_configs.X_ROWS:
+        assert config.get("x_rows", m) >= m, (m, n, k, config)
+        if m > rows_max:
             assert "x_rows" not in config, (m, n, k, config)
-        elif op == "f8f8bf16_rowwise" or config["tile_n"] == 256:
-            assert config.get("x_rows") == gemm_configs.X_ROWS, (m, n, k, config)
+        elif op == "f8f8bf16_rowwise" or config["tile_n"] == 256 or m > gemm_configs.X_ROWS:
+            if config["tile_m"] == 64:  # the box: M rounded up to 16
+                assert config.get("x_rows") == -(-m // 16) * 16, (m, n, k, config)
         candidates = autotune._candidates(template, "sm90a", sig, {"M": m, "N": n, "K": k})
         assert all(c.get("x_rows", m) >= m for c in candidates)
-        assert any("x_rows" in c for c in candidates) == (m <= gemm_configs.X_ROWS)
+        assert any("x_rows" in c for c in candidates) == (m <= rows_max)
     # The op layer's choice (explicit config here) refuses an x_rows config for a larger M.
     kernel_op = declaration.get(op).kernels
-    x_rows_config = next(c for c in template.valid_configs("sm90a", sig) if "x_rows" in c)
+    x_rows_config = next(c for c in template.valid_configs("sm90a", sig) if c.get("x_rows") == gemm_configs.X_ROWS)
     signature = tuple(sig[f] for f in kernel_op.sig_fields)
     assert kernel_op.choose("sm90a", signature, (gemm_configs.X_ROWS, 64, 64), x_rows_config)[1] == x_rows_config
     with pytest.raises(ValueError, match=r"x_rows16 does not serve a call of sizes \{'M': 17"):
@@ -258,7 +264,8 @@ def test_x_rows_configs_serve_decode_only(op, monkeypatch):
 
     monkeypatch.setattr(tuning, "lookup", lambda *args: x_rows_config)
     assert kernel_op.choose("sm90a", signature, (gemm_configs.X_ROWS, 64, 64), None)[1] == x_rows_config
-    assert "x_rows" not in kernel_op.choose("sm90a", signature, (gemm_configs.X_ROWS + 1, 64, 64), None)[1]
+    passed_over = kernel_op.choose("sm90a", signature, (gemm_configs.X_ROWS + 1, 64, 64), None)[1]
+    assert passed_over != x_rows_config and passed_over.get("x_rows", 64) > gemm_configs.X_ROWS
 
 
 # -- the model of M > 64 calls, re-derived here from its statement in the heuristic's docstring:
@@ -408,3 +415,68 @@ def test_split_k_model_against_the_sweep():
         assert us[pick] <= (1.01 if k >= 16384 else 1.2) * fastest, (m, n, k, pick, us)
         if k >= 16384 and m < 513:
             assert pick[3] > 1, (m, n, k, pick)
+
+
+# -- the weight-streaming model of 16-bit calls at 16 < M <= 64, re-derived from its statement
+# in the heuristic's docstring:
+#   time = max(waves x weight rows per unit x K / split_k, N x K / STREAM_SMS) + fix-up
+# over the unsplit 64-row tile of the x-box cost (its N tiles the units) and the swapped
+# 128 x 64 split-K tiles (N / 128 weight tiles x 2-4 splits, at most one wave), the split one
+# only if it gains more than STREAM_TIE.
+STREAM_M = (17, 24, 32, 33, 48, 63, 64)
+STREAM_NK = [(n, k) for n in (2112, 2880, 4096, 5120, 5376, 6144, 7168, 7680, 8192, 10240, 27648, 57344)
+             for k in (2048, 2880, 4096, 8192, 13824, 21504, 32768)]
+
+
+def _stream_model(n, k, weight_rows, units, split_k):
+    k_elems = -(-k // 64) * 64
+    per_sm = -(-units // gemm_configs.NUM_SMS) * weight_rows * -(-k_elems // split_k)
+    fixup = 2 * (split_k + 1) * 128 * 64 if split_k > 1 else 0
+    return max(per_sm, n * k_elems / gemm_configs.STREAM_SMS) + fixup
+
+
+def test_streaming_heuristic_is_the_model_s_best():
+    (bf16,) = registry.get_templates(op="bf16_gemm", backend="cute")
+    for m, (n, k) in itertools.product(STREAM_M, STREAM_NK):
+        config = bf16.heuristic("sm90a", {"dtype": "bfloat16"}, {"M": m, "N": n, "K": k})
+        # the 64-row tile the x-box cost picks (M <= 64 without the streaming split)
+        def x_box_cost(t):
+            tiles = -(-n // t)
+            return -(-tiles // gemm_configs.NUM_SMS) * (t + 64), t
+
+        tile_n = min((256, 128, 64), key=x_box_cost)
+        base = _stream_model(n, k, tile_n, -(-n // tile_n), 1)
+        splits = {s: _stream_model(n, k, 128, -(-n // 128) * s, s) for s in (2, 3, 4)
+                  if -(-n // 128) * s <= gemm_configs.NUM_SMS}
+        best = min(splits, key=splits.get, default=None)
+        if best is not None and splits[best] < base * (1 - gemm_configs.STREAM_TIE):
+            assert (config["tile_m"], config["tile_n"], config.get("split_k"), config.get("swap")) == \
+                (128, 64, best, 1), (m, n, k, config)
+        else:
+            assert (config["tile_m"], config["tile_n"]) == (64, tile_n) and "split_k" not in config, (m, n, k, config)
+
+
+def test_streaming_model_fills_the_sms_where_few_tiles_stream():
+    """What the streaming model buys: N = 2112 (33 tiles of 64x64: a quarter of the SMs
+    streaming) takes 17 swapped weight tiles x 4 splits; N = 5120 (80 tiles: about as many SMs
+    as saturate HBM) keeps 64x64 tiles, with the 32-row x box at M = 18-29 (the slow box those
+    shapes had: 0.73-0.84x cuBLAS on the H200); 8192 x 8192's 128 tiles and a short K
+    (5120 x 2880) keep the 64-row tile too."""
+    (bf16,) = registry.get_templates(op="bf16_gemm", backend="cute")
+
+    def pick(m, n, k):
+        c = bf16.heuristic("sm90a", {"dtype": "bfloat16"}, {"M": m, "N": n, "K": k})
+        return c["tile_m"], c["tile_n"], c.get("split_k", 1), bool(c.get("swap")), c.get("x_rows")
+
+    for m in (17, 43, 64):
+        assert pick(m, 2112, 7168) == (128, 64, 4, True, None)
+    for m, k in itertools.product((18, 26, 29), (13824, 17920, 32768)):
+        assert pick(m, 5120, k) == (64, 64, 1, False, 32)
+    assert pick(29, 8192, 8192) == (64, 64, 1, False, 32)
+    assert pick(37, 5120, 2880) == (64, 64, 1, False, 48)
+    assert pick(63, 8192, 8192) == (64, 64, 1, False, None)
+    # FP8 keeps its 64-row tiles (1.27x torch at M <= 63 on a random draw).
+    (fp8,) = registry.get_templates(op="f8f8bf16_rowwise", backend="cute")
+    for m, fast in itertools.product((17, 29, 64), (True, False)):
+        c = fp8.heuristic("sm90a", {"bias": "none", "fast_accum": fast}, {"M": m, "N": 2112, "K": 7168})
+        assert c["tile_m"] == 64 and "x_rows" not in c and "split_k" not in c, (m, fast, c)
