@@ -79,7 +79,8 @@ X_ROWS = 16
 X_ROWS_CONFIGS = tuple(_config(64, 256, split_k=s, x_rows=X_ROWS) for s in (1, *SPLIT_K))
 # 16-bit 64-row tiles for 16 < M <= 48: x boxes of M rounded up to 16 (a 64-row box with rows
 # past M loads slower, though those rows are only TMA's zeros: 64x64 tiles on the same layer ran
-# 10-25% slower at M = 18-37 than at M = 48-64 on the H200, docs/benchmarks.md).
+# 10-25% slower at M = 18-37 than at M = 48-64 on the H200; the fitted box took 5120 x 32768 at
+# M = 26 from 110.3 to 93.5 us and 5120 x 17920 at M = 27 from 70.4 to 55.6, docs/benchmarks.md).
 X_ROWS_MID = (32, 48)
 X_ROWS_MID_CONFIGS = tuple(_config(64, n, x_rows=r) for r in X_ROWS_MID for n in (64, 128, 256))
 BF16_CONFIGS = CONFIGS + SPLIT_CONFIGS + STREAM_K_CONFIGS + X_ROWS_CONFIGS + X_ROWS_MID_CONFIGS
@@ -126,20 +127,6 @@ TIE = 0.01
 # brings the units up to about one per SM (1.1-1.3x faster), past that splitting only adds its
 # reduction. At M = 64 the unsplit 64-row tiles win.
 DECODE_M_MAX, DECODE_TILES_MIN, DECODE_SPLIT_K_MIN = 16, 48, 2048
-
-# Weight streaming (16-bit, DECODE_M_MAX < M <= 64; see stream_time): an SM streams at most
-# ~40 GB/s of the weight and about STREAM_SMS of them together saturate HBM (on the H200, 5120 x
-# 32768: 80 tiles of 64x64 at M = 64 streamed 3.1 TB/s, 120 units of 128-row split-K tiles at
-# M = 72 3.3 TB/s; 16384 x 5120 at M = 1: 64 tiles of 64x256, 3.1 TB/s); a call whose units
-# keep fewer SMs busy is bound by its busiest SM.
-STREAM_SMS = 80
-# Modelled gains below this fraction stay with the unsplit 64-row tile: the split-K fix-up's
-# dependent reads and each unit's pipeline fill are not in the model (at 4096 x 4096, M = 72,
-# 128-row split-K tiles took 22.3 us where 64x64 tiles took 18.6 at M = 64).
-STREAM_TIE = 0.10
-# The swapped split-K tile streaming calls may take: 128 weight rows (the kernel's tile_m) by
-# 64 tokens (the narrowest swapped width, see SWAP_MIN_WIDTH).
-STREAM_SWAP_TILE = (128, 64)
 
 
 def _ceil_div(a, b):
@@ -252,35 +239,6 @@ def _large_m(m, n, k_bytes, fp8, fast_accum):
     return max(ties, key=lambda c: (-c[3], not c[4], c[0] * c[1], c[2]))
 
 
-def stream_time(n, k_bytes, weight_rows, units, split_k=1, tile=(64, 64)):
-    """Model of a weight-streaming call (M <= 64), in bf16 elements loaded: the weight rows the
-    busiest SM streams (its waves of units, each weight_rows x K / split_k) or the whole weight
-    over STREAM_SMS SMs (HBM's limit), whichever is larger, plus with split-K the fix-up of
-    unit_time (an fp32 partial moves the bytes of two bf16 elements, its own slot out and
-    split_k slots in, a tile each). x's rows come from L2 and are left out."""
-    k = _ceil_div(k_bytes, K_TILE_BYTES) * (K_TILE_BYTES // 2)
-    per_sm = _ceil_div(units, NUM_SMS) * weight_rows * _ceil_div(k, split_k)
-    fixup = FIXUP_WEIGHT // LOAD_WEIGHT * (split_k + 1) * tile[0] * tile[1] if split_k > 1 else 0
-    return max(per_sm, n * k / STREAM_SMS) + fixup
-
-
-def _stream_split(n, k_bytes, tile_n):
-    """Weight streaming at DECODE_M_MAX < M <= 64 (16-bit): the unsplit 64-row tile of width
-    tile_n (units: its N tiles), or the swapped split-K tile STREAM_SWAP_TILE (N / 128 weight
-    tiles, split 2-4 up to one wave of units, fixed up in place) where that keeps more SMs
-    streaming: the least stream_time, the split one only if it gains more than STREAM_TIE.
-    Returns the split count (1: the 64-row tile)."""
-    weight_tiles = _ceil_div(n, STREAM_SWAP_TILE[0])
-    base = stream_time(n, k_bytes, tile_n, _ceil_div(n, tile_n))
-    best, pick = base * (1 - STREAM_TIE), 1
-    for s in MID_SPLIT_K:
-        if weight_tiles * s <= NUM_SMS:
-            t = stream_time(n, k_bytes, STREAM_SWAP_TILE[0], weight_tiles * s, s, STREAM_SWAP_TILE)
-            if t < best:
-                best, pick = t, s
-    return pick
-
-
 def heuristic(problem, fp8, fast_accum=False):
     """Default config for a call of size problem = {"M", "N", "K"}.
 
@@ -288,11 +246,6 @@ def heuristic(problem, fp8, fast_accum=False):
     the bytes the busiest SM streams (the weight and, per tile, x's 64-row box); for 16-bit
     inputs with M <= DECODE_M_MAX, 256-wide tiles,
     split-K up to about one unit per SM when there are few of them (see DECODE_TILES_MIN).
-    16-bit, DECODE_M_MAX < M <= 64: that 64-row tile, or where its N / tile_n tiles leave SMs
-    idle on a long K, swapped 128 x 64 split-K tiles (see _stream_split), by the streaming model
-        time = max(waves of units x weight rows per unit x K / split_k, N x K / STREAM_SMS)
-               + fix-up (split-K, as below)
-    (N = 2112: 33 tiles of 64x64 keep 33 SMs streaming; 17 weight tiles x 4 splits keep 68).
     Larger M: the model above, over the op's 128-row tiles, cluster shapes and K splits (see
     candidates):
         time = waves x (k_steps / split_k x tile_cost + fix-up)
@@ -340,10 +293,6 @@ def heuristic(problem, fp8, fast_accum=False):
 
     widths = (128, 64) if fp8 and not fast_accum else (256, 128, 64)
     tile_n = min(widths, key=lambda t: (cost(t), t))
-    if not fp8 and m > DECODE_M_MAX:
-        split_k = _stream_split(n, problem.get("K", 0) * 2, tile_n)
-        if split_k > 1:
-            return _config(*STREAM_SWAP_TILE, split_k=split_k, swap=True)
     config = {**_config(64, tile_n), **promote}
     pool = FP8_CONFIGS if fp8 else BF16_CONFIGS
     with_rows = {**config, "x_rows": decode_rows}

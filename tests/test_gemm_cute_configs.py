@@ -104,9 +104,7 @@ def test_decode_heuristic_splits_k_when_few_tiles_would_leave_sms_idle():
         else:
             assert "split_k" not in config, (m, n, k, config)
     # Decode tiles split only up to M = 16, and never for FP8 (it has 16-row x boxes there);
-    # at M = 17-64 only swapped tiles split, where the 64-row tiles leave SMs idle (not on
-    # 8192 x 8192's 128 tiles, see the streaming tests below); M > 64 is the model's (below),
-    # which never splits a call of many waves.
+    # M > 64 is the model's (below), which never splits a call of many waves.
     for m in (17, 64, 4096):
         assert "split_k" not in template.heuristic("sm90a", sig, {"M": m, "N": 8192, "K": 8192})
     (fp8,) = registry.get_templates(op="f8f8bf16_rowwise", backend="cute")
@@ -417,66 +415,19 @@ def test_split_k_model_against_the_sweep():
             assert pick[3] > 1, (m, n, k, pick)
 
 
-# -- the weight-streaming model of 16-bit calls at 16 < M <= 64, re-derived from its statement
-# in the heuristic's docstring:
-#   time = max(waves x weight rows per unit x K / split_k, N x K / STREAM_SMS) + fix-up
-# over the unsplit 64-row tile of the x-box cost (its N tiles the units) and the swapped
-# 128 x 64 split-K tiles (N / 128 weight tiles x 2-4 splits, at most one wave), the split one
-# only if it gains more than STREAM_TIE.
-STREAM_M = (17, 24, 32, 33, 48, 63, 64)
-STREAM_NK = [(n, k) for n in (2112, 2880, 4096, 5120, 5376, 6144, 7168, 7680, 8192, 10240, 27648, 57344)
-             for k in (2048, 2880, 4096, 8192, 13824, 21504, 32768)]
+MID_NK = [(n, k) for n in (2112, 2880, 4096, 5120, 5376, 6144, 7168, 7680, 8192, 10240, 27648, 57344)
+          for k in (2048, 2880, 4096, 8192, 13824, 21504, 32768)]
 
 
-def _stream_model(n, k, weight_rows, units, split_k):
-    k_elems = -(-k // 64) * 64
-    per_sm = -(-units // gemm_configs.NUM_SMS) * weight_rows * -(-k_elems // split_k)
-    fixup = 2 * (split_k + 1) * 128 * 64 if split_k > 1 else 0
-    return max(per_sm, n * k_elems / gemm_configs.STREAM_SMS) + fixup
-
-
-def test_streaming_heuristic_is_the_model_s_best():
+def test_x_box_fits_m_at_16_to_48_rows():
+    """16-bit 64-row tiles at 16 < M <= 48 load M rounded up to 16 rows of x per k-tile (N = 5120
+    at M = 18-29 on a long K: 0.73-0.84x cuBLAS with the 64-row box on the H200; 1.05x at
+    M = 27 with the 32-row one); FP8 keeps its 64-row box there, M > 48 the whole box."""
     (bf16,) = registry.get_templates(op="bf16_gemm", backend="cute")
-    for m, (n, k) in itertools.product(STREAM_M, STREAM_NK):
-        config = bf16.heuristic("sm90a", {"dtype": "bfloat16"}, {"M": m, "N": n, "K": k})
-        # the 64-row tile the x-box cost picks (M <= 64 without the streaming split)
-        def x_box_cost(t):
-            tiles = -(-n // t)
-            return -(-tiles // gemm_configs.NUM_SMS) * (t + 64), t
-
-        tile_n = min((256, 128, 64), key=x_box_cost)
-        base = _stream_model(n, k, tile_n, -(-n // tile_n), 1)
-        splits = {s: _stream_model(n, k, 128, -(-n // 128) * s, s) for s in (2, 3, 4)
-                  if -(-n // 128) * s <= gemm_configs.NUM_SMS}
-        best = min(splits, key=splits.get, default=None)
-        if best is not None and splits[best] < base * (1 - gemm_configs.STREAM_TIE):
-            assert (config["tile_m"], config["tile_n"], config.get("split_k"), config.get("swap")) == \
-                (128, 64, best, 1), (m, n, k, config)
-        else:
-            assert (config["tile_m"], config["tile_n"]) == (64, tile_n) and "split_k" not in config, (m, n, k, config)
-
-
-def test_streaming_model_fills_the_sms_where_few_tiles_stream():
-    """What the streaming model buys: N = 2112 (33 tiles of 64x64: a quarter of the SMs
-    streaming) takes 17 swapped weight tiles x 4 splits; N = 5120 (80 tiles: about as many SMs
-    as saturate HBM) keeps 64x64 tiles, with the 32-row x box at M = 18-29 (the slow box those
-    shapes had: 0.73-0.84x cuBLAS on the H200); 8192 x 8192's 128 tiles and a short K
-    (5120 x 2880) keep the 64-row tile too."""
-    (bf16,) = registry.get_templates(op="bf16_gemm", backend="cute")
-
-    def pick(m, n, k):
-        c = bf16.heuristic("sm90a", {"dtype": "bfloat16"}, {"M": m, "N": n, "K": k})
-        return c["tile_m"], c["tile_n"], c.get("split_k", 1), bool(c.get("swap")), c.get("x_rows")
-
-    for m in (17, 43, 64):
-        assert pick(m, 2112, 7168) == (128, 64, 4, True, None)
-    for m, k in itertools.product((18, 26, 29), (13824, 17920, 32768)):
-        assert pick(m, 5120, k) == (64, 64, 1, False, 32)
-    assert pick(29, 8192, 8192) == (64, 64, 1, False, 32)
-    assert pick(37, 5120, 2880) == (64, 64, 1, False, 48)
-    assert pick(63, 8192, 8192) == (64, 64, 1, False, None)
-    # FP8 keeps its 64-row tiles (1.27x torch at M <= 63 on a random draw).
     (fp8,) = registry.get_templates(op="f8f8bf16_rowwise", backend="cute")
-    for m, fast in itertools.product((17, 29, 64), (True, False)):
-        c = fp8.heuristic("sm90a", {"bias": "none", "fast_accum": fast}, {"M": m, "N": 2112, "K": 7168})
-        assert c["tile_m"] == 64 and "x_rows" not in c and "split_k" not in c, (m, fast, c)
+    for m, (n, k) in itertools.product((17, 26, 32, 33, 48, 49, 64), MID_NK):
+        c = bf16.heuristic("sm90a", {"dtype": "bfloat16"}, {"M": m, "N": n, "K": k})
+        assert c["tile_m"] == 64 and "split_k" not in c, (m, n, k, c)
+        assert c.get("x_rows") == (32 if m <= 32 else 48 if m <= 48 else None), (m, n, k, c)
+        c8 = fp8.heuristic("sm90a", {"bias": "none", "fast_accum": True}, {"M": m, "N": n, "K": k})
+        assert "x_rows" not in c8, (m, n, k, c8)
