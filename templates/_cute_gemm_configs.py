@@ -77,7 +77,13 @@ STREAM_K_CONFIGS = tuple(_config(128, tile_n, cluster_m, stream_k=True)
 # Decode tiles that load only X_ROWS rows of x per k-tile (for M <= X_ROWS).
 X_ROWS = 16
 X_ROWS_CONFIGS = tuple(_config(64, 256, split_k=s, x_rows=X_ROWS) for s in (1, *SPLIT_K))
-BF16_CONFIGS = CONFIGS + SPLIT_CONFIGS + STREAM_K_CONFIGS + X_ROWS_CONFIGS
+# 16-bit 64-row tiles for 16 < M <= 48: x boxes of M rounded up to 16 (a 64-row box with rows
+# past M loads slower, though those rows are only TMA's zeros: 64x64 tiles on the same layer ran
+# 10-25% slower at M = 18-37 than at M = 48-64 on the H200; the fitted box took 5120 x 32768 at
+# M = 26 from 110.3 to 93.5 us and 5120 x 17920 at M = 27 from 70.4 to 55.6, docs/benchmarks.md).
+X_ROWS_MID = (32, 48)
+X_ROWS_MID_CONFIGS = tuple(_config(64, n, x_rows=r) for r in X_ROWS_MID for n in (64, 128, 256))
+BF16_CONFIGS = CONFIGS + SPLIT_CONFIGS + STREAM_K_CONFIGS + X_ROWS_CONFIGS + X_ROWS_MID_CONFIGS
 # Widths between the powers of two, for layers they split into whole tiles and waves (see the
 # heuristic): 128-row tiles, both cluster shapes; 16-bit and FP8 fast accumulation.
 FITTED_WIDTHS = (160, 192, 224)
@@ -261,11 +267,13 @@ def heuristic(problem, fp8, fast_accum=False):
     FP8: ``fast_accum`` (promote 0) may take any tile; promoted accumulation every FP8_PROMOTE
     k-tiles (accurate to well below bf16 rounding) needs a tile of at most 128 columns. With
     M <= X_ROWS the tile loads only X_ROWS rows of x (where the tile has that variant): timed on
-    the H200 at M = 1-16, never slower, up to 1.04x (bf16) and 1.3x (FP8) faster.
+    the H200 at M = 1-16, never slower, up to 1.04x (bf16) and 1.3x (FP8) faster. 16-bit 64-row
+    tiles at 16 < M <= 48 likewise load M rounded up to 16 rows (X_ROWS_MID).
     """
     m, n = problem["M"], problem["N"]
     promote = {"promote": 0 if fast_accum else FP8_PROMOTE} if fp8 else {}
-    decode_rows = X_ROWS if m <= X_ROWS else 0  # the 16-row x box (see the docstring)
+    # the x box of 64-row tiles: M rounded up to 16 (see the docstring), where a variant has it
+    decode_rows = next((r for r in (X_ROWS, *X_ROWS_MID) if m <= r), 0)
     if m <= DECODE_M_MAX and not fp8:
         tiles = _ceil_div(n, 256)
         if tiles >= DECODE_TILES_MIN:
@@ -299,8 +307,9 @@ def fp8_valid(config, fast_accum):
 
 def serves(config, problem):
     """Whether ``config`` can run a call of size problem = {"M", ...}: an x_rows config serves
-    M <= x_rows only. Tuning buckets round M up to a power of two and X_ROWS is one, so a
-    tuned x_rows config never meets a larger M either."""
+    M <= x_rows only. Tuning buckets round M up to a power of two: a config tuned at M = 33-48
+    (x_rows 48) may meet M = 49-64 of its bucket, where the op layer passes it over for the
+    heuristic."""
     return problem["M"] <= config.get("x_rows", problem["M"])
 
 

@@ -237,18 +237,22 @@ def test_x_rows_configs_serve_decode_only(op, monkeypatch):
 
     (template,) = registry.get_templates(op=op, backend="cute")
     sig = OPS[op][0]
-    for m, (n, k) in itertools.product(M_VALUES, NK_VALUES):
+    # FP8: 16-row boxes; 16-bit: also 32- and 48-row ones for 64-row tiles at 16 < M <= 48.
+    rows_max = gemm_configs.X_ROWS if op == "f8f8bf16_rowwise" else max(gemm_configs.X_ROWS_MID)
+    for m, (n, k) in itertools.product(M_VALUES + (17, 32, 33, 48, 49), NK_VALUES):
         config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
-        if m > gemm_configs.X_ROWS:
+        assert config.get("x_rows", m) >= m, (m, n, k, config)
+        if m > rows_max:
             assert "x_rows" not in config, (m, n, k, config)
-        elif op == "f8f8bf16_rowwise" or config["tile_n"] == 256:
-            assert config.get("x_rows") == gemm_configs.X_ROWS, (m, n, k, config)
+        elif op == "f8f8bf16_rowwise" or config["tile_n"] == 256 or m > gemm_configs.X_ROWS:
+            if config["tile_m"] == 64:  # the box: M rounded up to 16
+                assert config.get("x_rows") == -(-m // 16) * 16, (m, n, k, config)
         candidates = autotune._candidates(template, "sm90a", sig, {"M": m, "N": n, "K": k})
         assert all(c.get("x_rows", m) >= m for c in candidates)
-        assert any("x_rows" in c for c in candidates) == (m <= gemm_configs.X_ROWS)
+        assert any("x_rows" in c for c in candidates) == (m <= rows_max)
     # The op layer's choice (explicit config here) refuses an x_rows config for a larger M.
     kernel_op = declaration.get(op).kernels
-    x_rows_config = next(c for c in template.valid_configs("sm90a", sig) if "x_rows" in c)
+    x_rows_config = next(c for c in template.valid_configs("sm90a", sig) if c.get("x_rows") == gemm_configs.X_ROWS)
     signature = tuple(sig[f] for f in kernel_op.sig_fields)
     assert kernel_op.choose("sm90a", signature, (gemm_configs.X_ROWS, 64, 64), x_rows_config)[1] == x_rows_config
     with pytest.raises(ValueError, match=r"x_rows16 does not serve a call of sizes \{'M': 17"):
@@ -258,7 +262,8 @@ def test_x_rows_configs_serve_decode_only(op, monkeypatch):
 
     monkeypatch.setattr(tuning, "lookup", lambda *args: x_rows_config)
     assert kernel_op.choose("sm90a", signature, (gemm_configs.X_ROWS, 64, 64), None)[1] == x_rows_config
-    assert "x_rows" not in kernel_op.choose("sm90a", signature, (gemm_configs.X_ROWS + 1, 64, 64), None)[1]
+    passed_over = kernel_op.choose("sm90a", signature, (gemm_configs.X_ROWS + 1, 64, 64), None)[1]
+    assert passed_over != x_rows_config and passed_over.get("x_rows", 64) > gemm_configs.X_ROWS
 
 
 # -- the model of M > 64 calls, re-derived here from its statement in the heuristic's docstring:
@@ -408,3 +413,21 @@ def test_split_k_model_against_the_sweep():
         assert us[pick] <= (1.01 if k >= 16384 else 1.2) * fastest, (m, n, k, pick, us)
         if k >= 16384 and m < 513:
             assert pick[3] > 1, (m, n, k, pick)
+
+
+MID_NK = [(n, k) for n in (2112, 2880, 4096, 5120, 5376, 6144, 7168, 7680, 8192, 10240, 27648, 57344)
+          for k in (2048, 2880, 4096, 8192, 13824, 21504, 32768)]
+
+
+def test_x_box_fits_m_at_16_to_48_rows():
+    """16-bit 64-row tiles at 16 < M <= 48 load M rounded up to 16 rows of x per k-tile (N = 5120
+    at M = 18-29 on a long K: 0.73-0.84x cuBLAS with the 64-row box on the H200; 1.05x at
+    M = 27 with the 32-row one); FP8 keeps its 64-row box there, M > 48 the whole box."""
+    (bf16,) = registry.get_templates(op="bf16_gemm", backend="cute")
+    (fp8,) = registry.get_templates(op="f8f8bf16_rowwise", backend="cute")
+    for m, (n, k) in itertools.product((17, 26, 32, 33, 48, 49, 64), MID_NK):
+        c = bf16.heuristic("sm90a", {"dtype": "bfloat16"}, {"M": m, "N": n, "K": k})
+        assert c["tile_m"] == 64 and "split_k" not in c, (m, n, k, c)
+        assert c.get("x_rows") == (32 if m <= 32 else 48 if m <= 48 else None), (m, n, k, c)
+        c8 = fp8.heuristic("sm90a", {"bias": "none", "fast_accum": True}, {"M": m, "N": n, "K": k})
+        assert "x_rows" not in c8, (m, n, k, c8)
