@@ -164,7 +164,7 @@ def _config(args) -> dict | None:
         return None
     from mslk_dsl.templates.attention_decode_cute import TEMPLATE
 
-    config = TEMPLATE.heuristic("sm90a", {"dtype": "bfloat16", "head_dim": args.d}, {})
+    config = TEMPLATE.heuristic("sm90a", {"dtype": "bfloat16", "head_dim": args.d}, {})  # the layout's default
     for item in args.config.split(","):
         key, value = item.split("=")
         config[key] = int(value) if value.isdigit() else value
@@ -172,11 +172,17 @@ def _config(args) -> dict | None:
 
 
 def _splits(q, k, table, args, config) -> int:
-    """The split count the op used: from the config it ran (the CuTe default merges in-kernel)."""
-    from mslk_dsl.ops.attention_decode import splits_for
+    """The split count the op used: from the config it ran (without --config, the CuTe
+    template's heuristic for the call's sizes)."""
+    from mslk_dsl.ops.attention_decode import max_keys, splits_for
+    from mslk_dsl.templates.attention_decode_cute import TEMPLATE
 
-    config = config or {"merge": "fused", "warps": 4}
-    return splits_for(q, k, table, args.splits, config.get("merge") == "fused", config.get("warps", 4))
+    if config is None:
+        B, Mq, Hq, D = q.shape
+        problem = {"B": B, "Mq": Mq, "Hq": Hq, "Hkv": k.shape[2], "L": max_keys(k, table)}
+        config = TEMPLATE.heuristic("sm90a", {"dtype": "bfloat16", "head_dim": D}, problem)
+    return splits_for(q, k, table, args.splits, config.get("merge") == "fused", config.get("warps", 4),
+                      config.get("merge_loads", 0))
 
 
 def main(argv=None) -> int:
