@@ -33,6 +33,9 @@ SPLIT_COST_BLOCKS = 4
 MERGE_COST_BLOCKS = 0.75
 # Split-KV partials are indexed with 32-bit offsets.
 MAX_PARTIAL_ELEMENTS = 2**31
+# The SM count a template's heuristic plans a config for, before a device is at hand (the split
+# count itself always comes from the device's): the H100 / H200 SXM's 132.
+NOMINAL_SMS = 132
 
 
 def row_tiles(queries: int, group: int) -> int:
@@ -40,9 +43,23 @@ def row_tiles(queries: int, group: int) -> int:
     return -(-queries * group // ROWS)
 
 
+def merge_group(queries: int, group: int, head_dim: int, warps: int, merge_loads: int) -> int:
+    """Splits the fused merge (the CuTe template's, by the row's last CTA) reads per round of
+    loads: ``merge_loads`` 16-byte loads in flight per thread over the vectors each thread takes
+    of a full row tile's valid rows (a power of two, as the kernel's tiers)."""
+    rows = min(queries * group, ROWS)
+    threads = 32 * warps
+    vectors = rows * head_dim // 4
+    most = max(ROWS * head_dim // 4 // threads, 1)
+    slots = 1
+    while slots < most and vectors > threads * slots:
+        slots *= 2
+    return max(merge_loads // slots, 1)
+
+
 @functools.lru_cache(maxsize=4096)
 def num_splits(batch: int, kv_heads: int, queries: int, group: int, max_keys: int, sms: int,
-               head_dim: int = 128, warps: int = 4, fused_merge: bool = False) -> int:
+               head_dim: int = 128, warps: int = 4, fused_merge: bool = False, merge_group: int = 0) -> int:
     """Split count for a decode call, from static sizes only (``max_keys``: the cache's capacity
     per sequence), so the choice needs no look at the device lengths.
 
@@ -56,7 +73,10 @@ def num_splits(batch: int, kv_heads: int, queries: int, group: int, max_keys: in
     reads K/V at the full rate, so where the rows are few enough for one CTA per SM to hold two or
     more splits of each, sms // rows splits (one CTA per SM) replace the choice above when that
     is at least 2% faster per SM. Measured on the H200 (B = 1, 32k / 128k keys, GQA 8, D 128, in
-    a CUDA graph): 33 splits took 32.7 / 76.5 us where 65 took 39.8 / 85.2."""
+    a CUDA graph): 33 splits took 32.7 / 76.5 us where 65 took 39.8 / 85.2. That count is then
+    rounded down to a whole number of the merge's rounds (``merge_group`` splits a round, see
+    ``merge_group``) where that gives up at most 1/16 of the splits: 32 rather than 33 at B = 1
+    took 25.1 against 26.4 us at 32k keys (8 warps, 2 stages; one round of 32 against two)."""
     ctas = max(batch * kv_heads * row_tiles(queries, group), 1)
     slots = CTAS_PER_SM.get(head_dim, 1) * sms
     blocks = max(-(-max_keys // BLOCK_KEYS), 1)
@@ -75,4 +95,16 @@ def num_splits(batch: int, kv_heads: int, queries: int, group: int, max_keys: in
 
         if per_sm(sms // ctas) <= 0.98 * per_sm(chosen):
             chosen = sms // ctas
+            if merge_group and chosen > merge_group and chosen % merge_group:
+                rounded = chosen - chosen % merge_group
+                if 16 * rounded >= 15 * chosen:
+                    chosen = rounded
     return chosen
+
+
+def one_cta_per_sm(batch: int, kv_heads: int, queries: int, group: int, max_keys: int, sms: int,
+                   head_dim: int, warps: int, merge_loads: int) -> bool:
+    """Whether the fused merge's split count for these sizes puts at most one CTA on each SM."""
+    splits = num_splits(batch, kv_heads, queries, group, max_keys, sms, head_dim, warps, True,
+                        merge_group(queries, group, head_dim, warps, merge_loads))
+    return batch * kv_heads * row_tiles(queries, group) * splits <= sms

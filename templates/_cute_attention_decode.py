@@ -29,7 +29,11 @@ once per KV head. Warps never wait for each other in the loop (a warp-level sync
 stages); at the end the CTA merges its warps' (max, sum, O) through shared memory and writes one
 fp32 partial and its LSE per split. With the fused merge the CTA then counts itself in its row's
 counter, and the row's last CTA adds every split's partial in split order into out / lse
-(``merge_splits``); otherwise ``MergeAttentions.merge_kernel`` combines them in a second kernel.
+(``merge_splits``: ``merge_loads`` partial loads in flight per thread, spent on the tile's valid
+rows only, a CTA barrier between a group's loads and their use so that the code scheduler keeps
+them all in flight); otherwise ``MergeAttentions.merge_kernel`` combines them in a second kernel.
+Each warp's first K/V blocks go out before Q is stored to shared memory (Q's loads are in flight
+meanwhile): the K/V stream starts one round trip and a barrier earlier.
 """
 import math
 
@@ -45,14 +49,16 @@ from mslk_dsl.templates._cute_merge_attentions import DTYPES, MergeAttentions, r
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 SMEM_COLS = 64  # the swizzle atom's columns: 128-byte rows, conflict-free ldmatrix
-# The fused merge: 16-byte partial loads each thread keeps in flight (its vectors x splits).
-MERGE_LOADS = 16
+# The fused merge: 16-byte partial loads each thread keeps in flight (its valid vectors x splits).
+MERGE_LOADS = 32
+MERGE_VEC = 4  # fp32 partial elements per 16-byte load
 # Partials are read once, by the row's last CTA: kept out of L1.
 STREAM = cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE
 
 
 class AttentionDecode:
-    def __init__(self, dtype: str, head_dim: int, warps: int, stages: int, fused_merge: bool = True):
+    def __init__(self, dtype: str, head_dim: int, warps: int, stages: int, fused_merge: bool = True,
+                 merge_loads: int = MERGE_LOADS):
         self.dtype_name = dtype
         self.dtype = DTYPES[dtype]
         self.D = head_dim
@@ -60,6 +66,7 @@ class AttentionDecode:
         self.stages = stages
         self.threads = 32 * warps
         self.fused_merge = fused_merge
+        self.merge_loads = merge_loads
         self.merge = MergeAttentions("float32", dtype, aligned=True)
 
     # -- host ---------------------------------------------------------------------------------------
@@ -141,6 +148,9 @@ class AttentionDecode:
         sLse = storage.sLse.get_tensor(cute.make_layout((W, ROWS), stride=(ROWS, 1)))
 
         # Q rows of this tile: row r is query r // G of q head hkv * G + r % G; zeros past the group.
+        # Loaded into registers first and stored after the K/V prologue below: the CTA's first
+        # K/V blocks go out as soon as the length is in, not after Q's round trip and a barrier.
+        q_vals = []
         for i in cutlass.range_constexpr(ROWS * D // self.threads):
             idx = tidx + i * self.threads
             row, col = idx // D, idx % D
@@ -148,7 +158,21 @@ class AttentionDecode:
             val = self.dtype(0.0)
             if r < rows_total:
                 val = mQ[b, r // G, hkv * G + r % G, col]
-            sQ[row, col] = val
+            q_vals.append(val)
+
+        gthr = gmem_copy.get_slice(lane)
+        tKVc = gthr.partition_S(cute.make_identity_tensor((BK, D)))
+        tKs, tVs = gthr.partition_D(sK), gthr.partition_D(sV)
+        seq = (b, hkv, L, causal, paged, Mq, G, row0)
+        for i in cutlass.range_constexpr(NS - 1):  # prologue: the first NS - 1 blocks in flight
+            if i < n_mine:
+                self.load_block(mK, mV, mTable, seq, blk_lo + wid + i * W, wid * NS + i, gmem_copy, gthr, tKVc,
+                                tKs, tVs)
+            cute.arch.cp_async_commit_group()
+
+        for i in cutlass.range_constexpr(ROWS * D // self.threads):
+            idx = tidx + i * self.threads
+            sQ[idx // D, idx % D] = q_vals[i]
 
         thr_mma = tiled_mma.get_slice(lane)
         tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
@@ -165,22 +189,12 @@ class AttentionDecode:
         smem = (tc_Q, copy_Q.partition_S(sQ), copy_Q.retile(tSrQ), tc_K, copy_K.partition_S(sK),
                 copy_K.retile(tSrK), tc_V, copy_V.partition_S(sVt), copy_V.retile(tOrVt))
 
-        gthr = gmem_copy.get_slice(lane)
-        tKVc = gthr.partition_S(cute.make_identity_tensor((BK, D)))
-        tKs, tVs = gthr.partition_D(sK), gthr.partition_D(sV)
-
         row_max = cute.make_rmem_tensor(acc_O.shape[0][0] * acc_O.shape[1], Float32)
         row_sum = cute.make_rmem_tensor(acc_O.shape[0][0] * acc_O.shape[1], Float32)
         row_max.fill(-Float32.inf)
         row_sum.fill(0.0)
         cute.arch.barrier()  # sQ written
 
-        seq = (b, hkv, L, causal, paged, Mq, G, row0)
-        for i in cutlass.range_constexpr(NS - 1):  # prologue: the first NS - 1 blocks in flight
-            if i < n_mine:
-                self.load_block(mK, mV, mTable, seq, blk_lo + wid + i * W, wid * NS + i, gmem_copy, gthr, tKVc,
-                                tKs, tVs)
-            cute.arch.cp_async_commit_group()
         for i in cutlass.range(n_mine):
             ahead = i + NS - 1
             if ahead < n_mine:
@@ -344,18 +358,42 @@ class AttentionDecode:
     @cute.jit
     def merge_splits(self, mOp: cute.Tensor, mLsep: cute.Tensor, mO: cute.Tensor, mLse: cute.Tensor, b: Int32,
                      hkv: Int32, G: Int32, rows_total: Int32, row0: Int32, tidx: Int32):
-        """The row's last CTA: out and lse of this CTA's query rows from every split's partial,
-        taken in split order with a running max (the same arithmetic whichever split comes last:
-        deterministic). Thread t takes the 16-byte vectors t, t + threads, ... of the tile's
-        valid rows (D / 4 vectors per row); a vector past them loads the last one (in bounds, so
-        each group of loads goes out unpredicated, back to back; a warp's such loads are of one
-        address) and stores nothing. Partials are read once: kept out of L1."""
-        VEC = 4
-        per_row = self.D // VEC
-        slots = ROWS * per_row // self.threads
-        unroll = max(1, MERGE_LOADS // slots)
-        S = mOp.shape[0]
+        """The row's last CTA: out and lse of this CTA's query rows from every split's partial
+        (``merge_group``), with as many vectors per thread as the tile's valid rows need: a tile
+        of 8 rows (GQA 8, one query) spends its ``merge_loads`` loads in flight on twice the
+        splits of a full tile, instead of on repeats of its last vector."""
+        per_row = self.D // MERGE_VEC
         vectors = cutlass.min(rows_total - row0, ROWS) * per_row
+        self.merge_tiers(mOp, mLsep, mO, mLse, b, hkv, G, row0, tidx, vectors, 1)
+
+    @cute.jit
+    def merge_tiers(self, mOp: cute.Tensor, mLsep: cute.Tensor, mO: cute.Tensor, mLse: cute.Tensor, b: Int32,
+                    hkv: Int32, G: Int32, row0: Int32, tidx: Int32, vectors: Int32, slots: cutlass.Constexpr):
+        """``merge_group`` with the fewest vectors per thread (1, 2, 4, ...) that cover ``vectors``."""
+        most = ROWS * (self.D // MERGE_VEC) // self.threads
+        if cutlass.const_expr(slots >= most):
+            self.merge_group(mOp, mLsep, mO, mLse, b, hkv, G, row0, tidx, vectors, most)
+        else:
+            if vectors <= self.threads * slots:
+                self.merge_group(mOp, mLsep, mO, mLse, b, hkv, G, row0, tidx, vectors, slots)
+            else:
+                self.merge_tiers(mOp, mLsep, mO, mLse, b, hkv, G, row0, tidx, vectors, slots * 2)
+
+    @cute.jit
+    def merge_group(self, mOp: cute.Tensor, mLsep: cute.Tensor, mO: cute.Tensor, mLse: cute.Tensor, b: Int32,
+                    hkv: Int32, G: Int32, row0: Int32, tidx: Int32, vectors: Int32, slots: cutlass.Constexpr):
+        """Thread t takes the 16-byte vectors t, t + threads, ... (``slots`` of them) of the
+        tile's valid rows (D / 4 vectors per row); a vector past them loads the last one (in
+        bounds, so each group of loads goes out unpredicated, back to back; a warp's such loads
+        are of one address) and stores nothing. The splits come in groups of ``merge_loads //
+        slots``, every load of a group issued before the first is used; a group is added in split
+        order after one rescale to the group's max LSE (the exponentials of a group are
+        independent: no chain of exp2 from split to split), so the arithmetic is the same
+        whichever split's CTA comes last: deterministic. Partials are read once: kept out of L1."""
+        VEC = MERGE_VEC
+        per_row = self.D // VEC
+        unroll = max(1, self.merge_loads // slots)
+        S = mOp.shape[0]
         tops = cute.make_rmem_tensor((slots,), Float32)
         totals = cute.make_rmem_tensor((slots,), Float32)
         accs = []
@@ -371,7 +409,6 @@ class AttentionDecode:
             acc.fill(0.0)
             accs.append(acc)
         for s0 in cutlass.range(0, S, unroll):
-            # Every load of the group is issued before the first is used.
             parts = []
             lses = []
             for u in cutlass.range_constexpr(unroll):
@@ -383,18 +420,37 @@ class AttentionDecode:
                                       l1c_evict_priority=STREAM)
                     parts.append(part)
                     lses.append(mLsep[s, b, hq, m])
-            for u in cutlass.range_constexpr(unroll):
-                for i in cutlass.range_constexpr(slots):
+            # Every load of the group (partials and LSEs) is out before the first is used: the code
+            # scheduler would otherwise interleave them with their uses, a few loads in flight at
+            # a time. (A CTA barrier, which it does not move loads across; every thread of the CTA
+            # is here.)
+            cute.arch.barrier()
+            for i in cutlass.range_constexpr(slots):
+                # The group's max (a clamped repeat of the last split is one of the splits: it
+                # leaves the max as it is), then every weight at once against it.
+                candidates = [tops[i]]
+                for u in cutlass.range_constexpr(unroll):
+                    candidates.append(lses[u * slots + i])
+                top = tree_reduce(candidates, cute.arch.fmax)
+                safe = top
+                if top == -Float32.inf:
+                    safe = Float32(0.0)
+                keep = cute.math.exp2((tops[i] - safe) * Float32(LOG2E), fastmath=True)
+                totals[i] = totals[i] * keep
+                accs[i].store(accs[i].load() * keep)
+                for u in cutlass.range_constexpr(unroll):
                     lse = lses[u * slots + i]
-                    # The clamped repeat of the last split adds nothing, nor does an empty split (LSE -inf).
+                    # The clamped repeat of the last split weighs 0, and so does an empty split
+                    # (LSE -inf; its partial is 0, as every partial is finite). The weight is
+                    # chosen, not the add: a load used under a branch is sunk into it by the
+                    # compiler, one load in flight at a time.
+                    w = Float32(0.0)
                     if s0 + u < S:
                         if lse != -Float32.inf:
-                            top = cute.arch.fmax(tops[i], lse)
-                            keep = cute.math.exp2((tops[i] - top) * Float32(LOG2E), fastmath=True)
-                            w = cute.math.exp2((lse - top) * Float32(LOG2E), fastmath=True)
-                            totals[i] = totals[i] * keep + w
-                            accs[i].store(accs[i].load() * keep + parts[u * slots + i].load() * w)
-                            tops[i] = top
+                            w = cute.math.exp2((lse - safe) * Float32(LOG2E), fastmath=True)
+                    totals[i] = totals[i] + w
+                    accs[i].store(accs[i].load() + parts[u * slots + i].load() * w)
+                tops[i] = top
         for i in cutlass.range_constexpr(slots):
             m, hq, j, valid = coords[i]
             if valid:
@@ -445,6 +501,13 @@ def cta_lse(sLse: cute.Tensor, row, warps: cutlass.Constexpr):
             total = total + cute.math.exp2(sLse[w, row] - top, fastmath=True)
         result = top + cute.math.log2(total, fastmath=True)
     return result
+
+
+def tree_reduce(vals: list, op):
+    """``op`` over ``vals`` as a balanced tree (depth log2 of the count, not a chain)."""
+    while len(vals) > 1:
+        vals = [op(vals[k], vals[k + 1]) if k + 1 < len(vals) else vals[k] for k in range(0, len(vals), 2)]
+    return vals[0]
 
 
 def quad_reduce(val, op):

@@ -105,6 +105,41 @@ def test_fused_merge_splits_stop_at_one_cta_per_sm(batch, keys):
     assert plan.num_splits(64, 4, 1, 8, keys, sms, fused_merge=True) == plan.num_splits(64, 4, 1, 8, keys, sms)
 
 
+def test_fused_merge_splits_round_to_the_merge_rounds():
+    """The one-CTA-per-SM count is rounded down to whole rounds of the merge's loads when that
+    gives up at most 1/16 of the splits (B = 1, 4 KV heads on 132 SMs: 32 rather than 33)."""
+    sms = 132
+    # GQA 8, one query: 8 rows of D / 4 16-byte vectors; 8 warps take one each, 4 warps two.
+    assert plan.merge_group(1, 8, 128, 8, 32) == 32
+    assert plan.merge_group(1, 8, 128, 4, 32) == 16
+    assert plan.merge_group(16, 8, 128, 4, 32) == 8       # a full 16-row tile: four vectors a thread
+    assert plan.merge_group(1, 1, 64, 4, 16) == 16
+    for group in (16, 32):
+        assert plan.num_splits(1, 4, 1, 8, 32768, sms, 128, 8, fused_merge=True, merge_group=group) == 32
+    assert plan.num_splits(1, 4, 1, 8, 32768, sms, 128, 8, fused_merge=True, merge_group=64) == 33
+    assert plan.num_splits(1, 4, 1, 8, 32768, sms, 128, 8, fused_merge=True) == 33
+    # 8 rows: 16 splits already fit one round; 2 KV heads: 66 splits rounded to 64
+    assert plan.num_splits(2, 4, 1, 8, 32768, sms, 128, 8, fused_merge=True, merge_group=32) == 16
+    assert plan.num_splits(1, 2, 1, 8, 131072, sms, 128, 8, fused_merge=True, merge_group=32) == 64
+
+
+@pytest.mark.parametrize("batch,keys,warps", [(1, 32768, 8), (1, 131072, 8), (2, 32768, 8), (4, 32768, 8),
+                                              (2, 131072, 4), (4, 131072, 4), (8, 32768, 4), (32, 131072, 4)])
+def test_decode_config_takes_8_warps_at_one_cta_per_sm(batch, keys, warps):
+    """D 128: 8 warps and 2 stages where the fused merge's splits leave at most one CTA per SM
+    (132 SMs); 4 warps and 3 stages otherwise, and for a problem of no decode sizes."""
+    from mslk_dsl.templates.attention_decode_cute import TEMPLATE
+
+    sig = {"dtype": "bfloat16", "head_dim": 128}
+    config = TEMPLATE.heuristic("sm90a", sig, {"B": batch, "Mq": 1, "Hq": 32, "Hkv": 4, "L": keys})
+    assert (config["warps"], config["stages"]) == ((8, 2) if warps == 8 else (4, 3))
+    assert config in TEMPLATE.valid_configs("sm90a", sig)
+    assert TEMPLATE.heuristic("sm90a", sig, {"M": 4096})["warps"] == 4
+    for d in (64, 256):
+        assert TEMPLATE.heuristic("sm90a", dict(sig, head_dim=d), {"B": 1, "Mq": 1, "Hq": 32, "Hkv": 4,
+                                                                   "L": 32768})["warps"] == 4
+
+
 def test_fakes():
     with FakeTensorMode():
         q = torch.empty(3, 2, 32, 128, dtype=bf16, device="cuda")

@@ -17,7 +17,7 @@ to keep a call's KV out of L2 when the next call of the same copy runs.
 
   python tools/bench_attention_decode.py [--batches 1,32,128] [--kv 4096,32768,131072]
       [--hq 32] [--hkv 4] [--d 128] [--page 64] [--splits N] [--config merge=kernel,stages=3]
-      [--peers sdpa,fa4 | none] [--json PATH]
+      [--layouts contiguous,paged] [--peers sdpa,fa4 | none] [--json PATH]
 
 --config forces the template config (its keys override the heuristic's: merge=kernel times the
 decode kernel followed by the separate merge kernel); eager calls with a config take the checked
@@ -131,14 +131,15 @@ def _bench_case(torch, ops, timed, do_bench, B, L, args) -> list[dict]:
         return lambda: ops.attention_decode(qi, ki, vi, seqlen, None, None, True, args.splits, config=config)
 
     ours = {"contiguous": (timed(decode(0)), _graph_ms(torch, do_bench, decode, copies))}
-    paged = [_paged(torch, ki, vi, args.page) for _, ki, vi in qkv]
+    paged = [_paged(torch, ki, vi, args.page) for _, ki, vi in qkv] if "paged" in args.layouts.split(",") else []
 
     def decode_paged(i):
         kp, vp, tbl = paged[i]
         return lambda: ops.attention_decode(qkv[i][0], kp, vp, seqlen, tbl, None, True, args.splits,
                                             config=config)
 
-    ours["paged"] = (timed(decode_paged(0)), _graph_ms(torch, do_bench, decode_paged, copies))
+    if "paged" in args.layouts.split(","):
+        ours["paged"] = (timed(decode_paged(0)), _graph_ms(torch, do_bench, decode_paged, copies))
     rows = []
     for layout, (ms, graph_ms) in ours.items():
         tbps = nbytes / ms * 1e-9
@@ -161,9 +162,9 @@ def _config(args) -> dict | None:
     """The heuristic's config for this case's layout with --config's keys over it, or None."""
     if not args.config:
         return None
-    from mslk_dsl.templates.attention_decode_cute import DEFAULT_STAGES
+    from mslk_dsl.templates.attention_decode_cute import TEMPLATE
 
-    config = {"warps": 4, "stages": DEFAULT_STAGES[args.d], "merge": "fused"}
+    config = TEMPLATE.heuristic("sm90a", {"dtype": "bfloat16", "head_dim": args.d}, {})  # the layout's default
     for item in args.config.split(","):
         key, value = item.split("=")
         config[key] = int(value) if value.isdigit() else value
@@ -171,11 +172,17 @@ def _config(args) -> dict | None:
 
 
 def _splits(q, k, table, args, config) -> int:
-    """The split count the op used: from the config it ran (the CuTe default merges in-kernel)."""
-    from mslk_dsl.ops.attention_decode import splits_for
+    """The split count the op used: from the config it ran (without --config, the CuTe
+    template's heuristic for the call's sizes)."""
+    from mslk_dsl.ops.attention_decode import max_keys, splits_for
+    from mslk_dsl.templates.attention_decode_cute import TEMPLATE
 
-    fused = (config or {"merge": "fused"}).get("merge") == "fused"
-    return splits_for(q, k, table, args.splits, fused)
+    if config is None:
+        B, Mq, Hq, D = q.shape
+        problem = {"B": B, "Mq": Mq, "Hq": Hq, "Hkv": k.shape[2], "L": max_keys(k, table)}
+        config = TEMPLATE.heuristic("sm90a", {"dtype": "bfloat16", "head_dim": D}, problem)
+    return splits_for(q, k, table, args.splits, config.get("merge") == "fused", config.get("warps", 4),
+                      config.get("merge_loads", 0))
 
 
 def main(argv=None) -> int:
@@ -188,6 +195,7 @@ def main(argv=None) -> int:
     p.add_argument("--page", type=int, default=64)
     p.add_argument("--splits", type=int, default=0)
     p.add_argument("--config", default="", help="template config keys, e.g. merge=kernel,stages=4")
+    p.add_argument("--layouts", default="contiguous,paged", help="contiguous, paged or both")
     p.add_argument("--peers", default="sdpa,fa4", help="comma-separated: sdpa, fa4 (none: no peers)")
     p.add_argument("--json")
     args = p.parse_args(argv)

@@ -167,16 +167,19 @@ def max_keys(k: torch.Tensor, block_table: torch.Tensor | None) -> int:
     return k.shape[1] if block_table is None else block_table.shape[1] * k.shape[1]
 
 
-def splits_for(q, k, block_table, num_splits: int = 0, fused_merge: bool = False) -> int:
+def splits_for(q, k, block_table, num_splits: int = 0, fused_merge: bool = False, warps: int = 4,
+               merge_loads: int = 0) -> int:
     """The split count a call uses: ``num_splits`` if given, else the heuristic's for a kernel
-    that merges the splits itself (``fused_merge``: the CuTe config merge="fused") or leaves them
-    to the merge kernel."""
+    of ``warps`` warps that merges the splits itself (``fused_merge``: the CuTe config
+    merge="fused", with ``merge_loads`` partial loads in flight per thread; 0: not said) or
+    leaves them to the merge kernel."""
     B, Mq, Hq, D = q.shape
     Hkv = k.shape[2]
     if num_splits:
         return num_splits
-    return plan.num_splits(B, Hkv, Mq, Hq // Hkv, max_keys(k, block_table), sm_count(q.device), D,
-                           fused_merge=fused_merge)
+    group = plan.merge_group(Mq, Hq // Hkv, D, warps, merge_loads) if fused_merge and merge_loads else 0
+    return plan.num_splits(B, Hkv, Mq, Hq // Hkv, max_keys(k, block_table), sm_count(q.device), D, warps,
+                           fused_merge=fused_merge, merge_group=group)
 
 
 def _prepare_decode(select, outputs, q, k, v, kv_seqlen, block_table, scale, causal, num_splits):
@@ -187,7 +190,7 @@ def _prepare_decode(select, outputs, q, k, v, kv_seqlen, block_table, scale, cau
     Hkv = k.shape[2]
     kernel, chosen = select((dtype_name(q.dtype), D), (B, Mq, Hq, Hkv, max_keys(k, block_table)))
     fused_merge = chosen.get("merge") == "fused"
-    S = splits_for(q, k, block_table, num_splits, fused_merge)
+    S = splits_for(q, k, block_table, num_splits, fused_merge, chosen.get("warps", 4), chosen.get("merge_loads", 0))
     if S * out.numel() >= plan.MAX_PARTIAL_ELEMENTS:
         raise InputError(f"attention_decode: {S} splits of an output of {out.numel()} elements exceed the "
                          f"2**31 elements of the split-KV partials; pass a smaller num_splits")

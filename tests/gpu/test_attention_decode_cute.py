@@ -197,8 +197,10 @@ def test_scale_and_strided_q():
            decode_reference(q, k, v, seqlen, None, scale, True))
 
 
-FUSED = {"warps": 4, "stages": 3, "merge": "fused"}
-SEPARATE = {"warps": 4, "stages": 3, "merge": "kernel"}
+FUSED = {"warps": 4, "stages": 3, "merge": "fused", "merge_loads": 32}
+SEPARATE = {"warps": 4, "stages": 3, "merge": "kernel", "merge_loads": 32}
+# The fused merge's 8-warp configs (one CTA per SM; the heuristic's at D 128 for few rows).
+FUSED_VARIANTS = [dict(FUSED, warps=8), dict(FUSED, warps=8, stages=2)]
 
 
 @SM90
@@ -262,3 +264,24 @@ def test_fused_merge_on_two_streams():
     for got in results:
         for out, lse in got:
             assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+
+
+@SM90
+@pytest.mark.parametrize("config", FUSED_VARIANTS, ids=["warps8", "warps8_stages2"])
+@pytest.mark.parametrize("B,Mq,lengths,splits", [
+    (1, 1, [32769], 0), (1, 1, [32769], 300), (3, 2, [33, 4999, 1], 64), (2, 16, [5000, 17], 0),
+])
+def test_fused_merge_configs_equal_separate_merge(config, B, Mq, lengths, splits):
+    """Every fused-merge config gives the merge kernel's results: full and partial row tiles
+    (8, 16 and 2 x 8 rows), one split to hundreds, short and empty splits."""
+    Hq, Hkv, D = 32, 4, 128
+    L = max(lengths)
+    torch.manual_seed(B + L + Mq)
+    q = torch.randn(B, Mq, Hq, D, device="cuda", dtype=torch.bfloat16)
+    k, v = _cache(B, L, Hkv, D, torch.bfloat16, seed=L)
+    seqlen = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    fused = ops.attention_decode(q, k, v, seqlen, None, None, True, splits, config=config)
+    separate = ops.attention_decode(q, k, v, seqlen, None, None, True, splits, config=SEPARATE)
+    torch.testing.assert_close(fused[0].float(), separate[0].float(), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(fused[1], separate[1], atol=1e-5, rtol=1e-5)
+    _check(fused, decode_reference(q, k, v, seqlen))
