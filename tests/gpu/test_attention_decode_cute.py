@@ -13,6 +13,7 @@ Tolerances: out is compared with the fp32 reference rounded to the dtype within 
 rounded to bf16 / fp16 before P V, as every flash kernel does), lse within 2e-3 (fp32 scores,
 hardware exp2 / log2).
 """
+import contextlib
 import math
 
 import pytest
@@ -184,6 +185,40 @@ def test_cuda_graph_replays_eager_bytes():
             eager = ops.attention_decode(q, *cache[:2], seqlen, cache[2])
             torch.cuda.synchronize()
             assert torch.equal(out, eager[0]) and torch.equal(lse, eager[1])
+
+
+@SM90
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_cuda_graph_of_several_calls_replays_every_call(path):
+    """Several decode calls in one graph, after warm-up calls on a side stream (as a serving
+    engine captures): the first captured call makes the plans of the capture stream, the next
+    ones are served by them; every call's output must be recomputed on each replay."""
+    from mslk_dsl import native
+
+    B, Hq, Hkv, D, L, calls = 2, 32, 4, 128, 8192, 4
+    k, v = _cache(B, L, Hkv, D, torch.bfloat16, seed=3)
+    qs = [torch.randn(B, 1, Hq, D, device="cuda", dtype=torch.bfloat16) for _ in range(calls)]
+    seqlen = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    with native.bypassed() if path == "python" else contextlib.nullcontext():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for q in qs:
+                ops.attention_decode(q, k, v, seqlen)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with jit.jit_disabled(), torch.cuda.graph(graph):
+            outs = [ops.attention_decode(q, k, v, seqlen) for q in qs]
+        for lengths in ([L, 1], [4097, L - 3]):
+            seqlen.copy_(torch.tensor(lengths, dtype=torch.int32))
+            for q in qs:
+                q.normal_()
+            graph.replay()
+            torch.cuda.synchronize()
+            for q, (out, lse) in zip(qs, outs):
+                want = decode_reference(q, k, v, seqlen)
+                _check((out, lse), want)
 
 
 @SM90
