@@ -20,7 +20,7 @@ import json
 import random
 import sys
 
-from bench_common import cuda_or_exit, parse_shapes, table
+from bench_common import parse_shapes, parse_with_gpu, table
 
 SHAPES = ((16, 1024), (4, 4096), (1, 16384))
 VARLEN_LENGTHS = (17, 1000, 4097, 2048, 513)
@@ -132,12 +132,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sdpa", default="flash,cudnn,efficient",
                         help="torch SDPA backends to time (cuDNN is the fastest on the H200)")
     parser.add_argument("--sweep", action="store_true", help="also time every config serving each dense case")
-    parser.add_argument("--json", metavar="PATH", help="write the results here")
-    args = parser.parse_args(argv)
-    gpu = cuda_or_exit("bench attention")
-    if gpu is None:
+    found = parse_with_gpu(parser, argv, "bench attention")
+    if found is None:
         return 1
-    torch, do_bench = gpu
+    args, torch, do_bench = found
     from mslk_dsl import ops
 
     fa4 = _fa4()

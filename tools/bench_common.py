@@ -19,6 +19,15 @@ def cuda_or_exit(name: str):
     return torch, do_bench
 
 
+def parse_with_gpu(parser, argv, name: str):
+    """Add ``--json PATH``, parse ``argv``, then (args, torch, do_bench), or None when there is no
+    CUDA GPU (after saying so)."""
+    parser.add_argument("--json", metavar="PATH", help="write the results here")
+    args = parser.parse_args(argv)
+    gpu = cuda_or_exit(name)
+    return None if gpu is None else (args, *gpu)
+
+
 def parse_shapes(text: str) -> list[tuple[int, ...]]:
     """"4096x8192,1x5120" -> [(4096, 8192), (1, 5120)]."""
     return [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",")]

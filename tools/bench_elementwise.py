@@ -26,7 +26,7 @@ import argparse
 import json
 import sys
 
-from bench_common import cuda_or_exit, parse_shapes, rowwise_label
+from bench_common import parse_shapes, parse_with_gpu, rowwise_label
 
 OPS = ("silu_mul", "quantize_fp8_row", "silu_mul_quant")
 SHAPES = ((1024, 4096), (8192, 8192), (65536, 8192))
@@ -144,13 +144,10 @@ def main(argv=None) -> int:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--config", help="force this config (by name) for every shape")
     group.add_argument("--sweep", action="store_true", help="time every valid config")
-    parser.add_argument("--json", metavar="PATH", help="write the results here")
-    args = parser.parse_args(argv)
-
-    gpu = cuda_or_exit("bench_elementwise")
-    if gpu is None:
+    found = parse_with_gpu(parser, argv, "bench_elementwise")
+    if found is None:
         return 2
-    torch, do_bench = gpu
+    args, torch, do_bench = found
 
     from mslk_dsl import ops
     from mslk_dsl.device import target_of

@@ -14,7 +14,7 @@ import argparse
 import json
 import statistics
 
-from bench_common import build_jobs, cuda_or_exit, geomean
+from bench_common import build_jobs, geomean, parse_with_gpu
 
 ROUNDS = 3
 
@@ -37,12 +37,10 @@ def _prebuild(cases, target):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", required=True, help="JSON list of {M, N, K, configs: {label: config}}")
-    parser.add_argument("--json", metavar="PATH", help="write the results here")
-    args = parser.parse_args(argv)
-    gpu = cuda_or_exit("bench_gemm_pairs")
-    if gpu is None:
+    found = parse_with_gpu(parser, argv, "bench_gemm_pairs")
+    if found is None:
         return 2
-    torch, do_bench = gpu
+    args, torch, do_bench = found
 
     from mslk_dsl import device, ops
 

@@ -34,7 +34,7 @@ import argparse
 import json
 import sys
 
-from bench_common import cuda_or_exit, parse_shapes, rowwise_label, table
+from bench_common import parse_shapes, parse_with_gpu, rowwise_label, table
 
 HIDDEN = (2880, 3584, 5120, 7168, 14336, 4000)
 MOE_HIDDEN = (2880, 5120, 7168)
@@ -247,14 +247,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help=f"only {QUICK_MIB} MiB")
     parser.add_argument("--warm-only", action="store_true", help="call each op once per size; time nothing")
     parser.add_argument("--rep-ms", type=float, default=40.0)
-    parser.add_argument("--json")
     parser.add_argument("--sizes", help="ROWSxHIDDEN,... instead of the sweep's sizes")
     parser.add_argument("--configs", action="store_true", help="also time the configs near each row's width")
-    args = parser.parse_args(argv)
-    found = cuda_or_exit("bench_membound")
+    found = parse_with_gpu(parser, argv, "bench_membound")
     if found is None:
         return 1
-    torch, do_bench = found
+    args, torch, do_bench = found
     from mslk_dsl import ops
 
     dtype = getattr(torch, args.dtype)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench_common import cuda_or_exit, geomean, save_json, table
+from bench_common import geomean, parse_with_gpu, save_json, table
 
 # (T tokens, top_k, D hidden): A = T * top_k rows of D elements.
 ROW_SHAPES = ((65536, 1, 5120), (16384, 4, 5120), (8192, 8, 7168), (8192, 8, 8192), (1024, 8, 5120))
@@ -134,13 +134,10 @@ def main(argv=None) -> int:
     parser.add_argument("--op", choices=("gather", "scatter", "index_shuffling", "all"), default="all")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     parser.add_argument("--quick", action="store_true", help="one or two shapes per op")
-    parser.add_argument("--json", metavar="PATH", help="write the results here")
-    args = parser.parse_args(argv)
-
-    gpu = cuda_or_exit("bench_moe")
-    if gpu is None:
+    found = parse_with_gpu(parser, argv, "bench_moe")
+    if found is None:
         return 2
-    torch, do_bench = gpu
+    args, torch, do_bench = found
 
     from mslk_dsl import ops
 

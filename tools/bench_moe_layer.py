@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench_common import cuda_or_exit, geomean, save_json, table
+from bench_common import geomean, parse_with_gpu, save_json, table
 
 # name: (E, top_k, D, H, prefill T)
 CONFIGS = {"deepseek": (128, 8, 7168, 2048, 4096), "llama4": (16, 1, 5120, 8192, 8192),
@@ -212,13 +212,10 @@ def main(argv=None) -> int:
     parser.add_argument("--graph", action="store_true", help="also time CUDA-graph replays")
     parser.add_argument("--skip-gather", action="store_true", help="no gather_scale_quant rows")
     parser.add_argument("--gather-only", action="store_true", help="only the gather_scale_quant rows")
-    parser.add_argument("--json", metavar="PATH", help="write the results here")
-    args = parser.parse_args(argv)
-
-    gpu = cuda_or_exit("bench_moe_layer")
-    if gpu is None:
+    found = parse_with_gpu(parser, argv, "bench_moe_layer")
+    if found is None:
         return 2
-    torch, do_bench = gpu
+    args, torch, do_bench = found
     from mslk_dsl import ops
 
     results = []

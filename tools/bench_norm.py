@@ -22,7 +22,7 @@ import argparse
 import json
 import sys
 
-from bench_common import cuda_or_exit, parse_shapes, rowwise_label
+from bench_common import parse_shapes, parse_with_gpu, rowwise_label
 
 SHAPES = ((1024, 8192), (16384, 8192), (65536, 5120))
 EPS = 1e-6
@@ -131,13 +131,10 @@ def main(argv=None) -> int:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--config", help="force this config (by name) for every shape")
     group.add_argument("--sweep", action="store_true", help="time every valid config")
-    parser.add_argument("--json", metavar="PATH", help="write the results here")
-    args = parser.parse_args(argv)
-
-    gpu = cuda_or_exit("bench_norm")
-    if gpu is None:
+    found = parse_with_gpu(parser, argv, "bench_norm")
+    if found is None:
         return 2
-    torch, do_bench = gpu
+    args, torch, do_bench = found
 
     from mslk_dsl import ops
 

@@ -249,19 +249,25 @@ def test_fused_merge_equals_separate_merge(B, Mq, lengths, splits):
     split counters zero."""
     from mslk_dsl.ops.dispatch import zeroed_counters
 
+    _fused_against_separate(B, Mq, lengths, splits, FUSED, seed=B + max(lengths))
+    torch.cuda.synchronize()
+    assert not zeroed_counters(torch.device("cuda", torch.cuda.current_device()), B * 4).any()
+
+
+def _fused_against_separate(B, Mq, lengths, splits, config, seed):
+    """The fused merge of ``config`` against the merge kernel (SEPARATE) and the reference, on a
+    GQA 8, D 128 cache holding ``lengths`` keys."""
     Hq, Hkv, D = 32, 4, 128
     L = max(lengths)
-    torch.manual_seed(B + L)
+    torch.manual_seed(seed)
     q = torch.randn(B, Mq, Hq, D, device="cuda", dtype=torch.bfloat16)
     k, v = _cache(B, L, Hkv, D, torch.bfloat16, seed=L)
     seqlen = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    fused = ops.attention_decode(q, k, v, seqlen, None, None, True, splits, config=FUSED)
+    fused = ops.attention_decode(q, k, v, seqlen, None, None, True, splits, config=config)
     separate = ops.attention_decode(q, k, v, seqlen, None, None, True, splits, config=SEPARATE)
     torch.testing.assert_close(fused[0].float(), separate[0].float(), atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(fused[1], separate[1], atol=1e-5, rtol=1e-5)
     _check(fused, decode_reference(q, k, v, seqlen))
-    torch.cuda.synchronize()
-    assert not zeroed_counters(q.device, B * Hkv).any()
 
 
 @SM90
@@ -309,14 +315,4 @@ def test_fused_merge_on_two_streams():
 def test_fused_merge_configs_equal_separate_merge(config, B, Mq, lengths, splits):
     """Every fused-merge config gives the merge kernel's results: full and partial row tiles
     (8, 16 and 2 x 8 rows), one split to hundreds, short and empty splits."""
-    Hq, Hkv, D = 32, 4, 128
-    L = max(lengths)
-    torch.manual_seed(B + L + Mq)
-    q = torch.randn(B, Mq, Hq, D, device="cuda", dtype=torch.bfloat16)
-    k, v = _cache(B, L, Hkv, D, torch.bfloat16, seed=L)
-    seqlen = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    fused = ops.attention_decode(q, k, v, seqlen, None, None, True, splits, config=config)
-    separate = ops.attention_decode(q, k, v, seqlen, None, None, True, splits, config=SEPARATE)
-    torch.testing.assert_close(fused[0].float(), separate[0].float(), atol=1e-2, rtol=1e-2)
-    torch.testing.assert_close(fused[1], separate[1], atol=1e-5, rtol=1e-5)
-    _check(fused, decode_reference(q, k, v, seqlen))
+    _fused_against_separate(B, Mq, lengths, splits, config, seed=B + max(lengths) + Mq)
