@@ -188,37 +188,41 @@ def test_cuda_graph_replays_eager_bytes():
 
 
 @SM90
+@pytest.mark.parametrize("kv", ["shared", "per_call"])
 @pytest.mark.parametrize("path", ["native", "python"])
-def test_cuda_graph_of_several_calls_replays_every_call(path):
+def test_cuda_graph_of_several_calls_replays_every_call(path, kv):
     """Several decode calls in one graph, after warm-up calls on a side stream (as a serving
-    engine captures): the first captured call makes the plans of the capture stream, the next
-    ones are served by them; every call's output must be recomputed on each replay."""
+    engine, and bench attention_decode's graph columns, capture): the first captured call makes
+    the plans of the capture stream, the next ones are served by them; every call's output must
+    be recomputed on each replay. The calls share one KV cache or each have their own."""
     from mslk_dsl import native
 
     B, Hq, Hkv, D, L, calls = 2, 32, 4, 128, 8192, 4
-    k, v = _cache(B, L, Hkv, D, torch.bfloat16, seed=3)
+    if kv == "shared":
+        caches = [_cache(B, L, Hkv, D, torch.bfloat16, seed=3)] * calls
+    else:
+        caches = [_cache(B, L, Hkv, D, torch.bfloat16, seed=3 + i) for i in range(calls)]
     qs = [torch.randn(B, 1, Hq, D, device="cuda", dtype=torch.bfloat16) for _ in range(calls)]
     seqlen = torch.full((B,), L, dtype=torch.int32, device="cuda")
     with native.bypassed() if path == "python" else contextlib.nullcontext():
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for q in qs:
+            for q, (k, v) in zip(qs, caches):
                 ops.attention_decode(q, k, v, seqlen)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with jit.jit_disabled(), torch.cuda.graph(graph):
-            outs = [ops.attention_decode(q, k, v, seqlen) for q in qs]
+            outs = [ops.attention_decode(q, k, v, seqlen) for q, (k, v) in zip(qs, caches)]
         for lengths in ([L, 1], [4097, L - 3]):
             seqlen.copy_(torch.tensor(lengths, dtype=torch.int32))
             for q in qs:
                 q.normal_()
             graph.replay()
             torch.cuda.synchronize()
-            for q, (out, lse) in zip(qs, outs):
-                want = decode_reference(q, k, v, seqlen)
-                _check((out, lse), want)
+            for q, (k, v), (out, lse) in zip(qs, caches, outs):
+                _check((out, lse), decode_reference(q, k, v, seqlen))
 
 
 @SM90
