@@ -87,8 +87,9 @@ class OpDecl:
       pass scalars derived from these values as ``Fixed``. A value a plan serves was checked when
       the plan was made, so ``plan_when`` need not guard it.
     - ``plannable``: False where a plan could not replay the launch (outputs sized by a scalar's
-      value). Inputs the schema marks written (``Tensor(a!)``, in place) get native plans only,
-      which check that a written input shares no memory with another.
+      value). An input the schema marks written (``Tensor(a!)``, in place) must share no memory
+      with another input: the checked path refuses such a call, and every plan (native or
+      Python) tests it before it launches.
     - ``composite``: a plain torch function that is the whole op (no kernel).
     """
     name: str
