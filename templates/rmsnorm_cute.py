@@ -71,14 +71,27 @@ def _build(config, target, sig, residual):
     wvec = min(vec, 16 // (wdtype.width // 8)) if sig["aligned"] else vec
     wparts = vec // wvec
 
-    def weight_values(vW, wraw, wf, j):
-        """The weight under vector j (< the row's vector count) of x, as fp32 (vec, 1) values."""
+    # The weight of the first tile is loaded ahead of pass 2 (below) in registers of its own: 16
+    # (a 16-bit weight) or 32 (fp32) more per thread at 4 chunks of 8, which the 1024-thread
+    # CTAs, capped at LONG_ROW_REGS, do not have (they would spill); they load it in pass 2.
+    weight_ahead = tile.threads <= 512
+
+    def load_weight(vW, wraw, col, j):
+        """Issue the loads of the weight under vector j of x into columns col * wparts.. of wraw."""
         for p in range(wparts):
-            cute.copy(rw.weight_atom(wdtype, wvec), vW[None, j * wparts + p], wraw[None, p])
+            cute.copy(rw.weight_atom(wdtype, wvec), vW[None, j * wparts + p], wraw[None, col * wparts + p])
+
+    def weight_values(wraw, wf, col, ss=None):
+        """The weight loaded into column ``col`` of wraw (load_weight), as fp32 (vec,) values;
+        with ``ss`` (the row's sum of squares) converted only once that is known: a 16-bit weight
+        loaded ahead of the reduction then stays packed through it (see red.after)."""
         if const_expr(wparts == 1):
-            return wraw.load().to(Float32)
+            packed = wraw[None, col].load()
+            if const_expr(ss is not None):
+                packed = red.after(packed, ss)
+            return packed.to(Float32)
         for e in range(vec):
-            wf[e, 0] = Float32(wraw[e % wvec, e // wvec])
+            wf[e, 0] = Float32(wraw[e % wvec, col * wparts + e // wvec])
         return wf.load()
 
     def add_rounded(a, b):
@@ -98,6 +111,9 @@ def _build(config, target, sig, residual):
         vW = cute.zipped_divide(mW, (wvec,))
         wraw = cute.make_rmem_tensor((wvec, wparts), wdtype)
         wf = cute.make_rmem_tensor((vec, 1), Float32)
+        # The weight under the first tile, zero-filled as the x tile (see rw.tile_fragments).
+        wtile = cute.make_rmem_tensor((wvec, wparts * (chunks if weight_ahead else 1)), wdtype)
+        wtile.fill(0)
         srcs = (vX,)
         if const_expr(residual):
             vRO = rw.row_vectors(mRO, row, vec)
@@ -113,7 +129,6 @@ def _build(config, target, sig, residual):
             held.store(add_rounded(ins[0], ins[1]))
             rw.copy_vectors(held, vRO, lane, tpr, nvec, load=False)
         ss = red.sum_squares(held)
-
         # Rest of a row longer than the tile, one vector per thread per step (the compiler
         # unrolls and batches the loads); nothing is kept.
         a = cute.make_rmem_tensor((vec, 1), dtype)
@@ -126,26 +141,41 @@ def _build(config, target, sig, residual):
                 rw.copy_vectors(a, vRO, j, tpr, nvec, load=False)
             ss = ss + red.sum_squares(a)
 
+        # The first tile's weight, issued now: its loads overlap the row reduction. Loaded in
+        # pass 2 instead, a vector at a time between the stores of y, each load waited for the
+        # store before it (the compiler cannot tell y from the weight): one round trip per
+        # vector, which is what a short call (few rows, a cold L2) is made of. Not earlier: held
+        # through the loop above, the weight would cost that loop's registers too.
+        if const_expr(weight_ahead):
+            for i in cutlass.range_constexpr(chunks):
+                j = lane + i * tpr
+                if j < nvec:
+                    load_weight(vW, wtile, i, j)
         ss = rw.row_allreduce(ss, operator.add, tpr, buf, row_in_cta, lane)
         rstd = cute.math.rsqrt(ss / Float32(n) + eps, fastmath=True)
 
-        # Pass 2: y = (h * rstd) * w, rounded once. The weight is read only now, a vector at a
-        # time under the vector's predicate: every row reads it, so it is mostly an L1 hit, and
-        # loading it up front would have the compiler keep all
-        # of it in fp32 (64 more registers per thread at 8 chunks: fewer rows in flight per SM).
+        # Pass 2: y = (h * rstd) * w, rounded once. With the weight ahead, y goes into the
+        # registers of the row (held) and the tile is stored once all of it is computed;
+        # otherwise the weight is read a vector at a time here (mostly L1 hits: every row reads
+        # it) and each vector of y stored right away, which keeps one weight vector in registers.
         for i in cutlass.range_constexpr(chunks):
-            j = lane + i * tpr
-            if j < nvec:
-                w = weight_values(vW, wraw, wf, j)
-                h = red.after(held[None, i].load(), ss).to(Float32)
-                a.store((h * rstd * w).to(dtype))
-                rw.copy_vectors(a, vY, j, tpr, nvec, load=False)
+            h = red.after(held[None, i].load(), ss).to(Float32)
+            if const_expr(weight_ahead):
+                held[None, i].store((h * rstd * weight_values(wtile, wf, i, ss)).to(dtype))
+            else:
+                j = lane + i * tpr
+                if j < nvec:
+                    load_weight(vW, wraw, 0, j)
+                    a.store((h * rstd * weight_values(wraw, wf, 0)).to(dtype))
+                    rw.copy_vectors(a, vY, j, tpr, nvec, load=False)
+        if const_expr(weight_ahead):
+            rw.copy_vectors(held, vY, lane, tpr, nvec, load=False)
         # The streamed rest: read back what pass 1 read (x) or wrote (new_residual).
         vH = vRO if const_expr(residual) else vX
         for j in cutlass.range(lane + tile.tile_vecs, nvec, tpr):
             rw.copy_vectors(vH, a, j, tpr, nvec, load=True, evict=rw.KEEP)
-            w = weight_values(vW, wraw, wf, j)
-            a.store((a.load().to(Float32) * rstd * w).to(dtype))
+            load_weight(vW, wraw, 0, j)
+            a.store((a.load().to(Float32) * rstd * weight_values(wraw, wf, 0)).to(dtype))
             rw.copy_vectors(a, vY, j, tpr, nvec, load=False)
 
     # A 1024-thread CTA must fit the SM's register file: cap ptxas at LONG_ROW_REGS.
