@@ -215,6 +215,12 @@ def test_cuda_graph_of_several_calls_replays_every_call(path, kv):
         graph = torch.cuda.CUDAGraph()
         with jit.jit_disabled(), torch.cuda.graph(graph):
             outs = [ops.attention_decode(q, k, v, seqlen) for q, (k, v) in zip(qs, caches)]
+        # One decode kernel per captured call runs in a replay (what the profiler sees of it).
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            graph.replay()
+            torch.cuda.synchronize()
+        launched = [e.name for e in prof.events() if str(e.device_type).endswith("CUDA")]
+        assert sum("decode_kernel" in name for name in launched) == calls, launched
         for lengths in ([L, 1], [4097, L - 3]):
             seqlen.copy_(torch.tensor(lengths, dtype=torch.int32))
             for q in qs:
