@@ -21,7 +21,10 @@ past 32K elements (16K for fp32), where one CTA of 1024 threads holds 32K and st
 At one or two such CTAs per SM the streamed part of the rows in flight (132-264 rows) mostly
 stays in the 50 MB L2 for the second read up to 64K elements.
 
-An fp32 weight with 16-bit x is read as two 128-bit vectors per vector of x.
+An fp32 weight with 16-bit x is read as two 128-bit vectors per vector of x. The weight under
+the first tile is loaded ahead of pass 2 (cp.async into shared memory on aligned rows, registers
+otherwise; see ``weight_mode``), so pass 2 computes the tile and stores it with no load between
+its stores: read there, each weight vector was a round trip after the store before it.
 """
 import functools
 import operator
@@ -58,6 +61,7 @@ def _build(config, target, sig, residual):
     import cutlass
     import cutlass.cute as cute
     from cutlass import Float32, const_expr
+    from cutlass.cute.nvgpu import cpasync
 
     from mslk_dsl.templates import _cute_reduce as red
     from mslk_dsl.templates import _cute_rowwise as rw
@@ -71,15 +75,33 @@ def _build(config, target, sig, residual):
     wvec = min(vec, 16 // (wdtype.width // 8)) if sig["aligned"] else vec
     wparts = vec // wvec
 
-    # The weight of the first tile is loaded ahead of pass 2 (below) in registers of its own: 16
-    # (a 16-bit weight) or 32 (fp32) more per thread at 4 chunks of 8, which the 1024-thread
-    # CTAs, capped at LONG_ROW_REGS, do not have (they would spill); they load it in pass 2.
-    weight_ahead = tile.threads <= 512
+    # Where the weight under the row's first tile waits for pass 2 (see the kernel):
+    #  "smem":      aligned rows: cp.async at the start into shared memory, a slot per thread;
+    #               no registers held, so the kernel keeps the occupancy of x alone;
+    #  "registers": unaligned rows (cp.async moves 4-16 bytes, not one 16-bit element): loaded
+    #               before the row reduction into registers of its own;
+    #  "late":      the 1024-thread CTAs (capped at LONG_ROW_REGS: the registers above would
+    #               spill): read in pass 2, a vector before each store of y.
+    if tile.threads > 512:
+        weight_mode = "late"
+    elif sig["aligned"]:
+        weight_mode = "smem"
+    else:
+        weight_mode = "registers"
+    weight_ahead = weight_mode != "late"
 
     def load_weight(vW, wraw, col, j):
         """Issue the loads of the weight under vector j of x into columns col * wparts.. of wraw."""
         for p in range(wparts):
             cute.copy(rw.weight_atom(wdtype, wvec), vW[None, j * wparts + p], wraw[None, col * wparts + p])
+
+    def smem_weight_values(sW, wf, tidx, col):
+        """The weight of column ``col`` of this thread's shared-memory slots, as fp32 (vec,) values."""
+        if const_expr(wparts == 1):
+            return sW[None, tidx, col].load().to(Float32)
+        for e in range(vec):
+            wf[e, 0] = Float32(sW[e % wvec, tidx, col * wparts + e // wvec])
+        return wf.load()
 
     def weight_values(wraw, wf, col, ss=None):
         """The weight loaded into column ``col`` of wraw (load_weight), as fp32 (vec,) values;
@@ -112,19 +134,36 @@ def _build(config, target, sig, residual):
         wraw = cute.make_rmem_tensor((wvec, wparts), wdtype)
         wf = cute.make_rmem_tensor((vec, 1), Float32)
         # The weight under the first tile, zero-filled as the x tile (see rw.tile_fragments).
-        wtile = cute.make_rmem_tensor((wvec, wparts * (chunks if weight_ahead else 1)), wdtype)
+        wtile = cute.make_rmem_tensor((wvec, wparts * (chunks if weight_mode == "registers" else 1)), wdtype)
         wtile.fill(0)
         srcs = (vX,)
         if const_expr(residual):
             vRO = rw.row_vectors(mRO, row, vec)
             srcs = (vX, rw.row_vectors(mR, row, vec))
-        buf = rw.reduction_buffer(cutlass.memory.SmemAllocator(), tile)
+        smem = cutlass.memory.SmemAllocator()
+        buf = rw.reduction_buffer(smem, tile)
+        tidx, _, _ = cute.arch.thread_idx()
 
         # Pass 1, first tile: every load in flight before the first use. `held` becomes the row
         # to normalize: x, or the new residual rounded to dtype (stored right away).
         ins = rw.tile_fragments(tile, [dtype] * len(srcs))
         rw.load_tile(srcs, ins, lane, tpr, nvec)
         held = ins[0]
+        if const_expr(weight_mode == "smem"):
+            # The first tile's weight, behind x: it lands in shared memory while x is reduced.
+            # Column c of thread t at [:, t, c]: a warp's 16-byte accesses of one column are
+            # contiguous (no bank conflicts).
+            sW = smem.allocate_tensor(wdtype, cute.make_layout((wvec, tile.threads, wparts * chunks),
+                                                               stride=(1, wvec, wvec * tile.threads)),
+                                      byte_alignment=16)
+            w_async = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.ALWAYS), wdtype,
+                                          num_bits_per_copy=128)
+            for i in cutlass.range_constexpr(chunks):
+                jw = lane + i * tpr
+                if jw < nvec:
+                    for p in cutlass.range_constexpr(wparts):
+                        cute.copy(w_async, vW[None, jw * wparts + p], sW[None, tidx, i * wparts + p])
+            cute.arch.cp_async_commit_group()
         if const_expr(residual):
             held.store(add_rounded(ins[0], ins[1]))
             rw.copy_vectors(held, vRO, lane, tpr, nvec, load=False)
@@ -146,11 +185,11 @@ def _build(config, target, sig, residual):
         # store before it (the compiler cannot tell y from the weight): one round trip per
         # vector, which is what a short call (few rows, a cold L2) is made of. Not earlier: held
         # through the loop above, the weight would cost that loop's registers too.
-        if const_expr(weight_ahead):
+        if const_expr(weight_mode == "registers"):
             for i in cutlass.range_constexpr(chunks):
-                j = lane + i * tpr
-                if j < nvec:
-                    load_weight(vW, wtile, i, j)
+                jr = lane + i * tpr
+                if jr < nvec:
+                    load_weight(vW, wtile, i, jr)
         ss = rw.row_allreduce(ss, operator.add, tpr, buf, row_in_cta, lane)
         rstd = cute.math.rsqrt(ss / Float32(n) + eps, fastmath=True)
 
@@ -158,16 +197,20 @@ def _build(config, target, sig, residual):
         # registers of the row (held) and the tile is stored once all of it is computed;
         # otherwise the weight is read a vector at a time here (mostly L1 hits: every row reads
         # it) and each vector of y stored right away, which keeps one weight vector in registers.
+        if const_expr(weight_mode == "smem"):
+            cute.arch.cp_async_wait_group(0)
         for i in cutlass.range_constexpr(chunks):
             h = red.after(held[None, i].load(), ss).to(Float32)
-            if const_expr(weight_ahead):
+            if const_expr(weight_mode == "smem"):
+                held[None, i].store((h * rstd * smem_weight_values(sW, wf, tidx, i)).to(dtype))
+            elif const_expr(weight_mode == "registers"):
                 held[None, i].store((h * rstd * weight_values(wtile, wf, i, ss)).to(dtype))
             else:
-                j = lane + i * tpr
-                if j < nvec:
-                    load_weight(vW, wraw, 0, j)
+                jl = lane + i * tpr
+                if jl < nvec:
+                    load_weight(vW, wraw, 0, jl)
                     a.store((h * rstd * weight_values(wraw, wf, 0)).to(dtype))
-                    rw.copy_vectors(a, vY, j, tpr, nvec, load=False)
+                    rw.copy_vectors(a, vY, jl, tpr, nvec, load=False)
         if const_expr(weight_ahead):
             rw.copy_vectors(held, vY, lane, tpr, nvec, load=False)
         # The streamed rest: read back what pass 1 read (x) or wrote (new_residual).

@@ -215,28 +215,33 @@ def test_silu_mul_quant_224_threads_at_72_registers_fit_one_more_cta(tmp_path, c
 # -- rmsnorm: the weight's loads before the row reduction ---------------------------------------
 @pytest.mark.parametrize("op", ["rmsnorm", "rmsnorm_add"])
 @pytest.mark.parametrize("fp32_weight", [False, True])
-def test_rmsnorm_weight_loads_are_issued_before_the_reduction_barrier(tmp_path, op, fp32_weight):
-    """In the SASS of a one-tile rmsnorm kernel (a row of up to 8192 elements, 128 threads), no
-    global load sits between the row reduction's barrier and the first store after it: the
-    weight under the tile was loaded before the reduction. A weight read in pass 2 between the
-    stores of y was one round trip per vector (the compiler cannot hoist a load above a store
-    that may alias it): 8.2 against 5.1 us for one row of 7168 on the H200."""
+@pytest.mark.parametrize("aligned,config", [
+    (True, {"threads": 128, "rows_per_block": 1, "vec": 8, "chunks": 8}),      # weight via shared memory
+    (False, {"threads": 256, "rows_per_block": 1, "vec": 1, "chunks": 16}),    # weight in registers
+])
+def test_rmsnorm_weight_loads_are_issued_before_the_reduction_barrier(tmp_path, op, fp32_weight, aligned, config):
+    """In the SASS of a one-tile rmsnorm kernel, every load of the tile (x [and the residual], and
+    the weight: cp.async into shared memory on aligned rows, into registers otherwise) is issued
+    before the row reduction's barrier, and no global load sits between that barrier and the
+    first store after it. A weight read in pass 2 between the stores of y was one round trip per
+    vector (the compiler cannot hoist a load above a store that may alias it): 8.2 against 5.1 us
+    for one row of 7168 on the H200."""
     from test_compile_templates import _nvdisasm
 
     template = registry.get_template(f"rmsnorm_cute.{op}")
-    config = {"threads": 128, "rows_per_block": 1, "vec": 8, "chunks": 8}
-    sig = {"dtype": "bfloat16", "aligned": True, "fp32_weight": fp32_weight}
+    sig = {"dtype": "bfloat16", "aligned": aligned, "fp32_weight": fp32_weight}
     job = aot.Job(KernelKey.make(template, config, "sm90a", sig), template.name)
     report = aot.build([job], str(tmp_path), workers=1, progress=False)
     assert report.ok, report.failed
     entry = KernelCache(str(tmp_path)).lookup(job.key)
     sass = subprocess.run([_nvdisasm(), entry.file("kernel.cubin")], capture_output=True, text=True).stdout
-    ops = re.findall(r"\b(LDG|STG|BAR\.SYNC)\b", sass)
+    ops = re.findall(r"\b(LDGSTS|LDG|STG|BAR\.SYNC)\b", sass)
     barrier = ops.index("BAR.SYNC")
     after = ops[barrier + 1:]
     assert "STG" in after
     assert "LDG" not in after[:after.index("STG")], ops
-    # ...and the weight and x loads of the tile are all issued before it (8 chunks of x [and the
-    # residual], 8 or 16 of the weight).
-    loads = ops[:barrier].count("LDG")
-    assert loads >= 8 * (2 if op == "rmsnorm_add" else 1) + 8 * (2 if fp32_weight else 1)
+    chunks = config["chunks"]
+    weight_parts = 2 if fp32_weight and aligned else 1   # an fp32 weight under 8 16-bit values: 2 x 16 bytes
+    loads = ops[:barrier].count("LDG") + ops[:barrier].count("LDGSTS")
+    assert loads >= chunks * (2 if op == "rmsnorm_add" else 1) + chunks * weight_parts, ops
+    assert ("LDGSTS" in ops) == aligned
