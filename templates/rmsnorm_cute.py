@@ -77,18 +77,12 @@ def _build(config, target, sig, residual):
 
     # Where the weight under the row's first tile waits for pass 2 (see the kernel):
     #  "smem":      aligned rows: cp.async at the start into shared memory, a slot per thread;
-    #               no registers held, so the kernel keeps the occupancy of x alone;
+    #               no registers held, so the kernel keeps the occupancy of x alone (a 1024-
+    #               thread CTA takes 64 KB, 128 KB for an fp32 weight: still one CTA per SM);
     #  "registers": unaligned rows (cp.async moves 4-16 bytes, not one 16-bit element): loaded
-    #               before the row reduction into registers of its own;
-    #  "late":      the 1024-thread CTAs (capped at LONG_ROW_REGS: the registers above would
-    #               spill): read in pass 2, a vector before each store of y.
-    if tile.threads > 512:
-        weight_mode = "late"
-    elif sig["aligned"]:
-        weight_mode = "smem"
-    else:
-        weight_mode = "registers"
-    weight_ahead = weight_mode != "late"
+    #               before the row reduction into registers of its own (their configs have at
+    #               most 512 threads, with no register cap).
+    weight_mode = "smem" if sig["aligned"] else "registers"
 
     def load_weight(vW, wraw, col, j):
         """Issue the loads of the weight under vector j of x into columns col * wparts.. of wraw."""
@@ -180,11 +174,11 @@ def _build(config, target, sig, residual):
                 rw.copy_vectors(a, vRO, j, tpr, nvec, load=False)
             ss = ss + red.sum_squares(a)
 
-        # The first tile's weight, issued now: its loads overlap the row reduction. Loaded in
-        # pass 2 instead, a vector at a time between the stores of y, each load waited for the
-        # store before it (the compiler cannot tell y from the weight): one round trip per
-        # vector, which is what a short call (few rows, a cold L2) is made of. Not earlier: held
-        # through the loop above, the weight would cost that loop's registers too.
+        # Unaligned rows: the first tile's weight, issued now: its loads overlap the row
+        # reduction. Loaded in pass 2 instead, a vector at a time between the stores of y, each
+        # load waited for the store before it (the compiler cannot tell y from the weight): one
+        # round trip per vector, which is what a short call (few rows, a cold L2) is made of.
+        # Not earlier: held through the loop above, the weight would cost that loop's registers.
         if const_expr(weight_mode == "registers"):
             for i in cutlass.range_constexpr(chunks):
                 jr = lane + i * tpr
@@ -193,26 +187,17 @@ def _build(config, target, sig, residual):
         ss = rw.row_allreduce(ss, operator.add, tpr, buf, row_in_cta, lane)
         rstd = cute.math.rsqrt(ss / Float32(n) + eps, fastmath=True)
 
-        # Pass 2: y = (h * rstd) * w, rounded once. With the weight ahead, y goes into the
-        # registers of the row (held) and the tile is stored once all of it is computed;
-        # otherwise the weight is read a vector at a time here (mostly L1 hits: every row reads
-        # it) and each vector of y stored right away, which keeps one weight vector in registers.
+        # Pass 2: y = (h * rstd) * w, rounded once, into the registers of the row (held); the
+        # tile is stored once all of it is computed.
         if const_expr(weight_mode == "smem"):
             cute.arch.cp_async_wait_group(0)
         for i in cutlass.range_constexpr(chunks):
             h = red.after(held[None, i].load(), ss).to(Float32)
             if const_expr(weight_mode == "smem"):
                 held[None, i].store((h * rstd * smem_weight_values(sW, wf, tidx, i)).to(dtype))
-            elif const_expr(weight_mode == "registers"):
-                held[None, i].store((h * rstd * weight_values(wtile, wf, i, ss)).to(dtype))
             else:
-                jl = lane + i * tpr
-                if jl < nvec:
-                    load_weight(vW, wraw, 0, jl)
-                    a.store((h * rstd * weight_values(wraw, wf, 0)).to(dtype))
-                    rw.copy_vectors(a, vY, jl, tpr, nvec, load=False)
-        if const_expr(weight_ahead):
-            rw.copy_vectors(held, vY, lane, tpr, nvec, load=False)
+                held[None, i].store((h * rstd * weight_values(wtile, wf, i, ss)).to(dtype))
+        rw.copy_vectors(held, vY, lane, tpr, nvec, load=False)
         # The streamed rest: read back what pass 1 read (x) or wrote (new_residual).
         vH = vRO if const_expr(residual) else vX
         for j in cutlass.range(lane + tile.tile_vecs, nvec, tpr):
@@ -249,7 +234,7 @@ def _build(config, target, sig, residual):
     return rmsnorm, [rows[0], weight, rows[2], *tail]
 
 
-def _spilling_configs(config, target) -> bool:
+def _spilling_configs(config, target, residual: bool = False) -> bool:
     """The configs whose kernels use local memory (resource reports):
     - one element per access over 32 chunks (the unaligned path for rows of up to 16K elements)
       keeps 8-24 bytes per thread in local memory; rows that are not 16-byte aligned are rare and
@@ -257,17 +242,21 @@ def _spilling_configs(config, target) -> bool:
     - fp32 x (4-element vectors: only fp32 rows take them) with 16 values per thread in a
       1024-thread CTA (64 registers each) or 32 in a smaller one: x, its fp32 weight and the
       sums outgrow the registers by 16-32 bytes per thread. Those tiles serve the longest fp32
-      rows; the spill is a few stores per row, not measured against a spill-free plan yet."""
+      rows; the spill is a few stores per row, not measured against a spill-free plan yet;
+    - rmsnorm_add in a 1024-thread CTA (rows past 32K elements): x and the residual of the tile
+      in flight at once under the 64-register cap spill 16-32 bytes per thread of 16-bit rows."""
     values = config["vec"] * config["chunks"]
     long_fp32 = config["vec"] == 4 and values >= (16 if config["threads"] > 512 else 32)
-    return (config["vec"] == 1 and config["chunks"] >= 32) or long_fp32
+    long_add = residual and config["threads"] > 512
+    return (config["vec"] == 1 and config["chunks"] >= 32) or long_fp32 or long_add
 
 
 def _template(op, residual):
     return Template(op=op, backend="cute", targets=("sm90a",),
                     signatures={"dtype": DTYPES, "aligned": (True, False), "fp32_weight": (False, True)},
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic,
-                    build=functools.partial(_build, residual=residual), spills_allowed=_spilling_configs,
+                    build=functools.partial(_build, residual=residual),
+                    spills_allowed=functools.partial(_spilling_configs, residual=residual),
                     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)
 
 
