@@ -101,8 +101,8 @@ def launch_hints(tile, regs_per_thread: int = 64) -> dict:
             "preferred_smem_carveout": -1}
 
 
-def quantize_launch(tile, rows) -> dict:
-    """Grid, block and cluster of a row-wise FP8 quantizer over ``rows`` rows: one CTA per
+def row_launch(tile, rows) -> dict:
+    """Grid, block and cluster of a row-wise kernel over ``rows`` rows: one CTA per
     ``rows_per_block`` rows, or ``tile.cluster`` CTAs (one cluster) per row."""
     launch = {"grid": (cute.ceil_div(rows, tile.rows_per_block) * tile.cluster, 1, 1),
               "block": (tile.threads, 1, 1)}
@@ -119,6 +119,24 @@ def thread_row(tile):
     """(row of this thread's group inside the CTA, lane inside the group)."""
     tidx, _, _ = cute.arch.thread_idx()
     return tidx // tile.tpr, tidx % tile.tpr
+
+
+@cute.jit
+def cluster_row(tile: cutlass.Constexpr, m: Int32, k: Int32):
+    """(row, base, end) of this CTA in a clustered tile (``tile.cluster`` CTAs per row, the
+    grid's x being rows * cluster): CTA rank r of row ``row`` holds the row's vectors
+    [base, end) = [r * share, min((r + 1) * share, k // vec)), share = ceil(vectors / cluster).
+    A row past ``m`` gets end = base: nothing read or written, the barriers still taken."""
+    bidx, _, _ = cute.arch.block_idx()
+    rank = bidx % tile.cluster
+    row = bidx // tile.cluster
+    total = k // tile.vec
+    share = cute.ceil_div(total, tile.cluster)
+    base = rank * share
+    end = cutlass.min(base + share, total)
+    if row >= m:
+        end = base
+    return row, base, end
 
 
 @cute.jit
@@ -343,16 +361,16 @@ def map_row(srcs, combine: cutlass.Constexpr, dst: cute.Tensor, tile: cutlass.Co
 @cute.jit
 def quantize_row(srcs, combine: cutlass.Constexpr, dst: cute.Tensor, tile: cutlass.Constexpr, lane: Int32,
                  nvec: Int32, row_in_cta: Int32, buf, scale_ub, eps: cutlass.Constexpr[float],
-                 fp8_max: cutlass.Constexpr[float], base: Int32 = 0, cbuf=None) -> Float32:
+                 fp8_max: cutlass.Constexpr[float], base: Int32 = 0, cslots=None) -> Float32:
     """Row-wise FP8 quantization of the row values combine(*srcs) into ``dst``; returns the row's
     dequant scale (the same in every thread of the row).
 
     The CTA handles the row's vectors [base, nvec) (all of them unless the row is split over a
-    cluster: then ``cbuf``, a one-slot shared buffer, carries the CTA's absmax to the others).
+    cluster: then the absmax meets in ``cslots``, a ``ClusterSlots`` already started).
     The first tile of that range stays in registers from the absmax pass to the quantize pass,
     so a row of up to ``tile.row_k`` elements is read from DRAM once. Longer rows stream the
     other tiles twice (absmax, then quantize); the second read mostly hits L2. Every thread of
-    the CTA must call this (one barrier when a row spans several warps, two cluster barriers
+    the CTA must call this (one barrier when a row spans several warps, a cluster reduction
     when it spans several CTAs)."""
     tpr, tv = tile.tpr, tile.tile_vecs
     once = NO_ALLOCATE if const_expr(tile.l1 == "stream") else KEEP   # L1 policy of single-use loads
@@ -369,9 +387,10 @@ def quantize_row(srcs, combine: cutlass.Constexpr, dst: cute.Tensor, tile: cutla
         load_tile(srcs, part, base + t * tv + lane, tpr, nvec, KEEP)
         amax = absmax(combine(*part), amax)
 
-    amax = row_allreduce(amax, nan_max, tpr, buf, row_in_cta, lane)
     if const_expr(tile.cluster > 1):
-        amax = cluster_allreduce(amax, cbuf, tile.cluster)
+        amax = cluster_row_allreduce(amax, nan_max, 0.0, cslots)
+    else:
+        amax = row_allreduce(amax, nan_max, tpr, buf, row_in_cta, lane)
     scale, rcp = fp8_row_scale(amax, eps, fp8_max, scale_ub)
     store_tile(fp8_quantize_tile(held, scale, rcp, fp8_max, dst.element_type, bounded), dst, base + lane, tpr,
                nvec)
@@ -380,36 +399,78 @@ def quantize_row(srcs, combine: cutlass.Constexpr, dst: cute.Tensor, tile: cutla
         load_tile(srcs, part, base + t * tv + lane, tpr, nvec, once)
         q = fp8_quantize_tile(combine(*part), scale, rcp, fp8_max, dst.element_type, bounded)
         store_tile(q, dst, base + t * tv + lane, tpr, nvec)
-    if const_expr(tile.cluster > 1):
-        cute.arch.cluster_wait()   # the other CTAs have read this one's slot: its smem may go
     return scale
 
 
-def load_dsmem_f32(buf, rank: int) -> Float32:
-    """buf[0] of the cluster's CTA ``rank`` (ld.shared::cluster; the DSL's tensors in the
-    distributed shared space take no loads). Inline PTX is volatile: it stays after the barrier."""
-    addr = Int32(cute.arch.map_dsmem_ptr(buf.iterator, Int32(rank)).toint())
-    return cute.arch.inline_ptx("ld.shared::cluster.f32 {$w0}, [{$r0}];", write_only_types=[Float32],
-                                read_only_args=[addr])
+# ----------------------------------------------------------------------------------------------
+# Row reductions over a thread-block cluster (a row split over ``tile.cluster`` CTAs).
+#
+# Each warp pushes its partial into a slot of every CTA of the cluster (st.async to distributed
+# shared memory, counted by a transaction barrier of the receiving CTA); each CTA waits on its
+# own barrier until every slot has landed, then combines the slots. No CTA reads another's shared
+# memory, so none has to wait for the others before it exits: a CTA leaves as soon as its own
+# rows are stored. (Reading the other CTAs' partials instead took a second cluster barrier before
+# exit, which kept each CTA's slot on the SM until the slowest CTA of its cluster was done.) The
+# barrier's initialization is published by a cluster arrive at the start, waited for right before
+# the first push, so the wait overlaps the row's loads.
+
+
+class ClusterSlots:
+    """Shared memory of one CTA for a cluster row reduction: a slot per warp of the cluster's
+    CTAs (warp w of CTA rank r at r * warps + w) and the transaction barrier counting them."""
+
+    def __init__(self, smem, tile):
+        self.tile = tile
+        self.slots = smem.allocate_tensor(Float32, cute.make_layout(tile.warps_per_row * tile.cluster),
+                                          byte_alignment=16)
+        self.mbar = smem.allocate_array(cutlass.Int64, num_elems=1)
 
 
 @cute.jit
-def cluster_allreduce(val: Float32, cbuf, cluster: cutlass.Constexpr[int]) -> Float32:
-    """The NaN-propagating max of ``val`` (the same in every thread of a CTA) over the CTAs of
-    the cluster, in rank order (the same bits everywhere). Publishes ``val`` in the CTA's slot,
-    meets the others at a cluster barrier (release / acquire), reads every slot through
-    distributed shared memory, then arrives at a second barrier that the caller waits on before
-    it exits (``cute.arch.cluster_wait``), so no CTA leaves while another reads its slot."""
+def cluster_reduction_start(cs: ClusterSlots):
+    """Initialize the CTA's transaction barrier and announce it to the cluster (the matching wait
+    is in ``cluster_row_allreduce``). Every thread of the CTA calls this once, before its loads."""
     tidx, _, _ = cute.arch.thread_idx()
     if tidx == 0:
-        cbuf[0] = val
-    cute.arch.cluster_arrive()
-    cute.arch.cluster_wait()
-    out = load_dsmem_f32(cbuf, 0)
-    for r in cutlass.range_constexpr(1, cluster):
-        out = nan_max(out, load_dsmem_f32(cbuf, r))
+        cute.arch.mbarrier_init(cs.mbar, 1)
+    cute.arch.mbarrier_init_fence()
     cute.arch.cluster_arrive_relaxed()
-    return out
+
+
+def store_remote_f32(val: Float32, slot_ptr, mbar_ptr, rank) -> None:
+    """``*slot_ptr = val`` in the shared memory of the cluster's CTA ``rank``, credited (4 bytes)
+    to that CTA's transaction barrier at ``mbar_ptr`` (st.async; the DSL has no op for it)."""
+    slot = Int32(cute.arch.map_dsmem_ptr(slot_ptr, rank).toint())
+    mbar = Int32(cute.arch.map_dsmem_ptr(mbar_ptr, rank).toint())
+    cute.arch.inline_ptx("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [{$r0}], {$r1}, [{$r2}];",
+                         read_only_args=[slot, val, mbar])
+
+
+@cute.jit
+def cluster_row_allreduce(val: Float32, op: cutlass.Constexpr, init: cutlass.Constexpr[float],
+                          cs: ClusterSlots) -> Float32:
+    """``op`` (sum, max) of ``val`` over every thread of the row's CTAs (one row per CTA); every
+    thread of the cluster gets the same bits: the slots are combined in the same order
+    everywhere (lane-strided, then a butterfly, whose pairs combine commutatively). ``init`` is
+    the identity of ``op`` on these values (0 for a sum, and for a max of magnitudes). Every
+    thread of the CTA calls this once, after ``cluster_reduction_start``."""
+    tile = cs.tile
+    nslots = tile.warps_per_row * tile.cluster
+    tidx, _, _ = cute.arch.thread_idx()
+    warp, lane = tidx // WARP_SIZE, tidx % WARP_SIZE
+    val = cute.arch.warp_reduction(val, op, threads_in_group=WARP_SIZE)
+    if tidx == 0:
+        cute.arch.mbarrier_arrive_and_expect_tx(cs.mbar, nslots * 4)
+    cute.arch.cluster_wait()   # every CTA's barrier is initialized: the pushes may start
+    if lane < tile.cluster:
+        rank = cute.arch.block_idx_in_cluster()
+        store_remote_f32(val, cs.slots.iterator + (rank * tile.warps_per_row + warp), cs.mbar, lane)
+    cute.arch.mbarrier_wait(cs.mbar, 0)
+    acc = Float32(init)
+    for i in cutlass.range_constexpr(cute.ceil_div(nslots, WARP_SIZE)):
+        if lane + i * WARP_SIZE < nslots:
+            acc = op(acc, cs.slots[lane + i * WARP_SIZE])
+    return cute.arch.warp_reduction(acc, op, threads_in_group=WARP_SIZE)
 
 
 @cute.jit
@@ -425,8 +486,8 @@ def quantize_rows(inputs, combine: cutlass.Constexpr, mUB: cute.Tensor, mQ: cute
         rows = mQ.shape[0]
     ub = mUB[0] if const_expr(has_ub) else None
     smem = cutlass.utils.SmemAllocator()
-    buf = reduction_buffer(smem, tile)
     if const_expr(tile.cluster == 1):
+        buf = reduction_buffer(smem, tile)
         row, row_in_cta, lane, nvec = cta_row(tile, rows, mQ.shape[1])
         srcs = tuple(row_vectors(t, row, tile.vec) for t in inputs)
         scale = quantize_row(srcs, combine, row_vectors(mQ, row, tile.vec), tile, lane, nvec, row_in_cta, buf,
@@ -434,19 +495,12 @@ def quantize_rows(inputs, combine: cutlass.Constexpr, mUB: cute.Tensor, mQ: cute
         if lane == 0 and nvec > 0:
             mS[row] = scale
     else:
-        cbuf = smem.allocate_tensor(Float32, cute.make_layout(1), byte_alignment=16)
+        cslots = ClusterSlots(smem, tile)
+        cluster_reduction_start(cslots)
         lane, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        rank = bidx % tile.cluster
-        row = bidx // tile.cluster
-        total = mQ.shape[1] // tile.vec
-        share = cute.ceil_div(total, tile.cluster)
-        base = rank * share
-        end = cutlass.min(base + share, total)
-        if row >= rows:
-            end = base   # a row past the end: nothing read or written, the barriers still taken
+        row, base, end = cluster_row(tile, rows, mQ.shape[1])
         srcs = tuple(row_vectors(t, cutlass.min(row, mQ.shape[0] - 1), tile.vec) for t in inputs)
         scale = quantize_row(srcs, combine, row_vectors(mQ, cutlass.min(row, mQ.shape[0] - 1), tile.vec), tile,
-                             lane, end, Int32(0), buf, ub, eps, fp8_max, base, cbuf)
-        if lane == 0 and rank == 0 and row < rows:
+                             lane, end, Int32(0), None, ub, eps, fp8_max, base, cslots)
+        if lane == 0 and base == 0 and row < rows:
             mS[row] = scale

@@ -116,7 +116,7 @@ def valid(config: dict, sig: dict, arrays: int = 1) -> bool:
     # 224 threads: 5120 and 7168 elements in 4 chunks of 8).
     if tpr & (tpr - 1) and (tile.rows_per_block != 1 or tpr % 32):
         return False
-    if tile.cluster != 1 and (tile.rows_per_block != 1 or tile.cluster not in (2, 4)):
+    if tile.cluster != 1 and (tile.rows_per_block != 1 or tile.cluster not in (2, 4, 8)):
         return False
     if tile.l1 not in L1_POLICIES:
         return False

@@ -80,7 +80,7 @@ def build(config, target, sig):
 
     @cute.jit
     def quantize_fp8_row(mX: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, stream):
-        kernel(mX, mUB, mQ, mS).launch(**rw.quantize_launch(tile, mX.shape[0]), stream=stream,
+        kernel(mX, mUB, mQ, mS).launch(**rw.row_launch(tile, mX.shape[0]), stream=stream,
                                        **rw.launch_hints(tile, REGS if tile.chunks <= 4 else REGS_LONG))
 
     args = rw.fake_quantize_args(dtype, fp8_dtype, 1, sig["aligned"], plan.ELEM_BYTES[sig["dtype"]])

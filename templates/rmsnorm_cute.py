@@ -14,12 +14,13 @@ A CTA owns ``rows_per_block`` rows, each handled by ``threads / rows_per_block``
 ``_rowwise_plan``). A thread issues all loads of its part of the row's first tile (``chunks``
 vectors, 128-bit on aligned rows) at once, and keeps that part in registers, packed, from the
 sum of squares to the normalize pass: a row of up to ``tile_k`` elements crosses DRAM once
-(read x [+ residual], write y [+ new_residual]). The rest of a longer row is streamed a vector
-at a time and read again (from L2, usually) for the normalize pass; the heuristic picks the
-smallest tile that covers the row, so that happens only for rows the configs do not cover:
-past 32K elements (16K for fp32), where one CTA of 1024 threads holds 32K and streams the rest.
-At one or two such CTAs per SM the streamed part of the rows in flight (132-264 rows) mostly
-stays in the 50 MB L2 for the second read up to 64K elements.
+(read x [+ residual], write y [+ new_residual]). Rows past 16K elements (8K fp32) are split
+over a thread-block cluster of 2-8 CTAs, each holding its share of the row the same way; the
+row's sum of squares meets over distributed shared memory (``_cute_rowwise``'s cluster
+reduction: each warp pushes its partial to every CTA of the cluster, no CTA waits for another
+to exit). A row longer than the config's whole tile (only past 256K elements, or with a config
+forced) has the rest of each CTA's share streamed a vector at a time and read again (from L2,
+usually) for the normalize pass; the heuristic picks the smallest tile that covers the row.
 
 An fp32 weight with 16-bit x is read as two 128-bit vectors per vector of x. The weight under
 the first tile is loaded ahead of pass 2 (cp.async into shared memory on aligned rows, registers
@@ -36,11 +37,21 @@ from mslk_dsl.templates import _rowwise_plan as plan
 DTYPES = ("bfloat16", "float16", "float32")
 
 # (threads, rows_per_block, chunks) -> tile_k for 16-bit dtypes (half for fp32): 2048 (a warp
-# per row, 4 rows per CTA), 4096, 8192, 16384 and 32768 (long rows: one CTA per SM holds the
-# first 32K, see above) with 128-bit vectors; 4096 and 16384 with scalar accesses.
-CONFIGS = tuple(plan.expand(
-    vector_shapes=[(128, 4, 8), (128, 2, 8), (128, 1, 8), (256, 1, 8), (1024, 1, 4)],
-    scalar_shapes=[(256, 1, 16), (512, 1, 32)]))
+# per row, 4 rows per CTA), 4096, 8192 and 16384 with 128-bit vectors; 4096 and 16384 with scalar
+# accesses (unaligned rows). Longer rows are split over a cluster, each CTA holding its share in
+# registers: 256 x 8 vectors (16K elements, 8K fp32) per CTA in clusters of 2, 4 and 8 (32K-128K;
+# fp32 16K-64K), 512 x 8 in clusters of 8 (256K; fp32 128K). One CTA of 1024 threads holding 32K
+# (the rest of a longer row streamed and read again) is kept as a config, listed after the
+# clusters so that the heuristic's tie-break takes the 2-CTA cluster at 16K-32K: measured on the
+# H200 (bf16, CUDA-graph replays, docs/benchmarks.md) 22.1 against 26.1 us at 512 x 32768, 6.4
+# against 7.2 us at one row of 32768 (rmsnorm_add 38.8 / 42.9 and 6.8 / 9.3 us); past 32K the
+# clusters win by more (2048 x 65536: 133.5 against 151.9 us).
+CONFIGS = tuple(
+    plan.expand(vector_shapes=[(128, 4, 8), (128, 2, 8), (128, 1, 8), (256, 1, 8)],
+                scalar_shapes=[(256, 1, 16), (512, 1, 32)])
+    + [c for n in (2, 4, 8) for c in plan.clustered(plan.expand(vector_shapes=[(256, 1, 8)], scalar_shapes=[]), n)]
+    + plan.clustered(plan.expand(vector_shapes=[(512, 1, 8)], scalar_shapes=[]), 8)
+    + plan.expand(vector_shapes=[(1024, 1, 4)], scalar_shapes=[]))
 # Registers per thread for the 1024-thread CTAs (the most a CTA of 1024 threads may use).
 LONG_ROW_REGS = 64
 
@@ -60,7 +71,7 @@ def _heuristic(target, sig, problem):
 def _build(config, target, sig, residual):
     import cutlass
     import cutlass.cute as cute
-    from cutlass import Float32, const_expr
+    from cutlass import Float32, Int32, const_expr
     from cutlass.cute.nvgpu import cpasync
 
     from mslk_dsl.templates import _cute_reduce as red
@@ -115,33 +126,41 @@ def _build(config, target, sig, residual):
 
     @cute.kernel
     def kernel(mX: cute.Tensor, mR, mW: cute.Tensor, mY: cute.Tensor, mRO, eps: Float32):
-        row_in_cta, lane = rw.thread_row(tile)
-        bidx, _, _ = cute.arch.block_idx()
-        row = bidx * tile.rows_per_block + row_in_cta
         n = mX.shape[1]
-        # Vectors of this row; none past the last row (those threads still join the barrier).
-        nvec = n // vec
-        if row >= mX.shape[0]:
-            nvec = 0
+        smem = cutlass.memory.SmemAllocator()
+        tidx, _, _ = cute.arch.thread_idx()
+        # This thread's row and the row's vectors [base, nvec) its CTA holds: all of them, or the
+        # CTA's share when a cluster splits the row. None past the last row (those threads still
+        # join the barriers).
+        if const_expr(tile.cluster == 1):
+            row_in_cta, lane = rw.thread_row(tile)
+            bidx, _, _ = cute.arch.block_idx()
+            row = bidx * tile.rows_per_block + row_in_cta
+            base = Int32(0)
+            nvec = n // vec
+            if row >= mX.shape[0]:
+                nvec = 0
+        else:
+            row_in_cta, lane = Int32(0), tidx
+            row, base, nvec = rw.cluster_row(tile, mX.shape[0], n)
+            row = cutlass.min(row, mX.shape[0] - 1)
+            cslots = rw.ClusterSlots(smem, tile)
+            rw.cluster_reduction_start(cslots)
+        first = base + lane
         vX, vY = rw.row_vectors(mX, row, vec), rw.row_vectors(mY, row, vec)
         vW = cute.zipped_divide(mW, (wvec,))
         wraw = cute.make_rmem_tensor((wvec, wparts), wdtype)
         wf = cute.make_rmem_tensor((vec, 1), Float32)
-        # The weight under the first tile, zero-filled as the x tile (see rw.tile_fragments).
-        wtile = cute.make_rmem_tensor((wvec, wparts * (chunks if weight_mode == "registers" else 1)), wdtype)
-        wtile.fill(0)
         srcs = (vX,)
         if const_expr(residual):
             vRO = rw.row_vectors(mRO, row, vec)
             srcs = (vX, rw.row_vectors(mR, row, vec))
-        smem = cutlass.memory.SmemAllocator()
-        buf = rw.reduction_buffer(smem, tile)
-        tidx, _, _ = cute.arch.thread_idx()
+        buf = rw.reduction_buffer(smem, tile) if const_expr(tile.cluster == 1) else None
 
         # Pass 1, first tile: every load in flight before the first use. `held` becomes the row
         # to normalize: x, or the new residual rounded to dtype (stored right away).
         ins = rw.tile_fragments(tile, [dtype] * len(srcs))
-        rw.load_tile(srcs, ins, lane, tpr, nvec)
+        rw.load_tile(srcs, ins, first, tpr, nvec)
         held = ins[0]
         if const_expr(weight_mode == "smem"):
             # The first tile's weight, behind x: it lands in shared memory while x is reduced.
@@ -153,20 +172,20 @@ def _build(config, target, sig, residual):
             w_async = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.ALWAYS), wdtype,
                                           num_bits_per_copy=128)
             for i in cutlass.range_constexpr(chunks):
-                jw = lane + i * tpr
+                jw = first + i * tpr
                 if jw < nvec:
                     for p in cutlass.range_constexpr(wparts):
                         cute.copy(w_async, vW[None, jw * wparts + p], sW[None, tidx, i * wparts + p])
             cute.arch.cp_async_commit_group()
         if const_expr(residual):
             held.store(add_rounded(ins[0], ins[1]))
-            rw.copy_vectors(held, vRO, lane, tpr, nvec, load=False)
+            rw.copy_vectors(held, vRO, first, tpr, nvec, load=False)
         ss = red.sum_squares(held)
         # Rest of a row longer than the tile, one vector per thread per step (the compiler
         # unrolls and batches the loads); nothing is kept.
         a = cute.make_rmem_tensor((vec, 1), dtype)
         b = cute.make_rmem_tensor((vec, 1), dtype)
-        for j in cutlass.range(lane + tile.tile_vecs, nvec, tpr):
+        for j in cutlass.range(first + tile.tile_vecs, nvec, tpr):
             rw.copy_vectors(vX, a, j, tpr, nvec, load=True)
             if const_expr(residual):
                 rw.copy_vectors(srcs[1], b, j, tpr, nvec, load=True)
@@ -180,11 +199,17 @@ def _build(config, target, sig, residual):
         # round trip per vector, which is what a short call (few rows, a cold L2) is made of.
         # Not earlier: held through the loop above, the weight would cost that loop's registers.
         if const_expr(weight_mode == "registers"):
+            # The weight under the first tile, zero-filled as the x tile (see rw.tile_fragments).
+            wtile = cute.make_rmem_tensor((wvec, wparts * chunks), wdtype)
+            wtile.fill(0)
             for i in cutlass.range_constexpr(chunks):
-                jr = lane + i * tpr
+                jr = first + i * tpr
                 if jr < nvec:
                     load_weight(vW, wtile, i, jr)
-        ss = rw.row_allreduce(ss, operator.add, tpr, buf, row_in_cta, lane)
+        if const_expr(tile.cluster > 1):
+            ss = rw.cluster_row_allreduce(ss, operator.add, 0.0, cslots)
+        else:
+            ss = rw.row_allreduce(ss, operator.add, tpr, buf, row_in_cta, lane)
         rstd = cute.math.rsqrt(ss / Float32(n) + eps, fastmath=True)
 
         # Pass 2: y = (h * rstd) * w, rounded once, into the registers of the row (held); the
@@ -197,10 +222,10 @@ def _build(config, target, sig, residual):
                 held[None, i].store((h * rstd * smem_weight_values(sW, wf, tidx, i)).to(dtype))
             else:
                 held[None, i].store((h * rstd * weight_values(wtile, wf, i, ss)).to(dtype))
-        rw.copy_vectors(held, vY, lane, tpr, nvec, load=False)
+        rw.copy_vectors(held, vY, first, tpr, nvec, load=False)
         # The streamed rest: read back what pass 1 read (x) or wrote (new_residual).
         vH = vRO if const_expr(residual) else vX
-        for j in cutlass.range(lane + tile.tile_vecs, nvec, tpr):
+        for j in cutlass.range(first + tile.tile_vecs, nvec, tpr):
             rw.copy_vectors(vH, a, j, tpr, nvec, load=True, evict=rw.KEEP)
             load_weight(vW, wraw, 0, j)
             a.store((a.load().to(Float32) * rstd * weight_values(wraw, wf, 0)).to(dtype))
@@ -210,8 +235,7 @@ def _build(config, target, sig, residual):
     hints = rw.launch_hints(tile, LONG_ROW_REGS) if tile.threads > 512 else {}
 
     def launch(mX, mR, mW, mY, mRO, eps, stream):
-        grid = (cute.ceil_div(mX.shape[0], tile.rows_per_block), 1, 1)
-        kernel(mX, mR, mW, mY, mRO, eps).launch(grid=grid, block=(tile.threads, 1, 1), stream=stream, **hints)
+        kernel(mX, mR, mW, mY, mRO, eps).launch(**rw.row_launch(tile, mX.shape[0]), stream=stream, **hints)
 
     @cute.jit
     def rmsnorm(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, eps: Float32, stream):

@@ -90,7 +90,7 @@ def build(config, target, sig):
     @cute.jit
     def silu_mul_quant(mX0: cute.Tensor, mX1: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor,
                        mS: cute.Tensor, mCount: cute.Tensor, stream):
-        kernel(mX0, mX1, mUB, mQ, mS, mCount).launch(**rw.quantize_launch(tile, mX0.shape[0]), stream=stream,
+        kernel(mX0, mX1, mUB, mQ, mS, mCount).launch(**rw.row_launch(tile, mX0.shape[0]), stream=stream,
                                                      **rw.launch_hints(tile, _registers(config, tile)))
 
     args = rw.fake_quantize_args(dtype, fp8_dtype, 2, sig["aligned"], plan.ELEM_BYTES[sig["dtype"]])

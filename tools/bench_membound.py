@@ -248,7 +248,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warm-only", action="store_true", help="call each op once per size; time nothing")
     parser.add_argument("--rep-ms", type=float, default=40.0)
     parser.add_argument("--sizes", help="ROWSxHIDDEN,... instead of the sweep's sizes")
-    parser.add_argument("--configs", action="store_true", help="also time the configs near each row's width")
+    parser.add_argument("--configs", action="store_true",
+                        help="also time the configs near each row's width (and the heuristic's) in CUDA graphs")
     found = parse_with_gpu(parser, argv, "bench_membound")
     if found is None:
         return 1
@@ -261,6 +262,19 @@ def main(argv: list[str]) -> int:
 
     def timed(fn):
         return do_bench(fn, warmup=max(5.0, args.rep_ms / 4), rep=args.rep_ms, return_mode="median")
+
+    def graph_timed(fn):
+        """Time ``fn`` replayed from a CUDA graph: a call with an explicit config takes the checked
+        path, whose host time (tens of us) would hide a small kernel's time."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return timed(graph.replay)
 
     def copy_gbps(nbytes):
         key = nbytes // 2**16   # sizes within 64 KiB share a copy measurement
@@ -291,9 +305,10 @@ def main(argv: list[str]) -> int:
                 if near:
                     from mslk_dsl.template import config_name
                     run = case.ours
-                    row["configs"] = {config_name(c): timed(lambda c=c: run(c)) * 1e3 for c in near}
+                    row["us graph"] = graph_timed(run) * 1e3
+                    row["configs"] = {config_name(c): graph_timed(lambda c=c: run(c)) * 1e3 for c in near}
                     best_name = min(row["configs"], key=row["configs"].get)
-                    print(f"{op} {rows}x{d}: heuristic {row['us']:.1f} us; " + ", ".join(
+                    print(f"{op} {rows}x{d} (graph replays): heuristic {row['us graph']:.1f} us; " + ", ".join(
                         f"{rowwise_label(c)} {row['configs'][config_name(c)]:.1f}" for c in near)
                         + f"; best {best_name}", flush=True)
                 row["peers"] = {}

@@ -3,7 +3,8 @@
 Every valid config of both templates, both dtypes, runs T in {1, 3, 1000, 16384} x hidden in
 {5120, 7168, 8192, 16384} (aligned rows: 128-bit configs) and hidden 4095 (unaligned rows: scalar
 configs), plus short rows (fewer vectors than threads), rows longer than a config's register tile
-(the streamed rest of the row) and odd hidden sizes. The heuristic's choice runs on all of them.
+(the streamed rest of the row; for a clustered config, of each CTA's share) and odd hidden sizes.
+The heuristic's choice runs on all of them.
 
 Tolerance: y within one unit in the last place of the dtype (bf16 2^-7, fp16 2^-10 relative
 spacing) of the reference rounded from fp32 math. Both sides round the same fp32 formula once;
@@ -16,7 +17,9 @@ import torch
 from norm_reference import ref_rmsnorm, ref_rmsnorm_add
 
 from mslk_dsl import jit, ops, registry
+from mslk_dsl.ops.norm import MAX_HIDDEN
 from mslk_dsl.template import config_name
+from mslk_dsl.templates._rowwise_plan import RowTile
 from mslk_dsl.testing import skipUnlessCudaCapability
 
 SM90 = skipUnlessCudaCapability((9, 0))
@@ -105,7 +108,11 @@ def _case_id(case):
 def test_every_config(op, case):
     dtype, config = case
     t = _template(op)
-    for m, n in ALIGNED + UNALIGNED:
+    # Tiles longer than the shapes above (the 1024-thread CTAs, clusters): also a row past the
+    # whole tile, whose CTAs (each its share, in a cluster) stream the rest (up to the ops' limit).
+    row_k = RowTile.of(config).row_k
+    longer = [(2, min(row_k + 1032, MAX_HIDDEN))] if row_k > 16384 else []
+    for m, n in ALIGNED + UNALIGNED + longer:
         if t.valid(config, "sm90a", _sig(n, dtype)):
             _check(op, m, n, dtype, config)
 
