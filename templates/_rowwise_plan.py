@@ -18,7 +18,7 @@ A config is ``{"threads", "rows_per_block", "vec", "chunks"}``, and for the FP8 
     or L1::no_allocate (absent: "keep");
   * ``cluster`` (absent: 1): a row is split over that many CTAs of a thread-block cluster, each
     holding ``tile_k`` of it (its share, ``row_k`` = tile_k * cluster in all); the row reduction
-    meets over distributed shared memory. Only with ``rows_per_block == 1``.
+    meets over distributed shared memory. Only with ``rows_per_block == 1``; 2, 4, 8 or 16 CTAs.
 """
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def valid(config: dict, sig: dict, arrays: int = 1) -> bool:
     # 224 threads: 5120 and 7168 elements in 4 chunks of 8).
     if tpr & (tpr - 1) and (tile.rows_per_block != 1 or tpr % 32):
         return False
-    if tile.cluster != 1 and (tile.rows_per_block != 1 or tile.cluster not in (2, 4, 8)):
+    if tile.cluster != 1 and (tile.rows_per_block != 1 or tile.cluster not in (2, 4, 8, 16)):
         return False
     if tile.l1 not in L1_POLICIES:
         return False

@@ -39,8 +39,9 @@ DTYPES = ("bfloat16", "float16", "float32")
 # (threads, rows_per_block, chunks) -> tile_k for 16-bit dtypes (half for fp32): 2048 (a warp
 # per row, 4 rows per CTA), 4096, 8192 and 16384 with 128-bit vectors; 4096 and 16384 with scalar
 # accesses (unaligned rows). Longer rows are split over a cluster, each CTA holding its share in
-# registers: 256 x 8 vectors (16K elements, 8K fp32) per CTA in clusters of 2, 4 and 8 (32K-128K;
-# fp32 16K-64K), 512 x 8 in clusters of 8 (256K; fp32 128K). One CTA of 1024 threads holding 32K
+# registers: 256 x 8 vectors (16K elements, 8K fp32) per CTA in clusters of 2, 4, 8 and 16
+# (32K-256K; fp32 16K-128K; 16 CTAs is a non-portable cluster size, which Hopper runs), 512 x 8
+# in clusters of 8 (256K; fp32 128K). One CTA of 1024 threads holding 32K
 # (the rest of a longer row streamed and read again) is kept as a config, listed after the
 # clusters so that the heuristic's tie-break takes the 2-CTA cluster at 16K-32K: measured on the
 # H200 (bf16, CUDA-graph replays, docs/benchmarks.md) 22.1 against 26.1 us at 512 x 32768, 6.4
@@ -49,7 +50,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 CONFIGS = tuple(
     plan.expand(vector_shapes=[(128, 4, 8), (128, 2, 8), (128, 1, 8), (256, 1, 8)],
                 scalar_shapes=[(256, 1, 16), (512, 1, 32)])
-    + [c for n in (2, 4, 8) for c in plan.clustered(plan.expand(vector_shapes=[(256, 1, 8)], scalar_shapes=[]), n)]
+    + [c for n in (2, 4, 8, 16) for c in plan.clustered(plan.expand(vector_shapes=[(256, 1, 8)], scalar_shapes=[]), n)]
     + plan.clustered(plan.expand(vector_shapes=[(512, 1, 8)], scalar_shapes=[]), 8)
     + plan.expand(vector_shapes=[(1024, 1, 4)], scalar_shapes=[]))
 # Registers per thread for the 1024-thread CTAs (the most a CTA of 1024 threads may use).
