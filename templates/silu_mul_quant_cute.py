@@ -35,10 +35,9 @@ SHAPES = plan.expand(
 ) + plan.clustered(plan.expand(vector_shapes=[(224, 1, 4), (256, 1, 4), (160, 1, 2)], scalar_shapes=[]), 2)
 # 224-thread CTAs with a lower register cap (``regs``): 72 registers instead of 80, 4 CTAs per SM
 # (28 warps, quantize_fp8_row's occupancy with the same tile at 64 registers) instead of 3; ptxas
-# then keeps 8 bytes per thread in local memory (L1). Listed first, so the heuristic's tie-break
-# takes the capped cluster over the same cluster at 80 registers. (96 threads at 72 registers, 9
-# CTAs instead of 8, ran slower at every size timed, and 160 threads at 64 registers spills 176
-# bytes: neither is a config.)
+# then keeps 8 bytes per thread in local memory (L1). Not the heuristic's (see below). (96
+# threads at 72 registers, 9 CTAs instead of 8, ran slower at every size timed, and 160 threads
+# at 64 registers spills 176 bytes: neither is a config.)
 TRIMMED_REGS = 72
 TRIMMED = [{**c, "regs": TRIMMED_REGS} for c in SHAPES if c["threads"] == 224 and c["vec"] == 8 and c["chunks"] == 4]
 CONFIGS = plan.with_l1(TRIMMED + SHAPES)
@@ -53,14 +52,14 @@ _valid, _ = plan.rules(CONFIGS, arrays=2)
 # (H200, bf16, docs/benchmarks.md): 41936 x 5120 160 x 4 258 us (256 x 2 rows x 5 chunks: 292;
 # no_allocate loads: 271); 14979 x 14336 the 2-CTA cluster of 224 x 4 298 us, 3745 x 14336 82.0
 # us (256 x 4, the rest of the row read again from L2: 313 and 86.9 us; 224 x 4 in two passes:
-# 299 and 84.1 us). The 72-register cap only where the row spans two CTAs (the cluster): there
-# it is faster, one CTA holding the row is slower with it (H200, bf16, one run: the 224 x 4
-# cluster at 14336 278 against 297 us at 1 GiB, 78.4 against 81.8 us at 256 MiB; 224 x 4 at
+# 299 and 84.1 us). No 72-register cap: one CTA holding the row was slower with it (224 x 4 at
 # 7168 255 against 251 us at 1 GiB, 74.0 against 71.0 us at 256 MiB; 96 x 4 at 2880 256 against
-# 250 us at 1 GiB, 74.5 against 70.9 us at 256 MiB).
+# 250 us at 1 GiB, 74.5 against 70.9 us at 256 MiB), and so is the cluster since its CTAs meet
+# by pushing their absmax to each other (no cluster barrier before exit): at 14336 271.1 against
+# 273.2 us at 1 GiB, 76.4 against 82.0 us at 256 MiB, 26.3 against 28.5 us at 64 MiB (H200,
+# bf16, CUDA-graph replays, one run; with the old cluster barrier the cap had been faster).
 HEURISTIC_L1 = "keep"
-HEURISTIC_CONFIGS = [c for c in CONFIGS if c["threads"] <= 256 and c["l1"] == HEURISTIC_L1
-                     and ("regs" not in c or "cluster" in c)]
+HEURISTIC_CONFIGS = [c for c in CONFIGS if c["threads"] <= 256 and c["l1"] == HEURISTIC_L1 and "regs" not in c]
 
 
 def _heuristic(target, sig, problem):
