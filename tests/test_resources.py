@@ -212,6 +212,17 @@ def test_silu_mul_quant_224_threads_at_72_registers_fit_one_more_cta(tmp_path, c
     assert resources.entry_problems(entry) == []   # the spill is declared (spills_allowed)
 
 
+def _sm90a_sass(tmp_path, template, config, sig) -> str:
+    """The SASS of one sm90a kernel, compiled into ``tmp_path``."""
+    from test_compile_templates import _nvdisasm
+
+    job = aot.Job(KernelKey.make(template, config, "sm90a", sig), template.name)
+    report = aot.build([job], str(tmp_path), workers=1, progress=False)
+    assert report.ok, report.failed
+    entry = KernelCache(str(tmp_path)).lookup(job.key)
+    return subprocess.run([_nvdisasm(), entry.file("kernel.cubin")], capture_output=True, text=True).stdout
+
+
 # -- rmsnorm: the weight's loads before the row reduction ---------------------------------------
 @pytest.mark.parametrize("op", ["rmsnorm", "rmsnorm_add"])
 @pytest.mark.parametrize("fp32_weight", [False, True])
@@ -226,15 +237,8 @@ def test_rmsnorm_weight_loads_are_issued_before_the_reduction_barrier(tmp_path, 
     first store after it. A weight read in pass 2 between the stores of y was one round trip per
     vector (the compiler cannot hoist a load above a store that may alias it): 8.2 against 5.1 us
     for one row of 7168 on the H200."""
-    from test_compile_templates import _nvdisasm
-
-    template = registry.get_template(f"rmsnorm_cute.{op}")
     sig = {"dtype": "bfloat16", "aligned": aligned, "fp32_weight": fp32_weight}
-    job = aot.Job(KernelKey.make(template, config, "sm90a", sig), template.name)
-    report = aot.build([job], str(tmp_path), workers=1, progress=False)
-    assert report.ok, report.failed
-    entry = KernelCache(str(tmp_path)).lookup(job.key)
-    sass = subprocess.run([_nvdisasm(), entry.file("kernel.cubin")], capture_output=True, text=True).stdout
+    sass = _sm90a_sass(tmp_path, registry.get_template(f"rmsnorm_cute.{op}"), config, sig)
     ops = re.findall(r"\b(LDGSTS|LDG|STG|BAR\.SYNC)\b", sass)
     barrier = ops.index("BAR.SYNC")
     after = ops[barrier + 1:]
@@ -260,18 +264,11 @@ def test_cluster_row_reduction_waits_once_before_the_pushes(tmp_path, template_n
     """A row split over a cluster meets its partials by pushing them into every CTA's shared
     memory (st.async, counted by each CTA's transaction barrier): the kernel's only cluster
     barrier (one arrive, one wait) comes before the pushes, and nothing waits for the other CTAs
-    after them. The
-    kernel that read the others' partials instead had to wait at a second cluster barrier before
-    exit (the H200, bf16, 2048 x 65536: 151.9 against 133.5 us)."""
-    from test_compile_templates import _nvdisasm
-
+    after them. The kernel that read the others' partials instead had to wait at a second
+    cluster barrier before exit (rmsnorm on the H200, bf16, 2048 x 65536: 154.0 against 134.4 us)."""
     template = registry.get_template(template_name)
     assert config in template.all_configs()
-    job = aot.Job(KernelKey.make(template, config, "sm90a", sig), template.name)
-    report = aot.build([job], str(tmp_path), workers=1, progress=False)
-    assert report.ok, report.failed
-    entry = KernelCache(str(tmp_path)).lookup(job.key)
-    sass = subprocess.run([_nvdisasm(), entry.file("kernel.cubin")], capture_output=True, text=True).stdout
+    sass = _sm90a_sass(tmp_path, template, config, sig)
     ops = re.findall(r"\b(STG|STAS|UCGABAR_ARV|UCGABAR_WAIT)\b", sass)
     assert ops.count("UCGABAR_WAIT") == 1 and ops.count("UCGABAR_ARV") == 1, ops
     assert "STAS" in ops and ops.index("UCGABAR_ARV") < ops.index("UCGABAR_WAIT") < ops.index("STAS"), ops
