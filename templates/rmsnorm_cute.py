@@ -268,8 +268,9 @@ def _spilling_configs(config, target, residual: bool = False) -> bool:
       1024-thread CTA (64 registers each) or 32 in a smaller one: x, its fp32 weight and the
       sums outgrow the registers by 16-32 bytes per thread. Those tiles serve the longest fp32
       rows; the spill is a few stores per row, not measured against a spill-free plan yet;
-    - rmsnorm_add in a 1024-thread CTA (rows past 32K elements): x and the residual of the tile
-      in flight at once under the 64-register cap spill 16-32 bytes per thread of 16-bit rows."""
+    - rmsnorm_add in a 1024-thread CTA (a config the heuristic no longer takes: the clusters
+      hold long rows): x and the residual of the tile in flight at once under the 64-register
+      cap spill 16-32 bytes per thread of 16-bit rows."""
     values = config["vec"] * config["chunks"]
     long_fp32 = config["vec"] == 4 and values >= (16 if config["threads"] > 512 else 32)
     long_add = residual and config["threads"] > 512
