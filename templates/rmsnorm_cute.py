@@ -44,9 +44,9 @@ DTYPES = ("bfloat16", "float16", "float32")
 # in clusters of 8 (256K; fp32 128K). One CTA of 1024 threads holding 32K
 # (the rest of a longer row streamed and read again) is kept as a config, listed after the
 # clusters so that the heuristic's tie-break takes the 2-CTA cluster at 16K-32K: measured on the
-# H200 (bf16, CUDA-graph replays, docs/benchmarks.md) 22.1 against 26.1 us at 512 x 32768, 6.4
-# against 7.2 us at one row of 32768 (rmsnorm_add 38.8 / 42.9 and 6.8 / 9.3 us); past 32K the
-# clusters win by more (2048 x 65536: 133.5 against 151.9 us).
+# H200 (bf16, CUDA-graph replays, docs/benchmarks.md) 22.4 against 26.1 us at 512 x 32768, 6.8
+# against 7.6 us at one row of 32768 (rmsnorm_add 39.1 / 43.0 and 7.7 / 9.6 us); past 32K the
+# clusters win by more (2048 x 65536: 135.0 against 152.5 us).
 CONFIGS = tuple(
     plan.expand(vector_shapes=[(128, 4, 8), (128, 2, 8), (128, 1, 8), (256, 1, 8)],
                 scalar_shapes=[(256, 1, 16), (512, 1, 32)])
