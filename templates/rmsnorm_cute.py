@@ -15,7 +15,7 @@ A CTA owns ``rows_per_block`` rows, each handled by ``threads / rows_per_block``
 vectors, 128-bit on aligned rows) at once, and keeps that part in registers, packed, from the
 sum of squares to the normalize pass: a row of up to ``tile_k`` elements crosses DRAM once
 (read x [+ residual], write y [+ new_residual]). Rows past 16K elements (8K fp32) are split
-over a thread-block cluster of 2-8 CTAs, each holding its share of the row the same way; the
+over a thread-block cluster of 2-16 CTAs, each holding its share of the row the same way; the
 row's sum of squares meets over distributed shared memory (``_cute_rowwise``'s cluster
 reduction: each warp pushes its partial to every CTA of the cluster, no CTA waits for another
 to exit). A row longer than the config's whole tile (only past 256K elements, or with a config
