@@ -35,12 +35,15 @@ def parse_shapes(text: str) -> list[tuple[int, ...]]:
 
 def rowwise_label(config: dict) -> str:
     """A short name for a row-wise kernel config (threads, rows per block, vector, chunks; the
-    L1 policy and cluster where given), or for a scatter config (method, unroll, pdl)."""
+    cluster, register cap and L1 policy where given), or for a scatter config (method, unroll,
+    pdl)."""
     if "threads" not in config:
         return f"{config.get('method', '')}{'+pdl' if config.get('pdl') else ''} u{config.get('unroll')}"
     label = f"t{config['threads']}r{config['rows_per_block']}v{config['vec']}c{config['chunks']}"
     if "cluster" in config:
         label += f"x{config['cluster']}"
+    if "regs" in config:
+        label += f"@{config['regs']}"
     if "l1" in config:
         label += f" {config['l1']}"
     return label
