@@ -75,8 +75,8 @@ def test_pick_fitted_reads_a_row_in_the_fewest_most_even_passes():
 
 def test_memory_bound_heuristics_take_the_measured_configs():
     """The configs docs/benchmarks.md measured fastest (H200, bf16): the default L1 policy, the
-    fitted one-row CTAs, silu_mul_quant's 2-CTA cluster at 14336 (72 registers), the linked scatter
-    with pdl."""
+    fitted one-row CTAs, silu_mul_quant's 2-CTA cluster at 14336 (80 registers), rmsnorm's
+    clusters of 256-thread CTAs for rows past 16K, the linked scatter with pdl."""
     def pick(op, sig, problem):
         (t,) = registry.get_templates(op=op, backend="cute")
         return t.heuristic("sm90a", sig, problem)
@@ -87,6 +87,12 @@ def test_memory_bound_heuristics_take_the_measured_configs():
     for k, threads in ((2880, 96), (5120, 160), (7168, 224)):
         assert pick("silu_mul_quant", q, {"M": 8, "K": k}) == {**plan.config(threads, 1, 8, 4), "l1": "keep"}
     assert pick("silu_mul_quant", q, {"M": 8, "K": 14336}) == {**plan.config(224, 1, 8, 4), "cluster": 2, "l1": "keep"}
+    for op in ("rmsnorm", "rmsnorm_add"):
+        for dtype, k, cluster in (("bfloat16", 16728, 2), ("bfloat16", 32768, 2), ("bfloat16", 65536, 4),
+                                  ("bfloat16", 131072, 8), ("bfloat16", 262144, 16), ("float32", 16384, 2)):
+            n = {"dtype": dtype, "aligned": True, "fp32_weight": False}
+            assert pick(op, n, {"M": 1, "N": k}) == {**plan.config(256, 1, 16 // plan.ELEM_BYTES[dtype], 8),
+                                                      "cluster": cluster}, (op, dtype, k)
     g = {"dtype": "bfloat16", "aligned": True, "score_dtype": "float32"}
     assert pick("gather_scale_quant_dense_tokens", g, {"A": 8, "D": 5120}) == {**plan.config(160, 1, 8, 4),
                                                                                 "l1": "keep"}
