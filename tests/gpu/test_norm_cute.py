@@ -39,25 +39,37 @@ ALIGNED = [(t, n) for t in TOKENS for n in (5120, 7168, 8192, 16384)] + [
 UNALIGNED = [(t, 4095) for t in TOKENS] + [(1, 1), (7, 13), (3, 4097), (4, 5121), (2, 16383)]
 
 
+# Values compared at a time: the comparison's fp32 temporaries of a 16384 x 16384 output would
+# take several GiB at once (enough to exhaust the GPU when test processes share it).
+ULP_CHUNK = 1 << 24
+
+
 def assert_within_one_ulp(got, want, what):
     """|got - want| <= one ulp of the dtype at max(|got|, |want|), elementwise; and at most 1%
     of the values inexact (a summation-order difference flips ~1e-4 of them; rounding twice,
     e.g. through the dtype before the weight multiply, flips ~25%)."""
     dtype = want.dtype
-    g, w = got.float(), want.float()
-    assert torch.equal(torch.isnan(g), torch.isnan(w)), f"{what}: NaNs differ"
-    ok = ~torch.isnan(w)
-    g, w = g[ok], w[ok]
-    exponent = torch.frexp(torch.maximum(g.abs(), w.abs())).exponent - 1
-    ulp = torch.ldexp(torch.ones_like(w), exponent.clamp(min=MIN_EXPONENT[dtype]) - MANTISSA_BITS[dtype])
-    err = (g - w).abs()
-    bad = err > ulp
-    if bad.any():
-        i = int(torch.nonzero(bad)[0])
-        raise AssertionError(f"{what}: {int(bad.sum())} of {w.numel()} values off by more than one ulp; "
-                             f"first: got {g[i].item()}, want {w[i].item()} (ulp {ulp[i].item()})")
-    inexact = int((err > 0).sum())
-    assert inexact <= 0.01 * w.numel() + 4, f"{what}: {inexact} of {w.numel()} values inexact"
+    got_flat, want_flat = got.reshape(-1), want.reshape(-1)
+    assert got_flat.numel() == want_flat.numel(), f"{what}: {got_flat.numel()} values, want {want_flat.numel()}"
+    compared = bad = inexact = 0
+    first = None
+    for start in range(0, want_flat.numel(), ULP_CHUNK):
+        g, w = got_flat[start:start + ULP_CHUNK].float(), want_flat[start:start + ULP_CHUNK].float()
+        assert torch.equal(torch.isnan(g), torch.isnan(w)), f"{what}: NaNs differ"
+        ok = ~torch.isnan(w)
+        g, w = g[ok], w[ok]
+        exponent = torch.frexp(torch.maximum(g.abs(), w.abs())).exponent - 1
+        ulp = torch.ldexp(torch.ones_like(w), exponent.clamp(min=MIN_EXPONENT[dtype]) - MANTISSA_BITS[dtype])
+        err = (g - w).abs()
+        over = err > ulp
+        count = int(over.sum())
+        if count and first is None:
+            i = int(torch.nonzero(over)[0])
+            first = f"got {g[i].item()}, want {w[i].item()} (ulp {ulp[i].item()})"
+        compared, bad, inexact = compared + w.numel(), bad + count, inexact + int((err > 0).sum())
+    if bad:
+        raise AssertionError(f"{what}: {bad} of {compared} values off by more than one ulp; first: {first}")
+    assert inexact <= 0.01 * compared + 4, f"{what}: {inexact} of {compared} values inexact"
 
 
 def _inputs(m, n, dtype, seed=0):
