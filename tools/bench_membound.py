@@ -272,7 +272,9 @@ def main(argv: list[str]) -> int:
             fn()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # Captured on the stream of the warm-up call: launches that keep a workspace per stream
+        # (the slots scatter, split-K counters) find the one that call made, as eager calls do.
+        with torch.cuda.graph(graph, stream=side):
             fn()
         return timed(graph.replay)
 

@@ -193,6 +193,34 @@ def test_split_k_counters_are_per_stream_and_left_zero():
     assert all(int(c.abs().sum()) == 0 for c in counters)
 
 
+def test_split_k_graphs_captured_without_counters_replay_in_any_order():
+    """Split-K graphs captured on a stream that has no tile counters yet each get counters of
+    their own, cleared by the graph on every replay (the graph's memory is not zero before its
+    first replay, and a counter another graph cleared only when it replayed would be garbage):
+    the graph captured last replays right before the first one ever has, and nothing the
+    captures made is kept for later calls."""
+    from mslk_dsl.ops import dispatch
+
+    config = {"tile_m": 128, "tile_n": 128, "cluster_m": 1, "raster": "m", "group": 8, "split_k": 3}
+    x, w = randn(300, 2048, seed=5).to(torch.bfloat16), randn(4096, 2048, seed=6).to(torch.bfloat16)
+    want = ops.bf16_gemm(x, w, config={c: v for c, v in config.items() if c != "split_k"})
+    ops.bf16_gemm(x, w, config=config)              # compiled and loaded before the captures
+    capture = torch.cuda.Stream()
+    cached = set(dispatch._placeholders)
+    graphs, outs = [], []
+    for _ in range(2):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=capture):
+            outs.append(ops.bf16_gemm(x, w, config=config))
+        graphs.append(graph)
+    assert set(dispatch._placeholders) == cached
+    for graph in (graphs[1], graphs[0], graphs[1]):
+        graph.replay()
+    torch.cuda.synchronize()
+    for got in outs:
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=1e-2)
+
+
 def test_split_k_plans_serve_their_own_stream(monkeypatch):
     """A split-K launch holds its stream's tile counters, so its native plan serves that stream
     only: a call on another stream takes the checked path (its own counters), and every result
