@@ -22,10 +22,10 @@ def vec(sig) -> int:
     return VECTOR_BYTES // ELEM_BYTES[sig["dtype"]] if sig["aligned"] else 1
 
 
-def scatter_method(sig, problem) -> str:
-    """"sorted" once the rows to add (A x D) reach SORTED_MIN_BYTES, else "atomic"."""
+def scatter_method(sig, problem, min_bytes: int = SORTED_MIN_BYTES) -> str:
+    """"sorted" once the rows to add (A x D) reach ``min_bytes``, else "atomic"."""
     rows, width = int(problem.get("A", 65536)), int(problem.get("D", 8192))
-    return "sorted" if rows * width * ELEM_BYTES[sig["dtype"]] >= SORTED_MIN_BYTES else "atomic"
+    return "sorted" if rows * width * ELEM_BYTES[sig["dtype"]] >= min_bytes else "atomic"
 
 
 def scatter_valid(config, target, sig) -> bool:

@@ -79,13 +79,25 @@ def _heuristic(target, sig, problem):
     return {"unroll": 1 if rows < 132 else 4}
 
 
+# Tokens that receive two or more rows each (A >= 2 T: top_k >= 2) leave the atomic method at a
+# smaller size: their rows' atomic adds meet on the same out rows (and round after each one),
+# while the linked method's index passes cost the same fixed few us. Measured on the H200 (bf16,
+# D 2880-7168, CUDA-graph replays): top-2 at A x D just under 32 MiB, linked + pdl 25.4-25.8 us
+# against 26.7-28.3 us for atomics; at 8 MiB 12.5 against 11.2 us; top-8 at 13 MiB 13.4-13.6
+# against 12.6 us. Top-1 keeps SORTED_MIN_BYTES (at 21 MiB its atomics are 0.5-0.8 us faster).
+MULTI_ROW_MIN_BYTES = 20 << 20
+
+
 def _scatter_heuristic(target, sig, problem):
     # The method by size (shared.scatter_method): small problems take the atomic method, larger
     # ones the linked method with programmatic dependent launch and unroll 4. Measured on the
     # H200 (bf16, top-2 and top-8, D 2880 and 5120, 256 MiB moved): linked + pdl 74-77 us against
     # 84-86 us for the sorted method (the earlier choice), 81-83 us for sorted + pdl; unroll 4
     # within 1% of the best unroll at every point. The sorted method stays selectable.
-    if shared.scatter_method(sig, problem) == "atomic":
+    rows, tokens = int(problem.get("A", 65536)), int(problem.get("T", 65536))
+    several = 0 < tokens and 2 * tokens <= rows
+    min_bytes = MULTI_ROW_MIN_BYTES if several else shared.SORTED_MIN_BYTES
+    if shared.scatter_method(sig, problem, min_bytes) == "atomic":
         return {**_heuristic(target, sig, problem), "method": "atomic", "pdl": False}
     return {"unroll": 4, "method": "linked", "pdl": True}
 

@@ -100,6 +100,11 @@ def test_memory_bound_heuristics_take_the_measured_configs():
     assert pick("scatter_add_dense_tokens", s, {"A": 23300, "D": 2880, "T": 11650}) == {
         "unroll": 4, "method": "linked", "pdl": True}
     assert pick("scatter_add_dense_tokens", s, {"A": 200, "D": 2880, "T": 100})["method"] == "atomic"
+    # Just under 32 MiB of rows: linked for top-2 (tokens of two rows), atomic for top-1; under
+    # 20 MiB atomic for both.
+    assert pick("scatter_add_dense_tokens", s, {"A": 3276, "D": 5120, "T": 1638})["method"] == "linked"
+    assert pick("scatter_add_dense_tokens", s, {"A": 3276, "D": 5120, "T": 3276})["method"] == "atomic"
+    assert pick("scatter_add_dense_tokens", s, {"A": 1312, "D": 5120, "T": 164})["method"] == "atomic"
 
 
 def test_a_cute_gemm_config_check_names_the_template_and_config():
