@@ -182,7 +182,8 @@ def _make_case(op, rows, d, dtype, peers_wanted, torch, ops):
             x, tok_idx, exp_idx, scores, config=config)
     elif op.startswith("gather"):
         x = torch.randn(rows, d, device=dev, dtype=dtype)
-        ours = lambda: ops.gather_scale_dense_tokens(x, tok_idx, exp_idx, scores)  # noqa: E731
+        ours = lambda config=None: ops.gather_scale_dense_tokens(x, tok_idx, exp_idx, scores,  # noqa: E731
+                                                                  config=config)
 
         def composite(t, e):
             return (x.index_select(0, t).float() * scores[t, e].float()[:, None]).to(dtype)
@@ -202,13 +203,14 @@ def _make_case(op, rows, d, dtype, peers_wanted, torch, ops):
 
 def _configs_near(op, d, torch):
     """The configs of ``op``'s CuTe template for 128-bit bf16/fp16 rows whose tile (the share of
-    all the CTAs of a row) is 0.4-2.5x a row of ``d`` elements; for scatter_add, both methods
-    (sorted with and without programmatic dependent launch) at unroll 1, 2 and 4; none for the
-    gather."""
+    all the CTAs of a row) is 0.4-2.5x a row of ``d`` elements; for scatter_add, every method
+    (with and without programmatic dependent launch) at unroll 1, 2 and 4; for the gather, every
+    unroll."""
     from mslk_dsl import registry
     from mslk_dsl.templates import _rowwise_plan as plan
 
-    name = {"gather_quant": "gather_scale_quant_dense_tokens", "scatter_add": "scatter_add_dense_tokens"}
+    name = {"gather_quant": "gather_scale_quant_dense_tokens", "scatter_add": "scatter_add_dense_tokens",
+            "gather": "gather_scale_dense_tokens"}
     base = op.rsplit("_k", 1)[0] if "_k" in op else op
     if base not in name and "_k" in op:
         return []
@@ -219,6 +221,8 @@ def _configs_near(op, d, torch):
     valid = [c for c in template.all_configs() if template.valid(c, "sm90a", sigs[0])]
     if base == "scatter_add":
         return [c for c in valid if c["unroll"] in (1, 2, 4)]
+    if base == "gather":
+        return valid
     return [c for c in valid if 0.4 * d <= plan.RowTile.of(c).row_k <= 2.5 * d]
 
 

@@ -138,6 +138,8 @@ def _check_gather(t, d, k=2, e=16, dtype=torch.bfloat16, score_dtype=torch.bfloa
         scores = scores.contiguous()
     tok, exp = _routing(t, e, k, seed=t * 3 + d)
     valid = None if n_valid is None else torch.tensor([n_valid], dtype=torch.int32, device="cuda")
+    if n_valid is not None:   # padding rows may hold any index: the kernel must not follow them
+        tok[n_valid:], exp[n_valid:] = 2 ** 31 - 1, -7
     out = ops.gather_scale_dense_tokens(x, tok, exp, scores, valid, config=config)
     n = t * k if n_valid is None else n_valid
     ref = (x[tok[:n].long()].float() * scores[tok[:n].long(), exp[:n].long()].float()[:, None]).to(dtype)
@@ -158,6 +160,7 @@ def test_gather_every_config(case):
     sig, config = case
     for t, d in ((1, 8), (3, 5120), (1000, 7168), (300, 1000), (37, 136)):
         _check_gather(t, d, config=config)
+    _check_gather(300, 1000, k=3, n_valid=451, config=config)   # a block of rows ends past n
 
 
 @hopper
