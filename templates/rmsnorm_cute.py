@@ -134,13 +134,8 @@ def _build(config, target, sig, residual):
         # CTA's share when a cluster splits the row. None past the last row (those threads still
         # join the barriers).
         if const_expr(tile.cluster == 1):
-            row_in_cta, lane = rw.thread_row(tile)
-            bidx, _, _ = cute.arch.block_idx()
-            row = bidx * tile.rows_per_block + row_in_cta
+            row, row_in_cta, lane, nvec = rw.cta_row(tile, mX.shape[0], n)
             base = Int32(0)
-            nvec = n // vec
-            if row >= mX.shape[0]:
-                nvec = 0
         else:
             row_in_cta, lane = Int32(0), tidx
             row, base, nvec = rw.cluster_row(tile, mX.shape[0], n)
