@@ -276,8 +276,8 @@ def main(argv: list[str]) -> int:
             fn()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        # Captured on the stream of the warm-up call: launches that keep a workspace per stream
-        # (the slots scatter, split-K counters) find the one that call made, as eager calls do.
+        # Captured on the stream of the warm-up call: launches that keep counters per stream
+        # (dispatch.zeroed_counters) find the ones that call made, as eager calls do.
         with torch.cuda.graph(graph, stream=side):
             fn()
         return timed(graph.replay)

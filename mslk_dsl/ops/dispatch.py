@@ -6,7 +6,6 @@ compile); later calls are one dict lookup. Launch plans (call.py, mslk_dsl.nativ
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -48,33 +47,27 @@ def placeholder(device: torch.device, dtype: torch.dtype, fill: int | float = 0,
     return t
 
 
-def stream_workspace(device: torch.device, kind: tuple, count: int, fill: Callable[[int], torch.Tensor]) -> torch.Tensor:
-    """At least ``count`` int32 elements of workspace that kernels leave as they found it (counters
-    back at zero, list heads back at -1): cached per device, stream and ``kind``, made by
-    ``fill(n)`` (n >= count) when a call needs more, so calls allocate and clear nothing. Kept with
-    the placeholders, so a launch plan may hold it. One per stream: kernels that run at the same
-    time on different streams must not share one; kernels of one stream run one after another.
+def zeroed_counters(device: torch.device, count: int) -> torch.Tensor:
+    """At least ``count`` int32 counters, zero, for kernels that count arrivals in them and
+    leave them zero again (split-K GEMM tiles, decode's fused merge): cached per device and
+    stream, grown when a call needs more, so calls allocate and clear nothing. Kept with the
+    placeholders, so a launch plan may hold them. One set per stream: kernels that run at the
+    same time on different streams must not share counters; kernels of one stream run one after
+    another.
 
-    While the stream is capturing a CUDA graph, a new workspace's ``fill`` is only recorded, not
-    run: it would hold garbage for every other graph or eager call until this graph replays.
-    So a capturing call that finds no workspace of the stream (made by an eager call before the
-    capture) gets one of its own, filled on every replay and kept by nobody else (not cached, so
-    no launch plan holds it either)."""
+    While the stream is capturing a CUDA graph, new counters' zeroing is only recorded, not run:
+    they would hold garbage for every other graph or eager call until this graph replays. So a
+    capturing call that finds no counters of the stream (made by an eager call before the
+    capture) gets counters of its own, zeroed on every replay and kept by nobody else (not
+    cached, so no launch plan holds them either)."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, torch.int32, stream, *kind)
+    key = (device, torch.int32, "counters", stream)
     t = _placeholders.get(key)
     if t is None or t.numel() < count:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return fill(count)
-        t = _placeholders[key] = fill(max(count, 1024))
+            return torch.zeros(count, dtype=torch.int32, device=device)
+        t = _placeholders[key] = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
     return t
-
-
-def zeroed_counters(device: torch.device, count: int) -> torch.Tensor:
-    """At least ``count`` int32 counters, zero, for kernels that count arrivals in them and
-    leave them zero again (split-K GEMM tiles); see stream_workspace."""
-    return stream_workspace(device, ("counters",), count,
-                            lambda n: torch.zeros(n, dtype=torch.int32, device=device))
 
 
 def is_placeholder(t: torch.Tensor) -> bool:
