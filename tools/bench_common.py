@@ -57,6 +57,22 @@ def table(rows: list[dict], cols: list[str]) -> None:
         print("| " + " | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
 
 
+def graph_timed(torch, timed, fn):
+    """``timed(replay)`` of ``fn`` captured in a CUDA graph: a call with an explicit config takes
+    the op's checked path, whose host time (tens of us) would hide a small kernel's time."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    # Captured on the stream of the warm-up call: launches that keep counters per stream
+    # (dispatch.zeroed_counters) find the ones that call made, as eager calls do.
+    with torch.cuda.graph(graph, stream=side):
+        fn()
+    return timed(graph.replay)
+
+
 def quantize_rowwise(t, fp8, torch):
     """(t in ``fp8`` with one scale per row, the fp32 scales): the rowwise FP8 operands the GEMM
     benchmarks feed to both ours and torch._scaled_mm."""

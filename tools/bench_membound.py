@@ -34,7 +34,7 @@ import argparse
 import json
 import sys
 
-from bench_common import parse_shapes, parse_with_gpu, rowwise_label, table
+from bench_common import graph_timed as graph_replay_timed, parse_shapes, parse_with_gpu, rowwise_label, table
 
 HIDDEN = (2880, 3584, 5120, 7168, 14336, 4000)
 MOE_HIDDEN = (2880, 5120, 7168)
@@ -268,19 +268,7 @@ def main(argv: list[str]) -> int:
         return do_bench(fn, warmup=max(5.0, args.rep_ms / 4), rep=args.rep_ms, return_mode="median")
 
     def graph_timed(fn):
-        """Time ``fn`` replayed from a CUDA graph: a call with an explicit config takes the checked
-        path, whose host time (tens of us) would hide a small kernel's time."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # Captured on the stream of the warm-up call: launches that keep counters per stream
-        # (dispatch.zeroed_counters) find the ones that call made, as eager calls do.
-        with torch.cuda.graph(graph, stream=side):
-            fn()
-        return timed(graph.replay)
+        return graph_replay_timed(torch, timed, fn)
 
     def copy_gbps(nbytes):
         key = nbytes // 2**16   # sizes within 64 KiB share a copy measurement
