@@ -1,7 +1,8 @@
 """Config space and default choice of the Hopper CuTe GEMM templates (plain Python: no DSL).
 
 A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
-  tile_m, tile_n  CTA tile; tile_m // 64 consumer warpgroups (64 suits decode-sized M)
+  tile_m, tile_n  CTA tile; tile_m // 64 consumer warpgroups (64 suits decode-sized M); 192-row
+                  tiles ("tall", TALL_TILE_M; 16-bit only so far) are unsplit and unswapped
   cluster_m       CTAs per cluster along M (2: the weight tile is TMA-multicast to both)
   raster, group   tile order: "m" or "n" moves first, inside bands of ``group`` clusters
                   (0: the whole dimension); only L2 reuse depends on it
@@ -42,6 +43,10 @@ and K must keep rows 16-byte aligned (the op layer checks).
 """
 
 NUM_SMS = 132  # H100 / H200 SXM: the persistent grid size and the heuristic's waves
+
+# Tiles taller than 128 rows ("tall"; unsplit, unswapped, unpromoted): 192 rows, three consumer
+# warpgroups of 64 rows each (fewer registers per thread: see _cute_gemm_sm90).
+TALL_TILE_M = 192
 
 
 def _config(tile_m, tile_n, cluster_m=1, raster="m", group=8, split_k=1, stream_k=False, x_rows=0, swap=False):
@@ -99,6 +104,10 @@ SWAP_SPLIT_WIDTHS = (64, 96, 128, 160, 192, 256)
 SWAP_CONFIGS = (tuple(_config(128, n, 2, swap=True) for n in SWAP_WIDTHS)
                 + tuple(_config(128, n, split_k=s, swap=True) for n in SWAP_SPLIT_WIDTHS for s in MID_SPLIT_K))
 BF16_CONFIGS = BF16_CONFIGS + SWAP_CONFIGS
+# 192-row tiles: fewer, larger tiles, whose counts fit other layers into whole waves (cuBLAS's
+# own picks on the H200 at M >= 400 are mostly 192x192 and 256-row tiles 88-160 wide).
+TALL_CONFIGS = tuple(_config(TALL_TILE_M, n, c) for n in (128, 160, 192) for c in (1, 2))
+BF16_CONFIGS = BF16_CONFIGS + TALL_CONFIGS
 FP8_PROMOTE = 4  # the default: 512-deep partial sums, error below bf16 rounding
 # Promotion keeps a second set of accumulators: tiles of <= 64 fp32 registers per thread.
 _PROMOTED = [_config(128, 128, 2), _config(128, 128, 1), _config(128, 64, 2), _config(128, 64, 1),
@@ -121,6 +130,11 @@ LOAD_WEIGHT = 36
 # Modelled costs within this fraction of the best are ties, won by the larger tile (fewer tile
 # prologues and epilogues, which the model leaves out).
 TIE = 0.01
+# A 192-row tile loses near-ties to 128-row ones. Timed on the H200 against the 128-row picks
+# (docs/benchmarks.md, "192-row tiles"): bf16 192-row tiles ran 3-11% slower wherever the model
+# saw a tie or a loss of up to 2% (M >= 988 on eight layers), and won where it gave them a clear
+# lead (one wave instead of two: M = 1522 at 2880 x 4096, 62.6 -> 52.5 us; M = 2272 at
+# 2112 x 7168, 100.7 -> 91.3).
 
 # Decode (M <= 16, weight streaming) on the H200, from sweeps of every config at M = 1 and 16:
 # 256-wide tiles stream best; with fewer than DECODE_TILES_MIN of them (N < 12288) split-K
@@ -178,16 +192,16 @@ def call_time(m, n, tile_m, tile_n, cluster_m, split_k=1, k_bytes=K_TILE_BYTES, 
 def candidates(fp8, fast_accum):
     """(tile_m, tile_n, cluster_m, split_k) the heuristic chooses from for M > 64: the 128-row
     configs of the op without stream-K (promoted FP8: those with room for two accumulator
-    sets), less the 2x1 cluster of 64-wide tiles. Measured on the H200 (docs/benchmarks.md):
+    sets) and, for 16-bit inputs, the 192-row ones, less the 2x1 cluster of 64-wide tiles. Measured on the H200 (docs/benchmarks.md):
     at M = 72-192, 64-row tiles ran at 0.53-0.80x cuBLAS where the sweeps at M >= 128 never
     found one fastest, and 128x64 tiles in 2x1 clusters at 0.53-0.61x where one CTA per tile
     was faster at M = 128-256; the model below does not see either cost."""
     if not fp8:
-        pool = CONFIGS + FITTED_CONFIGS + MID_SPLIT_CONFIGS
+        pool = CONFIGS + FITTED_CONFIGS + MID_SPLIT_CONFIGS + TALL_CONFIGS
     else:
         pool = [c for c in FP8_CONFIGS if (c["promote"] == 0) == fast_accum and c["promote"] in (0, FP8_PROMOTE)]
     return sorted({(c["tile_m"], c["tile_n"], c["cluster_m"], c.get("split_k", 1)) for c in pool
-                   if "x_rows" not in c and "swap" not in c and c["tile_m"] == 128
+                   if "x_rows" not in c and "swap" not in c and c["tile_m"] in (128, TALL_TILE_M)
                    and (c["tile_n"], c["cluster_m"]) != (64, 2)})
 
 
@@ -228,15 +242,15 @@ def _split_fits(m, n, tile_m, tile_n, split_k):
 
 def _large_m(m, n, k_bytes, fp8, fast_accum):
     """(tile_m, tile_n, cluster_m, split_k, swap) of least modelled call time; near-ties go to
-    the unsplit, then the unswapped, then the larger tile. A swapped candidate is costed on the
-    kernel's N x M (its tile_m along N)."""
+    the unsplit, then the unswapped, then the 128-row tile (see TIE), then the larger tile. A swapped candidate is costed on
+    the kernel's N x M (its tile_m along N)."""
     options = [(call_time(m, n, *c, k_bytes=k_bytes), (*c, False)) for c in candidates(fp8, fast_accum)
                if _cluster_fits(m, c[0], c[2]) and _split_fits(m, n, c[0], c[1], c[3])]
     options += [(call_time(n, m, *c, k_bytes=k_bytes), (*c, True)) for c in swap_candidates(fp8, fast_accum)
                 if _cluster_fits(n, c[0], c[2]) and _split_fits(n, m, c[0], c[1], c[3])]
     best = min(cost for cost, _ in options)
     ties = [c for cost, c in options if cost <= best * (1 + TIE)]
-    return max(ties, key=lambda c: (-c[3], not c[4], c[0] * c[1], c[2]))
+    return max(ties, key=lambda c: (-c[3], not c[4], c[0] != TALL_TILE_M, c[0] * c[1], c[2]))
 
 
 def heuristic(problem, fp8, fast_accum=False):

@@ -60,6 +60,7 @@ _EPI_TILE_N = 32  # epilogue sub-tile width (CUTLASS's choice for 16-bit outputs
 _EPI_TILE_N_MIN = 16  # swap_ab tiles of an odd number of 16 columns store 16-wide sub-tiles
 _REDUCE_THREADS = 256  # 64-row split-K: threads per block of the partials reduction (4 columns each)
 _PRODUCER_REGS, _CONSUMER_REGS = 40, 232  # setmaxnreg split; 40*128 + 232*256 <= 64K
+_CONSUMER_REGS_3WG = 152  # three consumer warpgroups (192-row tiles): 40*128 + 152*384 <= 64K
 
 
 class _ConsumerState:
@@ -70,8 +71,11 @@ class _ConsumerState:
 class HopperGemm:
     """One GEMM kernel configuration (all arguments are compile-time).
 
-    tile_mn:      CTA tile, (64 | 128, a multiple of 32 from 64 to 256: the epilogue's sub-tile
-                  width; wgmma takes any multiple of 8); tile_m // 64 consumer warpgroups.
+    tile_mn:      CTA tile, (64 | 128 | 192, a multiple of 32 from 64 to 256: the epilogue's
+                  sub-tile width; wgmma takes any multiple of 8); tile_m // 64 consumer
+                  warpgroups (three for 192 rows: 152 registers each instead of 232, so the
+                  192-row tiles run unswapped, unsplit, without stream-K, x_rows or
+                  promotion: fewer, larger tiles, for layers they split into whole waves).
     cluster_m:    1 or 2 CTAs along M per cluster (2: the B tile is TMA-multicast).
     raster_m:     walk output tiles with M fastest (True) or N fastest (False) ...
     group:        ... inside bands of ``group`` clusters (0: the whole dimension).
@@ -112,10 +116,14 @@ class HopperGemm:
     def __init__(self, tile_mn, cluster_m=1, raster_m=True, group=8, promote_every=0,
                  split_k=1, stream_k=False, x_rows=0, swap_ab=False, epilogue=None, template="HopperGemm"):
         self.tile_m, self.tile_n = tile_mn
+        tall = self.tile_m == gemm_configs.TALL_TILE_M
         problems = [why for bad, why in (
-            (not swap_ab and (self.tile_m not in (64, 128) or self.tile_n % _EPI_TILE_N
+            (not swap_ab and (self.tile_m not in (64, 128, gemm_configs.TALL_TILE_M) or self.tile_n % _EPI_TILE_N
                               or not 64 <= self.tile_n <= 256),
-             f"tile_m must be 64 or 128, tile_n a multiple of {_EPI_TILE_N} from 64 to 256"),
+             f"tile_m must be 64, 128 or {gemm_configs.TALL_TILE_M}, tile_n a multiple of {_EPI_TILE_N} "
+             "from 64 to 256"),
+            (tall and (swap_ab or split_k != 1 or stream_k or x_rows or promote_every),
+             f"{gemm_configs.TALL_TILE_M}-row tiles run without swap_ab, split-K, stream-K, x_rows or promotion"),
             (swap_ab and (self.tile_m not in (64, 128) or self.tile_n % _EPI_TILE_N_MIN
                           or not 2 * _EPI_TILE_N_MIN <= self.tile_n <= 256
                           or stream_k or (split_k > 1 and self.tile_m == 64) or x_rows),
@@ -147,6 +155,7 @@ class HopperGemm:
         self.x_rows = x_rows or self.tile_m  # rows of A each TMA load brings in
         self.promote_every, self.epilogue = promote_every, epilogue
         self.num_mma_wg = self.tile_m // 64
+        self.consumer_regs = _CONSUMER_REGS_3WG if self.num_mma_wg == 3 else _CONSUMER_REGS
         self.num_mma_threads = 128 * self.num_mma_wg
         self.threads = 128 + self.num_mma_threads
         self.epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
@@ -347,7 +356,7 @@ class HopperGemm:
                         k += k_count
                 ab_pipeline.producer_tail(state)
         else:
-            cute.arch.setmaxregister_increase(_CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(self.consumer_regs)
             self._consume(ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, sFlag, tma_d, mD, k_tiles,
                           tidx - 128, warp_idx, cta_m, clusters_m, clusters_n, epi_args, mP, mC)
 
