@@ -192,10 +192,11 @@ def call_time(m, n, tile_m, tile_n, cluster_m, split_k=1, k_bytes=K_TILE_BYTES, 
 def candidates(fp8, fast_accum):
     """(tile_m, tile_n, cluster_m, split_k) the heuristic chooses from for M > 64: the 128-row
     configs of the op without stream-K (promoted FP8: those with room for two accumulator
-    sets) and, for 16-bit inputs, the 192-row ones, less the 2x1 cluster of 64-wide tiles. Measured on the H200 (docs/benchmarks.md):
-    at M = 72-192, 64-row tiles ran at 0.53-0.80x cuBLAS where the sweeps at M >= 128 never
-    found one fastest, and 128x64 tiles in 2x1 clusters at 0.53-0.61x where one CTA per tile
-    was faster at M = 128-256; the model below does not see either cost."""
+    sets) and, for 16-bit inputs, the 192-row ones, less the 2x1 cluster of 64-wide tiles.
+    Measured on the H200 (docs/benchmarks.md): at M = 72-192, 64-row tiles ran at 0.53-0.80x
+    cuBLAS where the sweeps at M >= 128 never found one fastest, and 128x64 tiles in 2x1
+    clusters at 0.53-0.61x where one CTA per tile was faster at M = 128-256; the model below
+    does not see either cost."""
     if not fp8:
         pool = CONFIGS + FITTED_CONFIGS + MID_SPLIT_CONFIGS + TALL_CONFIGS
     else:
@@ -242,8 +243,8 @@ def _split_fits(m, n, tile_m, tile_n, split_k):
 
 def _large_m(m, n, k_bytes, fp8, fast_accum):
     """(tile_m, tile_n, cluster_m, split_k, swap) of least modelled call time; near-ties go to
-    the unsplit, then the unswapped, then the 128-row tile (see TIE), then the larger tile. A swapped candidate is costed on
-    the kernel's N x M (its tile_m along N)."""
+    the unsplit, then the unswapped, then the 128-row tile (see TIE), then the larger tile. A
+    swapped candidate is costed on the kernel's N x M (its tile_m along N)."""
     options = [(call_time(m, n, *c, k_bytes=k_bytes), (*c, False)) for c in candidates(fp8, fast_accum)
                if _cluster_fits(m, c[0], c[2]) and _split_fits(m, n, c[0], c[1], c[3])]
     options += [(call_time(n, m, *c, k_bytes=k_bytes), (*c, True)) for c in swap_candidates(fp8, fast_accum)

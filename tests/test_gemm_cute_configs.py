@@ -295,8 +295,8 @@ def _model_time(m, n, k_bytes, tile_m, tile_n, cluster_m, split_k):
                                     ("f8f8bf16_rowwise", {"bias": "none", "fast_accum": False})])
 def test_large_m_heuristic_is_the_model_s_best(op, sig):
     """For M > 64 the default is the tile and K split of least modelled time among the op's
-    128-row configs and, for bf16, its 192-row ones (no stream-K or x_rows; promoted FP8: promote 4; not 128x64 in a 2x1
-    cluster) and, but for promoted FP8, its swapped ones of at least SWAP_MIN_WIDTH tokens,
+    128-row configs and, for bf16, its 192-row ones (no stream-K or x_rows; promoted FP8:
+    promote 4; not 128x64 in a 2x1 cluster) and, but for promoted FP8, its swapped ones of at least SWAP_MIN_WIDTH tokens,
     near-ties going to no split, then the unswapped, then the 128-row tile, then the larger
     tile."""
     (template,) = registry.get_templates(op=op, backend="cute")

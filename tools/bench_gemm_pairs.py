@@ -7,7 +7,7 @@ bf16_gemm (the default) against torch.mm(x, w.T); f8f8bf16_rowwise with fast acc
 
 CASES.json is a list of {"M", "N", "K", "configs": {label: config}} (e.g. the configs an old and a
 new heuristic pick for the same shape). The kernels are compiled first, in parallel; then per
-shape every config and torch.mm(x, w.T) take turns ROUNDS times (power-limited clocks depend on
+shape every config and torch's call take turns ROUNDS times (power-limited clocks depend on
 what ran before) and each keeps its median. Each is timed replaying a CUDA graph of one call: a
 call with an explicit config takes the op's checked path, whose host time would otherwise be
 what a small shape measures. Prints per shape the microseconds of each label and torch's, and
