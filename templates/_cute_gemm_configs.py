@@ -2,7 +2,7 @@
 
 A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
   tile_m, tile_n  CTA tile; tile_m // 64 consumer warpgroups (64 suits decode-sized M); 192-row
-                  tiles ("tall", TALL_TILE_M; 16-bit only so far) are unsplit and unswapped
+                  tiles ("tall", TALL_TILE_M; not promoted FP8) are unsplit and unswapped
   cluster_m       CTAs per cluster along M (2: the weight tile is TMA-multicast to both)
   raster, group   tile order: "m" or "n" moves first, inside bands of ``group`` clusters
                   (0: the whole dimension); only L2 reuse depends on it
@@ -44,8 +44,9 @@ and K must keep rows 16-byte aligned (the op layer checks).
 
 NUM_SMS = 132  # H100 / H200 SXM: the persistent grid size and the heuristic's waves
 
-# Tiles taller than 128 rows ("tall"; unsplit, unswapped, unpromoted): 192 rows, three consumer
-# warpgroups of 64 rows each (fewer registers per thread: see _cute_gemm_sm90).
+# Tiles taller than 128 rows ("tall"; unsplit, unswapped, unpromoted: 16-bit and fast-accumulation
+# FP8): 192 rows, three consumer warpgroups of 64 rows each (fewer registers per thread: see
+# _cute_gemm_sm90).
 TALL_TILE_M = 192
 
 
@@ -118,7 +119,8 @@ FP8_CONFIGS = (tuple({**c, "promote": 0} for c in CONFIGS + FITTED_CONFIGS)
                + tuple({**_config(64, n, x_rows=X_ROWS), "promote": 0} for n in (64, 128, 256))
                + tuple({**c, "promote": 0} for c in MID_SPLIT_CONFIGS)
                + tuple({**_config(128, 128, split_k=s), "promote": FP8_PROMOTE} for s in MID_SPLIT_K)
-               + tuple({**c, "promote": 0} for c in SWAP_CONFIGS))
+               + tuple({**c, "promote": 0} for c in SWAP_CONFIGS)
+               + tuple({**c, "promote": 0} for c in TALL_CONFIGS))
 
 # The cost model of calls with M > 64 (see heuristic): a tile's time per unit of K is its MMA
 # work plus LOAD_WEIGHT times the operand rows it loads per k-step. Fit to the relative throughput
@@ -135,6 +137,11 @@ TIE = 0.01
 # saw a tie or a loss of up to 2% (M >= 988 on eight layers), and won where it gave them a clear
 # lead (one wave instead of two: M = 1522 at 2880 x 4096, 62.6 -> 52.5 us; M = 2272 at
 # 2112 x 7168, 100.7 -> 91.3).
+# FP8 (fast accumulation) is the other way round: its 192-row tiles ran 0.1-6.4% faster than the
+# 128-row pick at 12 of 14 large-M shapes where the model put them up to 8% behind, and slower
+# only where it put them 11% or more behind (docs/benchmarks.md). Their modelled time is scaled
+# by this factor, so they win wherever the model puts them within 5% of the best.
+TALL_FP8_FACTOR = 0.95
 
 # Decode (M <= 16, weight streaming) on the H200, from sweeps of every config at M = 1 and 16:
 # 256-wide tiles stream best; with fewer than DECODE_TILES_MIN of them (N < 12288) split-K
@@ -192,7 +199,14 @@ def call_time(m, n, tile_m, tile_n, cluster_m, split_k=1, k_bytes=K_TILE_BYTES, 
 def candidates(fp8, fast_accum):
     """(tile_m, tile_n, cluster_m, split_k) the heuristic chooses from for M > 64: the 128-row
     configs of the op without stream-K (promoted FP8: those with room for two accumulator
-    sets) and, for 16-bit inputs, the 192-row ones, less the 2x1 cluster of 64-wide tiles.
+    sets; the others: unsplit, as their split-K runs on swapped tiles) and, but for promoted
+    FP8, the 192-row ones, less the 2x1 cluster of 64-wide tiles.
+    Unswapped split-K at M > 64 was below 0.95x torch at every shape the model chose it in
+    four random draws on the H200 (13 picks at M = 84-209, 0.48-0.94x, docs/benchmarks.md);
+    on the config-space sweep the swapped split or an unsplit tile was up to 1.3x faster
+    (M = 83 at 9216 x 4096: 41.8 -> 32.1 us; M = 205 at 5376 x 21504, the same 128 x 256 split 3
+    swapped: 103.8 -> 93.9), which the model, costing a tile by its MMA and loads per SM,
+    does not see.
     Measured on the H200 (docs/benchmarks.md): at M = 72-192, 64-row tiles ran at 0.53-0.80x
     cuBLAS where the sweeps at M >= 128 never found one fastest, and 128x64 tiles in 2x1
     clusters at 0.53-0.61x where one CTA per tile was faster at M = 128-256; the model below
@@ -201,9 +215,11 @@ def candidates(fp8, fast_accum):
         pool = CONFIGS + FITTED_CONFIGS + MID_SPLIT_CONFIGS + TALL_CONFIGS
     else:
         pool = [c for c in FP8_CONFIGS if (c["promote"] == 0) == fast_accum and c["promote"] in (0, FP8_PROMOTE)]
+    # Unswapped split-K only where there are no swapped tiles (promoted FP8).
+    split_ok = fp8 and not fast_accum
     return sorted({(c["tile_m"], c["tile_n"], c["cluster_m"], c.get("split_k", 1)) for c in pool
                    if "x_rows" not in c and "swap" not in c and c["tile_m"] in (128, TALL_TILE_M)
-                   and (c["tile_n"], c["cluster_m"]) != (64, 2)})
+                   and (c["tile_n"], c["cluster_m"]) != (64, 2) and (split_ok or c.get("split_k", 1) == 1)})
 
 
 # Swapped tiles the heuristic takes: tokens at least this many columns wide. A wgmma of N < 64
@@ -242,10 +258,14 @@ def _split_fits(m, n, tile_m, tile_n, split_k):
 
 
 def _large_m(m, n, k_bytes, fp8, fast_accum):
-    """(tile_m, tile_n, cluster_m, split_k, swap) of least modelled call time; near-ties go to
-    the unsplit, then the unswapped, then the 128-row tile (see TIE), then the larger tile. A
-    swapped candidate is costed on the kernel's N x M (its tile_m along N)."""
-    options = [(call_time(m, n, *c, k_bytes=k_bytes), (*c, False)) for c in candidates(fp8, fast_accum)
+    """(tile_m, tile_n, cluster_m, split_k, swap) of least modelled call time (FP8 192-row tiles:
+    scaled by TALL_FP8_FACTOR); near-ties go to the unsplit, then the unswapped, then the
+    128-row tile (see TIE), then the larger tile. A swapped candidate is costed on the kernel's
+    N x M (its tile_m along N)."""
+    def scale(tile_m):
+        return TALL_FP8_FACTOR if fp8 and tile_m == TALL_TILE_M else 1
+
+    options = [(call_time(m, n, *c, k_bytes=k_bytes) * scale(c[0]), (*c, False)) for c in candidates(fp8, fast_accum)
                if _cluster_fits(m, c[0], c[2]) and _split_fits(m, n, c[0], c[1], c[3])]
     options += [(call_time(n, m, *c, k_bytes=k_bytes), (*c, True)) for c in swap_candidates(fp8, fast_accum)
                 if _cluster_fits(n, c[0], c[2]) and _split_fits(n, m, c[0], c[1], c[3])]
