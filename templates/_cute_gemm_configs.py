@@ -202,7 +202,7 @@ def candidates(fp8, fast_accum):
     sets; the others: unsplit, as their split-K runs on swapped tiles) and, but for promoted
     FP8, the 192-row ones, less the 2x1 cluster of 64-wide tiles.
     Unswapped split-K at M > 64 was below 0.95x torch at every shape the model chose it in
-    four random draws on the H200 (13 picks at M = 84-209, 0.48-0.94x, docs/benchmarks.md);
+    three random draws on the H200 (16 picks at M = 84-209, 0.48-0.94x, docs/benchmarks.md);
     on the config-space sweep the swapped split or an unsplit tile was up to 1.3x faster
     (M = 83 at 9216 x 4096: 41.8 -> 32.1 us; M = 205 at 5376 x 21504, the same 128 x 256 split 3
     swapped: 103.8 -> 93.9), which the model, costing a tile by its MMA and loads per SM,
