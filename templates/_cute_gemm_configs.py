@@ -140,7 +140,8 @@ TIE = 0.01
 # FP8 (fast accumulation) is the other way round: its 192-row tiles ran 0.1-6.4% faster than the
 # 128-row pick at 12 of 14 large-M shapes where the model put them up to 8% behind, and slower
 # only where it put them 11% or more behind (docs/benchmarks.md). Their modelled time is scaled
-# by this factor, so they win wherever the model puts them within 5% of the best.
+# by this factor, so they win wherever the model puts them within 5% of the best (a near-tie
+# after the scaling still goes to the 128-row tile).
 TALL_FP8_FACTOR = 0.95
 
 # Decode (M <= 16, weight streaming) on the H200, from sweeps of every config at M = 1 and 16:
@@ -281,8 +282,8 @@ def heuristic(problem, fp8, fast_accum=False):
     the bytes the busiest SM streams (the weight and, per tile, x's 64-row box); for 16-bit
     inputs with M <= DECODE_M_MAX, 256-wide tiles,
     split-K up to about one unit per SM when there are few of them (see DECODE_TILES_MIN).
-    Larger M: the model above, over the op's 128-row tiles, cluster shapes and K splits (see
-    candidates):
+    Larger M: the model above, over the op's 128- and 192-row tiles (FP8 192-row ones scaled
+    by TALL_FP8_FACTOR), cluster shapes and, for promoted FP8 only, K splits (see candidates):
         time = waves x (k_steps / split_k x tile_cost + fix-up)
         tile_cost = tile_m x tile_n + LOAD_WEIGHT x (tile_m + tile_n / cluster_m)
         fix-up = FIXUP_WEIGHT x (split_k + 1) x tile_m x tile_n   (none unsplit)
