@@ -30,6 +30,11 @@ A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
                   tile_n along M, in steps of 16 (64-256): a mid-sized M is padded to 16 rows
                   instead of 128 (cuBLAS's own orientation: torch's row-major x @ w.T is its
                   column-major w @ x^T). Fast accumulation only for FP8
+  pingpong        (128-row tiles up to 192 wide, unsplit, unswapped; 16-bit and fast-accumulation
+                  FP8; absent means 0) 1: each of the CTA's two consumer warpgroups computes
+                  whole tiles, taking turns, so one's epilogue runs under the other's mainloop
+                  (CUTLASS's ping-pong schedule; cuBLAS's FP8 kernels at large M run 128x128
+                  tiles so)
   x_rows          (64-row tiles; absent means all 64) rows of x each k-tile's TMA load brings in:
                   a config with x_rows serves M <= x_rows only (the op layer refuses larger M,
                   the tuner offers it only there). A 64-row box of x holding M = 1-16 rows loads
@@ -50,10 +55,13 @@ NUM_SMS = 132  # H100 / H200 SXM: the persistent grid size and the heuristic's w
 TALL_TILE_M = 192
 
 
-def _config(tile_m, tile_n, cluster_m=1, raster="m", group=8, split_k=1, stream_k=False, x_rows=0, swap=False):
+def _config(tile_m, tile_n, cluster_m=1, raster="m", group=8, split_k=1, stream_k=False, x_rows=0, swap=False,
+            pingpong=False):
     config = {"tile_m": tile_m, "tile_n": tile_n, "cluster_m": cluster_m, "raster": raster, "group": group}
     if swap:
         config["swap"] = 1
+    if pingpong:
+        config["pingpong"] = 1
     if split_k > 1:
         config["split_k"] = split_k
     if x_rows:
@@ -109,6 +117,10 @@ BF16_CONFIGS = BF16_CONFIGS + SWAP_CONFIGS
 # own picks on the H200 at M >= 400 are mostly 192x192 and 256-row tiles 88-160 wide).
 TALL_CONFIGS = tuple(_config(TALL_TILE_M, n, c) for n in (128, 160, 192) for c in (1, 2))
 BF16_CONFIGS = BF16_CONFIGS + TALL_CONFIGS
+# Ping-pong 128-row tiles (16-bit and fast-accumulation FP8): one consumer warpgroup per tile,
+# the two of a CTA taking alternate tiles, so one's epilogue overlaps the other's mainloop.
+PINGPONG_CONFIGS = tuple(_config(128, n, c, pingpong=True) for n in (128, 160, 192) for c in (1, 2))
+BF16_CONFIGS = BF16_CONFIGS + PINGPONG_CONFIGS
 FP8_PROMOTE = 4  # the default: 512-deep partial sums, error below bf16 rounding
 # Promotion keeps a second set of accumulators: tiles of <= 64 fp32 registers per thread.
 _PROMOTED = [_config(128, 128, 2), _config(128, 128, 1), _config(128, 64, 2), _config(128, 64, 1),
@@ -120,7 +132,8 @@ FP8_CONFIGS = (tuple({**c, "promote": 0} for c in CONFIGS + FITTED_CONFIGS)
                + tuple({**c, "promote": 0} for c in MID_SPLIT_CONFIGS)
                + tuple({**_config(128, 128, split_k=s), "promote": FP8_PROMOTE} for s in MID_SPLIT_K)
                + tuple({**c, "promote": 0} for c in SWAP_CONFIGS)
-               + tuple({**c, "promote": 0} for c in TALL_CONFIGS))
+               + tuple({**c, "promote": 0} for c in TALL_CONFIGS)
+               + tuple({**c, "promote": 0} for c in PINGPONG_CONFIGS))
 
 # The cost model of calls with M > 64 (see heuristic): a tile's time per unit of K is its MMA
 # work plus LOAD_WEIGHT times the operand rows it loads per k-step. Fit to the relative throughput
@@ -443,4 +456,10 @@ def kernel_args(config):
             "raster_m": config["raster"] == "m", "group": config["group"],
             "promote_every": config.get("promote", 0), "split_k": config.get("split_k", 1),
             "stream_k": bool(config.get("stream_k", 0)), "x_rows": config.get("x_rows", 0),
-            "swap_ab": bool(config.get("swap", 0))}
+            "swap_ab": bool(config.get("swap", 0)), "pingpong": bool(config.get("pingpong", 0))}
+
+
+def epilogue_threads(config):
+    """Consumer threads that share an output tile (what an epilogue hook is built for): 128 per
+    64 rows, or one warpgroup's 128 under ping-pong."""
+    return 128 if config.get("pingpong") else 2 * config["tile_m"]

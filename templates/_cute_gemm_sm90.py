@@ -13,6 +13,12 @@ templates need, with its own tile order and an epilogue hook:
   * the epilogue walks the tile in (tile_m x 32) sub-tiles: optional hook on the fp32
     values, conversion, stmatrix into shared memory, TMA store (which clips rows and
     columns past M / N);
+  * ping-pong (``pingpong``, 128-row tiles): the two consumer warpgroups take alternate tiles
+    of the CTA's sequence, each a whole 128-row tile (two 64-row wgmma blocks, tile_n fp32
+    registers per thread), so one warpgroup's epilogue runs while the other's mainloop keeps
+    the tensor cores busy (CUTLASS's KernelTmaWarpSpecializedPingpong). The k-tiles of both
+    come through the one ring of stages in tile order: a warpgroup steps its pipeline states
+    over the other's tile. Each warpgroup has its own store buffers, epilogue words and barrier;
   * the grid is persistent, one CTA per SM (``NUM_SMS``), each CTA walking output tiles in
     a grouped raster order so the CTAs running together share A and B panels in L2;
   * split-K (``split_k`` > 1, where the output tiles cannot keep every SM busy: decode-sized
@@ -61,6 +67,28 @@ _EPI_TILE_N_MIN = 16  # swap_ab tiles of an odd number of 16 columns store 16-wi
 _REDUCE_THREADS = 256  # 64-row split-K: threads per block of the partials reduction (4 columns each)
 _PRODUCER_REGS, _CONSUMER_REGS = 40, 232  # setmaxnreg split; 40*128 + 232*256 <= 64K
 _CONSUMER_REGS_3WG = 152  # three consumer warpgroups (192-row tiles): 40*128 + 152*384 <= 64K
+_PINGPONG_MAX_N = 192  # a ping-pong warpgroup holds a 128 x tile_n fp32 tile: tile_n registers
+# Named barriers: 1 all consumer threads (split-K fix-up), 2 + g the epilogue of tile group g,
+# _MMA_ORDER_BARRIER + g ping-pong group g's turn to issue its mainloop.
+_MMA_ORDER_BARRIER = 4
+
+
+def epilogue_order(tiled_mma, tiled_r2s, tile_mn, epi_tile, thread=0):
+    """The epilogue's register order: for each (tile_m x epi_n) sub-tile j, the accumulator
+    index of each value the register -> shared copy takes, matched by tile coordinate (the
+    order is the same for every thread; tests check it against all of them). Plain Python run
+    while the kernel is traced. The accumulators' own order is not the sub-tiles': a warpgroup
+    holding two 64-row blocks (ping-pong) keeps each block's columns together, so sub-tile j
+    is not a contiguous run of the accumulators."""
+    tile = cute.make_identity_tensor(tile_mn)
+    acc_coords = tiled_mma.get_slice(thread).partition_C(tile)
+    index = {tuple(acc_coords[i]): i for i in range(cute.size(acc_coords))}
+    thr_r2s = tiled_r2s.get_slice(thread)
+    order = []
+    for j in range(tile_mn[1] // epi_tile[1]):
+        sub = thr_r2s.partition_S(cute.local_tile(tile, epi_tile, (0, j)))
+        order.append(tuple(index[tuple(sub[v])] for v in range(cute.size(sub))))
+    return tuple(order)
 
 
 class _ConsumerState:
@@ -102,6 +130,9 @@ class HopperGemm:
     stream_k:     share the last partial wave's tiles out by k-tiles (no epilogue hook, no
                   promotion); the call then takes an fp32 partials buffer of at least
                   gemm_configs.stream_k_partials(config) elements (16-byte aligned).
+    pingpong:     (128-row tiles, at most _PINGPONG_MAX_N wide) one consumer warpgroup per tile,
+                  the two taking alternate tiles (see above); unswapped, unsplit, without
+                  stream-K, x_rows or promotion.
     epilogue:     None, or an object built for this tile shape that sees every output tile:
         smem_words, num_regs                    fp32 words of shared memory / registers it needs
         prefetch(regs, epi_args, m0, n0, tidx)  at tile start: global loads whose latency the
@@ -109,12 +140,13 @@ class HopperGemm:
         stage(regs, smem, tidx)                 after the mainloop, e.g. registers -> smem
         apply(acc, coords, smem)                per sub-tile: ``acc`` fp32 registers,
                                                  ``coords[i]`` the (m, n) of acc[i] in the tile
-      (@cute.jit methods; tidx numbers the 2 * tile_m consumer threads; a barrier separates
-      stage and apply).
+      (@cute.jit methods; tidx numbers the consumer threads of the tile: 2 * tile_m, or 128
+      under ping-pong; a barrier separates stage and apply).
     """
 
     def __init__(self, tile_mn, cluster_m=1, raster_m=True, group=8, promote_every=0,
-                 split_k=1, stream_k=False, x_rows=0, swap_ab=False, epilogue=None, template="HopperGemm"):
+                 split_k=1, stream_k=False, x_rows=0, swap_ab=False, pingpong=False, epilogue=None,
+                 template="HopperGemm"):
         self.tile_m, self.tile_n = tile_mn
         tall = self.tile_m == gemm_configs.TALL_TILE_M
         problems = [why for bad, why in (
@@ -136,10 +168,14 @@ class HopperGemm:
              "stream-K runs without split-K, epilogue or promotion"),
             (x_rows != 0 and (self.tile_m != 64 or x_rows % 8 or x_rows >= 64),
              "x_rows needs tile_m 64 and is a multiple of 8 below 64"),
+            (pingpong and (self.tile_m != 128 or self.tile_n > _PINGPONG_MAX_N or swap_ab or split_k != 1
+                           or stream_k or x_rows or promote_every),
+             f"ping-pong needs 128-row tiles at most {_PINGPONG_MAX_N} wide, without swap_ab, split-K, "
+             "stream-K, x_rows or promotion"),
         ) if bad]
         if problems:
             config = dict(tile_mn=tile_mn, cluster_m=cluster_m, group=group, split_k=split_k, stream_k=stream_k,
-                          x_rows=x_rows, promote_every=promote_every)
+                          x_rows=x_rows, promote_every=promote_every, pingpong=pingpong)
             raise ConfigError(f"{template}: config {config} is not usable: " + "; ".join(problems))
         self.template = template
         self.cluster_m, self.raster_m, self.group = cluster_m, raster_m, group
@@ -154,12 +190,20 @@ class HopperGemm:
         self.fix_up_in_place = split_k > 1 and self.tile_m == 128
         self.x_rows = x_rows or self.tile_m  # rows of A each TMA load brings in
         self.promote_every, self.epilogue = promote_every, epilogue
-        self.num_mma_wg = self.tile_m // 64
+        self.pingpong = pingpong
+        self.num_mma_wg = self.tile_m // 64  # consumer warpgroups of the CTA
+        # ... of one tile: all of them, or one under ping-pong (then each has its own tiles,
+        # store buffers, epilogue words and barrier: `tile_groups` of each)
+        self.tile_wg = 1 if pingpong else self.num_mma_wg
+        self.tile_groups = self.num_mma_wg // self.tile_wg
+        self.tile_threads = 128 * self.tile_wg
         self.consumer_regs = _CONSUMER_REGS_3WG if self.num_mma_wg == 3 else _CONSUMER_REGS
         self.num_mma_threads = 128 * self.num_mma_wg
         self.threads = 128 + self.num_mma_threads
+        # Split-K's fix-up counts the tile's units with all consumer threads (never ping-pong).
         self.epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
-        self.epi_words = epilogue.smem_words if epilogue is not None else 1
+        self.epi_group_words = epilogue.smem_words if epilogue is not None else 1
+        self.epi_words = self.epi_group_words * self.tile_groups
 
     # ---------------------------------------------------------------- host side
     def _setup(self, a_dtype, b_dtype, d_dtype):
@@ -169,24 +213,27 @@ class HopperGemm:
         # serializes every wgmma of a kernel that does, warning C7515).
         self.tiled_mma, self.tiled_mma_zero = (sm90_utils.make_trivial_tiled_mma(
             a_dtype, b_dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
-            (self.num_mma_wg, 1, 1), tiler_mn=(64, self.tile_n)) for _ in range(2))
+            (self.tile_wg, 1, 1), tiler_mn=(64, self.tile_n)) for _ in range(2))
         # 4 wgmma k-blocks per stage = 128 bytes of K per row, one 128B-swizzle atom.
         self.tile_k = cute.size(self.tiled_mma.shape_mnk, mode=[2]) * 4
         self.tile_mnk = (self.tile_m, self.tile_n, self.tile_k)
         self.epi_tile = (self.tile_m, self.epi_n)
-        # As many A/B stages as fit beside 2 store buffers; leftover bytes buy up to 4 of those.
+        # As many A/B stages as fit beside 2 store buffers (per tile group: two under ping-pong);
+        # leftover bytes buy up to 4 of those.
         # The head (mbarriers of <= 32 stages, epilogue words) is padded to sA's 1 KB alignment.
         ab_bytes = (self.tile_m * a_dtype.width + self.tile_n * b_dtype.width) * self.tile_k // 8
         d_bytes = self.tile_m * self.epi_n * d_dtype.width // 8
         # (+1 word: the split-K fix-up's flag; other kernels keep the 4 bytes in the head's slack)
         head = -(-(16 * 32 + 4 * (self.epi_words + self.fix_up_in_place)) // 1024) * 1024
+        d_bytes *= self.tile_groups
         free = _SMEM_BYTES - head - 2 * d_bytes
         self.stages = min(free // ab_bytes, 32)
-        self.epi_stages = 2 + min(2, (free - self.stages * ab_bytes) // d_bytes)
+        self.epi_stages = 2 + min(2, (free - self.stages * ab_bytes) // d_bytes)  # per tile group
         row_major = LayoutEnum.ROW_MAJOR  # A, B K-major; D N-major
         self.a_smem = sm90_utils.make_smem_layout_a(row_major, self.tile_mnk, a_dtype, self.stages)
         self.b_smem = sm90_utils.make_smem_layout_b(row_major, self.tile_mnk, b_dtype, self.stages)
-        self.d_smem = sm90_utils.make_smem_layout_epi(d_dtype, self.d_layout, self.epi_tile, self.epi_stages)
+        self.d_smem = sm90_utils.make_smem_layout_epi(d_dtype, self.d_layout, self.epi_tile,
+                                                      self.epi_stages * self.tile_groups)
         # One stage of the A box: the first x_rows rows of an A stage (same swizzle pattern).
         self.a_box_smem = sm90_utils.make_smem_layout_a(
             row_major, (self.x_rows, self.tile_n, self.tile_k), a_dtype, 1)
@@ -378,12 +425,12 @@ class HopperGemm:
         with pipeline_init_wait) and tensors: (ab_pipeline, sA, sB, sD, sEpi, sFlag)."""
         storage = SmemAllocator().allocate(self.shared_storage)
         # A consumer releases a stage to every CTA that multicasts into it: one arrive per
-        # consumer warp per CTA of the cluster.
+        # consumer warp of the stage's tile per CTA of the cluster.
         ab_pipeline = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.ab_mbar.data_ptr(), num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.cluster_m * self.num_mma_wg * 4),
+                pipeline.Agent.Thread, self.cluster_m * self.tile_wg * 4),
             tx_count=(self.x_rows * self.a_dtype.width + self.tile_n * self.b_dtype.width) * self.tile_k // 8,
             cta_layout_vmnk=cute.make_layout((1, self.cluster_m, 1, 1)), defer_sync=True)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(self.cluster_m, 1), is_relaxed=True)
@@ -424,10 +471,13 @@ class HopperGemm:
         warpgroup.commit_group()
 
     @cute.jit
-    def _mainloop(self, ab_pipeline, read_state, release_state, tiled_mma, tCrA, tCrB, acc, k_tiles: Int32):
+    def _mainloop(self, ab_pipeline, read_state, release_state, tiled_mma, tCrA, tCrB, acc, k_tiles: Int32,
+                  issued_barrier=None):
         """Sum k_tiles k-tiles into acc (from zero): one k-tile of wgmma stays in flight; a stage
         is released once the wgmma that read it has retired (wait_group(1) after the next commit).
-        Returns the advanced pipeline states (see _load: the caller must assign them)."""
+        ``issued_barrier`` (ping-pong): the named barrier to arrive on once every k-tile has been
+        waited for and issued, the other group's turn. Returns the advanced pipeline states (see
+        _load: the caller must assign them)."""
         acc.fill(0.0)
         prologue = cutlass.min(k_tiles, 1)
         for k in cutlass.range(prologue, unroll=1):
@@ -439,6 +489,8 @@ class HopperGemm:
             warpgroup.wait_group(1)
             ab_pipeline.consumer_release(release_state)
             release_state.advance()
+        if const_expr(issued_barrier is not None):
+            cute.arch.barrier_arrive(barrier_id=issued_barrier, number_of_threads=2 * self.tile_threads)
         warpgroup.wait_group(0)
         for k in cutlass.range(prologue, unroll=1):
             ab_pipeline.consumer_release(release_state)
@@ -468,21 +520,36 @@ class HopperGemm:
     @cute.jit
     def _consume(self, ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, sFlag, tma_d, mD, all_k_tiles,
                  mma_tidx, warp_idx, cta_m, clusters_m, clusters_n, epi_args, mP, mC):
-        """Consumer warpgroups: for each tile, the wgmma mainloop and then the epilogue."""
+        """Consumer warpgroups: for each tile, the wgmma mainloop and then the epilogue. Under
+        ping-pong each warpgroup takes every other tile of the CTA's sequence and steps its
+        pipeline states over the k-tiles of the other's tiles."""
         c, read_state, release_state = self._consumer_setup(tiled_mma, tiled_mma_zero, sA, sB, sD, mma_tidx)
         tiles_done = Int32(0)
         units = clusters_m * clusters_n * self.split_k
         if const_expr(self.stream_k):
             units, _, sk_begin, sk_end = self._stream_k_range(clusters_m, clusters_n, all_k_tiles)
-        work = cute.arch.block_idx()[2]
+        work = cute.arch.block_idx()[2] + c.group * cute.arch.grid_dim()[2]
+        if const_expr(self.pingpong):
+            # Group 1 starts at the CTA's second tile: past the first one's k-tiles.
+            skip = c.group * all_k_tiles
+            read_state.advance(skip)
+            release_state.advance(skip)
+            if c.group == 0:  # group 0's first mainloop waits for no one
+                cute.arch.barrier_arrive(barrier_id=_MMA_ORDER_BARRIER, number_of_threads=2 * self.tile_threads)
         while work < units:
             tile_m, tile_n, split, _, k_tiles = self._work_unit(work, clusters_m, clusters_n, cta_m,
                                                                 all_k_tiles)
             if const_expr(self.epilogue is not None):
                 self.epilogue.prefetch(c.epi_regs, epi_args, tile_m * self.tile_m,
-                                       tile_n * self.tile_n, mma_tidx)
+                                       tile_n * self.tile_n, c.tidx)
+            if const_expr(self.pingpong):  # the other group has issued its mainloop
+                cute.arch.barrier(barrier_id=_MMA_ORDER_BARRIER + c.group, number_of_threads=2 * self.tile_threads)
             read_state, release_state = self._accumulate_tile(ab_pipeline, read_state, release_state, tiled_mma,
                                                               tiled_mma_zero, c, k_tiles, mma_tidx)
+            if const_expr(self.pingpong):
+                # The other group's next tile (unsplit: every tile has all_k_tiles k-tiles).
+                read_state.advance(all_k_tiles)
+                release_state.advance(all_k_tiles)
             # An unsplit tile is complete here; a split one once its last unit has added the
             # others' sums (then acc holds the whole tile).
             complete = True
@@ -495,12 +562,12 @@ class HopperGemm:
                 complete = self._fix_up(c.acc, c.thr_mma, mma_tidx, mP, mC, sFlag, mD.shape[0], tile_m,
                                         work - split * clusters_m * clusters_n, split)
             if complete:
-                self._stage_epilogue(c, sEpi, mma_tidx)
+                self._stage_epilogue(c, sEpi)
                 self._store_tile(c, tma_d, sD, sEpi,
                                  cute.local_tile(mD, (self.tile_m, self.tile_n), (tile_m, tile_n)),
                                  tiles_done, warp_idx)
                 tiles_done += 1
-            work += cute.arch.grid_dim()[2]
+            work += cute.arch.grid_dim()[2] * self.tile_groups
         if const_expr(self.stream_k):
             # This CTA's share of the last wave: the sums of its pieces (one or two tiles) go to
             # its partials slots, piece by piece; reduce_stream_k adds them up.
@@ -520,9 +587,12 @@ class HopperGemm:
     @cute.jit
     def _consumer_setup(self, tiled_mma, tiled_mma_zero, sA, sB, sD, mma_tidx):
         """A consumer thread's loop-invariant state (its MMA fragments and accumulators, the
-        epilogue's register -> shared copy and TMA store pipeline, the hook's registers) as one
-        object ``c``, and the A/B pipeline's read and release states."""
+        epilogue's register -> shared copy and TMA store pipeline, the hook's registers, its
+        tile group: see _group_setup) as one object ``c``, and the A/B pipeline's read and
+        release states."""
         c = _ConsumerState()
+        self._group_setup(c, mma_tidx)
+        mma_tidx = c.tidx
         c.thr_mma = tiled_mma.get_slice(mma_tidx)
         c.tCrA = tiled_mma.make_fragment_A(c.thr_mma.partition_A(sA))
         c.tCrB = tiled_mma.make_fragment_B(c.thr_mma.partition_B(sB))
@@ -540,15 +610,15 @@ class HopperGemm:
             cute.make_tiled_copy_C_atom(stmatrix, tiled_mma))
         c.thr_r2s = c.tiled_r2s.get_slice(mma_tidx)
         c.tRS_sD = c.thr_r2s.partition_D(sD)  # (R2S, R2S_M, R2S_N, EPI_STAGE)
-        c.tRS_acc = c.tiled_r2s.retile(c.acc)  # sub-tile j is elements [j * sub_size, (j+1) * sub_size)
         sub_layout = cute.make_layout(cute.shape(c.thr_r2s.partition_S(sD))[:3])
         c.sub_size = cute.size(sub_layout)
+        c.sub_order = epilogue_order(tiled_mma, c.tiled_r2s, (self.tile_m, self.tile_n), self.epi_tile)
         c.tRS_sub = cute.make_rmem_tensor(sub_layout.shape, Float32)
         c.tRS_out = cute.make_rmem_tensor(sub_layout.shape, self.d_dtype)
         c.cTile = cute.make_identity_tensor((self.tile_m, self.tile_n))  # tile-local (m, n)
         c.store_pipeline = pipeline.PipelineTmaStore.create(
             num_stages=self.epi_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads))
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.tile_threads))
         c.epi_regs = None
         if const_expr(self.epilogue is not None):
             c.epi_regs = cute.make_rmem_tensor(self.epilogue.num_regs, Float32)
@@ -558,13 +628,47 @@ class HopperGemm:
         return c, read_state, release_state
 
     @cute.jit
+    def _group_setup(self, c, mma_tidx):
+        """The consumer thread's tile group (c.group: 0, or its warpgroup under ping-pong) and
+        what belongs to the group: c.tidx (the thread's index among the tile's consumer
+        threads), c.epi_barrier (those threads' barrier), c.store_warp (the warp that issues
+        the group's TMA stores) and c.first_buf (its first store buffer)."""
+        c.group = Int32(0)
+        c.tidx = mma_tidx
+        c.epi_barrier = self.epi_barrier
+        if const_expr(self.pingpong):
+            c.group = cute.arch.make_warp_uniform(mma_tidx // self.tile_threads)
+            c.tidx = mma_tidx - c.group * self.tile_threads
+            # Named barrier 1 is the whole CTA's consumers' (split-K); 2, 3 the groups'.
+            c.epi_barrier = pipeline.NamedBarrier(barrier_id=2 + c.group, num_threads=self.tile_threads)
+        c.store_warp = 4 + c.group * (self.tile_threads // 32)  # warps 0-3: the producer warpgroup
+        c.first_buf = c.group * self.epi_stages
+        # Ping-pong: the groups issue their mainloops in turn. A group's pipeline states step over
+        # the other's tiles, and an mbarrier's parity wait tells only one phase from the next:
+        # waiting for a stage more than one ring of stages ahead (a tile of more k-tiles than
+        # stages) would pass on an earlier phase and read the other group's k-tiles. So group g
+        # waits on barrier _MMA_ORDER_BARRIER + g until the other has waited for (and issued)
+        # every k-tile of its tile, then runs its own (CUTLASS's ordered math warpgroups).
+        c.issued_barrier = None
+        if const_expr(self.pingpong):
+            c.issued_barrier = _MMA_ORDER_BARRIER + 1 - c.group
+
+    @cute.jit
+    def _group_epi_smem(self, c, sEpi):
+        """The tile group's share of the epilogue hook's words."""
+        if const_expr(self.tile_groups == 1):
+            return sEpi
+        return cute.make_tensor(sEpi.iterator + c.group * self.epi_group_words,
+                                cute.make_layout(self.epi_group_words))
+
+    @cute.jit
     def _accumulate_tile(self, ab_pipeline, read_state, release_state, tiled_mma, tiled_mma_zero, c,
                          k_tiles: Int32, mma_tidx):
         """The mainloop of one tile: c.acc = the sum of its k_tiles k-tiles, with FP8 promotion
         when configured. Returns the advanced pipeline states (see _load)."""
         if const_expr(self.promote_every == 0):
             read_state, release_state = self._mainloop(ab_pipeline, read_state, release_state, tiled_mma,
-                                                       c.tCrA, c.tCrB, c.acc, k_tiles)
+                                                       c.tCrA, c.tCrB, c.acc, k_tiles, c.issued_barrier)
         else:
             # Chunks of promote_every k-tiles: the wgmma sum of a chunk starts from zero
             # (scale-d = 0) in acc_tmp and is added into the fp32 acc once it has retired.
@@ -585,41 +689,43 @@ class HopperGemm:
         return read_state, release_state
 
     @cute.jit
-    def _stage_epilogue(self, c, sEpi, mma_tidx):
+    def _stage_epilogue(self, c, sEpi):
         """After the mainloop: the hook moves its tile data to shared memory (then a barrier)."""
         if const_expr(self.epilogue is not None):
-            self.epilogue.stage(c.epi_regs, sEpi, mma_tidx)
-            self.epi_barrier.arrive_and_wait()
+            self.epilogue.stage(c.epi_regs, self._group_epi_smem(c, sEpi), c.tidx)
+            c.epi_barrier.arrive_and_wait()
 
     @cute.jit
     def _store_tile(self, c, tma_d, sD, sEpi, gD_tile, tiles_done: Int32, warp_idx):
         """Epilogue of one tile: c.acc in (tile_m x 32) sub-tiles through the hook, shared memory
         and TMA stores into ``gD_tile`` (the tile's tile_m x tile_n view of the TMA tensor of D,
-        whose bounds clip the stores). ``tiles_done``: tiles this CTA stored before (it picks
-        the store buffers)."""
+        whose bounds clip the stores). ``tiles_done``: tiles this tile group stored before (it
+        picks the store buffers)."""
         gD_sub = cute.zipped_divide(gD_tile, self.epi_tile)
         bSG_sD, bSG_gD = cpasync.tma_partition(tma_d, 0, cute.make_layout(1),
                                                cute.group_modes(sD, 0, 2), gD_sub)
         num_sub = self.tile_n // self.epi_n
         store_pipeline = c.store_pipeline  # a local: the DSL refuses attribute calls inside a dynamic if
+        epi_barrier = c.epi_barrier
+        epi_smem = self._group_epi_smem(c, sEpi)
         for j in cutlass.range_constexpr(num_sub):
             for v in cutlass.range_constexpr(c.sub_size):
-                c.tRS_sub[v] = c.tRS_acc[j * c.sub_size + v]
+                c.tRS_sub[v] = c.acc[c.sub_order[j][v]]
             if const_expr(self.epilogue is not None):
                 # partition_S: the coordinates of the values this thread holds.
                 coords = c.thr_r2s.partition_S(cute.local_tile(c.cTile, self.epi_tile, (0, j)))
-                self.epilogue.apply(c.tRS_sub, coords, sEpi)
+                self.epilogue.apply(c.tRS_sub, coords, epi_smem)
             c.tRS_out.store(c.tRS_sub.load().to(self.d_dtype))
-            buf = (tiles_done * num_sub + j) % self.epi_stages
+            buf = c.first_buf + (tiles_done * num_sub + j) % self.epi_stages
             cute.copy(c.tiled_r2s, c.tRS_out, c.tRS_sD[(None, None, None, buf)])
             # Generic-proxy smem writes must be visible to the TMA (async proxy).
             cute.arch.fence_proxy("async.shared", space="cta")
-            self.epi_barrier.arrive_and_wait()
-            if warp_idx == 4:  # first consumer warp issues the store
+            epi_barrier.arrive_and_wait()
+            if warp_idx == c.store_warp:  # the group's first warp issues the store
                 cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, (0, j))])
                 store_pipeline.producer_commit()
                 store_pipeline.producer_acquire()  # the next buffer's old store has read it
-            self.epi_barrier.arrive_and_wait()
+            epi_barrier.arrive_and_wait()
 
     @cute.jit
     def _store_partials(self, acc, thr_mma, mP, m_size, n_size, m0, n0, split):

@@ -226,7 +226,7 @@ class GroupedHopperGemm(HopperGemm):
             read_state, release_state = self._accumulate_tile(ab_pipeline, read_state, release_state, tiled_mma,
                                                               tiled_mma_zero, c, k_tiles, mma_tidx)
             # The TMA stores clip at the group's last row (and at total_M).
-            self._stage_epilogue(c, sEpi, mma_tidx)
+            self._stage_epilogue(c, sEpi)
             length = cutlass.max(cutlass.min(group_rows, total_m - first_row), Int32(0))
             self._store_tile(c, tma_d, sD, sEpi,
                              cute.local_tile(ragged_group(mD, first_row, length), (self.tile_m, self.tile_n),

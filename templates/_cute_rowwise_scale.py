@@ -17,11 +17,12 @@ from cutlass import Float32, const_expr
 
 
 class RowwiseScale:
-    """The epilogue hook for one tile shape (tile_m rows: 2 * tile_m consumer threads)."""
+    """The epilogue hook for one tile shape and the consumer threads that share a tile (2 *
+    tile_m, or 128 under ping-pong: _cute_gemm_configs.epilogue_threads)."""
 
-    def __init__(self, tile_m, tile_n, has_bias=False, swapped=False):
+    def __init__(self, tile_m, tile_n, has_bias=False, swapped=False, threads=None):
         self.tile_m, self.tile_n, self.has_bias, self.swapped = tile_m, tile_n, has_bias, swapped
-        self.threads = 2 * tile_m  # consumer threads: 128 per 64 rows
+        self.threads = threads or 2 * tile_m
         # (smem offset, length, kernel axis: 0 m, 1 n) of x_scale, w_scale and bias inside the
         # staging buffer
         x_axis, w_axis = (1, 0) if swapped else (0, 1)

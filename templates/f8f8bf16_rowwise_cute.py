@@ -50,7 +50,8 @@ def build(config, target, sig):
     from mslk_dsl.templates._cute_rowwise_scale import RowwiseScale
 
     has_bias = sig["bias"] != "none"
-    epilogue = RowwiseScale(config["tile_m"], config["tile_n"], has_bias, swapped=bool(config.get("swap")))
+    epilogue = RowwiseScale(config["tile_m"], config["tile_n"], has_bias, swapped=bool(config.get("swap")),
+                            threads=gemm_configs.epilogue_threads(config))
     gemm = sm90.HopperGemm(**gemm_configs.kernel_args(config), epilogue=epilogue, template="f8f8bf16_rowwise_cute")
 
 

@@ -212,3 +212,56 @@ def test_flydsl_kernel_classes_compile_one_kernel_per_config(tmp_path, monkeypat
             assert [k.rsplit("_", 1)[1] for k in kernels] == ["count", "place", "reduce", "scan", "zero"]
             assert not re.search(r"_atomic_pk_add", isa), job.label
     assert len({tuple(n) for n in names}) == len(jobs)
+
+
+def test_cute_gemm_epilogue_order_matches_every_consumer_thread(tmp_path):
+    """The epilogue takes sub-tile j's values from the accumulators by tile coordinate
+    (_cute_gemm_sm90.epilogue_order, derived from thread 0): for every tile layout of the
+    config space (cooperative 64/128/192 rows, swapped, ping-pong) each consumer thread's
+    sub-tile values must sit at the coordinates the store copy writes. A one-warpgroup
+    128-row tile (ping-pong) is the layout whose order is not the accumulators' own."""
+    # From a file: the DSL reads a traced function's source.
+    script = tmp_path / "epilogue_order.py"
+    script.write_text(textwrap.dedent("""
+        import cutlass
+        import cutlass.cute as cute
+        from mslk_dsl.templates import _cute_gemm_configs as configs
+        from mslk_dsl.templates import _cute_gemm_sm90 as sm90
+
+        every = {(c["tile_m"], c["tile_n"], bool(c.get("swap")), bool(c.get("pingpong")))
+                 for c in configs.BF16_CONFIGS}
+        # Per kind of tile: its narrowest and widest, and one width between the powers of two.
+        shapes = set()
+        for kind in {(m, swap, pingpong) for m, _, swap, pingpong in every}:
+            widths = sorted(n for m, n, swap, pingpong in every if (m, swap, pingpong) == kind)
+            odd = [n for n in widths if n & (n - 1)]
+            for n in {widths[0], widths[-1], *odd[:1]}:
+                shapes.add((kind[0], n, kind[1], kind[2]))
+        assert any(pingpong for *_, pingpong in shapes)
+
+        def check():
+            for tile_m, tile_n, swap, pingpong in sorted(shapes):
+                gemm = sm90.HopperGemm((tile_m, tile_n), swap_ab=swap, pingpong=pingpong)
+                gemm._setup(cutlass.BFloat16, cutlass.BFloat16, cutlass.BFloat16)
+                stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(swap, 4), cutlass.BFloat16)
+                r2s = cute.make_tiled_copy_S(
+                    sm90.sm90_utils.get_smem_store_op(gemm.d_layout, cutlass.BFloat16, cutlass.Float32),
+                    cute.make_tiled_copy_C_atom(stmatrix, gemm.tiled_mma))
+                order = sm90.epilogue_order(gemm.tiled_mma, r2s, (tile_m, tile_n), gemm.epi_tile)
+                assert sorted(i for sub in order for i in sub) == list(range(tile_m * tile_n // gemm.tile_threads))
+                # Thread indices enter the layouts bit by bit: each bit, and a few mixes.
+                threads = {t for t in (1, 2, 4, 8, 16, 32, 64, 128, 256, 37, 90, 127, gemm.tile_threads - 1)
+                           if t < gemm.tile_threads}
+                for thread in sorted(threads):
+                    assert sm90.epilogue_order(gemm.tiled_mma, r2s, (tile_m, tile_n), gemm.epi_tile,
+                                               thread) == order, (tile_m, tile_n, swap, pingpong, thread)
+                natural = tuple(tuple(range(j * len(sub), (j + 1) * len(sub))) for j, sub in enumerate(order))
+                assert (order == natural) == (not pingpong), (tile_m, tile_n, swap, pingpong)
+
+        @cute.jit
+        def trace():
+            check()
+
+        trace()
+    """))
+    run_python(f"import runpy; runpy.run_path({str(script)!r})", env={"CUTE_DSL_ARCH": "sm_90a"})
