@@ -157,6 +157,20 @@ TIE = 0.01
 # after the scaling still goes to the 128-row tile).
 TALL_FP8_FACTOR = 0.95
 
+# FP8 ping-pong (fast accumulation, M >= PINGPONG_M_MIN). The model above leaves the epilogue out:
+# a cooperative tile stores its outputs while the tensor cores idle, a ping-pong one under the
+# other warpgroup's mainloop. So the best of the model's picks is charged EPILOGUE_WEIGHT per
+# output element of each wave of tiles, and a ping-pong tile (a 128-row tile, one warpgroup,
+# whose mainloop runs a little slower: PINGPONG_FACTOR on its modelled time) wins where it then
+# costs less (beyond a TIE). Fit on the H200 to 30 FP8 shapes (M = 175-13739 on real layers, each
+# against every ping-pong config): ping-pong was up to 1.18x faster at M >= 1024 with K up to
+# 8192 and slower at long K and M < 1024; the rule takes it at 9 of the 30, each a win or a tie
+# (geomean against torch 1.018 -> 1.030, docs/benchmarks.md "FP8 ping-pong"). 16-bit GEMMs ran
+# it slower than their picks nearly everywhere (0.93 geomean), so they never take it.
+PINGPONG_M_MIN = 1024
+EPILOGUE_WEIGHT = 512
+PINGPONG_FACTOR = 1.04
+
 # Decode (M <= 16, weight streaming) on the H200, from sweeps of every config at M = 1 and 16:
 # 256-wide tiles stream best; with fewer than DECODE_TILES_MIN of them (N < 12288) split-K
 # brings the units up to about one per SM (1.1-1.3x faster), past that splitting only adds its
@@ -271,11 +285,36 @@ def _split_fits(m, n, tile_m, tile_n, split_k):
     return split_k == 1 or _ceil_div(m, tile_m) * _ceil_div(n, tile_n) * split_k <= NUM_SMS
 
 
+def pingpong_candidates(fp8, fast_accum):
+    """(tile_n, cluster_m) of the ping-pong tiles the heuristic takes: FP8 fast accumulation only
+    (see PINGPONG_M_MIN)."""
+    if not (fp8 and fast_accum):
+        return []
+    return sorted({(c["tile_n"], c["cluster_m"]) for c in PINGPONG_CONFIGS})
+
+
+def _pingpong(m, n, k_bytes, fp8, fast_accum, pick, pick_cost):
+    """The ping-pong (tile_n, cluster_m) that beats ``pick`` (of modelled cost ``pick_cost``) once
+    the pick pays for its epilogues (see EPILOGUE_WEIGHT), or None."""
+    if m < PINGPONG_M_MIN:
+        return None
+    tile_m, tile_n, cluster_m, split_k, swap = pick
+    rows, cols = (n, m) if swap else (m, n)
+    epilogues = waves(rows, cols, tile_m, tile_n, cluster_m, split_k) * EPILOGUE_WEIGHT * tile_m * tile_n
+    options = [(call_time(m, n, 128, tn, c, k_bytes=k_bytes) * PINGPONG_FACTOR, (tn, c))
+               for tn, c in pingpong_candidates(fp8, fast_accum) if _cluster_fits(m, 128, c)]
+    if not options:
+        return None
+    cost, best = min(options)
+    return best if cost < (pick_cost + epilogues) * (1 - TIE) else None
+
+
 def _large_m(m, n, k_bytes, fp8, fast_accum):
-    """(tile_m, tile_n, cluster_m, split_k, swap) of least modelled call time (FP8 192-row tiles:
-    scaled by TALL_FP8_FACTOR); near-ties go to the unsplit, then the unswapped, then the
-    128-row tile (see TIE), then the larger tile. A swapped candidate is costed on the kernel's
-    N x M (its tile_m along N)."""
+    """(tile_m, tile_n, cluster_m, split_k, swap, pingpong) of least modelled call time (FP8
+    192-row tiles: scaled by TALL_FP8_FACTOR); near-ties go to the unsplit, then the unswapped,
+    then the 128-row tile (see TIE), then the larger tile. A swapped candidate is costed on the
+    kernel's N x M (its tile_m along N). FP8 fast accumulation then takes a ping-pong tile where
+    the pick's epilogues make it dearer (see _pingpong)."""
     def scale(tile_m):
         return TALL_FP8_FACTOR if fp8 and tile_m == TALL_TILE_M else 1
 
@@ -285,7 +324,11 @@ def _large_m(m, n, k_bytes, fp8, fast_accum):
                 if _cluster_fits(n, c[0], c[2]) and _split_fits(n, m, c[0], c[1], c[3])]
     best = min(cost for cost, _ in options)
     ties = [c for cost, c in options if cost <= best * (1 + TIE)]
-    return max(ties, key=lambda c: (-c[3], not c[4], c[0] != TALL_TILE_M, c[0] * c[1], c[2]))
+    pick = max(ties, key=lambda c: (-c[3], not c[4], c[0] != TALL_TILE_M, c[0] * c[1], c[2]))
+    pingpong = _pingpong(m, n, k_bytes, fp8, fast_accum, pick, dict((c, cost) for cost, c in options)[pick])
+    if pingpong is not None:
+        return (128, *pingpong, 1, False, True)
+    return (*pick, False)
 
 
 def heuristic(problem, fp8, fast_accum=False):
@@ -313,6 +356,8 @@ def heuristic(problem, fp8, fast_accum=False):
     128-row config at M = 128-8192 on six (N, K) (docs/results/gemm_sweep_stream_k.json) the
     model's pick is never more than 0.5% slower than the fastest. Split-K pays where few tiles
     leave SMs idle and K is long enough to amortize the fix-up (mid-sized M).
+    FP8 fast accumulation at M >= PINGPONG_M_MIN then takes a ping-pong tile where that pick
+    is dearer once charged for its epilogues (see EPILOGUE_WEIGHT).
     FP8: ``fast_accum`` (promote 0) may take any tile; promoted accumulation every FP8_PROMOTE
     k-tiles (accurate to well below bf16 rounding) needs a tile of at most 128 columns. With
     M <= X_ROWS the tile loads only X_ROWS rows of x (where the tile has that variant): timed on
@@ -332,8 +377,8 @@ def heuristic(problem, fp8, fast_accum=False):
             return _config(64, 256, split_k=split_k, x_rows=decode_rows)
     if m > 64:
         k_bytes = problem.get("K", 0) * (1 if fp8 else 2)
-        tile_m, tile_n, cluster_m, split_k, swap = _large_m(m, n, k_bytes, fp8, fast_accum)
-        return {**_config(tile_m, tile_n, cluster_m, split_k=split_k, swap=swap), **promote}
+        tile_m, tile_n, cluster_m, split_k, swap, pingpong = _large_m(m, n, k_bytes, fp8, fast_accum)
+        return {**_config(tile_m, tile_n, cluster_m, split_k=split_k, swap=swap, pingpong=pingpong), **promote}
     # A 64-row tile streams its 64-row box of x along K beside the tile_n rows of w (the box is
     # loaded whole however few rows M has), so narrow tiles pay for x again and again (sweeps of
     # every 64-row config at M = 1-64, both ops: docs/benchmarks.md).

@@ -299,11 +299,13 @@ def test_large_m_heuristic_is_the_model_s_best(op, sig):
     TALL_FP8_FACTOR) and its swapped ones of at least SWAP_MIN_WIDTH tokens (no stream-K or
     x_rows; promoted FP8: promote 4; not 128x64 in a 2x1 cluster; split-K unswapped only for
     promoted FP8), near-ties going to no split, then the unswapped, then the 128-row tile, then
-    the larger tile."""
+    the larger tile; FP8 fast accumulation at M >= PINGPONG_M_MIN then takes the ping-pong tile
+    of least modelled time (times PINGPONG_FACTOR) where it costs less than the pick charged
+    EPILOGUE_WEIGHT per output element and wave (beyond a TIE)."""
     (template,) = registry.get_templates(op=op, backend="cute")
     shapes = {(c["tile_m"], c["tile_n"], c["cluster_m"], c.get("split_k", 1), bool(c.get("swap")))
               for c in template.valid_configs("sm90a", sig)
-              if not ({"stream_k", "x_rows"} & c.keys()) and c.get("promote", 0) in (0, 4)
+              if not ({"stream_k", "x_rows", "pingpong"} & c.keys()) and c.get("promote", 0) in (0, 4)
               and c["tile_m"] in (128, 192)
               and (c.get("swap") or c.get("split_k", 1) == 1 or sig == {"bias": "none", "fast_accum": False})
               and (c["tile_n"] >= gemm_configs.SWAP_MIN_WIDTH if c.get("swap")
@@ -327,15 +329,30 @@ def test_large_m_heuristic_is_the_model_s_best(op, sig):
                 continue
             times[s] = _model_time(rows, cols, k * k_bytes_per, *s[:4]) * (tall_factor if s[0] == 192 else 1)
         best = min(times.values())
-        assert chosen in times and times[chosen] <= best * (1 + gemm_configs.TIE), (m, n, k, config)
         near = [s for s in times if times[s] <= best * (1 + gemm_configs.TIE)]
-        assert chosen[3] == min(s[3] for s in near), (m, n, k, config, near)
-        same_split = [s for s in near if s[3] == chosen[3]]
-        assert chosen[4] == all(s[4] for s in same_split), (m, n, k, config, near)
-        alike = [s for s in same_split if s[4] == chosen[4]]
+        split = min(s[3] for s in near)
+        same_split = [s for s in near if s[3] == split]
+        swap = all(s[4] for s in same_split)
+        alike = [s for s in same_split if s[4] == swap]
         preferred = [s for s in alike if s[0] != 192] or alike
-        assert chosen in preferred, (m, n, k, config, near)
-        assert chosen[0] * chosen[1] == max(s[0] * s[1] for s in preferred), (m, n, k, config, near)
+        area = max(s[0] * s[1] for s in preferred)
+        pick = max((s for s in preferred if s[0] * s[1] == area), key=lambda s: s[2])
+        # FP8 fast accumulation at M >= PINGPONG_M_MIN: a ping-pong tile where the pick's
+        # epilogues (EPILOGUE_WEIGHT per output element and wave) make the pick dearer.
+        expected = pick + (False,)
+        if sig == {"bias": "none", "fast_accum": True} and m >= gemm_configs.PINGPONG_M_MIN:
+            rows, cols = (n, m) if pick[4] else (m, n)
+            row_tiles = -(-rows // pick[0])
+            clusters = -(-row_tiles // pick[2]) * -(-cols // pick[1]) * pick[3]
+            waves = -(-clusters // (gemm_configs.NUM_SMS // pick[2]))
+            charged = (times[pick] + waves * gemm_configs.EPILOGUE_WEIGHT * pick[0] * pick[1]) * (1 - gemm_configs.TIE)
+            pp = {(128, tn, c): _model_time(m, n, k * k_bytes_per, 128, tn, c, 1) * gemm_configs.PINGPONG_FACTOR
+                  for tn, c in ((128, 1), (128, 2), (160, 1), (160, 2), (192, 1), (192, 2))
+                  if c == 1 or -(-m // 128) % 2 == 0 or -(-m // 128) >= 8}
+            winner = min(pp, key=pp.get)
+            if pp[winner] < charged:
+                expected = winner + (1, False, True)
+        assert chosen + (bool(config.get("pingpong")),) == expected, (m, n, k, config, near)
 
 
 def test_model_prefers_widths_that_fit_the_layer():
@@ -462,3 +479,28 @@ def test_x_box_fits_m_at_16_to_48_rows():
         assert c.get("x_rows") == (32 if m <= 32 else 48 if m <= 48 else None), (m, n, k, c)
         c8 = fp8.heuristic("sm90a", {"bias": "none", "fast_accum": True}, {"M": m, "N": n, "K": k})
         assert "x_rows" not in c8, (m, n, k, c8)
+
+
+def test_fp8_fast_accum_takes_ping_pong_where_the_pick_s_epilogues_cost_more():
+    """Ping-pong FP8 tiles, as timed on the H200 against the heuristic's earlier pick (every
+    ping-pong config at 30 shapes; docs/benchmarks.md "FP8 ping-pong"): taken at M = 5010 on
+    7168 x 2048 (123.7 -> 108.7 us), 8192^3 (806 -> 780) and M = 2018 on 28672 x 4096 (373.8 ->
+    350.3); not at long K (M = 3162 on 5120 x 32768: 0.91x the pick), nor below
+    PINGPONG_M_MIN (M = 907 on 4096 x 8192: 0.77x the pick), nor for 16-bit or promoted FP8 (slower
+    nearly everywhere there)."""
+    (fp8,) = registry.get_templates(op="f8f8bf16_rowwise", backend="cute")
+    (bf16,) = registry.get_templates(op="bf16_gemm", backend="cute")
+
+    def pick(m, n, k, fast=True):
+        return fp8.heuristic("sm90a", {"bias": "none", "fast_accum": fast}, {"M": m, "N": n, "K": k})
+
+    assert pick(5010, 7168, 2048) == {**gemm_configs._config(128, 160, 2, pingpong=True), "promote": 0}
+    assert pick(8192, 8192, 8192) == {**gemm_configs._config(128, 192, 2, pingpong=True), "promote": 0}
+    assert pick(2018, 28672, 4096)["pingpong"] == 1
+    assert "pingpong" not in pick(3162, 5120, 32768)
+    assert "pingpong" not in pick(907, 4096, 8192)
+    for m, n, k in itertools.product(LARGE_M, LAYERS_N, (1024, 8192)):
+        assert "pingpong" not in pick(m, n, k, fast=False)
+        assert "pingpong" not in bf16.heuristic("sm90a", {"dtype": "bfloat16"}, {"M": m, "N": n, "K": k})
+        if m < gemm_configs.PINGPONG_M_MIN:
+            assert "pingpong" not in pick(m, n, k)
