@@ -322,10 +322,11 @@ def _large_m(m, n, k_bytes, fp8, fast_accum):
                if _cluster_fits(m, c[0], c[2]) and _split_fits(m, n, c[0], c[1], c[3])]
     options += [(call_time(n, m, *c, k_bytes=k_bytes), (*c, True)) for c in swap_candidates(fp8, fast_accum)
                 if _cluster_fits(n, c[0], c[2]) and _split_fits(n, m, c[0], c[1], c[3])]
-    best = min(cost for cost, _ in options)
-    ties = [c for cost, c in options if cost <= best * (1 + TIE)]
+    costs = {c: cost for cost, c in options}
+    best = min(costs.values())
+    ties = [c for c, cost in costs.items() if cost <= best * (1 + TIE)]
     pick = max(ties, key=lambda c: (-c[3], not c[4], c[0] != TALL_TILE_M, c[0] * c[1], c[2]))
-    pingpong = _pingpong(m, n, k_bytes, fp8, fast_accum, pick, dict((c, cost) for cost, c in options)[pick])
+    pingpong = _pingpong(m, n, k_bytes, fp8, fast_accum, pick, costs[pick])
     if pingpong is not None:
         return (128, *pingpong, 1, False, True)
     return (*pick, False)

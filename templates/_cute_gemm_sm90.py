@@ -68,15 +68,15 @@ _REDUCE_THREADS = 256  # 64-row split-K: threads per block of the partials reduc
 _PRODUCER_REGS, _CONSUMER_REGS = 40, 232  # setmaxnreg split; 40*128 + 232*256 <= 64K
 _CONSUMER_REGS_3WG = 152  # three consumer warpgroups (192-row tiles): 40*128 + 152*384 <= 64K
 _PINGPONG_MAX_N = 192  # a ping-pong warpgroup holds a 128 x tile_n fp32 tile: tile_n registers
-# Named barriers: 1 all consumer threads (split-K fix-up), 2 + g the epilogue of tile group g,
-# _MMA_ORDER_BARRIER + g ping-pong group g's turn to issue its mainloop.
-_MMA_ORDER_BARRIER = 4
+# Named barriers: 1 all consumer threads (split-K fix-up), _EPI_GROUP_BARRIER + g the epilogue of
+# ping-pong group g, _MMA_ORDER_BARRIER + g ping-pong group g's turn to issue its mainloop.
+_EPI_GROUP_BARRIER, _MMA_ORDER_BARRIER = 2, 4
 
 
 def epilogue_order(tiled_mma, tiled_r2s, tile_mn, epi_tile, thread=0):
     """The epilogue's register order: for each (tile_m x epi_n) sub-tile j, the accumulator
     index of each value the register -> shared copy takes, matched by tile coordinate (the
-    order is the same for every thread; tests check it against all of them). Plain Python run
+    order is the same for every thread; a test checks it against a spread of them). Plain Python run
     while the kernel is traced. The accumulators' own order is not the sub-tiles': a warpgroup
     holding two 64-row blocks (ping-pong) keeps each block's columns together, so sub-tile j
     is not a contiguous run of the accumulators."""
@@ -636,22 +636,22 @@ class HopperGemm:
         c.group = Int32(0)
         c.tidx = mma_tidx
         c.epi_barrier = self.epi_barrier
+        c.issued_barrier = None
         if const_expr(self.pingpong):
             c.group = cute.arch.make_warp_uniform(mma_tidx // self.tile_threads)
             c.tidx = mma_tidx - c.group * self.tile_threads
-            # Named barrier 1 is the whole CTA's consumers' (split-K); 2, 3 the groups'.
-            c.epi_barrier = pipeline.NamedBarrier(barrier_id=2 + c.group, num_threads=self.tile_threads)
+            c.epi_barrier = pipeline.NamedBarrier(barrier_id=_EPI_GROUP_BARRIER + c.group,
+                                                  num_threads=self.tile_threads)
+            # The groups issue their mainloops in turn. A group's pipeline states step over the
+            # other's tiles, and an mbarrier's parity wait tells only one phase from the next:
+            # waiting for a stage more than one ring of stages ahead (a tile of more k-tiles
+            # than stages) would pass on an earlier phase and read the other group's k-tiles.
+            # So group g waits on barrier _MMA_ORDER_BARRIER + g until the other has waited for
+            # (and issued) every k-tile of its tile, then runs its own, and arrives on the
+            # other's (CUTLASS's ordered math warpgroups).
+            c.issued_barrier = _MMA_ORDER_BARRIER + 1 - c.group
         c.store_warp = 4 + c.group * (self.tile_threads // 32)  # warps 0-3: the producer warpgroup
         c.first_buf = c.group * self.epi_stages
-        # Ping-pong: the groups issue their mainloops in turn. A group's pipeline states step over
-        # the other's tiles, and an mbarrier's parity wait tells only one phase from the next:
-        # waiting for a stage more than one ring of stages ahead (a tile of more k-tiles than
-        # stages) would pass on an earlier phase and read the other group's k-tiles. So group g
-        # waits on barrier _MMA_ORDER_BARRIER + g until the other has waited for (and issued)
-        # every k-tile of its tile, then runs its own (CUTLASS's ordered math warpgroups).
-        c.issued_barrier = None
-        if const_expr(self.pingpong):
-            c.issued_barrier = _MMA_ORDER_BARRIER + 1 - c.group
 
     @cute.jit
     def _group_epi_smem(self, c, sEpi):
