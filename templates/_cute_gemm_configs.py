@@ -2,7 +2,9 @@
 
 A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
   tile_m, tile_n  CTA tile; tile_m // 64 consumer warpgroups (64 suits decode-sized M); 192-row
-                  tiles ("tall", TALL_TILE_M; not promoted FP8) are unsplit and unswapped
+                  tiles ("tall", TALL_TILE_M) and 256-row ones ("wide", WIDE_TILE_M: two
+                  warpgroups of 128 rows; at most 192 wide) are unsplit, unswapped and not
+                  promoted
   cluster_m       CTAs per cluster along M (2: the weight tile is TMA-multicast to both)
   raster, group   tile order: "m" or "n" moves first, inside bands of ``group`` clusters
                   (0: the whole dimension); only L2 reuse depends on it
@@ -53,6 +55,16 @@ NUM_SMS = 132  # H100 / H200 SXM: the persistent grid size and the heuristic's w
 # FP8): 192 rows, three consumer warpgroups of 64 rows each (fewer registers per thread: see
 # _cute_gemm_sm90).
 TALL_TILE_M = 192
+# Tiles of 256 rows ("wide"; unsplit, unswapped, unpromoted): two consumer warpgroups of 128 rows
+# each (two 64-row wgmma blocks per warpgroup: CUTLASS's cooperative 256-row layout, and the tile
+# height cuBLAS runs most at M >= 400 on the H200).
+WIDE_TILE_M = 256
+
+
+def consumer_warpgroups(tile_m):
+    """Consumer warpgroups of a CTA whose tiles have ``tile_m`` rows: one per 64 rows, but two of
+    128 rows each for 256-row tiles."""
+    return 2 if tile_m == WIDE_TILE_M else tile_m // 64
 
 
 def _config(tile_m, tile_n, cluster_m=1, raster="m", group=8, split_k=1, stream_k=False, x_rows=0, swap=False,
@@ -117,6 +129,10 @@ BF16_CONFIGS = BF16_CONFIGS + SWAP_CONFIGS
 # own picks on the H200 at M >= 400 are mostly 192x192 and 256-row tiles 88-160 wide).
 TALL_CONFIGS = tuple(_config(TALL_TILE_M, n, c) for n in (128, 160, 192) for c in (1, 2))
 BF16_CONFIGS = BF16_CONFIGS + TALL_CONFIGS
+# 256-row tiles (16-bit and fast-accumulation FP8): two warpgroups of 128 rows, up to 192 wide
+# (tile_n fp32 accumulators per thread).
+WIDE_CONFIGS = tuple(_config(WIDE_TILE_M, n, c) for n in (128, 160, 192) for c in (1, 2))
+BF16_CONFIGS = BF16_CONFIGS + WIDE_CONFIGS
 # Ping-pong 128-row tiles (16-bit and fast-accumulation FP8): one consumer warpgroup per tile,
 # the two of a CTA taking alternate tiles, so one's epilogue overlaps the other's mainloop.
 PINGPONG_CONFIGS = tuple(_config(128, n, c, pingpong=True) for n in (128, 160, 192) for c in (1, 2))
@@ -133,6 +149,7 @@ FP8_CONFIGS = (tuple({**c, "promote": 0} for c in CONFIGS + FITTED_CONFIGS)
                + tuple({**_config(128, 128, split_k=s), "promote": FP8_PROMOTE} for s in MID_SPLIT_K)
                + tuple({**c, "promote": 0} for c in SWAP_CONFIGS)
                + tuple({**c, "promote": 0} for c in TALL_CONFIGS)
+               + tuple({**c, "promote": 0} for c in WIDE_CONFIGS)
                + tuple({**c, "promote": 0} for c in PINGPONG_CONFIGS))
 
 # The cost model of calls with M > 64 (see heuristic): a tile's time per unit of K is its MMA
@@ -156,6 +173,17 @@ TIE = 0.01
 # by this factor, so they win wherever the model puts them within 5% of the best (a near-tie
 # after the scaling still goes to the 128-row tile).
 TALL_FP8_FACTOR = 0.95
+# 256-row tiles (two 128-row warpgroups), timed against the picks on 28 H200 shapes (fresh draws,
+# M = 150-16384; docs/benchmarks.md "256-row tiles"): slower at most (bf16 geomean 0.868 of the
+# pick, FP8 0.885), faster by 2-10% at a few large ones. For bf16 the model could not tell those
+# (the picks it would change ran 0.93-1.04x the old ones), so 16-bit never takes them. FP8 fast
+# accumulation takes one at M >= WIDE_M_MIN where the model puts it this far ahead of the pick
+# and the pick is not a ping-pong tile (the 256-row tiles lost to every ping-pong pick): on 24
+# fresh shapes where an earlier form of the rule (any M, over ping-pong too) changed the pick,
+# those it still changes ran 0.98-1.11x the old pick (geomean 1.04); the ones it no longer takes
+# (M < 1024, ping-pong picks) 0.87-1.02x.
+WIDE_FP8_FACTOR = 0.975
+WIDE_M_MIN = 1024
 
 # FP8 ping-pong (fast accumulation, M >= PINGPONG_M_MIN). The model above leaves the epilogue out:
 # a cooperative tile stores its outputs while the tensor cores idle, a ping-pong one under the
@@ -285,6 +313,14 @@ def _split_fits(m, n, tile_m, tile_n, split_k):
     return split_k == 1 or _ceil_div(m, tile_m) * _ceil_div(n, tile_n) * split_k <= NUM_SMS
 
 
+def wide_candidates(fp8, fast_accum):
+    """(tile_n, cluster_m) of the 256-row tiles the heuristic takes: FP8 fast accumulation only
+    (see WIDE_FP8_FACTOR)."""
+    if not (fp8 and fast_accum):
+        return []
+    return sorted({(c["tile_n"], c["cluster_m"]) for c in WIDE_CONFIGS})
+
+
 def pingpong_candidates(fp8, fast_accum):
     """(tile_n, cluster_m) of the ping-pong tiles the heuristic takes: FP8 fast accumulation only
     (see PINGPONG_M_MIN)."""
@@ -314,7 +350,9 @@ def _large_m(m, n, k_bytes, fp8, fast_accum):
     192-row tiles: scaled by TALL_FP8_FACTOR); near-ties go to the unsplit, then the unswapped,
     then the 128-row tile (see TIE), then the larger tile. A swapped candidate is costed on the
     kernel's N x M (its tile_m along N). FP8 fast accumulation then takes a ping-pong tile where
-    the pick's epilogues make it dearer (see _pingpong)."""
+    the pick's epilogues make it dearer (see _pingpong), or else, at M >= WIDE_M_MIN, chooses
+    again with its 256-row tiles in (modelled time scaled by WIDE_FP8_FACTOR; in a near-tie a
+    256-row tile wins over a 192-row one, the larger tile)."""
     def scale(tile_m):
         return TALL_FP8_FACTOR if fp8 and tile_m == TALL_TILE_M else 1
 
@@ -322,13 +360,23 @@ def _large_m(m, n, k_bytes, fp8, fast_accum):
                if _cluster_fits(m, c[0], c[2]) and _split_fits(m, n, c[0], c[1], c[3])]
     options += [(call_time(n, m, *c, k_bytes=k_bytes), (*c, True)) for c in swap_candidates(fp8, fast_accum)
                 if _cluster_fits(n, c[0], c[2]) and _split_fits(n, m, c[0], c[1], c[3])]
-    costs = {c: cost for cost, c in options}
-    best = min(costs.values())
-    ties = [c for c, cost in costs.items() if cost <= best * (1 + TIE)]
-    pick = max(ties, key=lambda c: (-c[3], not c[4], c[0] != TALL_TILE_M, c[0] * c[1], c[2]))
-    pingpong = _pingpong(m, n, k_bytes, fp8, fast_accum, pick, costs[pick])
+
+    def choose(options):
+        costs = {c: cost for cost, c in options}
+        best = min(costs.values())
+        ties = [c for c, cost in costs.items() if cost <= best * (1 + TIE)]
+        pick = max(ties, key=lambda c: (-c[3], not c[4], c[0] <= 128, c[0] * c[1], c[2]))
+        return pick, costs[pick]
+
+    pick, cost = choose(options)
+    pingpong = _pingpong(m, n, k_bytes, fp8, fast_accum, pick, cost)
     if pingpong is not None:
         return (128, *pingpong, 1, False, True)
+    if m >= WIDE_M_MIN:
+        options += [(call_time(m, n, WIDE_TILE_M, tn, c, k_bytes=k_bytes) * WIDE_FP8_FACTOR,
+                     (WIDE_TILE_M, tn, c, 1, False))
+                    for tn, c in wide_candidates(fp8, fast_accum) if _cluster_fits(m, WIDE_TILE_M, c)]
+        pick, _ = choose(options)
     return (*pick, False)
 
 
@@ -358,7 +406,8 @@ def heuristic(problem, fp8, fast_accum=False):
     model's pick is never more than 0.5% slower than the fastest. Split-K pays where few tiles
     leave SMs idle and K is long enough to amortize the fix-up (mid-sized M).
     FP8 fast accumulation at M >= PINGPONG_M_MIN then takes a ping-pong tile where that pick
-    is dearer once charged for its epilogues (see EPILOGUE_WEIGHT).
+    is dearer once charged for its epilogues (see EPILOGUE_WEIGHT), or else, at M >= WIDE_M_MIN,
+    a 256-row tile the model puts a margin ahead of the pick (see WIDE_FP8_FACTOR).
     FP8: ``fast_accum`` (promote 0) may take any tile; promoted accumulation every FP8_PROMOTE
     k-tiles (accurate to well below bf16 rounding) needs a tile of at most 128 columns. With
     M <= X_ROWS the tile loads only X_ROWS rows of x (where the tile has that variant): timed on
@@ -506,6 +555,7 @@ def kernel_args(config):
 
 
 def epilogue_threads(config):
-    """Consumer threads that share an output tile (what an epilogue hook is built for): 128 per
-    64 rows, or one warpgroup's 128 under ping-pong."""
-    return 128 if config.get("pingpong") else 2 * config["tile_m"]
+    """Consumer threads that share an output tile (what an epilogue hook is built for): all of
+    the CTA's consumer warpgroups (see consumer_warpgroups), or one warpgroup's 128 under
+    ping-pong."""
+    return 128 if config.get("pingpong") else 128 * consumer_warpgroups(config["tile_m"])

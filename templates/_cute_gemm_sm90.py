@@ -8,8 +8,10 @@ templates need, with its own tile order and an epilogue hook:
   * warpgroup 0 is the producer: one warp issues TMA loads of A/B k-tiles into a ring of
     shared-memory stages (mbarrier pipeline; with a 2x1 cluster the B tile is multicast
     to both CTAs, which work on the same N tile);
-  * tile_m // 64 consumer warpgroups each own 64 rows of the tile and issue wgmma from
-    shared memory, keeping one k-tile of wgmma in flight while the next stage lands;
+  * tile_m // 64 consumer warpgroups each own 64 rows of the tile (256-row tiles: two that own
+    128 rows each, two 64-row wgmma blocks apiece, CUTLASS's cooperative 256-row layout) and
+    issue wgmma from shared memory, keeping one k-tile of wgmma in flight while the next stage
+    lands;
   * the epilogue walks the tile in (tile_m x 32) sub-tiles: optional hook on the fp32
     values, conversion, stmatrix into shared memory, TMA store (which clips rows and
     columns past M / N);
@@ -68,6 +70,7 @@ _REDUCE_THREADS = 256  # 64-row split-K: threads per block of the partials reduc
 _PRODUCER_REGS, _CONSUMER_REGS = 40, 232  # setmaxnreg split; 40*128 + 232*256 <= 64K
 _CONSUMER_REGS_3WG = 152  # three consumer warpgroups (192-row tiles): 40*128 + 152*384 <= 64K
 _PINGPONG_MAX_N = 192  # a ping-pong warpgroup holds a 128 x tile_n fp32 tile: tile_n registers
+_WIDE_MAX_N = 192  # a 256-row tile's warpgroup holds 128 x tile_n fp32 values too
 # Named barriers: 1 all consumer threads (split-K fix-up), _EPI_GROUP_BARRIER + g the epilogue of
 # ping-pong group g, _MMA_ORDER_BARRIER + g ping-pong group g's turn to issue its mainloop.
 _EPI_GROUP_BARRIER, _MMA_ORDER_BARRIER = 2, 4
@@ -99,11 +102,13 @@ class _ConsumerState:
 class HopperGemm:
     """One GEMM kernel configuration (all arguments are compile-time).
 
-    tile_mn:      CTA tile, (64 | 128 | 192, a multiple of 32 from 64 to 256: the epilogue's
-                  sub-tile width; wgmma takes any multiple of 8); tile_m // 64 consumer
-                  warpgroups (three for 192 rows: 152 registers each instead of 232, so the
-                  192-row tiles run unswapped, unsplit, without stream-K, x_rows or
-                  promotion: fewer, larger tiles, for layers they split into whole waves).
+    tile_mn:      CTA tile, (64 | 128 | 192 | 256, a multiple of 32 from 64 to 256: the
+                  epilogue's sub-tile width; wgmma takes any multiple of 8); tile_m // 64
+                  consumer warpgroups (three for 192 rows: 152 registers each instead of 232,
+                  so the 192-row tiles run unswapped, unsplit, without stream-K, x_rows or
+                  promotion: fewer, larger tiles, for layers they split into whole waves), but
+                  two of 128 rows for 256-row tiles (tile_n fp32 registers each, so at most
+                  _WIDE_MAX_N wide; unswapped, unsplit, unpromoted like the 192-row ones).
     cluster_m:    1 or 2 CTAs along M per cluster (2: the B tile is TMA-multicast).
     raster_m:     walk output tiles with M fastest (True) or N fastest (False) ...
     group:        ... inside bands of ``group`` clusters (0: the whole dimension).
@@ -148,14 +153,17 @@ class HopperGemm:
                  split_k=1, stream_k=False, x_rows=0, swap_ab=False, pingpong=False, epilogue=None,
                  template="HopperGemm"):
         self.tile_m, self.tile_n = tile_mn
-        tall = self.tile_m == gemm_configs.TALL_TILE_M
+        big = self.tile_m > 128  # 192 rows (three 64-row warpgroups) or 256 (two 128-row ones)
         problems = [why for bad, why in (
-            (not swap_ab and (self.tile_m not in (64, 128, gemm_configs.TALL_TILE_M) or self.tile_n % _EPI_TILE_N
-                              or not 64 <= self.tile_n <= 256),
-             f"tile_m must be 64, 128 or {gemm_configs.TALL_TILE_M}, tile_n a multiple of {_EPI_TILE_N} "
-             "from 64 to 256"),
-            (tall and (swap_ab or split_k != 1 or stream_k or x_rows or promote_every),
-             f"{gemm_configs.TALL_TILE_M}-row tiles run without swap_ab, split-K, stream-K, x_rows or promotion"),
+            (not swap_ab and (self.tile_m not in (64, 128, gemm_configs.TALL_TILE_M, gemm_configs.WIDE_TILE_M)
+                              or self.tile_n % _EPI_TILE_N or not 64 <= self.tile_n <= 256),
+             f"tile_m must be 64, 128, {gemm_configs.TALL_TILE_M} or {gemm_configs.WIDE_TILE_M}, tile_n a multiple "
+             f"of {_EPI_TILE_N} from 64 to 256"),
+            (big and (swap_ab or split_k != 1 or stream_k or x_rows or promote_every),
+             f"{gemm_configs.TALL_TILE_M}- and {gemm_configs.WIDE_TILE_M}-row tiles run without swap_ab, split-K, "
+             "stream-K, x_rows or promotion"),
+            (self.tile_m == gemm_configs.WIDE_TILE_M and self.tile_n > _WIDE_MAX_N,
+             f"{gemm_configs.WIDE_TILE_M}-row tiles are at most {_WIDE_MAX_N} wide"),
             (swap_ab and (self.tile_m not in (64, 128) or self.tile_n % _EPI_TILE_N_MIN
                           or not 2 * _EPI_TILE_N_MIN <= self.tile_n <= 256
                           or stream_k or (split_k > 1 and self.tile_m == 64) or x_rows),
@@ -191,7 +199,8 @@ class HopperGemm:
         self.x_rows = x_rows or self.tile_m  # rows of A each TMA load brings in
         self.promote_every, self.epilogue = promote_every, epilogue
         self.pingpong = pingpong
-        self.num_mma_wg = self.tile_m // 64  # consumer warpgroups of the CTA
+        # consumer warpgroups of the CTA: one per 64 rows, but two of 128 rows for 256-row tiles
+        self.num_mma_wg = gemm_configs.consumer_warpgroups(self.tile_m)
         # ... of one tile: all of them, or one under ping-pong (then each has its own tiles,
         # store buffers, epilogue words and barrier: `tile_groups` of each)
         self.tile_wg = 1 if pingpong else self.num_mma_wg

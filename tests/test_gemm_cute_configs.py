@@ -40,7 +40,8 @@ def test_heuristic_picks_a_valid_config(op):
         for m, (n, k) in itertools.product(M_VALUES, NK_VALUES):
             config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
             assert config in valid, (op, sig, m, n, k, config)
-            assert config["tile_m"] in ((64,) if m <= 64 else (128, 192)), (m, config)
+            large = (128, 192, 256) if op == "f8f8bf16_rowwise" and sig.get("fast_accum") else (128, 192)
+            assert config["tile_m"] in ((64,) if m <= 64 else large), (m, config)
             if m <= 64:
                 assert config["cluster_m"] == 1, (m, config)
 
@@ -290,6 +291,21 @@ def _model_time(m, n, k_bytes, tile_m, tile_n, cluster_m, split_k):
     return waves * (k_steps * tile_cost + fixup)
 
 
+def _least_modelled(times):
+    """The tile of least modelled time, near-ties (TIE) going to no split, then the unswapped,
+    then a tile of at most 128 rows, then the larger tile, then the larger cluster; and the
+    near-ties."""
+    best = min(times.values())
+    near = [s for s in times if times[s] <= best * (1 + gemm_configs.TIE)]
+    split = min(s[3] for s in near)
+    same_split = [s for s in near if s[3] == split]
+    swap = all(s[4] for s in same_split)
+    alike = [s for s in same_split if s[4] == swap]
+    preferred = [s for s in alike if s[0] <= 128] or alike
+    area = max(s[0] * s[1] for s in preferred)
+    return max((s for s in preferred if s[0] * s[1] == area), key=lambda s: s[2]), near
+
+
 @pytest.mark.parametrize("op,sig", [("bf16_gemm", {"dtype": "bfloat16"}),
                                     ("f8f8bf16_rowwise", {"bias": "none", "fast_accum": True}),
                                     ("f8f8bf16_rowwise", {"bias": "none", "fast_accum": False})])
@@ -301,19 +317,22 @@ def test_large_m_heuristic_is_the_model_s_best(op, sig):
     promoted FP8), near-ties going to no split, then the unswapped, then the 128-row tile, then
     the larger tile; FP8 fast accumulation at M >= PINGPONG_M_MIN then takes the ping-pong tile
     of least modelled time (times PINGPONG_FACTOR) where it costs less than the pick charged
-    EPILOGUE_WEIGHT per output element and wave (beyond a TIE)."""
+    EPILOGUE_WEIGHT per output element and wave (beyond a TIE), or else, at M >= WIDE_M_MIN,
+    chooses again with the 256-row tiles in."""
     (template,) = registry.get_templates(op=op, backend="cute")
+    fast = sig == {"bias": "none", "fast_accum": True}
     shapes = {(c["tile_m"], c["tile_n"], c["cluster_m"], c.get("split_k", 1), bool(c.get("swap")))
               for c in template.valid_configs("sm90a", sig)
               if not ({"stream_k", "x_rows", "pingpong"} & c.keys()) and c.get("promote", 0) in (0, 4)
-              and c["tile_m"] in (128, 192)
+              and (c["tile_m"] in (128, 192) or (c["tile_m"] == 256 and fast))
               and (c.get("swap") or c.get("split_k", 1) == 1 or sig == {"bias": "none", "fast_accum": False})
               and (c["tile_n"] >= gemm_configs.SWAP_MIN_WIDTH if c.get("swap")
                    else (c["tile_n"], c["cluster_m"]) != (64, 2))}
     assert any(s[4] for s in shapes) == (sig != {"bias": "none", "fast_accum": False})
     assert any(s[0] == 192 for s in shapes) == (sig != {"bias": "none", "fast_accum": False})
+    assert any(s[0] == 256 for s in shapes) == fast
     k_bytes_per = 2 if op == "bf16_gemm" else 1
-    tall_factor = gemm_configs.TALL_FP8_FACTOR if op == "f8f8bf16_rowwise" else 1
+    factor = {192: gemm_configs.TALL_FP8_FACTOR, 256: gemm_configs.WIDE_FP8_FACTOR} if op == "f8f8bf16_rowwise" else {}
     for m, n, k in itertools.product(LARGE_M, LAYERS_N, (1024, 4096, 28672)):
         config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
         chosen = (config["tile_m"], config["tile_n"], config["cluster_m"], config.get("split_k", 1),
@@ -327,20 +346,14 @@ def test_large_m_heuristic_is_the_model_s_best(op, sig):
             # Split-K at most up to one wave of units.
             if s[3] > 1 and row_tiles * -(-cols // s[1]) * s[3] > gemm_configs.NUM_SMS:
                 continue
-            times[s] = _model_time(rows, cols, k * k_bytes_per, *s[:4]) * (tall_factor if s[0] == 192 else 1)
-        best = min(times.values())
-        near = [s for s in times if times[s] <= best * (1 + gemm_configs.TIE)]
-        split = min(s[3] for s in near)
-        same_split = [s for s in near if s[3] == split]
-        swap = all(s[4] for s in same_split)
-        alike = [s for s in same_split if s[4] == swap]
-        preferred = [s for s in alike if s[0] != 192] or alike
-        area = max(s[0] * s[1] for s in preferred)
-        pick = max((s for s in preferred if s[0] * s[1] == area), key=lambda s: s[2])
+            times[s] = _model_time(rows, cols, k * k_bytes_per, *s[:4]) * factor.get(s[0], 1)
+        wide = {s: t for s, t in times.items() if s[0] == 256}
+        pick, near = _least_modelled({s: t for s, t in times.items() if s[0] != 256})
         # FP8 fast accumulation at M >= PINGPONG_M_MIN: a ping-pong tile where the pick's
         # epilogues (EPILOGUE_WEIGHT per output element and wave) make the pick dearer.
         expected = pick + (False,)
-        if sig == {"bias": "none", "fast_accum": True} and m >= gemm_configs.PINGPONG_M_MIN:
+        pingpong = False
+        if fast and m >= gemm_configs.PINGPONG_M_MIN:
             rows, cols = (n, m) if pick[4] else (m, n)
             row_tiles = -(-rows // pick[0])
             clusters = -(-row_tiles // pick[2]) * -(-cols // pick[1]) * pick[3]
@@ -352,6 +365,11 @@ def test_large_m_heuristic_is_the_model_s_best(op, sig):
             winner = min(pp, key=pp.get)
             if pp[winner] < charged:
                 expected = winner + (1, False, True)
+                pingpong = True
+        # ... or else, at M >= WIDE_M_MIN, the choice again with the 256-row tiles in.
+        if wide and not pingpong and m >= gemm_configs.WIDE_M_MIN:
+            pick, near = _least_modelled(times)
+            expected = pick + (False,)
         assert chosen + (bool(config.get("pingpong")),) == expected, (m, n, k, config, near)
 
 
@@ -504,3 +522,28 @@ def test_fp8_fast_accum_takes_ping_pong_where_the_pick_s_epilogues_cost_more():
         assert "pingpong" not in bf16.heuristic("sm90a", {"dtype": "bfloat16"}, {"M": m, "N": n, "K": k})
         if m < gemm_configs.PINGPONG_M_MIN:
             assert "pingpong" not in pick(m, n, k)
+
+
+def test_fp8_fast_accum_takes_256_row_tiles_where_measured_faster():
+    """256-row FP8 tiles, as timed on the H200 against the earlier pick (docs/benchmarks.md
+    "256-row tiles"): taken at M = 7105 on 36864 x 7168 (2999 -> 2849 us), M = 15864 on 7168 x
+    16384 (2996 -> 2710) and M = 1481 on 57344 x 8192 (1133 -> 1031); not below WIDE_M_MIN (M = 774
+    on 5120 x 8192: 0.87x the old pick), not over a ping-pong pick (M = 5096 on 57344 x 8192 and
+    11262 on 5120 x 8192: 0.95x and 0.94x), never for 16-bit or promoted FP8."""
+    (fp8,) = registry.get_templates(op="f8f8bf16_rowwise", backend="cute")
+    (bf16,) = registry.get_templates(op="bf16_gemm", backend="cute")
+
+    def pick(m, n, k, fast=True):
+        return fp8.heuristic("sm90a", {"bias": "none", "fast_accum": fast}, {"M": m, "N": n, "K": k})
+
+    assert pick(7105, 36864, 7168) == {**gemm_configs._config(256, 192, 2), "promote": 0}
+    assert pick(15864, 7168, 16384)["tile_m"] == 256
+    assert pick(1481, 57344, 8192)["tile_m"] == 256
+    assert pick(774, 5120, 8192)["tile_m"] != 256
+    assert pick(5096, 57344, 8192)["pingpong"] == 1
+    assert pick(11262, 5120, 8192)["pingpong"] == 1
+    for m, n, k in itertools.product(LARGE_M, LAYERS_N, (1024, 8192)):
+        assert pick(m, n, k, fast=False)["tile_m"] != 256
+        assert bf16.heuristic("sm90a", {"dtype": "bfloat16"}, {"M": m, "N": n, "K": k})["tile_m"] != 256
+        if m < gemm_configs.WIDE_M_MIN:
+            assert pick(m, n, k)["tile_m"] != 256

@@ -62,17 +62,18 @@ def test_bf16_gemm_every_config(case):
 
 # Ping-pong: ~8 tiles per CTA (its two warpgroups alternate several times, odd counts leave one
 # a tile more) with a k-tile count that is no multiple of the pipeline's stages (the warpgroups
-# step their pipeline states over each other's tiles: phases wrap mid-tile).
-PINGPONG_SHAPES = [(4100, 4112, 1040), (1000, 2064, 4112)]
+# step their pipeline states over each other's tiles: phases wrap mid-tile). 256-row tiles (two
+# 64-row blocks per warpgroup, like ping-pong's) run them too: several tiles per CTA, M and N tails.
+LONG_SHAPES = [(4100, 4112, 1040), (1000, 2064, 4112)]
 
 
 def _shapes_for(config):
-    """CONFIG_SHAPES (and PINGPONG_SHAPES for ping-pong tiles), and for a decode config that
-    loads only x_rows rows of x, the M <= x_rows cases (every M from 1 to x_rows on two sizes,
-    one with 3 waves of split-K units)."""
+    """CONFIG_SHAPES (and LONG_SHAPES for ping-pong and 256-row tiles), and for a decode config
+    that loads only x_rows rows of x, the M <= x_rows cases (every M from 1 to x_rows on two
+    sizes, one with 3 waves of split-K units)."""
     x_rows = config.get("x_rows")
-    if config.get("pingpong"):
-        return CONFIG_SHAPES + PINGPONG_SHAPES
+    if config.get("pingpong") or config["tile_m"] == 256:
+        return CONFIG_SHAPES + LONG_SHAPES
     if x_rows is None:
         return CONFIG_SHAPES
     return [s for s in CONFIG_SHAPES if s[0] <= x_rows] + [(m, 528, 1040) for m in range(1, x_rows + 1)] + \
