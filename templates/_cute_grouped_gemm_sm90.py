@@ -5,10 +5,12 @@
 
 The kernel is ``_cute_gemm_sm90.HopperGemm`` (persistent, warp-specialized: a TMA producer warp,
 tile_m // 64 wgmma consumer warpgroups, the same main loop, FP8 promotion and epilogue hook) with
-a different unit of work. The output tiles of all groups form one list, group by group (inside a
-group the M tiles move fastest, so the CTAs running together share the group's weight panel);
-CTA c takes tiles c, c + grid, c + 2 * grid, ... A group of m rows has ceil(m / tile_m) * N-tiles
-tiles, an empty group none. Nothing about the sizes is known on the host: every warp that walks
+a different unit of work. The units of all groups form one list, group by group (inside a group
+the M units move fastest, so the CTAs running together share the group's weight panel); cluster
+c takes units c, c + grid, c + 2 * grid, ... A unit is one output tile, or with a 2x1 cluster
+(``cluster_m`` 2) two M tiles of a group with the same N tile, whose weight tile is multicast to
+both CTAs. A group of m rows has ceil(m / (tile_m * cluster_m)) * N-tiles units, an empty group
+none. Nothing about the sizes is known on the host: every warp that walks
 the list (the producer warp and each consumer warp) reads M_sizes on the device, 32 groups at a
 time (one per lane, a warp prefix sum of their tiles and rows), and finds a tile's group with a
 ballot, moving forward only since a CTA's tiles only grow. So the call never synchronizes with
@@ -30,9 +32,10 @@ Rows past sum(M_sizes) are neither read into any stored result nor written. If s
 exceeds total_M (a caller error that cannot be checked without a host sync), groups are cut at
 total_M: nothing outside x and out is touched.
 
-The grid: min(NUM_SMS, an upper bound of the tiles known on the host), the bound being
-(total_M // tile_m + min(G, total_M)) N-tiles (each non-empty group adds at most one partial M
-tile); a CTA whose first index is past the real tile count does nothing.
+The grid: min(NUM_SMS / cluster_m clusters, an upper bound of the units known on the host), the
+bound being (total_M // (tile_m * cluster_m) + min(G, total_M)) N-tiles (each non-empty group
+adds at most one partial M unit); a cluster whose first index is past the real unit count does
+nothing.
 """
 import cutlass
 import cutlass.cute as cute
@@ -81,14 +84,19 @@ def fake_args(ab_dtype, k_multiple: int, index_dtype: str, scales: bool) -> list
 
 
 class GroupedHopperGemm(HopperGemm):
-    """One grouped GEMM configuration: HopperGemm's tile, FP8 promotion and epilogue hook; no
-    cluster, split-K, stream-K or x_rows (each tile's unit of work is one whole group tile).
+    """One grouped GEMM configuration: HopperGemm's tile, cluster, FP8 promotion and epilogue
+    hook; no split-K, stream-K or x_rows (each tile's unit of work is one whole group tile).
+    With a 2x1 cluster the unit of work is a pair of M tiles of one group with the same N tile:
+    the weight tile is TMA-multicast to both CTAs (each loads half), and a CTA whose M tile lies
+    past the group's rows computes rows that are never stored (its store clips to nothing).
     The epilogue hook's prefetch sees m0 = the tile's first row of x / out and n0 = its first
     row of w viewed as [G * N, K] (so per-group column data, e.g. scales [G, N], flattens)."""
 
-    def __init__(self, tile_mn, raster_m=True, promote_every=0, epilogue=None, template="GroupedHopperGemm"):
-        super().__init__(tile_mn, cluster_m=1, raster_m=raster_m, group=0, promote_every=promote_every,
+    def __init__(self, tile_mn, cluster_m=1, raster_m=True, promote_every=0, epilogue=None,
+                 template="GroupedHopperGemm"):
+        super().__init__(tile_mn, cluster_m=cluster_m, raster_m=raster_m, group=0, promote_every=promote_every,
                          epilogue=epilogue, template=template)
+        self.unit_m = self.tile_m * self.cluster_m  # rows of a group one unit of work covers
 
     # ---------------------------------------------------------------- host side
     @cute.jit
@@ -100,13 +108,14 @@ class GroupedHopperGemm(HopperGemm):
         groups = m_sizes.shape[0]
         total_m = d.shape[0]
         n_tiles = cute.ceil_div(d.shape[1], self.tile_n)
-        tiles_bound = (total_m // self.tile_m + cutlass.min(groups, total_m)) * n_tiles
-        num_ctas = cutlass.max(cutlass.min(tiles_bound, NUM_SMS), 1)
+        units_bound = (total_m // self.unit_m + cutlass.min(groups, total_m)) * n_tiles
+        num_clusters = cutlass.max(cutlass.min(units_bound, NUM_SMS // self.cluster_m), 1)
         self._define_shared_storage()
         self.grouped_kernel(tma_a, gA, tma_b, gB, tma_d, gD, self.tiled_mma, self.tiled_mma_zero,
                             self.a_smem, self.b_smem, self.d_smem, m_sizes, total_m, d.shape[1],
                             epi_args).launch(
-            grid=(1, 1, num_ctas), block=(self.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
+            grid=(self.cluster_m, 1, num_clusters), block=(self.threads, 1, 1), cluster=(self.cluster_m, 1, 1),
+            min_blocks_per_mp=1, stream=stream)
 
     # -------------------------------------------------------------- device side
     @cute.jit
@@ -120,7 +129,7 @@ class GroupedHopperGemm(HopperGemm):
         if g < m_sizes.shape[0]:
             rows = Int32(m_sizes[g])
         rows = cutlass.max(rows, Int32(0))
-        tiles = (rows + self.tile_m - 1) // self.tile_m * n_tiles
+        tiles = (rows + self.unit_m - 1) // self.unit_m * n_tiles
         incl_rows, incl_tiles = rows, tiles
         for d in cutlass.range_constexpr(5):
             up_rows = cute.arch.shuffle_sync_up(incl_rows, 1 << d)
@@ -157,7 +166,8 @@ class GroupedHopperGemm(HopperGemm):
 
     @cute.jit
     def _find_tile(self, work: Int32, walk, n_tiles: Int32):
-        """Work index (inside the walk's chunk) -> (group, its first row, its rows, M tile, N tile).
+        """Work index (inside the walk's chunk) -> (group, its first row, its rows, M unit, N tile):
+        the M unit's cluster_m M tiles from M tile unit * cluster_m.
         The group is the lane whose inclusive tile sum first exceeds the index: the count of
         lanes at or below it (prefix sums only grow), by ballot."""
         chunk, tiles_base, rows_base, rows, tiles, incl_rows, incl_tiles, _, _ = walk
@@ -167,7 +177,7 @@ class GroupedHopperGemm(HopperGemm):
         first_row = rows_base + cute.arch.shuffle_sync(incl_rows - rows, lane)
         group_rows = cute.arch.shuffle_sync(rows, lane)
         t = local - first_tile
-        m_tiles = (group_rows + self.tile_m - 1) // self.tile_m
+        m_tiles = (group_rows + self.unit_m - 1) // self.unit_m
         tile_n = t // m_tiles
         return chunk + lane, first_row, group_rows, t - tile_n * m_tiles, tile_n
 
@@ -178,11 +188,15 @@ class GroupedHopperGemm(HopperGemm):
                        d_smem: cute.ComposedLayout, m_sizes: cute.Tensor, total_m: Int32, n_size: Int32,
                        epi_args):
         tidx, warp_idx = self._kernel_start(tma_a, tma_b, tma_d)
+        # CTA rank in the (cluster_m, 1) cluster == its M tile inside the unit of work.
+        cta_m = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        b_mcast_mask = cute.make_layout_image_mask(
+            cute.make_layout((self.cluster_m, 1, 1)), (cta_m, 0, 0), mode=0)
 
         ab_pipeline, sA, sB, sD, sEpi, _ = self._allocate_shared(a_smem, b_smem, d_smem)
         k_tiles = cute.ceil_div(mA.shape[1], self.tile_k)
         n_tiles = (n_size + self.tile_n - 1) // self.tile_n
-        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+        pipeline.pipeline_init_wait(cluster_shape_mn=(self.cluster_m, 1))
 
         if cute.arch.make_warp_uniform(tidx // 128) == 0:
             cute.arch.setmaxregister_decrease(sm90._PRODUCER_REGS)
@@ -191,16 +205,16 @@ class GroupedHopperGemm(HopperGemm):
                 work = cute.arch.block_idx()[2]
                 walk = self._walk_start(m_sizes, n_tiles, work)
                 while walk[0] < m_sizes.shape[0]:
-                    group, first_row, _, tile_m, tile_n = self._find_tile(work, walk, n_tiles)
+                    group, first_row, _, unit_m, tile_n = self._find_tile(work, walk, n_tiles)
                     gA = cute.local_tile(cute.domain_offset((first_row, None), mA),
-                                         (self.tile_m, self.tile_k), (tile_m, None))
+                                         (self.tile_m, self.tile_k), (unit_m * self.cluster_m + cta_m, None))
                     gB = cute.local_tile(cute.domain_offset((group * n_size, None), mB),
                                          (self.tile_n, self.tile_k), (tile_n, None))
                     tAsA, tAgA = cpasync.tma_partition(tma_a, 0, cute.make_layout(1),
                                                        cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
-                    tBsB, tBgB = cpasync.tma_partition(tma_b, 0, cute.make_layout(1),
+                    tBsB, tBgB = cpasync.tma_partition(tma_b, cta_m, cute.make_layout(self.cluster_m),
                                                        cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
-                    state = self._load(ab_pipeline, state, tma_a, tma_b, tAgA, tAsA, tBgB, tBsB, 0,
+                    state = self._load(ab_pipeline, state, tma_a, tma_b, tAgA, tAsA, tBgB, tBsB, b_mcast_mask,
                                        Int32(0), k_tiles)
                     work += cute.arch.grid_dim()[2]
                     walk = self._walk_to(m_sizes, n_tiles, work, walk)
@@ -208,18 +222,19 @@ class GroupedHopperGemm(HopperGemm):
         else:
             cute.arch.setmaxregister_increase(sm90._CONSUMER_REGS)
             self._consume_groups(ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, tma_d, mD,
-                                 k_tiles, tidx - 128, warp_idx, m_sizes, total_m, n_size, n_tiles, epi_args)
+                                 k_tiles, tidx - 128, warp_idx, cta_m, m_sizes, total_m, n_size, n_tiles, epi_args)
 
     @cute.jit
     def _consume_groups(self, ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, tma_d, mD, k_tiles,
-                        mma_tidx, warp_idx, m_sizes, total_m, n_size, n_tiles, epi_args):
+                        mma_tidx, warp_idx, cta_m, m_sizes, total_m, n_size, n_tiles, epi_args):
         """Consumer warpgroups: HopperGemm's main loop and epilogue over the group tiles."""
         c, read_state, release_state = self._consumer_setup(tiled_mma, tiled_mma_zero, sA, sB, sD, mma_tidx)
         tiles_done = Int32(0)
         work = cute.arch.block_idx()[2]
         walk = self._walk_start(m_sizes, n_tiles, work)
         while walk[0] < m_sizes.shape[0]:
-            group, first_row, group_rows, tile_m, tile_n = self._find_tile(work, walk, n_tiles)
+            group, first_row, group_rows, unit_m, tile_n = self._find_tile(work, walk, n_tiles)
+            tile_m = unit_m * self.cluster_m + cta_m
             if const_expr(self.epilogue is not None):
                 self.epilogue.prefetch(c.epi_regs, epi_args, first_row + tile_m * self.tile_m,
                                        group * n_size + tile_n * self.tile_n, mma_tidx)

@@ -23,10 +23,20 @@ NUM_SMS = 132  # H100 / H200 SXM (the persistent grid)
 # 64-wide tiles are left out: MoE GEMMs have N >= 1024, where they only add loads per FLOP (at
 # decode too: 64 x 64 ran 0.73-0.98x the best tile at the three layers' decode GEMMs, T 16 and 128).
 _TILES = ((128, 256), (128, 128), (64, 256), (64, 128))
-BF16_CONFIGS = tuple({"tile_m": m, "tile_n": n} for m, n in _TILES)
+# 128-row tiles in 2x1 clusters (``cluster_m`` 2): two M tiles of a group share the weight tile
+# through TMA multicast (for groups of more than 128 rows: a pair's second tile past the group's
+# end computes nothing that is stored).
+_CLUSTER_TILES = ((128, 256), (128, 128))
+
+
+def _tiles(**extra):
+    return (tuple({"tile_m": m, "tile_n": n, **extra} for m, n in _TILES)
+            + tuple({"tile_m": m, "tile_n": n, "cluster_m": 2, **extra} for m, n in _CLUSTER_TILES))
+
+
+BF16_CONFIGS = _tiles()
 FP8_PROMOTE = 4
-FP8_CONFIGS = (tuple({"tile_m": m, "tile_n": n, "promote": 0} for m, n in _TILES)
-               + tuple({"tile_m": m, "tile_n": n, "promote": FP8_PROMOTE} for m, n in _TILES if n <= 128))
+FP8_CONFIGS = _tiles(promote=0) + tuple(c for c in _tiles(promote=FP8_PROMOTE) if c["tile_n"] <= 128)
 
 # Relative throughput of a full tile (first guesses; the tuner measures the real ones).
 _EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.9, (64, 256): 0.8, (64, 128): 0.7}
@@ -58,8 +68,29 @@ def cost(config, problem):
     return waves * tm * tn / _EFFICIENCY[(tm, tn)]
 
 
+# Promoted FP8 128-row tiles run in 2x1 clusters where K is at least CLUSTER_K_MIN and the groups
+# hold at least two M tiles on average (CLUSTER_GROUP_ROWS rows per non-empty group). Every config
+# at the three MoE layers' prefill GEMMs on the H200 (docs/benchmarks.md "Grouped GEMMs in 2x1
+# clusters"): the promoted 128x128 tile in a 2x1 cluster ran 1.00-1.11x the single CTA at K =
+# 4096-14336 (Mixtral down, K 14336: 1.11x; Llama-4-Scout down, K 8192: 1.04x; Mixtral gate_up,
+# K 4096: 1.03x) but for 0.985x at Llama-4-Scout gate_up (K 5120), and 0.87x at K = 2048
+# (DeepSeek-V3 down: 16 k-tiles a unit, too few to repay the cluster's set-up). 16-bit tiles in
+# clusters won only at Mixtral down (1.07x; 0.87-0.96x at four of the other five), so 16-bit
+# keeps single CTAs.
+CLUSTER_K_MIN = 4096
+CLUSTER_GROUP_ROWS = 256
+
+
 def heuristic(problem, fp8):
     """The cheapest config by ``cost`` (FP8: tiles of <= 128 columns, promoted every 4 k-tiles;
-    the error of unpromoted FP8 accumulation grows with K); ties go to the larger tile."""
+    the error of unpromoted FP8 accumulation grows with K); ties go to the larger tile, then
+    the single CTA. A promoted FP8 128-row tile then runs in a 2x1 cluster where K >=
+    CLUSTER_K_MIN and the expected rows per non-empty group reach CLUSTER_GROUP_ROWS."""
     configs = [c for c in (FP8_CONFIGS if fp8 else BF16_CONFIGS) if not fp8 or c["promote"] == FP8_PROMOTE]
-    return dict(min(configs, key=lambda c: (cost(c, problem), -c["tile_m"] * c["tile_n"])))
+    pick = dict(min(configs, key=lambda c: (cost(c, problem), -c["tile_m"] * c["tile_n"], c.get("cluster_m", 1))))
+    m = problem["M"]
+    busy = active_groups(m, problem.get("G", 1))
+    if (fp8 and pick["tile_m"] == 128 and problem.get("K", 0) >= CLUSTER_K_MIN and busy
+            and m / busy >= CLUSTER_GROUP_ROWS):
+        pick["cluster_m"] = 2
+    return pick

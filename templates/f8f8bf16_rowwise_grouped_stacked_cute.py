@@ -31,7 +31,8 @@ def build(config, target, sig):
     from mslk_dsl.templates import _cute_grouped_gemm_sm90 as grouped
     from mslk_dsl.templates._cute_rowwise_scale import RowwiseScale
 
-    gemm = grouped.GroupedHopperGemm((config["tile_m"], config["tile_n"]), promote_every=config["promote"],
+    gemm = grouped.GroupedHopperGemm((config["tile_m"], config["tile_n"]), cluster_m=config.get("cluster_m", 1),
+                                     promote_every=config["promote"],
                                      epilogue=RowwiseScale(config["tile_m"], config["tile_n"]),
                                      template="f8f8bf16_rowwise_grouped_stacked_cute")
 

@@ -32,6 +32,21 @@ def test_decode_groups_get_64_row_tiles_and_fp8_is_promoted():
         assert fp8["promote"] == space.FP8_PROMOTE and fp8["tile_n"] <= 128
 
 
+def test_promoted_fp8_prefill_runs_in_clusters_where_k_is_long_and_groups_large():
+    """2x1 clusters (the weight tile multicast to two M tiles of a group): promoted FP8 at K >=
+    CLUSTER_K_MIN with >= CLUSTER_GROUP_ROWS rows per busy group (DeepSeek-V3 gate_up, the
+    Llama-4-Scout and Mixtral GEMMs); not at K = 2048 (DeepSeek-V3 down: 0.87x the single CTA on
+    the H200), not at decode (a pair's second tile would hold no rows), never for 16-bit."""
+    deepseek_gate_up, deepseek_down, scout_gate_up, mixtral_down = PREFILL
+    for problem in (deepseek_gate_up, scout_gate_up, mixtral_down):
+        assert space.heuristic(problem, fp8=True) == {"tile_m": 128, "tile_n": 128, "promote": 4, "cluster_m": 2}
+    assert "cluster_m" not in space.heuristic(deepseek_down, fp8=True)
+    for problem in PREFILL + DECODE:
+        assert "cluster_m" not in space.heuristic(problem, fp8=False)
+    for problem in DECODE:
+        assert "cluster_m" not in space.heuristic(problem, fp8=True)
+
+
 def test_m_tile_estimate_bounds():
     assert space.m_tiles_estimate(0, 8, 128) == 0
     assert space.m_tiles_estimate(8, 128, 64) == 8          # one tile per non-empty group
