@@ -120,9 +120,10 @@ class GroupedHopperGemm(HopperGemm):
     # -------------------------------------------------------------- device side
     @cute.jit
     def _load_chunk(self, m_sizes: cute.Tensor, chunk: Int32, n_tiles: Int32):
-        """Groups [chunk, chunk + 32), one per lane: (the lane's rows, tiles, and inclusive prefix
-        sums of both over the chunk, the chunk's total rows and tiles). Past the last group the
-        chunk's tile total is BIG, which stops every search there."""
+        """Groups [chunk, chunk + 32), one per lane: (the lane's rows, units of work ("tiles":
+        one per output tile, or per cluster_m M tiles), and inclusive prefix sums of both over the
+        chunk, the chunk's total rows and units). Past the last group the chunk's unit total is
+        BIG, which stops every search there."""
         lane = cute.arch.lane_idx()
         g = chunk + lane
         rows = Int32(0)
