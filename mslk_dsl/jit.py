@@ -236,19 +236,20 @@ def build_and_load(key: KernelKey, template: Template, target: Target):
     return kernel
 
 
-def build_batch(store: KernelCache, jobs: list[tuple[KernelKey, Template, Target]]) -> list:
+def build_batch(store: KernelCache, jobs: list[tuple[KernelKey, Template, Target]]) -> list[tuple[object, bool]]:
     """Build several keys of one backend into ``store`` (the AOT runner's unit of work): take
     every key's lock in one order (no deadlock between workers) -> look again -> compile the
-    missing ones together -> publish each. Returns an Entry or the exception, per job."""
+    missing ones together -> publish each. Returns per job (an Entry or the exception, whether
+    this call compiled it): False for a key another process published while this one waited."""
     keys = {key.digest: key for key, _, _ in jobs}
     with contextlib.ExitStack() as held:
         for digest in sorted(keys):
             held.enter_context(store.lock(keys[digest]))
-        found = {key.digest: store.lookup(key) for key, _, _ in jobs}
-        missing = [job for job in jobs if found[job[0].digest] is None]
+        found = {key.digest: (store.lookup(key), False) for key, _, _ in jobs}
+        missing = [job for job in jobs if found[job[0].digest][0] is None]
         if missing:
             for (key, _, _), outcome in zip(missing, compile_and_publish(store, missing)):
-                found[key.digest] = outcome
+                found[key.digest] = (outcome, True)
     return [found[key.digest] for key, _, _ in jobs]
 
 

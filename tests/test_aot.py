@@ -7,13 +7,16 @@ import sys
 import textwrap
 import zipfile
 
+import fake_backend
 import pytest
 from support import run_python, tree_snapshot
 
 from mslk_dsl import aot, cli, jit
 from mslk_dsl.aot import manifest as aot_manifest
+from mslk_dsl.aot import runner
 from mslk_dsl.aot.wheel import package_bundle
 from mslk_dsl.cache import KernelCache
+from mslk_dsl.targets import get_target
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MANIFEST = os.path.join(HERE, "fixtures", "manifests", "scale_copy.toml")
@@ -97,6 +100,23 @@ def test_a_failing_job_is_reported_and_the_rest_build(tmp_path, monkeypatch):
     assert len(report.built) == 3 and list(report.failed) == [broken.key.digest]
     assert "no_such_template" in report.failed[broken.key.digest]
     assert "op=scale_copy" in report.failed[broken.key.digest]
+
+
+def test_a_kernel_published_while_waiting_is_reported_present_not_built(tmp_path, monkeypatch):
+    """Two builds of one output at once (two `aot build` runs, two test processes) compile each
+    kernel once; the one that finds a kernel the other published while it waited for the lock
+    reports it as already present, not as built by itself."""
+    backend = fake_backend.install(monkeypatch)
+    out = str(tmp_path / "out")
+    first, second = fake_backend.key(128, 2), fake_backend.key(256, 2)
+    # the other process: publishes `first`
+    [(entry, compiled)] = jit.build_batch(KernelCache(out, writable=True),
+                                          [(first, fake_backend.template(), get_target(first.target))])
+    assert compiled and entry is not None
+    results = runner._build_task([(first.parts(), "scale_copy_cute"), (second.parts(), "scale_copy_cute")], out)
+    assert [(digest, error, compiled) for digest, error, _, compiled in results] == \
+        [(first.digest, None, False), (second.digest, None, True)]
+    assert backend.compiles == 2
 
 
 def test_serving_from_a_bundle_with_jit_off_imports_no_compiler(bundle, tmp_path):

@@ -9,9 +9,12 @@ The cases come from the registry (a new template or config is picked up with no 
     configs (taken in the order of a hash of their names) that use every value of every config
     parameter at least once, each with the first signature of each dtype it accepts.
 ``MSLK_DSL_TEST_ALL_CONFIGS=1`` compiles every config x target x dtype instead (what ``make aot``
-covers as well). The selected cases of a backend are compiled together, once (FlyDSL shares its
-compiler child among them); each case then checks its own kernel. A fresh process then finds
-every kernel in the cache and compiles nothing.
+covers as well). The selected cases of a backend are compiled together (FlyDSL shares its
+compiler child among them) into one directory that every test process of the session shares:
+under pytest-xdist each process starts at its own offset in the list of jobs, so the processes
+split the batch between them and each kernel is compiled once (the build's per-kernel lock and
+second look), however xdist hands out the cases. Each case then checks its own kernel. A fresh
+process then finds every kernel in the output and compiles nothing.
 """
 import hashlib
 import json
@@ -25,6 +28,7 @@ import pytest
 from support import have_lld, run_python
 
 from mslk_dsl import aot, registry, resources
+from mslk_dsl.aot import runner
 from mslk_dsl.env import overridden
 from mslk_dsl.cache import KernelCache
 from mslk_dsl.keys import KernelKey
@@ -110,15 +114,41 @@ def _selected(request, backend: str) -> list[aot.Job]:
     return list(jobs.values())
 
 
+def _shared_output(tmp_path_factory, backend: str):
+    """The session's build directory for ``backend``, the same for every test process: xdist
+    gives each worker a base temporary directory of its own, side by side in the session's."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    out = base / f"compile-{backend}"
+    out.mkdir(exist_ok=True)
+    return out
+
+
+def _this_process_first(jobs: list) -> list:
+    """``jobs`` rotated to start at this test process's share (worker k of n starts k/n of the way
+    in), so processes building the same list at once start apart and meet only at the end."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    start = int(worker.removeprefix("gw") or 0) * len(jobs) // max(1, count)
+    return jobs[start:] + jobs[:start]
+
+
 def _build(request, backend, out, env=None) -> dict:
-    """Compile the selected cases of ``backend`` into ``out`` at once: digest -> Entry, or the
-    error text of a job that failed."""
+    """Compile the selected cases of ``backend`` into the shared ``out``: digest -> Entry, or the
+    error text of a job that failed. Built in rounds of a few runner tasks, each round skipping
+    what another test process has published meanwhile."""
     jobs = _selected(request, backend)
+    per_round = 4 * (runner.CUTE_JOBS_PER_TASK if backend == "cute" else runner.FLYDSL_JOBS_PER_TASK)
+    ordered, failed, built, seconds = _this_process_first(jobs), {}, 0, 0.0
     with overridden(env or {}):
-        report = aot.build(jobs, str(out), workers=1, progress=False)
-    print(f"{backend}: {len(report.built)} kernels compiled in {report.seconds:.0f}s")
+        for first in range(0, len(ordered), per_round):
+            report = aot.build(ordered[first:first + per_round], str(out), workers=1, progress=False)
+            failed.update(report.failed)
+            built, seconds = built + len(report.built), seconds + report.seconds
+    print(f"{backend}: {built} of {len(jobs)} kernels compiled by this process in {seconds:.0f}s")
     store = KernelCache(str(out))
-    return {j.key.digest: report.failed.get(j.key.digest) or store.lookup(j.key) for j in jobs}
+    return {j.key.digest: failed.get(j.key.digest) or store.lookup(j.key) for j in jobs}
 
 
 def _entry(built: dict, case: Case):
@@ -135,7 +165,7 @@ def _entry(built: dict, case: Case):
 
 @pytest.fixture(scope="module")
 def cute_built(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp("cute")
+    out = _shared_output(tmp_path_factory, "cute")
     return out, _build(request, "cute", out)
 
 
@@ -143,7 +173,7 @@ def cute_built(request, tmp_path_factory):
 def flydsl_built(request, tmp_path_factory):
     if not have_lld():
         pytest.skip("FlyDSL needs ld.lld (apt-get install -y lld-19)")
-    out = tmp_path_factory.mktemp("flydsl")
+    out = _shared_output(tmp_path_factory, "flydsl")
     return out, _build(request, "flydsl", out, env={"MSLK_DSL_KEEP_ISA": "gfx942"})
 
 
@@ -176,7 +206,6 @@ def _patterns(key: dict, kind: str, vector_pattern: str = "") -> list[str]:
     return patterns
 
 
-@pytest.mark.xdist_group("compile-cute")
 @pytest.mark.parametrize("cute_case", cases("cute"), ids=lambda c: c.id)
 def test_cute_template_compiles(cute_case, cute_built):
     entry = _entry(cute_built[1], cute_case)
@@ -201,7 +230,6 @@ def test_cute_template_compiles(cute_case, cute_built):
             assert re.search(pattern, sass), f"{cute_case.id}: no {pattern} in the SASS"
 
 
-@pytest.mark.xdist_group("compile-cute")
 def test_cute_kernels_are_found_by_a_fresh_process(cute_built):
     out, built = cute_built
     _fresh_process_compiles_nothing("cute", out, {d for d, e in built.items() if not isinstance(e, str)})
@@ -231,7 +259,6 @@ def _nvdisasm() -> str:
     return found
 
 
-@pytest.mark.xdist_group("compile-flydsl")
 @pytest.mark.parametrize("flydsl_case", cases("flydsl"), ids=lambda c: c.id)
 def test_flydsl_template_compiles(flydsl_case, flydsl_built):
     entry = _entry(flydsl_built[1], flydsl_case)
@@ -249,7 +276,6 @@ def test_flydsl_template_compiles(flydsl_case, flydsl_built):
         _check_run_time_block_sizes(key, isa)
 
 
-@pytest.mark.xdist_group("compile-flydsl")
 def test_flydsl_kernels_are_found_by_a_fresh_process(flydsl_built):
     out, built = flydsl_built
     _fresh_process_compiles_nothing("flydsl", out, {d for d, e in built.items() if not isinstance(e, str)},

@@ -42,10 +42,16 @@ class BuildReport:
     def ok(self) -> bool:
         return not self.failed
 
+    @property
+    def finished(self) -> int:
+        """Jobs with an outcome so far."""
+        return len(self.built) + len(self.skipped) + len(self.copied) + len(self.failed)
 
-def _build_task(jobs: list[tuple[dict, str]], out_root: str) -> list[tuple[str, str | None, float]]:
+
+def _build_task(jobs: list[tuple[dict, str]], out_root: str) -> list[tuple[str, str | None, float, bool]]:
     """Worker: compile the jobs (key parts, template name) of one backend together through
-    ``jit.build_batch``; returns (digest, error or None, seconds) per job."""
+    ``jit.build_batch``; returns (digest, error or None, seconds, whether this task compiled it)
+    per job (not compiled: another process published it while this one waited for its lock)."""
     from mslk_dsl import jit, registry
     from mslk_dsl.keys import KernelKey
     from mslk_dsl.targets import get_target
@@ -62,13 +68,13 @@ def _build_task(jobs: list[tuple[dict, str]], out_root: str) -> list[tuple[str, 
                 raise StateError("the key changed between planning and building (template edited?)")
             todo.append((key, template, get_target(key.target)))
         except Exception as e:
-            results.append((key.digest, f"{key.describe()}: {_one_line(e)}", 0.0))
+            results.append((key.digest, f"{key.describe()}: {_one_line(e)}", 0.0, False))
     outcomes = jit.build_batch(store, todo) if todo else []
     seconds = (time.perf_counter() - start) / max(1, len(todo))
-    for (key, _, _), outcome in zip(todo, outcomes):
+    for (key, _, _), (outcome, compiled) in zip(todo, outcomes):
         # a compile error names the template file and line it came from (DSL frames trimmed)
         error = f"{key.describe()}: {describe_compile_error(outcome)}" if isinstance(outcome, BaseException) else None
-        results.append((key.digest, error, seconds))
+        results.append((key.digest, error, seconds, compiled))
     return results
 
 
@@ -108,11 +114,11 @@ def build(jobs: list[Job], out_root: str, workers: int = 1, progress: bool | Non
     labels = {j.key.digest: j.label for j in todo}
     pending = _tasks(todo, workers)
     while pending:
-        finished_before = len(report.built) + len(report.failed)
+        finished_before = report.finished
         broken = _run_round(pending, out_root, workers, report, bar, labels)
         # A worker that crashes (a compiler segfault) breaks the whole pool: retry what did not
         # finish, one job per task, as long as each round makes progress.
-        if broken and len(report.built) + len(report.failed) > finished_before:
+        if broken and report.finished > finished_before:
             pending = [[j] for task in broken for j in task]
         else:
             for job in (j for task in broken for j in task):
@@ -164,8 +170,10 @@ def _run_round(tasks, out_root, workers, report, bar, labels) -> list[list[Job]]
             except cf.process.BrokenProcessPool:
                 broken.append(futures[future])
                 continue
-            for digest, error, seconds in results:
-                if error is None:
+            for digest, error, seconds, compiled in results:
+                if error is None and not compiled:  # published meanwhile by another process
+                    report.skipped.append(digest)
+                elif error is None:
                     report.built.append(digest)
                     bar.line(f"built  {labels[digest]} ({seconds:.1f}s)")
                 else:
