@@ -171,8 +171,9 @@ def _run_round(tasks, out_root, workers, report, bar, labels) -> list[list[Job]]
                 broken.append(futures[future])
                 continue
             for digest, error, seconds, compiled in results:
-                if error is None and not compiled:  # published meanwhile by another process
+                if error is None and not compiled:
                     report.skipped.append(digest)
+                    bar.line(f"found  {labels[digest]} (published by another build meanwhile)")
                 elif error is None:
                     report.built.append(digest)
                     bar.line(f"built  {labels[digest]} ({seconds:.1f}s)")
