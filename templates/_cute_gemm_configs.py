@@ -27,8 +27,8 @@ A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
                   range touches at most two tiles), the pieces go to an fp32 partials buffer
                   and a second kernel adds them in a fixed order (CUTLASS's stream-K
                   "data-parallel + one stream-K wave")
-  swap            (128-row tiles; absent means 0) 1: the kernel multiplies the weight by the
-                  tokens (A = w, B = x, D^T stored transposed), so tile_m runs along N and
+  swap            (64- and 128-row tiles; absent means 0) 1: the kernel multiplies the weight by
+                  the tokens (A = w, B = x, D^T stored transposed), so tile_m runs along N and
                   tile_n along M, in steps of 16 (64-256): a mid-sized M is padded to 16 rows
                   instead of 128 (cuBLAS's own orientation: torch's row-major x @ w.T is its
                   column-major w @ x^T). Fast accumulation only for FP8
@@ -125,6 +125,11 @@ SWAP_SPLIT_WIDTHS = (64, 96, 128, 160, 192, 256)
 SWAP_CONFIGS = (tuple(_config(128, n, 2, swap=True) for n in SWAP_WIDTHS)
                 + tuple(_config(128, n, split_k=s, swap=True) for n in SWAP_SPLIT_WIDTHS for s in MID_SPLIT_K))
 BF16_CONFIGS = BF16_CONFIGS + SWAP_CONFIGS
+# Swapped 64-row tiles, one CTA each (one consumer warpgroup): 64 weight rows per tile, so a
+# mid-sized M's weight stream is split over up to one wave of CTAs without split-K (cuBLAS's own
+# tiles there: 64 x 80-152 on the H200; see SWAP_64_M_MAX).
+SWAP_64_CONFIGS = tuple(_config(64, n, swap=True) for n in SWAP_WIDTHS)
+BF16_CONFIGS = BF16_CONFIGS + SWAP_64_CONFIGS
 # 192-row tiles: fewer, larger tiles, whose counts fit other layers into whole waves (cuBLAS's
 # own picks on the H200 at M >= 400 are mostly 192x192 and 256-row tiles 88-160 wide).
 TALL_CONFIGS = tuple(_config(TALL_TILE_M, n, c) for n in (128, 160, 192) for c in (1, 2))
@@ -147,7 +152,7 @@ FP8_CONFIGS = (tuple({**c, "promote": 0} for c in CONFIGS + FITTED_CONFIGS)
                + tuple({**_config(64, n, x_rows=X_ROWS), "promote": 0} for n in (64, 128, 256))
                + tuple({**c, "promote": 0} for c in MID_SPLIT_CONFIGS)
                + tuple({**_config(128, 128, split_k=s), "promote": FP8_PROMOTE} for s in MID_SPLIT_K)
-               + tuple({**c, "promote": 0} for c in SWAP_CONFIGS)
+               + tuple({**c, "promote": 0} for c in SWAP_CONFIGS + SWAP_64_CONFIGS)
                + tuple({**c, "promote": 0} for c in TALL_CONFIGS)
                + tuple({**c, "promote": 0} for c in WIDE_CONFIGS)
                + tuple({**c, "promote": 0} for c in PINGPONG_CONFIGS))
@@ -294,6 +299,35 @@ def swap_candidates(fp8, fast_accum):
                    if c["tile_n"] >= SWAP_MIN_WIDTH})
 
 
+# Mid-sized M on a layer whose 64-row weight tiles make up at most one wave: one swapped 64-row
+# tile per SM, its tokens' tile covering all of M (M rounded up to 16), streams the weight with
+# no split-K fix-up (cuBLAS runs such 64 x 80-152 tiles there). Timed on the H200 against the
+# model's picks (mostly split-K over swapped 128-row tiles), graph replays next to cuBLAS
+# (docs/benchmarks.md, "Swapped 64-row tiles"), it is the faster where
+#   * M <= SWAP_64_M_MAX: past it one warpgroup's MMA work per SM outgrows the stream (tiles
+#     224-256 wide ran 0.76-1.01x cuBLAS against the picks' 0.84-1.04x);
+#   * at most NUM_SMS tiles: one more wave runs part-empty (N = 9216-10240: 0.66-0.89x against
+#     0.98-0.99x);
+#   * at least SWAP_64_TILES_FULL tiles, enough SMs streaming to keep up with HBM, or at least
+#     SWAP_64_TILES_MIN with K of at most SWAP_64_SHORT_K_BYTES per row: with 64-84 tiles (N =
+#     4096-5376) a long K is streamed faster by the split-K pick's ~130 units (5376 x 21504:
+#     77 against 84 us), a short one without the fix-up (5120 x 2880, M = 115: 22.0 -> 17.1 us;
+#     4096 x 4096, M = 88: 17.5 -> 12.6 us FP8); N = 2112 (33 tiles) keeps split-K.
+SWAP_64_M_MAX = 208
+SWAP_64_TILES_MIN, SWAP_64_TILES_FULL = 64, 96
+SWAP_64_SHORT_K_BYTES = 16384
+
+
+def swap_64_streams(m, n, k_bytes, fp8=False, fast_accum=False):
+    """Whether an M x N call with ``k_bytes`` of K per row takes a swapped 64-row tile as wide
+    as M (see SWAP_64_M_MAX). Promoted FP8 has no swapped tiles."""
+    if fp8 and not fast_accum:
+        return False
+    tiles = _ceil_div(n, 64)
+    return (64 < m <= SWAP_64_M_MAX and tiles <= NUM_SMS
+            and (tiles >= SWAP_64_TILES_FULL or (tiles >= SWAP_64_TILES_MIN and k_bytes <= SWAP_64_SHORT_K_BYTES)))
+
+
 # A 2x1 cluster over an odd number of M tiles pads the last cluster with a CTA that has no rows:
 # measured far slower than the model says (M = 324-339 on 4096 x 7168-8192, 3 tiles: 0.59x
 # cuBLAS; 1 tile at M = 128: 1.34x slower than one CTA per tile), so it is allowed only where
@@ -383,6 +417,8 @@ def _large_m(m, n, k_bytes, fp8, fast_accum):
 def heuristic(problem, fp8, fast_accum=False):
     """Default config for a call of size problem = {"M", "N", "K"}.
 
+    64 < M <= SWAP_64_M_MAX on a layer of up to one wave of 64-row weight tiles (see
+    swap_64_streams): one swapped 64-row tile per SM, as wide as M rounded up to 16.
     M <= 64 (decode) is bound by streaming the weight: 64-row tiles of the width that minimises
     the bytes the busiest SM streams (the weight and, per tile, x's 64-row box); for 16-bit
     inputs with M <= DECODE_M_MAX, 256-wide tiles,
@@ -425,8 +461,10 @@ def heuristic(problem, fp8, fast_accum=False):
         if problem.get("K", 0) >= DECODE_SPLIT_K_MIN:
             split_k = max(s for s in (1, *SPLIT_K) if tiles * s <= NUM_SMS)
             return _config(64, 256, split_k=split_k, x_rows=decode_rows)
+    k_bytes = problem.get("K", 0) * (1 if fp8 else 2)
+    if swap_64_streams(m, n, k_bytes, fp8, fast_accum):
+        return {**_config(64, _ceil_div(m, 16) * 16, swap=True), **promote}
     if m > 64:
-        k_bytes = problem.get("K", 0) * (1 if fp8 else 2)
         tile_m, tile_n, cluster_m, split_k, swap, pingpong = _large_m(m, n, k_bytes, fp8, fast_accum)
         return {**_config(tile_m, tile_n, cluster_m, split_k=split_k, swap=swap, pingpong=pingpong), **promote}
     # A 64-row tile streams its 64-row box of x along K beside the tile_n rows of w (the box is

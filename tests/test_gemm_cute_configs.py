@@ -41,6 +41,11 @@ def test_heuristic_picks_a_valid_config(op):
             config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
             assert config in valid, (op, sig, m, n, k, config)
             large = (128, 192, 256) if op == "f8f8bf16_rowwise" and sig.get("fast_accum") else (128, 192)
+            k_bytes = k * (1 if op == "f8f8bf16_rowwise" else 2)
+            if gemm_configs.swap_64_streams(m, n, k_bytes, op == "f8f8bf16_rowwise", sig.get("fast_accum", False)):
+                # one swapped 64-row tile per SM, as wide as M rounded up to 16
+                assert (config["tile_m"], config["tile_n"], config.get("swap")) == (64, -(-m // 16) * 16, 1)
+                continue
             assert config["tile_m"] in ((64,) if m <= 64 else large), (m, config)
             if m <= 64:
                 assert config["cluster_m"] == 1, (m, config)
@@ -334,6 +339,8 @@ def test_large_m_heuristic_is_the_model_s_best(op, sig):
     k_bytes_per = 2 if op == "bf16_gemm" else 1
     factor = {192: gemm_configs.TALL_FP8_FACTOR, 256: gemm_configs.WIDE_FP8_FACTOR} if op == "f8f8bf16_rowwise" else {}
     for m, n, k in itertools.product(LARGE_M, LAYERS_N, (1024, 4096, 28672)):
+        if gemm_configs.swap_64_streams(m, n, k * k_bytes_per, op == "f8f8bf16_rowwise", sig.get("fast_accum", False)):
+            continue  # the swapped 64-row rule decides (test_mid_m_takes_one_swapped_64_row_tile_per_sm)
         config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
         chosen = (config["tile_m"], config["tile_n"], config["cluster_m"], config.get("split_k", 1),
                   bool(config.get("swap")))
@@ -397,12 +404,16 @@ def test_model_prefers_widths_that_fit_the_layer():
     assert pick(333, 5120) == (128, 112, 2, 1, True)
     assert pick(324, 4096) == (128, 96, 2, 1, True)  # 4 x 96 = 384 > 324 > 3 x 96: tiles x waves
     assert pick(256, 8192) == (128, 128, 2, 1, False)  # M a multiple of 128: unswapped
-    # Split-K where the tiles leave SMs idle and K is long: M = 129 at 4096 x 4096 is one
-    # swapped 160-token tile by 32 weight tiles, split in 4 (128 units).
-    assert pick(129, 4096, 4096) == (128, 160, 1, 4, True)
+    # Split-K where the tiles leave SMs idle and K is long: M = 129 at 4096 x 14336 is one
+    # swapped 160-token tile by 32 weight tiles, split in 4 (128 units); with a short K it is
+    # one swapped 64-row tile per SM, 144 tokens wide (see swap_64_streams).
+    assert pick(129, 4096, 14336) == (128, 160, 1, 4, True)
+    assert pick(129, 4096, 4096) == (64, 144, 1, 1, True)
     assert pick(1522, 2880, 4096) == (192, 192, 2, 1, False)
     assert pick(2272, 2112, 7168) == (192, 192, 2, 1, False)
     for m, n, k in itertools.product(LARGE_M, LAYERS_N, (1024, 8192)):
+        if gemm_configs.swap_64_streams(m, n, 2 * k):
+            continue
         tile_m, tile_n, cluster_m, split_k, swap = pick(m, n, k)
         rows, cols = (n, m) if swap else (m, n)
         assert tile_m in (128, 192) and 64 <= tile_n <= 256
@@ -411,6 +422,36 @@ def test_model_prefers_widths_that_fit_the_layer():
                 else tile_n % 32 == 0 and (tile_n, cluster_m) != (64, 2))
         assert split_k == 1 or (cluster_m == 1 and -(-rows // 128) * -(-cols // tile_n) * split_k
                                 <= gemm_configs.NUM_SMS)
+
+
+@pytest.mark.parametrize("op,sig", [("bf16_gemm", {"dtype": "bfloat16"}),
+                                    ("f8f8bf16_rowwise", {"bias": "none", "fast_accum": True})])
+def test_mid_m_takes_one_swapped_64_row_tile_per_sm(op, sig):
+    """64 < M <= SWAP_64_M_MAX on a layer of 64..132 weight tiles of 64 rows (96.. at a long K):
+    a swapped 64-row tile as wide as M rounded up to 16, unsplit, one CTA (measured faster than
+    split-K over swapped 128-row tiles there; docs/benchmarks.md "Swapped 64-row tiles")."""
+    (template,) = registry.get_templates(op=op, backend="cute")
+    per = 2 if op == "bf16_gemm" else 1
+
+    def pick(m, n, k):
+        c = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
+        return c["tile_m"], c["tile_n"], c["cluster_m"], c.get("split_k", 1), bool(c.get("swap"))
+
+    assert pick(65, 7168, 5120) == (64, 80, 1, 1, True)
+    assert pick(208, 8192, 28672) == (64, 208, 1, 1, True)   # 128 tiles: HBM-bound at any K
+    assert pick(209, 8192, 5120)[0] != 64                      # past SWAP_64_M_MAX
+    assert pick(110, 8448, 4096)[:2] == (64, 112)              # 132 tiles: one wave
+    assert pick(110, 8512, 4096)[0] != 64                      # 133: a second, near-empty wave
+    assert pick(110, 2112, 7168)[0] != 64                      # 33 tiles: too few SMs stream
+    short_k, long_k = 16384 // per, 16384 // per + 16
+    assert pick(110, 4096, short_k)[:2] == (64, 112)           # 64 tiles, short K
+    assert pick(110, 4096, long_k)[0] != 64                    # 64 tiles, long K: split-K
+    assert pick(110, 6144, 4 * long_k)[:2] == (64, 112)        # 96 tiles: any K
+    for m in (64, 65, 100, 208, 209):
+        for n in (4096, 6144, 8448, 8512):
+            assert (pick(m, n, 4096)[0] == 64 and m > 64) == gemm_configs.swap_64_streams(m, n, 4096 * per)
+    # Promoted FP8 has no swapped tiles.
+    assert not gemm_configs.swap_64_streams(110, 8192, 4096, fp8=True, fast_accum=False)
 
 
 def test_fp8_fast_accum_takes_192_row_tiles_the_model_puts_within_5_percent():
