@@ -22,8 +22,14 @@ REGS, REGS_LONG = 64, 80
 # vector shapes; the first suits rows of a few hundred elements (4 rows per CTA), the 7-chunk
 # tiles rows of 7168 and 14336: no idle lanes in the row's last tile (H200, bf16: 250 against
 # 252 us at 24966 x 7168 and 252 against 258 us at 12483 x 14336 for 8192-element tiles).
+# Rows fitted with whole warps (one row per CTA, 4 chunks, 64 registers): 96-224 threads hold
+# 3072-7168 elements, so a row of 2880-6144 is one tile whose threads all have data (the
+# heuristic's smallest covering tile). H200, bf16, CUDA-graph replays at 64 / 256 MiB: 4608
+# 22.9 / 69.5 us in 160 x 4 against 24.4 / 72.0 in 128 x 7; 5120 23.1 / 69.8 against 23.9 /
+# 71.2; 6144 23.1 / 69.7 (192 x 4) against 23.8 / 69.9 (docs/benchmarks.md).
 CONFIGS = plan.expand(
-    vector_shapes=[(128, 4, 2), (128, 1, 4), (256, 1, 4), (128, 1, 7), (256, 1, 7)],
+    vector_shapes=[(128, 4, 2), (128, 1, 4), (256, 1, 4), (128, 1, 7), (256, 1, 7),
+                   (96, 1, 4), (160, 1, 4), (192, 1, 4), (224, 1, 4)],
     scalar_shapes=[(128, 4, 4), (256, 1, 8)],
 )
 _valid, _heuristic = plan.rules(CONFIGS, arrays=2)

@@ -86,6 +86,10 @@ def test_memory_bound_heuristics_take_the_measured_configs():
         assert pick("quantize_fp8_row", q, {"M": 8, "K": k}) == {**plan.config(threads, 1, 8, 4), "l1": "keep"}
     for k, threads in ((2880, 96), (5120, 160), (7168, 224)):
         assert pick("silu_mul_quant", q, {"M": 8, "K": k}) == {**plan.config(threads, 1, 8, 4), "l1": "keep"}
+    e = {"dtype": "bfloat16", "aligned": True}
+    for k, threads, chunks in ((2880, 96, 4), (4608, 160, 4), (5120, 160, 4), (6144, 192, 4), (7168, 128, 7),
+                               (14336, 256, 7)):
+        assert pick("silu_mul", e, {"M": 8, "K": k}) == plan.config(threads, 1, 8, chunks), k
     assert pick("silu_mul_quant", q, {"M": 8, "K": 14336}) == {**plan.config(224, 1, 8, 4), "cluster": 2, "l1": "keep"}
     for op in ("rmsnorm", "rmsnorm_add"):
         for dtype, k, cluster in (("bfloat16", 16728, 2), ("bfloat16", 32768, 2), ("bfloat16", 65536, 4),
