@@ -209,6 +209,14 @@ PINGPONG_FACTOR = 1.04
 # brings the units up to about one per SM (1.1-1.3x faster), past that splitting only adds its
 # reduction. At M = 64 the unsplit 64-row tiles win.
 DECODE_M_MAX, DECODE_TILES_MIN, DECODE_SPLIT_K_MIN = 16, 48, 2048
+# ... but a layer whose tiles make a last wave of only a few (N = 34816-36864: 136-144 tiles, 4-12
+# in the second wave) runs that wave on a few SMs, each streaming a whole tile at the rate one SM
+# can pull, long after the others are done: split in DECODE_TAIL_SPLIT, the tail is a quarter as
+# long. Timed on the H200 (graph replays, docs/benchmarks.md "Decode tails"): 160.0 -> 140.1 us at
+# M = 1 and 161.1 -> 148.9 at M = 16 on 34816 x 7168, 160.2 -> 143.0 / 161.4 -> 152.4 on 36864 x
+# 7168; with 28 tiles in the last wave (40960) it gained 4% at M = 1 and nothing at M = 16, with
+# 44 or more (45056-57344) splitting was slower.
+DECODE_TAIL_MAX, DECODE_TAIL_SPLIT = 24, 4
 
 
 def _ceil_div(a, b):
@@ -422,7 +430,8 @@ def heuristic(problem, fp8, fast_accum=False):
     M <= 64 (decode) is bound by streaming the weight: 64-row tiles of the width that minimises
     the bytes the busiest SM streams (the weight and, per tile, x's 64-row box); for 16-bit
     inputs with M <= DECODE_M_MAX, 256-wide tiles,
-    split-K up to about one unit per SM when there are few of them (see DECODE_TILES_MIN).
+    split-K up to about one unit per SM when there are few of them (see DECODE_TILES_MIN), and in
+    DECODE_TAIL_SPLIT when their last wave is only a few tiles (see DECODE_TAIL_MAX).
     Larger M: the model above, over the op's 128- and 192-row tiles (FP8 192-row ones scaled
     by TALL_FP8_FACTOR), cluster shapes and, for promoted FP8 only, K splits (see candidates):
         time = waves x (k_steps / split_k x tile_cost + fix-up)
@@ -457,7 +466,10 @@ def heuristic(problem, fp8, fast_accum=False):
     if m <= DECODE_M_MAX and not fp8:
         tiles = _ceil_div(n, 256)
         if tiles >= DECODE_TILES_MIN:
-            return _config(64, 256, x_rows=decode_rows)
+            tail = tiles % NUM_SMS
+            short_tail = tiles > NUM_SMS and 0 < tail <= DECODE_TAIL_MAX
+            split_k = DECODE_TAIL_SPLIT if short_tail and problem.get("K", 0) >= DECODE_SPLIT_K_MIN else 1
+            return _config(64, 256, split_k=split_k, x_rows=decode_rows)
         if problem.get("K", 0) >= DECODE_SPLIT_K_MIN:
             split_k = max(s for s in (1, *SPLIT_K) if tiles * s <= NUM_SMS)
             return _config(64, 256, split_k=split_k, x_rows=decode_rows)

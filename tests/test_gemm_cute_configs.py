@@ -107,8 +107,17 @@ def test_decode_heuristic_splits_k_when_few_tiles_would_leave_sms_idle():
             units = tiles * config["split_k"]
             assert config["tile_n"] == 256 and gemm_configs.NUM_SMS // 2 < units <= gemm_configs.NUM_SMS, (
                 m, n, k, config)
+        elif tiles > gemm_configs.NUM_SMS and 0 < tiles % gemm_configs.NUM_SMS <= gemm_configs.DECODE_TAIL_MAX:
+            assert config["split_k"] == gemm_configs.DECODE_TAIL_SPLIT, (m, n, k, config)
         else:
             assert "split_k" not in config, (m, n, k, config)
+    # A last wave of a few tiles is split (N = 34816-36864: 4-12 of 136-144); one of 28 or more
+    # is not (40960, 51200, 57344), nor one at a short K.
+    for m, n in itertools.product((1, 16), (34816, 36864, 69632)):
+        assert template.heuristic("sm90a", sig, {"M": m, "N": n, "K": 7168}).get("split_k") == 4, (m, n)
+    for n in (40960, 51200, 57344):
+        assert "split_k" not in template.heuristic("sm90a", sig, {"M": 1, "N": n, "K": 7168}), n
+    assert "split_k" not in template.heuristic("sm90a", sig, {"M": 1, "N": 36864, "K": 1024})
     # Decode tiles split only up to M = 16, and never for FP8 (it has 16-row x boxes there);
     # M > 64 is the model's (below), which never splits a call of many waves.
     for m in (17, 64, 4096):
