@@ -3,7 +3,7 @@
 Runtime args: kernel(x, w, out), all row-major and 16-byte aligned; M, N and K are dynamic, with
 K and N multiples of 8 (16-byte rows for TMA; the op layer rejects other sizes). Split-K configs
 (config["split_k"] > 1) take an fp32 partials buffer of gemm_configs.partials_elements(config,
-M, N) (< 2**31) elements, kernel(x, w, out, partials), and with 128-row or swapped tiles (fixed up in
+M, N) (< 2**31) elements, kernel(x, w, out, partials), and with 128-row tiles (fixed up in
 place) int32 tile counters too, kernel(x, w, out, partials, counters), one per output tile
 (gemm_configs.counters_needed), zero at the launch (the kernel leaves them zero). Stream-K
 configs (config["stream_k"]) take kernel(x, w, out, partials), with
@@ -37,7 +37,7 @@ def build(config, target, sig):
             for shape in ((m, k), (n, k), (m, n))]
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
     partials = make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(divisibility=4),), assumed_align=16)
-    if gemm_configs.fixes_up_in_place(config):  # tile counters
+    if gemm_configs.fixes_up_in_place(config):  # split-K fixed up in place: tile counters
         @cute.jit
         def bf16_gemm_split_k(x: cute.Tensor, w: cute.Tensor, out: cute.Tensor, partials: cute.Tensor,
                               counters: cute.Tensor, stream):
