@@ -3,8 +3,8 @@
 A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
   tile_m, tile_n  CTA tile; tile_m // 64 consumer warpgroups (64 suits decode-sized M); 192-row
                   tiles ("tall", TALL_TILE_M) and 256-row ones ("wide", WIDE_TILE_M: two
-                  warpgroups of 128 rows; at most 192 wide) are unsplit, unswapped and not
-                  promoted
+                  warpgroups of 128 rows; at most 192 wide) are unsplit and not promoted;
+                  only 192-row ones are swapped (at most 192 tokens wide)
   cluster_m       CTAs per cluster along M (2: the weight tile is TMA-multicast to both)
   raster, group   tile order: "m" or "n" moves first, inside bands of ``group`` clusters
                   (0: the whole dimension); only L2 reuse depends on it
@@ -27,7 +27,7 @@ A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
                   range touches at most two tiles), the pieces go to an fp32 partials buffer
                   and a second kernel adds them in a fixed order (CUTLASS's stream-K
                   "data-parallel + one stream-K wave")
-  swap            (64- and 128-row tiles; absent means 0) 1: the kernel multiplies the weight by
+  swap            (64-, 128- and 192-row tiles; absent means 0) 1: the kernel multiplies the weight by
                   the tokens (A = w, B = x, D^T stored transposed), so tile_m runs along N and
                   tile_n along M, in steps of 16 (64-256): a mid-sized M is padded to 16 rows
                   instead of 128 (cuBLAS's own orientation: torch's row-major x @ w.T is its
@@ -127,13 +127,22 @@ SWAP_CONFIGS = (tuple(_config(128, n, 2, swap=True) for n in SWAP_WIDTHS)
 BF16_CONFIGS = BF16_CONFIGS + SWAP_CONFIGS
 # Swapped 64-row tiles, one CTA each (one consumer warpgroup): 64 weight rows per tile, so a
 # mid-sized M's weight stream is split over up to one wave of CTAs without split-K (cuBLAS's own
-# tiles there: 64 x 80-152 on the H200; see SWAP_64_M_MAX).
+# tiles there: 64 x 80-168 on the H200; see SWAP_64_M_MAX).
 SWAP_64_CONFIGS = tuple(_config(64, n, swap=True) for n in SWAP_WIDTHS)
 BF16_CONFIGS = BF16_CONFIGS + SWAP_64_CONFIGS
 # 192-row tiles: fewer, larger tiles, whose counts fit other layers into whole waves (cuBLAS's
 # own picks on the H200 at M >= 400 are mostly 192x192 and 256-row tiles 88-160 wide).
 TALL_CONFIGS = tuple(_config(TALL_TILE_M, n, c) for n in (128, 160, 192) for c in (1, 2))
 BF16_CONFIGS = BF16_CONFIGS + TALL_CONFIGS
+# Swapped 192-row tiles: 192 weight rows by 64-192 tokens in steps of 16, in 2x1 clusters
+# (cuBLAS's own 192 x 40-208 tiles: 192 x 96 at M = 1098 on 2112 x 7168, 11 x 12 tiles in one
+# wave; 192 x 80 at M = 147 on 10240 x 8192). For the tuner: the heuristic does not take them.
+# Timed on the H200 against its picks on 48 fresh shapes (docs/benchmarks.md "Swapped 192-row
+# tiles"), they were slower at nearly every M < 1000 and 1-9% faster at a few large ones
+# (M = 2446 on 5376 x 21504: 813 -> 745 us), with no rule the model could state.
+SWAP_TALL_WIDTHS = tuple(range(64, 193, 16))
+SWAP_TALL_CONFIGS = tuple(_config(TALL_TILE_M, n, 2, swap=True) for n in SWAP_TALL_WIDTHS)
+BF16_CONFIGS = BF16_CONFIGS + SWAP_TALL_CONFIGS
 # 256-row tiles (16-bit and fast-accumulation FP8): two warpgroups of 128 rows, up to 192 wide
 # (tile_n fp32 accumulators per thread).
 WIDE_CONFIGS = tuple(_config(WIDE_TILE_M, n, c) for n in (128, 160, 192) for c in (1, 2))
@@ -153,7 +162,7 @@ FP8_CONFIGS = (tuple({**c, "promote": 0} for c in CONFIGS + FITTED_CONFIGS)
                + tuple({**c, "promote": 0} for c in MID_SPLIT_CONFIGS)
                + tuple({**_config(128, 128, split_k=s), "promote": FP8_PROMOTE} for s in MID_SPLIT_K)
                + tuple({**c, "promote": 0} for c in SWAP_CONFIGS + SWAP_64_CONFIGS)
-               + tuple({**c, "promote": 0} for c in TALL_CONFIGS)
+               + tuple({**c, "promote": 0} for c in TALL_CONFIGS + SWAP_TALL_CONFIGS)
                + tuple({**c, "promote": 0} for c in WIDE_CONFIGS)
                + tuple({**c, "promote": 0} for c in PINGPONG_CONFIGS))
 
@@ -167,6 +176,12 @@ LOAD_WEIGHT = 36
 # Modelled costs within this fraction of the best are ties, won by the larger tile (fewer tile
 # prologues and epilogues, which the model leaves out).
 TIE = 0.01
+# ... but at more than this many bytes of K per row a near-tie between a split-K tile and an
+# unsplit one goes to split-K: timed on the H200 (docs/benchmarks.md "Near-ties at a long K"),
+# swapped 128 x 256 split 3 against the unsplit swapped 96-112-token pick at M = 204-234 on
+# 5120-wide layers ran 8-22% faster at K = 13824-17920 (215 x 5120 x 17920: 101.4 -> 78.8 us)
+# and level (within 3%) at K = 8192 in bf16.
+SPLIT_TIE_K_BYTES = 16384
 # A 192-row tile loses near-ties to 128-row ones. Timed on the H200 against the 128-row picks
 # (docs/benchmarks.md, "192-row tiles"): bf16 192-row tiles ran 3-11% slower wherever the model
 # saw a tie or a loss of up to 2% (M >= 988 on eight layers), and won where it gave them a clear
@@ -221,6 +236,7 @@ DECODE_TAIL_MAX, DECODE_TAIL_SPLIT = 24, 4
 
 def _ceil_div(a, b):
     return -(-a // b)
+
 
 
 def tile_time(tile_m, tile_n, cluster_m):
@@ -321,19 +337,39 @@ def swap_candidates(fp8, fast_accum):
 #     4096-5376) a long K is streamed faster by the split-K pick's ~130 units (5376 x 21504:
 #     77 against 84 us), a short one without the fix-up (5120 x 2880, M = 115: 22.0 -> 17.1 us;
 #     4096 x 4096, M = 88: 17.5 -> 12.6 us FP8); N = 2112 (33 tiles) keeps split-K.
+# Past SWAP_64_M_MAX, on layers narrow enough (N <= 4224 for two token tiles, 2816 for three,
+# 2112 for four), M splits into t token tiles of SWAP_64_SPLIT_WIDTHS (the most tiles that still
+# make one wave; cuBLAS's own tiles there: 64 x 168 at M = 324 on 4096 x 7168, 64 x 120 at M = 452
+# on 2112 x 7168, 4 x 33 tiles). Timed on the H200 against the model's picks (swapped 128 x 96-176
+# tiles, split-K at N = 2112; docs/benchmarks.md "Swapped 64-row tiles over several token
+# tiles"): 1-15% faster at 9 of 10 shapes with widths 128-224, 1% slower at one; 256 wide ran
+# 0.4-3% slower, 64-96 wide (more tiles) up to 15% slower than 128.
 SWAP_64_M_MAX = 208
 SWAP_64_TILES_MIN, SWAP_64_TILES_FULL = 64, 96
 SWAP_64_SHORT_K_BYTES = 16384
+SWAP_64_SPLIT_WIDTHS = (128, 224)  # least and most tokens per tile when M takes several tiles
 
 
-def swap_64_streams(m, n, k_bytes, fp8=False, fast_accum=False):
-    """Whether an M x N call with ``k_bytes`` of K per row takes a swapped 64-row tile as wide
-    as M (see SWAP_64_M_MAX). Promoted FP8 has no swapped tiles."""
-    if fp8 and not fast_accum:
-        return False
-    tiles = _ceil_div(n, 64)
-    return (64 < m <= SWAP_64_M_MAX and tiles <= NUM_SMS
-            and (tiles >= SWAP_64_TILES_FULL or (tiles >= SWAP_64_TILES_MIN and k_bytes <= SWAP_64_SHORT_K_BYTES)))
+def swap_64_width(m, n, k_bytes, fp8=False, fast_accum=False):
+    """The tokens' tile width (a multiple of 16) of the swapped 64-row tile an M x N call with
+    ``k_bytes`` of K per row takes, or 0 where it does not (see SWAP_64_M_MAX): M rounded up
+    to 16 up to SWAP_64_M_MAX, past it M over the most token tiles (each SWAP_64_SPLIT_WIDTHS
+    wide) that keep the tiles to one wave. Promoted FP8 has no swapped tiles."""
+    if (fp8 and not fast_accum) or m <= 64:
+        return 0
+    weight_tiles = _ceil_div(n, 64)
+    if m <= SWAP_64_M_MAX:
+        width = _ceil_div(m, 16) * 16
+    else:
+        least, most = SWAP_64_SPLIT_WIDTHS
+        fits = [w for w in (_ceil_div(_ceil_div(m, t), 16) * 16 for t in range(2, NUM_SMS // weight_tiles + 1))
+                if least <= w <= most and weight_tiles * _ceil_div(m, w) <= NUM_SMS]
+        if not fits:
+            return 0
+        width = min(fits)
+    tiles = weight_tiles * _ceil_div(m, width)
+    streams = tiles >= SWAP_64_TILES_FULL or (tiles >= SWAP_64_TILES_MIN and k_bytes <= SWAP_64_SHORT_K_BYTES)
+    return width if tiles <= NUM_SMS and streams else 0
 
 
 # A 2x1 cluster over an odd number of M tiles pads the last cluster with a CTA that has no rows:
@@ -389,7 +425,8 @@ def _pingpong(m, n, k_bytes, fp8, fast_accum, pick, pick_cost):
 
 def _large_m(m, n, k_bytes, fp8, fast_accum):
     """(tile_m, tile_n, cluster_m, split_k, swap, pingpong) of least modelled call time (FP8
-    192-row tiles: scaled by TALL_FP8_FACTOR); near-ties go to the unsplit, then the unswapped,
+    192-row tiles: scaled by TALL_FP8_FACTOR); near-ties go to the unsplit (at a K of more than
+    SPLIT_TIE_K_BYTES per row: the split) tile, then the unswapped,
     then the 128-row tile (see TIE), then the larger tile. A swapped candidate is costed on the
     kernel's N x M (its tile_m along N). FP8 fast accumulation then takes a ping-pong tile where
     the pick's epilogues make it dearer (see _pingpong), or else, at M >= WIDE_M_MIN, chooses
@@ -407,7 +444,9 @@ def _large_m(m, n, k_bytes, fp8, fast_accum):
         costs = {c: cost for cost, c in options}
         best = min(costs.values())
         ties = [c for c, cost in costs.items() if cost <= best * (1 + TIE)]
-        pick = max(ties, key=lambda c: (-c[3], not c[4], c[0] <= 128, c[0] * c[1], c[2]))
+        split_first = k_bytes > SPLIT_TIE_K_BYTES
+        pick = max(ties, key=lambda c: ((c[3] > 1) if split_first else -c[3], not c[4], c[0] <= 128,
+                                        c[0] * c[1], c[2]))
         return pick, costs[pick]
 
     pick, cost = choose(options)
@@ -426,7 +465,8 @@ def heuristic(problem, fp8, fast_accum=False):
     """Default config for a call of size problem = {"M", "N", "K"}.
 
     64 < M <= SWAP_64_M_MAX on a layer of up to one wave of 64-row weight tiles (see
-    swap_64_streams): one swapped 64-row tile per SM, as wide as M rounded up to 16.
+    swap_64_width): one swapped 64-row tile per SM, as wide as M rounded up to 16; larger M
+    on narrow layers: M over as many swapped 64-row tiles, 128-224 tokens wide, as make one wave.
     M <= 64 (decode) is bound by streaming the weight: 64-row tiles of the width that minimises
     the bytes the busiest SM streams (the weight and, per tile, x's 64-row box); for 16-bit
     inputs with M <= DECODE_M_MAX, 256-wide tiles,
@@ -474,8 +514,9 @@ def heuristic(problem, fp8, fast_accum=False):
             split_k = max(s for s in (1, *SPLIT_K) if tiles * s <= NUM_SMS)
             return _config(64, 256, split_k=split_k, x_rows=decode_rows)
     k_bytes = problem.get("K", 0) * (1 if fp8 else 2)
-    if swap_64_streams(m, n, k_bytes, fp8, fast_accum):
-        return {**_config(64, _ceil_div(m, 16) * 16, swap=True), **promote}
+    swap_64 = swap_64_width(m, n, k_bytes, fp8, fast_accum)
+    if swap_64:
+        return {**_config(64, swap_64, swap=True), **promote}
     if m > 64:
         tile_m, tile_n, cluster_m, split_k, swap, pingpong = _large_m(m, n, k_bytes, fp8, fast_accum)
         return {**_config(tile_m, tile_n, cluster_m, split_k=split_k, swap=swap, pingpong=pingpong), **promote}

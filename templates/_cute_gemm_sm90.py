@@ -71,6 +71,9 @@ _PRODUCER_REGS, _CONSUMER_REGS = 40, 232  # setmaxnreg split; 40*128 + 232*256 <
 _CONSUMER_REGS_3WG = 152  # three consumer warpgroups (192-row tiles): 40*128 + 152*384 <= 64K
 _PINGPONG_MAX_N = 192  # a ping-pong warpgroup holds a 128 x tile_n fp32 tile: tile_n registers
 _WIDE_MAX_N = 192  # a 256-row tile's warpgroup holds 128 x tile_n fp32 values too
+# Swapped 192-row tiles (the weight's rows along the three 64-row warpgroups, tokens along
+# tile_n): at most this wide, so tile_n / 2 fp32 accumulators per thread fit 152 registers.
+_TALL_SWAP_MAX_N = 192
 # Named barriers: 1 all consumer threads (split-K fix-up), _EPI_GROUP_BARRIER + g the epilogue of
 # ping-pong group g, _MMA_ORDER_BARRIER + g ping-pong group g's turn to issue its mainloop.
 _EPI_GROUP_BARRIER, _MMA_ORDER_BARRIER = 2, 4
@@ -105,8 +108,9 @@ class HopperGemm:
     tile_mn:      CTA tile, (64 | 128 | 192 | 256, a multiple of 32 from 64 to 256: the
                   epilogue's sub-tile width; wgmma takes any multiple of 8); tile_m // 64
                   consumer warpgroups (three for 192 rows: 152 registers each instead of 232,
-                  so the 192-row tiles run unswapped, unsplit, without stream-K, x_rows or
-                  promotion: fewer, larger tiles, for layers they split into whole waves), but
+                  so the 192-row tiles run unsplit, without stream-K, x_rows or promotion, at
+                  most _TALL_SWAP_MAX_N wide when swapped: fewer, larger tiles, for layers they
+                  split into whole waves), but
                   two of 128 rows for 256-row tiles (tile_n fp32 registers each, so at most
                   _WIDE_MAX_N wide; unswapped, unsplit, unpromoted like the 192-row ones).
     cluster_m:    1 or 2 CTAs along M per cluster (2: the B tile is TMA-multicast).
@@ -159,15 +163,16 @@ class HopperGemm:
                               or self.tile_n % _EPI_TILE_N or not 64 <= self.tile_n <= 256),
              f"tile_m must be 64, 128, {gemm_configs.TALL_TILE_M} or {gemm_configs.WIDE_TILE_M}, tile_n a multiple "
              f"of {_EPI_TILE_N} from 64 to 256"),
-            (big and (swap_ab or split_k != 1 or stream_k or x_rows or promote_every),
-             f"{gemm_configs.TALL_TILE_M}- and {gemm_configs.WIDE_TILE_M}-row tiles run without swap_ab, split-K, "
+            (big and (split_k != 1 or stream_k or x_rows or promote_every),
+             f"{gemm_configs.TALL_TILE_M}- and {gemm_configs.WIDE_TILE_M}-row tiles run without split-K, "
              "stream-K, x_rows or promotion"),
             (self.tile_m == gemm_configs.WIDE_TILE_M and self.tile_n > _WIDE_MAX_N,
              f"{gemm_configs.WIDE_TILE_M}-row tiles are at most {_WIDE_MAX_N} wide"),
-            (swap_ab and (self.tile_m not in (64, 128) or self.tile_n % _EPI_TILE_N_MIN
-                          or not 2 * _EPI_TILE_N_MIN <= self.tile_n <= 256
+            (swap_ab and (self.tile_m not in (64, 128, gemm_configs.TALL_TILE_M) or self.tile_n % _EPI_TILE_N_MIN
+                          or not 2 * _EPI_TILE_N_MIN <= self.tile_n <= (_TALL_SWAP_MAX_N if big else 256)
                           or stream_k or (split_k > 1 and self.tile_m == 64) or x_rows),
-             f"swap_ab: tile_m 64 or 128, tile_n a multiple of {_EPI_TILE_N_MIN} from 32 to 256, no stream-K, "
+             f"swap_ab: tile_m 64, 128 or {gemm_configs.TALL_TILE_M}, tile_n a multiple of {_EPI_TILE_N_MIN} "
+             f"from 32 to 256 ({_TALL_SWAP_MAX_N} for {gemm_configs.TALL_TILE_M} rows), no stream-K, "
              "x_rows or 64-row split-K"),
             (cluster_m not in (1, 2) or group < 0, "cluster_m must be 1 or 2 and group >= 0"),
             (split_k < 1 or (split_k > 1 and (cluster_m != 1 or (self.tile_m == 64 and epilogue is not None))),

@@ -42,9 +42,11 @@ def test_heuristic_picks_a_valid_config(op):
             assert config in valid, (op, sig, m, n, k, config)
             large = (128, 192, 256) if op == "f8f8bf16_rowwise" and sig.get("fast_accum") else (128, 192)
             k_bytes = k * (1 if op == "f8f8bf16_rowwise" else 2)
-            if gemm_configs.swap_64_streams(m, n, k_bytes, op == "f8f8bf16_rowwise", sig.get("fast_accum", False)):
-                # one swapped 64-row tile per SM, as wide as M rounded up to 16
-                assert (config["tile_m"], config["tile_n"], config.get("swap")) == (64, -(-m // 16) * 16, 1)
+            width = gemm_configs.swap_64_width(m, n, k_bytes, op == "f8f8bf16_rowwise", sig.get("fast_accum", False))
+            if width:
+                # swapped 64-row tiles, one per SM: M rounded up to 16, or M over a few of them
+                assert (config["tile_m"], config["tile_n"], config.get("swap")) == (64, width, 1)
+                assert width == -(-m // 16) * 16 or (m > gemm_configs.SWAP_64_M_MAX and 128 <= width <= 224)
                 continue
             assert config["tile_m"] in ((64,) if m <= 64 else large), (m, config)
             if m <= 64:
@@ -305,14 +307,17 @@ def _model_time(m, n, k_bytes, tile_m, tile_n, cluster_m, split_k):
     return waves * (k_steps * tile_cost + fixup)
 
 
-def _least_modelled(times):
-    """The tile of least modelled time, near-ties (TIE) going to no split, then the unswapped,
-    then a tile of at most 128 rows, then the larger tile, then the larger cluster; and the
-    near-ties."""
+def _least_modelled(times, k_bytes):
+    """The tile of least modelled time, near-ties (TIE) going to no split (at a K of more than
+    SPLIT_TIE_K_BYTES per row: to a split one), then the unswapped, then a tile of at most 128
+    rows, then the larger tile, then the larger cluster; and the near-ties."""
     best = min(times.values())
     near = [s for s in times if times[s] <= best * (1 + gemm_configs.TIE)]
-    split = min(s[3] for s in near)
-    same_split = [s for s in near if s[3] == split]
+    split = [s for s in near if s[3] > 1]
+    if k_bytes > gemm_configs.SPLIT_TIE_K_BYTES and split:
+        same_split = split
+    else:
+        same_split = [s for s in near if s[3] == min(s[3] for s in near)]
     swap = all(s[4] for s in same_split)
     alike = [s for s in same_split if s[4] == swap]
     preferred = [s for s in alike if s[0] <= 128] or alike
@@ -326,7 +331,7 @@ def _least_modelled(times):
 def test_large_m_heuristic_is_the_model_s_best(op, sig):
     """For M > 64 the default is the tile and K split of least modelled time among the op's
     128-row configs and, but for promoted FP8, its 192-row ones (FP8's modelled time scaled by
-    TALL_FP8_FACTOR) and its swapped ones of at least SWAP_MIN_WIDTH tokens (no stream-K or
+    TALL_FP8_FACTOR) and its swapped 128-row ones of at least SWAP_MIN_WIDTH tokens (no stream-K or
     x_rows; promoted FP8: promote 4; not 128x64 in a 2x1 cluster; split-K unswapped only for
     promoted FP8), near-ties going to no split, then the unswapped, then the 128-row tile, then
     the larger tile; FP8 fast accumulation at M >= PINGPONG_M_MIN then takes the ping-pong tile
@@ -339,6 +344,7 @@ def test_large_m_heuristic_is_the_model_s_best(op, sig):
               for c in template.valid_configs("sm90a", sig)
               if not ({"stream_k", "x_rows", "pingpong"} & c.keys()) and c.get("promote", 0) in (0, 4)
               and (c["tile_m"] in (128, 192) or (c["tile_m"] == 256 and fast))
+              and not (c["tile_m"] == 192 and c.get("swap"))  # the tuner's, not the model's
               and (c.get("swap") or c.get("split_k", 1) == 1 or sig == {"bias": "none", "fast_accum": False})
               and (c["tile_n"] >= gemm_configs.SWAP_MIN_WIDTH if c.get("swap")
                    else (c["tile_n"], c["cluster_m"]) != (64, 2))}
@@ -348,7 +354,7 @@ def test_large_m_heuristic_is_the_model_s_best(op, sig):
     k_bytes_per = 2 if op == "bf16_gemm" else 1
     factor = {192: gemm_configs.TALL_FP8_FACTOR, 256: gemm_configs.WIDE_FP8_FACTOR} if op == "f8f8bf16_rowwise" else {}
     for m, n, k in itertools.product(LARGE_M, LAYERS_N, (1024, 4096, 28672)):
-        if gemm_configs.swap_64_streams(m, n, k * k_bytes_per, op == "f8f8bf16_rowwise", sig.get("fast_accum", False)):
+        if gemm_configs.swap_64_width(m, n, k * k_bytes_per, op == "f8f8bf16_rowwise", sig.get("fast_accum", False)):
             continue  # the swapped 64-row rule decides (test_mid_m_takes_one_swapped_64_row_tile_per_sm)
         config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
         chosen = (config["tile_m"], config["tile_n"], config["cluster_m"], config.get("split_k", 1),
@@ -364,7 +370,7 @@ def test_large_m_heuristic_is_the_model_s_best(op, sig):
                 continue
             times[s] = _model_time(rows, cols, k * k_bytes_per, *s[:4]) * factor.get(s[0], 1)
         wide = {s: t for s, t in times.items() if s[0] == 256}
-        pick, near = _least_modelled({s: t for s, t in times.items() if s[0] != 256})
+        pick, near = _least_modelled({s: t for s, t in times.items() if s[0] != 256}, k * k_bytes_per)
         # FP8 fast accumulation at M >= PINGPONG_M_MIN: a ping-pong tile where the pick's
         # epilogues (EPILOGUE_WEIGHT per output element and wave) make the pick dearer.
         expected = pick + (False,)
@@ -384,7 +390,7 @@ def test_large_m_heuristic_is_the_model_s_best(op, sig):
                 pingpong = True
         # ... or else, at M >= WIDE_M_MIN, the choice again with the 256-row tiles in.
         if wide and not pingpong and m >= gemm_configs.WIDE_M_MIN:
-            pick, near = _least_modelled(times)
+            pick, near = _least_modelled(times, k * k_bytes_per)
             expected = pick + (False,)
         assert chosen + (bool(config.get("pingpong")),) == expected, (m, n, k, config, near)
 
@@ -411,17 +417,20 @@ def test_model_prefers_widths_that_fit_the_layer():
     # M = 333: 3 x 128 rows pad 15%, 3 x 112 swapped columns 1%; 40 weight tiles in 2x1
     # clusters x 3 = 120 CTAs, one wave.
     assert pick(333, 5120) == (128, 112, 2, 1, True)
-    assert pick(324, 4096) == (128, 96, 2, 1, True)  # 4 x 96 = 384 > 324 > 3 x 96: tiles x waves
+    # 4 x 96 = 384 > 324 > 3 x 96: tiles x waves (the model's pick; the call itself takes two
+    # swapped 64-row tiles per weight tile, see swap_64_width)
+    assert gemm_configs._large_m(324, 4096, 2048, False, False)[:5] == (128, 96, 2, 1, True)
+    assert pick(324, 4096) == (64, 176, 1, 1, True)
     assert pick(256, 8192) == (128, 128, 2, 1, False)  # M a multiple of 128: unswapped
     # Split-K where the tiles leave SMs idle and K is long: M = 129 at 4096 x 14336 is one
     # swapped 160-token tile by 32 weight tiles, split in 4 (128 units); with a short K it is
-    # one swapped 64-row tile per SM, 144 tokens wide (see swap_64_streams).
+    # one swapped 64-row tile per SM, 144 tokens wide (see swap_64_width).
     assert pick(129, 4096, 14336) == (128, 160, 1, 4, True)
     assert pick(129, 4096, 4096) == (64, 144, 1, 1, True)
     assert pick(1522, 2880, 4096) == (192, 192, 2, 1, False)
     assert pick(2272, 2112, 7168) == (192, 192, 2, 1, False)
     for m, n, k in itertools.product(LARGE_M, LAYERS_N, (1024, 8192)):
-        if gemm_configs.swap_64_streams(m, n, 2 * k):
+        if gemm_configs.swap_64_width(m, n, 2 * k):
             continue
         tile_m, tile_n, cluster_m, split_k, swap = pick(m, n, k)
         rows, cols = (n, m) if swap else (m, n)
@@ -458,9 +467,41 @@ def test_mid_m_takes_one_swapped_64_row_tile_per_sm(op, sig):
     assert pick(110, 6144, 4 * long_k)[:2] == (64, 112)        # 96 tiles: any K
     for m in (64, 65, 100, 208, 209):
         for n in (4096, 6144, 8448, 8512):
-            assert (pick(m, n, 4096)[0] == 64 and m > 64) == gemm_configs.swap_64_streams(m, n, 4096 * per)
+            assert (pick(m, n, 4096)[0] == 64 and m > 64) == bool(gemm_configs.swap_64_width(m, n, 4096 * per))
     # Promoted FP8 has no swapped tiles.
-    assert not gemm_configs.swap_64_streams(110, 8192, 4096, fp8=True, fast_accum=False)
+    assert not gemm_configs.swap_64_width(110, 8192, 4096, fp8=True, fast_accum=False)
+    assert not gemm_configs.swap_64_width(341, 2112, 7168, fp8=True, fast_accum=False)
+
+
+@pytest.mark.parametrize("op,sig", [("bf16_gemm", {"dtype": "bfloat16"}),
+                                    ("f8f8bf16_rowwise", {"bias": "none", "fast_accum": True})])
+def test_larger_m_on_narrow_layers_takes_a_few_swapped_64_row_tiles(op, sig):
+    """Past SWAP_64_M_MAX, a layer of few 64-row weight tiles takes M over as many swapped 64-row
+    tiles, 128-224 tokens wide, as make one wave (cuBLAS's 64 x 168 at M = 324 on 4096 x 7168;
+    measured faster than the model's swapped 128-row picks, docs/benchmarks.md)."""
+    (template,) = registry.get_templates(op=op, backend="cute")
+    per = 2 if op == "bf16_gemm" else 1
+
+    def pick(m, n, k):
+        c = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
+        return c["tile_m"], c["tile_n"], c["cluster_m"], c.get("split_k", 1), bool(c.get("swap"))
+
+    assert pick(324, 4096, 7168) == (64, 176, 1, 1, True)      # 2 x 64 weight tiles
+    assert pick(800, 2112, 7168) == (64, 208, 1, 1, True)      # 4 x 33: 132 tiles
+    assert pick(352, 2112, 7168) == (64, 128, 1, 1, True)      # 3 x 33 (4 would be 96 wide)
+    assert pick(250, 3584, 8192)[:2] == (64, 128)              # 2 x 56
+    assert pick(493, 4096, 14336)[0] != 64                     # 2 x 256 tokens: too wide
+    assert pick(741, 2880, 4096)[0] != 64                      # 3 x 45 = 135 tiles: past one wave
+    assert pick(293, 5120, 32768)[0] != 64                     # 2 x 80 tiles
+    assert pick(220, 4096, 4096)[0] != 64                      # 2 x 112 tokens: too narrow
+    for m in range(209, 1000, 7):
+        for n in (2112, 2880, 4096, 4224, 4288):
+            width = gemm_configs.swap_64_width(m, n, 4096 * per)
+            if width:
+                tiles = -(-n // 64) * -(-m // width)
+                assert 128 <= width <= 224 and width % 16 == 0 and tiles <= gemm_configs.NUM_SMS
+                assert pick(m, n, 4096)[:2] == (64, width)
+    assert not any(gemm_configs.swap_64_width(m, 4288, 4096) for m in range(209, 2000))  # 67 x 2 > 132
 
 
 def test_fp8_fast_accum_takes_192_row_tiles_the_model_puts_within_5_percent():
@@ -597,3 +638,17 @@ def test_fp8_fast_accum_takes_256_row_tiles_where_measured_faster():
         assert bf16.heuristic("sm90a", {"dtype": "bfloat16"}, {"M": m, "N": n, "K": k})["tile_m"] != 256
         if m < gemm_configs.WIDE_M_MIN:
             assert pick(m, n, k)["tile_m"] != 256
+
+
+def test_long_k_near_ties_go_to_split_k():
+    """A split-K tile the model puts within TIE of an unsplit one wins at more than
+    SPLIT_TIE_K_BYTES of K per row and loses at less (measured on the H200 at M = 204-234 on
+    5120-wide layers, docs/benchmarks.md "Near-ties at a long K")."""
+    def pick(m, n, k, fp8=False):
+        c = gemm_configs.heuristic({"M": m, "N": n, "K": k}, fp8, fp8)
+        return c["tile_m"], c["tile_n"], c["cluster_m"], c.get("split_k", 1), bool(c.get("swap"))
+
+    assert pick(201, 5120, 17920) == (128, 256, 1, 3, True)
+    assert pick(215, 5120, 17920) == (128, 256, 1, 3, True)
+    assert pick(195, 5120, 32768, fp8=True) == (128, 256, 1, 3, True)
+    assert pick(217, 5120, 8192)[3] == 1  # 16 KiB of K per row: the unsplit tile
