@@ -342,8 +342,10 @@ def swap_candidates(fp8, fast_accum):
 # make one wave; cuBLAS's own tiles there: 64 x 168 at M = 324 on 4096 x 7168, 64 x 120 at M = 452
 # on 2112 x 7168, 4 x 33 tiles). Timed on the H200 against the model's picks (swapped 128 x 96-176
 # tiles, split-K at N = 2112; docs/benchmarks.md "Swapped 64-row tiles over several token
-# tiles"): 1-15% faster at 9 of 10 shapes with widths 128-224, 1% slower at one; 256 wide ran
-# 0.4-3% slower, 64-96 wide (more tiles) up to 15% slower than 128.
+# tiles"): on the 9 shapes that set it, 2-18% faster at 8, 0.4% slower at one (256 wide ran
+# 0.4-3% slower, 64-96 wide, more tiles, up to 15% slower than 128); on 20 fresh ones, faster at
+# 15 (up to 24%), level at 2, 9-12% slower at 3 bf16 ones (M = 260-418 on 2112 x 7168 and
+# 4096 x 7168); geomean against torch bf16 0.857 -> 0.890, FP8 1.093 -> 1.176.
 SWAP_64_M_MAX = 208
 SWAP_64_TILES_MIN, SWAP_64_TILES_FULL = 64, 96
 SWAP_64_SHORT_K_BYTES = 16384
