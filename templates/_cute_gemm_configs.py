@@ -239,11 +239,29 @@ def _ceil_div(a, b):
 
 
 
-def tile_time(tile_m, tile_n, cluster_m):
-    """Model: time of one tile per unit of K. MMA work tile_m x tile_n, plus the operand rows
-    loaded per k-step (tile_m of x, tile_n of w, the latter shared by a cluster's CTAs through
-    TMA multicast) weighted by LOAD_WEIGHT."""
-    return tile_m * tile_n + LOAD_WEIGHT * (tile_m + tile_n / cluster_m)
+# A wgmma of 64 x tile_n x 16 reads its A block (64 x 16) and B block (tile_n x 16) from shared
+# memory: (64 + tile_n) / (2 tile_n) of the time its MMA takes at the H200's 128 bytes per clock
+# and SM (1.0 at 64 columns, 0.9 at 80, 0.75 at 128), and shared memory runs below its peak, so
+# 16-bit tiles narrower than ~96 columns are bound by it: their MMA work is charged that share
+# times SMEM_READ_FACTOR where it exceeds 1. Timed on the H200 at the 8 shapes of a 20000-shape
+# draw where this changes the bf16 pick (docs/benchmarks.md "Narrow tiles and shared memory"):
+# swapped 128 x 80 picks became 144-256 wide, 5-18% faster at 7, level at 1. FP8 is left out:
+# its picks there are bound by HBM, and the same change made two of them 16-25% slower.
+SMEM_READ_FACTOR = 1.2
+
+
+def wgmma_smem_bound(tile_n):
+    """The factor on a 16-bit tile's MMA work for its shared-memory reads (>= 1)."""
+    return max(1.0, (64 + tile_n) / (2 * tile_n) * SMEM_READ_FACTOR)
+
+
+def tile_time(tile_m, tile_n, cluster_m, smem_bound=False):
+    """Model: time of one tile per unit of K. MMA work tile_m x tile_n (with ``smem_bound``, 16-bit
+    operands, times wgmma_smem_bound), plus the operand rows loaded per k-step (tile_m of x,
+    tile_n of w, the latter shared by a cluster's CTAs through TMA multicast) weighted by
+    LOAD_WEIGHT."""
+    mma = tile_m * tile_n * (wgmma_smem_bound(tile_n) if smem_bound else 1)
+    return mma + LOAD_WEIGHT * (tile_m + tile_n / cluster_m)
 
 
 def waves(m, n, tile_m, tile_n, cluster_m, split_k=1):
@@ -262,7 +280,7 @@ FIXUP_WEIGHT = 2 * LOAD_WEIGHT
 K_TILE_BYTES = 128
 
 
-def unit_time(k_bytes, tile_m, tile_n, cluster_m, split_k=1):
+def unit_time(k_bytes, tile_m, tile_n, cluster_m, split_k=1, smem_bound=False):
     """Model: time of one unit of work, a tile over K / split_k (k_bytes: bytes of K per row,
     so an FP8 K counts half a bf16 one, as its MMA and loads take half the time): its k-tiles
     times the tile's time per k-step, plus with split-K the fix-up the last unit of a tile
@@ -270,15 +288,17 @@ def unit_time(k_bytes, tile_m, tile_n, cluster_m, split_k=1):
     values each."""
     steps = _ceil_div(_ceil_div(k_bytes, K_TILE_BYTES), split_k) * (K_TILE_BYTES // 2)
     fixup = FIXUP_WEIGHT * (split_k + 1) * tile_m * tile_n if split_k > 1 else 0
-    return steps * tile_time(tile_m, tile_n, cluster_m) + fixup
+    return steps * tile_time(tile_m, tile_n, cluster_m, smem_bound) + fixup
 
 
-def call_time(m, n, tile_m, tile_n, cluster_m, split_k=1, k_bytes=K_TILE_BYTES, swap=False):
+def call_time(m, n, tile_m, tile_n, cluster_m, split_k=1, k_bytes=K_TILE_BYTES, swap=False, smem_bound=False):
     """Model: waves x time per unit (k_bytes: bytes of K per row; unsplit candidates compare
-    the same at any K). A swap config tiles the kernel's N x M (tile_m along N)."""
+    the same at any K; smem_bound: see tile_time). A swap config tiles the kernel's N x M
+    (tile_m along N)."""
     if swap:
         m, n = n, m
-    return waves(m, n, tile_m, tile_n, cluster_m, split_k) * unit_time(k_bytes, tile_m, tile_n, cluster_m, split_k)
+    return (waves(m, n, tile_m, tile_n, cluster_m, split_k)
+            * unit_time(k_bytes, tile_m, tile_n, cluster_m, split_k, smem_bound))
 
 
 def candidates(fp8, fast_accum):
@@ -437,9 +457,12 @@ def _large_m(m, n, k_bytes, fp8, fast_accum):
     def scale(tile_m):
         return TALL_FP8_FACTOR if fp8 and tile_m == TALL_TILE_M else 1
 
-    options = [(call_time(m, n, *c, k_bytes=k_bytes) * scale(c[0]), (*c, False)) for c in candidates(fp8, fast_accum)
+    smem_bound = not fp8  # see SMEM_READ_FACTOR
+    options = [(call_time(m, n, *c, k_bytes=k_bytes, smem_bound=smem_bound) * scale(c[0]), (*c, False))
+               for c in candidates(fp8, fast_accum)
                if _cluster_fits(m, c[0], c[2]) and _split_fits(m, n, c[0], c[1], c[3])]
-    options += [(call_time(n, m, *c, k_bytes=k_bytes), (*c, True)) for c in swap_candidates(fp8, fast_accum)
+    options += [(call_time(n, m, *c, k_bytes=k_bytes, smem_bound=smem_bound), (*c, True))
+                for c in swap_candidates(fp8, fast_accum)
                 if _cluster_fits(n, c[0], c[2]) and _split_fits(n, m, c[0], c[1], c[3])]
 
     def choose(options):

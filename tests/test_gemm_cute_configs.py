@@ -296,13 +296,15 @@ LAYERS_N = (1024, 2112, 2560, 4096, 5120, 6144, 7168, 8192, 13824, 14336, 28672,
 LARGE_M = (65, 100, 128, 129, 200, 257, 333, 640, 1000, 1500, 2048, 3000, 4096, 8192, 16384)
 
 
-def _model_time(m, n, k_bytes, tile_m, tile_n, cluster_m, split_k):
+def _model_time(m, n, k_bytes, tile_m, tile_n, cluster_m, split_k, smem_bound=False):
     m_tiles = -(-m // tile_m)
     units = -(-m_tiles // cluster_m) * -(-n // tile_n) * split_k
     waves = -(-units // (gemm_configs.NUM_SMS // cluster_m))
     k_tiles = -(-k_bytes // 128)
     k_steps = -(-k_tiles // split_k) * 64
-    tile_cost = tile_m * tile_n + gemm_configs.LOAD_WEIGHT * (tile_m + tile_n / cluster_m)
+    # 16-bit: narrow wgmma tiles are bound by their shared-memory reads (SMEM_READ_FACTOR)
+    smem = max(1.0, (64 + tile_n) / (2 * tile_n) * gemm_configs.SMEM_READ_FACTOR) if smem_bound else 1
+    tile_cost = tile_m * tile_n * smem + gemm_configs.LOAD_WEIGHT * (tile_m + tile_n / cluster_m)
     fixup = gemm_configs.FIXUP_WEIGHT * (split_k + 1) * tile_m * tile_n if split_k > 1 else 0
     return waves * (k_steps * tile_cost + fixup)
 
@@ -368,7 +370,8 @@ def test_large_m_heuristic_is_the_model_s_best(op, sig):
             # Split-K at most up to one wave of units.
             if s[3] > 1 and row_tiles * -(-cols // s[1]) * s[3] > gemm_configs.NUM_SMS:
                 continue
-            times[s] = _model_time(rows, cols, k * k_bytes_per, *s[:4]) * factor.get(s[0], 1)
+            times[s] = _model_time(rows, cols, k * k_bytes_per, *s[:4], smem_bound=op == "bf16_gemm") \
+                * factor.get(s[0], 1)
         wide = {s: t for s, t in times.items() if s[0] == 256}
         pick, near = _least_modelled({s: t for s, t in times.items() if s[0] != 256}, k * k_bytes_per)
         # FP8 fast accumulation at M >= PINGPONG_M_MIN: a ping-pong tile where the pick's
@@ -651,4 +654,26 @@ def test_long_k_near_ties_go_to_split_k():
     assert pick(201, 5120, 17920) == (128, 256, 1, 3, True)
     assert pick(215, 5120, 17920) == (128, 256, 1, 3, True)
     assert pick(195, 5120, 32768, fp8=True) == (128, 256, 1, 3, True)
-    assert pick(217, 5120, 8192)[3] == 1  # 16 KiB of K per row: the unsplit tile
+
+def test_short_k_near_ties_stay_unsplit(monkeypatch):
+    """The same near-tie with the threshold above its K goes to the unsplit tile."""
+    monkeypatch.setattr(gemm_configs, "SPLIT_TIE_K_BYTES", 32768)
+    config = gemm_configs.heuristic({"M": 195, "N": 5120, "K": 32768}, True, True)
+    assert config.get("split_k", 1) == 1 and config.get("swap")
+
+
+def test_narrow_16_bit_tiles_pay_for_their_shared_memory_reads():
+    """A 16-bit wgmma narrower than ~96 columns is bound by its shared-memory reads: the model
+    charges it (SMEM_READ_FACTOR), so bf16 mid-M picks that were swapped 128 x 80 tiles (measured
+    5-18% slower on the H200) take wider ones; FP8 keeps its narrow picks."""
+    assert gemm_configs.wgmma_smem_bound(64) == pytest.approx(1.2)
+    assert gemm_configs.wgmma_smem_bound(80) == pytest.approx(1.08)
+    assert gemm_configs.wgmma_smem_bound(96) == gemm_configs.wgmma_smem_bound(256) == 1.0
+
+    def pick(m, n, k, fp8=False):
+        c = gemm_configs.heuristic({"M": m, "N": n, "K": k}, fp8, fp8)
+        return c["tile_m"], c["tile_n"], c["cluster_m"], c.get("split_k", 1), bool(c.get("swap"))
+
+    for m, n, k in ((528, 7168, 5120), (552, 7168, 16384), (146, 36864, 7168), (516, 7168, 16384)):
+        assert pick(m, n, k)[1] > 80, (m, n, k)
+    assert pick(217, 2880, 4096, fp8=True)[1] == 64
