@@ -500,7 +500,8 @@ def heuristic(problem, fp8, fast_accum=False):
     Larger M: the model above, over the op's 128- and 192-row tiles (FP8 192-row ones scaled
     by TALL_FP8_FACTOR), cluster shapes and, for promoted FP8 only, K splits (see candidates):
         time = waves x (k_steps / split_k x tile_cost + fix-up)
-        tile_cost = tile_m x tile_n + LOAD_WEIGHT x (tile_m + tile_n / cluster_m)
+        tile_cost = tile_m x tile_n [x wgmma_smem_bound(tile_n), 16-bit]
+                    + LOAD_WEIGHT x (tile_m + tile_n / cluster_m)
         fix-up = FIXUP_WEIGHT x (split_k + 1) x tile_m x tile_n   (none unsplit)
         waves = ceil(clusters of tiles x split_k / clusters per wave), M tiles in whole clusters
     (split-K only up to one wave of units, see _split_fits)
