@@ -29,7 +29,7 @@ A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
                   "data-parallel + one stream-K wave")
   swap            (64-, 128- and 192-row tiles; absent means 0) 1: the kernel multiplies the weight by
                   the tokens (A = w, B = x, D^T stored transposed), so tile_m runs along N and
-                  tile_n along M, in steps of 16 (64-256): a mid-sized M is padded to 16 rows
+                  tile_n along M, in steps of 16 (64-256; 192-row tiles to 192): a mid-sized M is padded to 16 rows
                   instead of 128 (cuBLAS's own orientation: torch's row-major x @ w.T is its
                   column-major w @ x^T). Fast accumulation only for FP8
   pingpong        (128-row tiles up to 192 wide, unsplit, unswapped; 16-bit and fast-accumulation
@@ -236,7 +236,6 @@ DECODE_TAIL_MAX, DECODE_TAIL_SPLIT = 24, 4
 
 def _ceil_div(a, b):
     return -(-a // b)
-
 
 
 # A wgmma of 64 x tile_n x 16 reads its A block (64 x 16) and B block (tile_n x 16) from shared
