@@ -357,7 +357,7 @@ def test_large_m_heuristic_is_the_model_s_best(op, sig):
     factor = {192: gemm_configs.TALL_FP8_FACTOR, 256: gemm_configs.WIDE_FP8_FACTOR} if op == "f8f8bf16_rowwise" else {}
     for m, n, k in itertools.product(LARGE_M, LAYERS_N, (1024, 4096, 28672)):
         if gemm_configs.swap_64_width(m, n, k * k_bytes_per, op == "f8f8bf16_rowwise", sig.get("fast_accum", False)):
-            continue  # the swapped 64-row rule decides (test_mid_m_takes_one_swapped_64_row_tile_per_sm)
+            continue  # the swapped 64-row rule decides (its own tests, below)
         config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
         chosen = (config["tile_m"], config["tile_n"], config["cluster_m"], config.get("split_k", 1),
                   bool(config.get("swap")))
@@ -645,8 +645,8 @@ def test_fp8_fast_accum_takes_256_row_tiles_where_measured_faster():
 
 def test_long_k_near_ties_go_to_split_k():
     """A split-K tile the model puts within TIE of an unsplit one wins at more than
-    SPLIT_TIE_K_BYTES of K per row and loses at less (measured on the H200 at M = 204-234 on
-    5120-wide layers, docs/benchmarks.md "Near-ties at a long K")."""
+    SPLIT_TIE_K_BYTES of K per row (measured on the H200 at M = 204-234 on 5120-wide layers,
+    docs/benchmarks.md "Near-ties at a long K")."""
     def pick(m, n, k, fp8=False):
         c = gemm_configs.heuristic({"M": m, "N": n, "K": k}, fp8, fp8)
         return c["tile_m"], c["tile_n"], c["cluster_m"], c.get("split_k", 1), bool(c.get("swap"))
@@ -655,8 +655,10 @@ def test_long_k_near_ties_go_to_split_k():
     assert pick(215, 5120, 17920) == (128, 256, 1, 3, True)
     assert pick(195, 5120, 32768, fp8=True) == (128, 256, 1, 3, True)
 
+
 def test_short_k_near_ties_stay_unsplit(monkeypatch):
-    """The same near-tie with the threshold above its K goes to the unsplit tile."""
+    """A near-tie at no more than SPLIT_TIE_K_BYTES of K per row goes to the unsplit tile (the
+    FP8 one above, with the threshold raised past its K)."""
     monkeypatch.setattr(gemm_configs, "SPLIT_TIE_K_BYTES", 32768)
     config = gemm_configs.heuristic({"M": 195, "N": 5120, "K": 32768}, True, True)
     assert config.get("split_k", 1) == 1 and config.get("swap")
