@@ -67,6 +67,7 @@ _SMEM_BYTES = get_smem_capacity_in_bytes("sm_90")
 _EPI_TILE_N = 32  # epilogue sub-tile width (CUTLASS's choice for 16-bit outputs)
 _EPI_TILE_N_MIN = 16  # swap_ab tiles of an odd number of 16 columns store 16-wide sub-tiles
 _REDUCE_THREADS = 256  # 64-row split-K: threads per block of the partials reduction (4 columns each)
+_EARLY_BLOCKS_PER_IDLE_SM = 4  # at most this many per SM the GEMM leaves idle launch early
 _PRODUCER_REGS, _CONSUMER_REGS = 40, 232  # setmaxnreg split; 40*128 + 232*256 <= 64K
 _CONSUMER_REGS_3WG = 152  # three consumer warpgroups (192-row tiles): 40*128 + 152*384 <= 64K
 _PINGPONG_MAX_N = 192  # a ping-pong warpgroup holds a 128 x tile_n fp32 tile: tile_n registers
@@ -201,6 +202,11 @@ class HopperGemm:
         # (decode) ones are summed by a second kernel: measured faster there on the H200
         # (docs/benchmarks.md), where one warp of the last unit would read split_k slots.
         self.fix_up_in_place = split_k > 1 and self.tile_m == 128
+        # 64-row split-K and stream-K add a second kernel (the partials' reduction). It is a
+        # programmatic dependent launch: its blocks may be scheduled as soon as every CTA of the
+        # GEMM has started and wait (griddepcontrol.wait) for the GEMM's grid to finish and its
+        # writes to be visible, so the reduction starts without a kernel launch's gap.
+        self.second_kernel = (split_k > 1 and not self.fix_up_in_place) or stream_k
         self.x_rows = x_rows or self.tile_m  # rows of A each TMA load brings in
         self.promote_every, self.epilogue = promote_every, epilogue
         self.pingpong = pingpong
@@ -312,11 +318,13 @@ class HopperGemm:
                     self.b_smem, self.d_smem, clusters_m, clusters_n, epi_args, mP, mC).launch(
             grid=(self.cluster_m, 1, num_clusters), block=(self.threads, 1, 1),
             cluster=(self.cluster_m, 1, 1), min_blocks_per_mp=1, stream=stream)
+        # The reductions are programmatic dependent launches (see second_kernel).
         if const_expr(self.split_k > 1 and not self.fix_up_in_place):
             vectors = d.shape[0] * (d.shape[1] // 4)
+            blocks = (vectors + _REDUCE_THREADS - 1) // _REDUCE_THREADS
             self.reduce_partials(partials, d).launch(
-                grid=((vectors + _REDUCE_THREADS - 1) // _REDUCE_THREADS, 1, 1),
-                block=(_REDUCE_THREADS, 1, 1), stream=stream)
+                grid=(blocks, 1, 1), block=(_REDUCE_THREADS, 1, 1), stream=stream,
+                use_pdl=Int32(self._launch_early(blocks, num_clusters)))
         if const_expr(self.stream_k):
             ctas = NUM_SMS // self.cluster_m
             _, shared = gemm_configs.stream_k_tiles(clusters_m * clusters_n, ctas)
@@ -325,7 +333,18 @@ class HopperGemm:
             # of the GEMM; at least one block: a grid of none is a launch error.
             self.reduce_stream_k(self.tiled_mma, partials, d, clusters_m, clusters_n, k_tiles).launch(
                 grid=(cutlass.max(shared * self.cluster_m, 1), 1, 1),
-                block=(self.num_mma_threads, 1, 1), stream=stream)
+                block=(self.num_mma_threads, 1, 1), stream=stream, use_pdl=True)
+
+    def _launch_early(self, blocks, ctas):
+        """Whether the split-K reduction's ``blocks`` may launch while the GEMM's ``ctas`` run.
+        Its blocks cannot share an SM with a GEMM CTA (the stages fill shared memory), so early
+        ones crowd onto the SMs the GEMM leaves idle, up to 8 per SM, and each such SM then reads
+        the partials of all of them: on the H200, 10-16 blocks per idle SM made the call up to
+        1.3 us slower than a plain launch, 1-2.3 made it 1-1.5 us faster (docs/benchmarks.md).
+        With no idle SM they start as GEMM CTAs finish, spread like a plain launch."""
+        idle = NUM_SMS - ctas
+        no_idle = 1 - cutlass.min(idle, 1)
+        return blocks <= _EARLY_BLOCKS_PER_IDLE_SM * idle + no_idle * blocks
 
     def _operands(self, a, b, d):
         """(A, B, D) as the kernel multiplies them: under swap_ab the weight (b) is A, the
@@ -370,6 +389,10 @@ class HopperGemm:
                b_smem: cute.ComposedLayout, d_smem: cute.ComposedLayout,
                clusters_m: Int32, clusters_n: Int32, epi_args, mP: cute.Tensor, mC: cute.Tensor):
         tidx, warp_idx = self._kernel_start(tma_a, tma_b, tma_d)
+        if const_expr(self.second_kernel):
+            # The reduction kernel after this one may launch now: its blocks wait in
+            # griddepcontrol.wait until this grid is done, so no launch gap separates the two.
+            cute.arch.griddepcontrol_launch_dependents()
 
         # CTA rank in the (cluster_m, 1) cluster == its M offset inside the cluster.
         cta_m = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
@@ -812,6 +835,7 @@ class HopperGemm:
         takes shared tile b // cluster_m (CTA b % cluster_m of the cluster); thread t adds the
         values consumer thread t stored (_store_tile_partials) and writes them where the MMA's
         accumulator layout puts them."""
+        cute.arch.griddepcontrol_wait()  # the GEMM's partials are complete and visible
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         ctas = NUM_SMS // self.cluster_m
@@ -846,6 +870,7 @@ class HopperGemm:
     def reduce_partials(self, mP: cute.Tensor, mD: cute.Tensor):
         """Split-K: D[m, n] = sum over splits of partials[s, m, n], in split order, four columns
         per thread (N is a multiple of 8, so every vector is 16-byte aligned in mP)."""
+        cute.arch.griddepcontrol_wait()  # the GEMM's partials are complete and visible
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         m_size, n_size = mD.shape

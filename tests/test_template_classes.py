@@ -125,6 +125,24 @@ def test_a_cute_gemm_config_check_names_the_template_and_config():
     """), env={"CUTE_DSL_ARCH": "sm_90a"})
 
 
+def test_split_k_reduction_launches_early_unless_it_would_crowd_the_idle_sms():
+    """The 64-row split-K reduction starts while the GEMM runs only where its blocks would land at
+    most 4 to an SM the GEMM leaves idle, or where the GEMM leaves none idle (then they start as
+    its CTAs finish); both sides of the bound."""
+    run_python(textwrap.dedent("""
+        from mslk_dsl.templates import _cute_gemm_sm90 as sm90
+        gemm = sm90.HopperGemm((64, 256), split_k=4, x_rows=16, template="bf16_gemm_cute")
+        assert gemm.second_kernel and not gemm.fix_up_in_place
+        early = {(blocks, ctas): bool(gemm._launch_early(blocks, ctas))
+                 for blocks, ctas in ((16, 128), (17, 128), (1, 131), (8, 131), (144, 96), (145, 96),
+                                      (64, 132), (5000, 132))}
+        assert early == {(16, 128): True, (17, 128): False, (1, 131): True, (8, 131): False,
+                         (144, 96): True, (145, 96): False, (64, 132): True, (5000, 132): True}, early
+        assert not sm90.HopperGemm((128, 128), split_k=2, template="bf16_gemm_cute").second_kernel
+        assert sm90.HopperGemm((128, 256), cluster_m=2, stream_k=True, template="bf16_gemm_cute").second_kernel
+    """), env={"CUTE_DSL_ARCH": "sm_90a"})
+
+
 def test_index_shuffling_heuristics_pick_the_smallest_size_that_holds_e():
     picks = {name: [registry.get_template(name).heuristic("x", {}, {"E": e})["max_experts"]
                     for e in (1, 32, 33, 64, 65, 128, 129, 256, 257, 320, 512)]

@@ -283,6 +283,53 @@ def test_bf16_gemm_stream_k_is_deterministic_and_matches_data_parallel():
             _check_repeatable_and_like_plain(x, w, config, "stream_k")
 
 
+SECOND_KERNEL_CONFIGS = (
+    {"tile_m": 64, "tile_n": 256, "cluster_m": 1, "raster": "m", "group": 8, "split_k": 4, "x_rows": 16},
+    {"tile_m": 64, "tile_n": 128, "cluster_m": 1, "raster": "m", "group": 8, "split_k": 8},
+    {"tile_m": 128, "tile_n": 256, "cluster_m": 2, "raster": "m", "group": 8, "stream_k": 1},
+)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_reductions_launched_early_keep_the_order_of_the_kernels_around_them(graph):
+    """The partials' reduction of 64-row split-K and of stream-K is a programmatic dependent
+    launch that may start while the GEMM runs. Kernels around it keep stream order: an input
+    rewritten right after one call feeds the next call, each output is read right after its call
+    by another kernel, in eager calls and replayed as one CUDA graph."""
+    for config in SECOND_KERNEL_CONFIGS:
+        m = 9 if config.get("x_rows") else 300
+        x = randn(m, 4096, seed=m).to(torch.bfloat16)
+        w = randn(2112, 4096, seed=7).to(torch.bfloat16)
+        x_next = (x * 2).contiguous()
+        plain = {c: v for c, v in config.items() if c not in ("split_k", "stream_k", "x_rows")}
+        want = [ops.bf16_gemm(x, w, config=plain).float() * 3, ops.bf16_gemm(x_next, w, config=plain).float() * 3]
+        source = x.clone()
+
+        def calls():
+            first = ops.bf16_gemm(source, w, config=config)
+            tripled = [first.float() * 3]            # reads the output at once
+            source.mul_(2)                           # rewrites the input the GEMM just read
+            second = ops.bf16_gemm(source, w, config=config)
+            tripled.append(second.float() * 3)
+            return tripled
+
+        if graph:
+            calls()                                  # kernels loaded, counters made
+            source.copy_(x)
+            capture = torch.cuda.Stream()
+            capture.wait_stream(torch.cuda.current_stream())
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=capture):
+                got = calls()
+            source.copy_(x)
+            g.replay()
+        else:
+            got = calls()
+        torch.cuda.synchronize()
+        for out, ref in zip(got, want):
+            torch.testing.assert_close(out, ref, atol=6e-2, rtol=1e-2, msg=lambda s, c=config: f"{c}: {s}")
+
+
 def test_split_k_rejects_partials_past_int32():
     x = torch.zeros(65536, 16, device="cuda", dtype=torch.bfloat16)
     w = torch.zeros(4096, 16, device="cuda", dtype=torch.bfloat16)
