@@ -130,6 +130,12 @@ BF16_CONFIGS = BF16_CONFIGS + SWAP_CONFIGS
 # tiles there: 64 x 80-168 on the H200; see SWAP_64_M_MAX).
 SWAP_64_CONFIGS = tuple(_config(64, n, swap=True) for n in SWAP_WIDTHS)
 BF16_CONFIGS = BF16_CONFIGS + SWAP_64_CONFIGS
+# A swapped 64-row tile 32 tokens wide, for decode-sized M (see DECODE_SWAP_TILES_MIN): a whole
+# K per 64 weight rows, no split-K and no reduction kernel (cuBLAS's decode tiles on the H200
+# are 64 x 8 and 64 x 16). 16-bit only: FP8 decode runs 1.2-1.5x torch with its x_rows tiles.
+DECODE_SWAP_WIDTH = 32
+DECODE_SWAP_CONFIG = _config(64, DECODE_SWAP_WIDTH, swap=True)
+BF16_CONFIGS = BF16_CONFIGS + (DECODE_SWAP_CONFIG,)
 # 192-row tiles: fewer, larger tiles, whose counts fit other layers into whole waves (cuBLAS's
 # own picks on the H200 at M >= 400 are mostly 192x192 and 256-row tiles 88-160 wide).
 TALL_CONFIGS = tuple(_config(TALL_TILE_M, n, c) for n in (128, 160, 192) for c in (1, 2))
@@ -232,6 +238,14 @@ DECODE_M_MAX, DECODE_TILES_MIN, DECODE_SPLIT_K_MIN = 16, 48, 2048
 # 7168; with 28 tiles in the last wave (40960) it gained 4% at M = 1 and nothing at M = 16, with
 # 44 or more (45056-57344) splitting was slower.
 DECODE_TAIL_MAX, DECODE_TAIL_SPLIT = 24, 4
+# ... and a layer of DECODE_SWAP_TILES_MIN to one wave of 64-row weight tiles with K of at most
+# SWAP_64_SHORT_K_BYTES per row streams best as one swapped 64 x 32 tile per SM: no split-K, so
+# no partials and no reduction kernel. Timed against the split 256-wide pick (graph replays, L2
+# flushed, docs/benchmarks.md "Decode: one swapped 64-row tile per SM"): 2-13% faster on layers
+# of 45-128 such tiles (e.g. 17.9 -> 15.9 us at M = 6 on 7168 x 2048, 34.2 -> 30.9 at M = 11 on
+# 7680 x 5120); slower past one wave (9216-10240 rows: 144-160 tiles, 2-5%) and at K >= 14336
+# with few tiles (2-3%), where only split-K puts every SM on the weight.
+DECODE_SWAP_TILES_MIN = 44
 
 
 def _ceil_div(a, b):
@@ -493,7 +507,8 @@ def heuristic(problem, fp8, fast_accum=False):
     on narrow layers: M over as many swapped 64-row tiles, 128-224 tokens wide, as make one wave.
     M <= 64 (decode) is bound by streaming the weight: 64-row tiles of the width that minimises
     the bytes the busiest SM streams (the weight and, per tile, x's 64-row box); for 16-bit
-    inputs with M <= DECODE_M_MAX, 256-wide tiles,
+    inputs with M <= DECODE_M_MAX, one swapped 64 x 32 tile per SM where the layer's 64-row
+    tiles make one wave of at least DECODE_SWAP_TILES_MIN and K is short, else 256-wide tiles,
     split-K up to about one unit per SM when there are few of them (see DECODE_TILES_MIN), and in
     DECODE_TAIL_SPLIT when their last wave is only a few tiles (see DECODE_TAIL_MAX).
     Larger M: the model above, over the op's 128- and 192-row tiles (FP8 192-row ones scaled
@@ -529,6 +544,10 @@ def heuristic(problem, fp8, fast_accum=False):
     # the x box of 64-row tiles: M rounded up to 16 (see the docstring), where a variant has it
     decode_rows = next((r for r in (X_ROWS, *X_ROWS_MID) if m <= r), 0)
     if m <= DECODE_M_MAX and not fp8:
+        swap_tiles = _ceil_div(n, 64)
+        if (DECODE_SWAP_TILES_MIN <= swap_tiles <= NUM_SMS
+                and problem.get("K", 0) * 2 <= SWAP_64_SHORT_K_BYTES):
+            return dict(DECODE_SWAP_CONFIG)
         tiles = _ceil_div(n, 256)
         if tiles >= DECODE_TILES_MIN:
             tail = tiles % NUM_SMS

@@ -98,13 +98,40 @@ def test_split_k_ranges_cover_every_k_tile_once(split_k):
         assert covered == list(range(k_tiles)), (split_k, k_tiles)
 
 
+def _takes_decode_swap(n, k):
+    return (gemm_configs.DECODE_SWAP_TILES_MIN <= -(-n // 64) <= gemm_configs.NUM_SMS
+            and 2 * k <= gemm_configs.SWAP_64_SHORT_K_BYTES)
+
+
+def test_decode_takes_one_swapped_64_row_tile_per_sm_on_a_wave_of_them_at_a_short_k():
+    """M <= 16 (16-bit) on a layer of 44-132 weight tiles of 64 rows with K <= 8192: one swapped
+    64 x 32 tile each, unsplit; both sides of each bound keep the split 256-wide tiles."""
+    (template,) = registry.get_templates(op="bf16_gemm", backend="cute")
+    swap = gemm_configs.DECODE_SWAP_CONFIG
+    assert swap in template.configs and swap["swap"] and swap["tile_m"] == 64 and swap["tile_n"] == 32
+    for dtype in ("bfloat16", "float16"):
+        sig = {"dtype": dtype}
+        for m in (1, 9, 16):
+            for n, k in ((2816, 4096), (7168, 2048), (8448, 8192), (6144, 5120)):
+                assert template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k}) == swap, (m, n, k)
+            # 43 tiles, 133 tiles (past one wave), K past 8192: the split or unsplit 256-wide tiles
+            for n, k in ((2752, 4096), (8456, 4096), (6144, 8200), (4096, 14336)):
+                config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
+                assert config["tile_n"] == 256 and not config.get("swap"), (m, n, k, config)
+        assert template.heuristic("sm90a", sig, {"M": 17, "N": 6144, "K": 4096}) != swap
+    (fp8,) = registry.get_templates(op="f8f8bf16_rowwise", backend="cute")
+    assert fp8.heuristic("sm90a", {"bias": "none", "fast_accum": True}, {"M": 4, "N": 6144, "K": 4096})["tile_n"] != 32
+
+
 def test_decode_heuristic_splits_k_when_few_tiles_would_leave_sms_idle():
     (template,) = registry.get_templates(op="bf16_gemm", backend="cute")
     sig = {"dtype": "bfloat16"}
     for m, (n, k) in itertools.product((1, 7, 16), NK_VALUES):
         config = template.heuristic("sm90a", sig, {"M": m, "N": n, "K": k})
         tiles = -(-n // 256)
-        if k >= gemm_configs.DECODE_SPLIT_K_MIN and tiles < gemm_configs.DECODE_TILES_MIN:
+        if _takes_decode_swap(n, k):
+            assert config == gemm_configs.DECODE_SWAP_CONFIG, (m, n, k, config)
+        elif k >= gemm_configs.DECODE_SPLIT_K_MIN and tiles < gemm_configs.DECODE_TILES_MIN:
             # Few 256-wide tiles: split until the units about fill the SMs, never past them.
             units = tiles * config["split_k"]
             assert config["tile_n"] == 256 and gemm_configs.NUM_SMS // 2 < units <= gemm_configs.NUM_SMS, (
