@@ -383,13 +383,29 @@ SWAP_64_M_MAX = 208
 SWAP_64_TILES_MIN, SWAP_64_TILES_FULL = 64, 96
 SWAP_64_SHORT_K_BYTES = 16384
 SWAP_64_SPLIT_WIDTHS = (128, 224)  # least and most tokens per tile when M takes several tiles
+# ... the last of them at least SWAP_64_LAST_FILL[t] full: the CTAs of a last token tile whose box
+# is partly past M (rows TMA fills with zeros) ran far behind the others, the more so the more
+# tiles. Timed on the H200 on 2112 x 7168 at M = 338-888, both ops (docs/benchmarks.md "Swapped
+# 64-row tiles: the last token tile"), bf16: three tiles 70-97% full 28.0-38.0 us, 55-64% full
+# 34.5-50.5; four tiles 85-100% full 32.2-40.2 us (e.g. M = 574: 4 x 144, 32.2), 62-78% full
+# 42.0-62.4 us where three tiles or the model took 32.0-53.7 (M = 473: 4 x 128, 43.6; 3 x 160,
+# 32.4). Two tiles of a width rounded up to 16 are always over 87% full.
+SWAP_64_LAST_FILL = {3: (2, 3), 4: (5, 6)}
+
+
+def _last_tile_fits(m, width):
+    """Whether the last of M's token tiles of ``width`` is full enough (SWAP_64_LAST_FILL)."""
+    tiles = _ceil_div(m, width)
+    num, den = SWAP_64_LAST_FILL.get(tiles, (0, 1))
+    return den * (m - (tiles - 1) * width) >= num * width
 
 
 def swap_64_width(m, n, k_bytes, fp8=False, fast_accum=False):
     """The tokens' tile width (a multiple of 16) of the swapped 64-row tile an M x N call with
     ``k_bytes`` of K per row takes, or 0 where it does not (see SWAP_64_M_MAX): M rounded up
     to 16 up to SWAP_64_M_MAX, past it M over the most token tiles (each SWAP_64_SPLIT_WIDTHS
-    wide) that keep the tiles to one wave. Promoted FP8 has no swapped tiles."""
+    wide, the last full enough: SWAP_64_LAST_FILL) that keep the tiles to one wave. Promoted
+    FP8 has no swapped tiles."""
     if (fp8 and not fast_accum) or m <= 64:
         return 0
     weight_tiles = _ceil_div(n, 64)
@@ -398,7 +414,7 @@ def swap_64_width(m, n, k_bytes, fp8=False, fast_accum=False):
     else:
         least, most = SWAP_64_SPLIT_WIDTHS
         fits = [w for w in (_ceil_div(_ceil_div(m, t), 16) * 16 for t in range(2, NUM_SMS // weight_tiles + 1))
-                if least <= w <= most and weight_tiles * _ceil_div(m, w) <= NUM_SMS]
+                if least <= w <= most and weight_tiles * _ceil_div(m, w) <= NUM_SMS and _last_tile_fits(m, w)]
         if not fits:
             return 0
         width = min(fits)

@@ -532,6 +532,21 @@ def test_larger_m_on_narrow_layers_takes_a_few_swapped_64_row_tiles(op, sig):
                 assert 128 <= width <= 224 and width % 16 == 0 and tiles <= gemm_configs.NUM_SMS
                 assert pick(m, n, 4096)[:2] == (64, width)
     assert not any(gemm_configs.swap_64_width(m, 4288, 4096) for m in range(209, 2000))  # 67 x 2 > 132
+    # The last token tile full enough (SWAP_64_LAST_FILL): four tiles at least 5/6 full, three at
+    # least 2/3, else fewer tiles or the model (each case timed, docs/benchmarks.md).
+    assert pick(574, 2112, 7168)[:2] == (64, 144)              # 4 x 144, the last 142 rows: 99%
+    assert pick(684, 2112, 7168)[:2] == (64, 176)              # 4 x 176, 156 rows: 89%
+    assert pick(544, 2112, 7168)[:2] == (64, 192)              # 4 x 144 only 78%: 3 x 192, 83%
+    assert pick(473, 2112, 7168)[:2] == (64, 160)              # 4 x 128 only 70%: 3 x 160
+    assert pick(350, 2112, 7168)[:2] == (64, 128)              # 3 x 128, the last 94 rows: 73%
+    assert pick(338, 2112, 7168)[:2] == (64, 176)              # 3 x 128 only 64%: 2 x 176
+    assert pick(777, 2112, 7168)[0] != 64                      # 4 x 208 only 74%, 3 x 272 too wide
+    for m in range(209, 1000):
+        width = gemm_configs.swap_64_width(m, 2112, 7168 * per)
+        if width:
+            tiles = -(-m // width)
+            num, den = gemm_configs.SWAP_64_LAST_FILL.get(tiles, (0, 1))
+            assert den * (m - (tiles - 1) * width) >= num * width, (m, width)
 
 
 def test_fp8_fast_accum_takes_192_row_tiles_the_model_puts_within_5_percent():
