@@ -76,6 +76,7 @@ struct Plan {
   KernelArg args[kMaxArgs];
   int n_returns;
   int8_t returns[kMaxOutputs];
+  uint32_t returned;  // bit k: output k is returned (the others are scratch: never a Python object)
   uint32_t written;  // bit i: the kernel writes input i (a caller's out= tensor, an in-place input)
   bool stream_bound;  // the plan holds a buffer of one stream (split-K counters): it serves only
   void* stream;       // that stream (null: the default stream)
@@ -346,8 +347,12 @@ PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, Py
   }
   if (plan->stream_bound && plan->stream != stream) return Py_NewRef(g_miss);
 
-  // Outputs: allocated by torch's caching allocator, compact, on the plan's device.
+  // Outputs: allocated by torch's caching allocator, compact, on the plan's device. Returned ones
+  // become Python tensors; scratch stays a C++ tensor, freed when the call returns (after the
+  // launch, on the stream the kernel runs on: the caching allocator hands its memory only to
+  // work queued after the kernel), which saves a Python object's making and freeing per tensor.
   PyObject* outputs[kMaxOutputs] = {nullptr};
+  at::Tensor scratch[kMaxOutputs];
   DLTensor out_dl[kMaxOutputs];
   PyObject* result = nullptr;
   try {
@@ -363,6 +368,10 @@ PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, Py
       o.shape = const_cast<int64_t*>(plan->out_shape[k].shape);
       o.strides = const_cast<int64_t*>(plan->out_shape[k].strides);
       o.byte_offset = 0;
+      if (!(plan->returned >> k & 1u)) {
+        scratch[k] = std::move(t);
+        continue;
+      }
       outputs[k] = THPVariable_Wrap(std::move(t));
       if (outputs[k] == nullptr) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_MemoryError, "mslk_dsl: output allocation failed");
@@ -600,6 +609,7 @@ PyObject* FastOpAdd(PyObject* py_self, PyObject* argv) {
       return nullptr;
     }
     plan.returns[r] = int8_t(index);
+    plan.returned |= 1u << index;
   }
   for (Py_ssize_t w = 0; written != nullptr && w < PyTuple_GET_SIZE(written); ++w) {
     long index = PyLong_AsLong(PyTuple_GET_ITEM(written, w));
