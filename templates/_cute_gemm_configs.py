@@ -241,10 +241,11 @@ DECODE_TAIL_MAX, DECODE_TAIL_SPLIT = 24, 4
 # ... and a layer of DECODE_SWAP_TILES_MIN to one wave of 64-row weight tiles with K of at most
 # SWAP_64_SHORT_K_BYTES per row streams best as one swapped 64 x 32 tile per SM: no split-K, so
 # no partials and no reduction kernel. Timed against the split 256-wide pick (graph replays, L2
-# flushed, docs/benchmarks.md "Decode: one swapped 64-row tile per SM"): 2-13% faster on layers
-# of 45-128 such tiles (e.g. 17.9 -> 15.9 us at M = 6 on 7168 x 2048, 34.2 -> 30.9 at M = 11 on
-# 7680 x 5120); slower past one wave (9216-10240 rows: 144-160 tiles, 2-5%) and at K >= 14336
-# with few tiles (2-3%), where only split-K puts every SM on the weight.
+# flushed, docs/benchmarks.md "Decode: one swapped 64-row tile per SM"): on layers of 45-128 such
+# tiles 6% faster in geomean, up to 13% (17.9 -> 15.9 us at M = 6 on 7168 x 2048, 34.2 -> 30.9 at
+# M = 11 on 7680 x 5120), at worst 1% slower (64 tiles at K = 7168-8192); slower past one wave
+# (9216-10240 rows: 144-160 tiles, 2-5%) and at K >= 14336 with few tiles (2-3%), where only
+# split-K puts every SM on the weight.
 DECODE_SWAP_TILES_MIN = 44
 
 

@@ -27,7 +27,7 @@ templates need, with its own tile order and an epilogue hook:
     and mid-sized M): each output tile is ``split_k`` units of work over consecutive K ranges.
     64-row (decode) tiles: a unit stores its fp32 sums (rows < M only) into a partials buffer
     [split_k, M, N], and a second kernel adds the split_k partials in a fixed order and rounds
-    once to the output dtype (deterministic, no atomics). 128-row tiles fix up in place: a unit
+    once to the output dtype (deterministic, no atomics; launched early, see second_kernel). 128-row tiles fix up in place: a unit
     stores its fp32 sums into its slot of the tile in a partials buffer
     [tile, split, tile_m x tile_n] (threads holding only rows past M store nothing) and counts itself in the tile's counter
     (an atomic add after a release fence); the unit that finds the count complete is the
