@@ -560,10 +560,9 @@ def heuristic(problem, fp8, fast_accum=False):
     promote = {"promote": 0 if fast_accum else FP8_PROMOTE} if fp8 else {}
     # the x box of 64-row tiles: M rounded up to 16 (see the docstring), where a variant has it
     decode_rows = next((r for r in (X_ROWS, *X_ROWS_MID) if m <= r), 0)
+    k_bytes = problem.get("K", 0) * (1 if fp8 else 2)
     if m <= DECODE_M_MAX and not fp8:
-        swap_tiles = _ceil_div(n, 64)
-        if (DECODE_SWAP_TILES_MIN <= swap_tiles <= NUM_SMS
-                and problem.get("K", 0) * 2 <= SWAP_64_SHORT_K_BYTES):
+        if DECODE_SWAP_TILES_MIN <= _ceil_div(n, 64) <= NUM_SMS and k_bytes <= SWAP_64_SHORT_K_BYTES:
             return dict(DECODE_SWAP_CONFIG)
         tiles = _ceil_div(n, 256)
         if tiles >= DECODE_TILES_MIN:
@@ -574,7 +573,6 @@ def heuristic(problem, fp8, fast_accum=False):
         if problem.get("K", 0) >= DECODE_SPLIT_K_MIN:
             split_k = max(s for s in (1, *SPLIT_K) if tiles * s <= NUM_SMS)
             return _config(64, 256, split_k=split_k, x_rows=decode_rows)
-    k_bytes = problem.get("K", 0) * (1 if fp8 else 2)
     swap_64 = swap_64_width(m, n, k_bytes, fp8, fast_accum)
     if swap_64:
         return {**_config(64, swap_64, swap=True), **promote}
