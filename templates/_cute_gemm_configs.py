@@ -4,7 +4,7 @@ A config names one kernel of ``_cute_gemm_sm90.HopperGemm``:
   tile_m, tile_n  CTA tile; tile_m // 64 consumer warpgroups (64 suits decode-sized M); 192-row
                   tiles ("tall", TALL_TILE_M) and 256-row ones ("wide", WIDE_TILE_M: two
                   warpgroups of 128 rows; at most 192 wide) are unsplit and not promoted;
-                  only 192-row ones are swapped (at most 192 tokens wide)
+                  192- and 256-row ones are also swapped (at most 192 tokens wide)
   cluster_m       CTAs per cluster along M (2: the weight tile is TMA-multicast to both)
   raster, group   tile order: "m" or "n" moves first, inside bands of ``group`` clusters
                   (0: the whole dimension); only L2 reuse depends on it
@@ -153,6 +153,16 @@ BF16_CONFIGS = BF16_CONFIGS + SWAP_TALL_CONFIGS
 # (tile_n fp32 accumulators per thread).
 WIDE_CONFIGS = tuple(_config(WIDE_TILE_M, n, c) for n in (128, 160, 192) for c in (1, 2))
 BF16_CONFIGS = BF16_CONFIGS + WIDE_CONFIGS
+# Swapped 256-row tiles: 256 weight rows (two warpgroups of 128) by 64-192 tokens in steps of 16,
+# 1x1 and 2x1 clusters: cuBLAS's most frequent tile at mid-sized M on wide layers on the H200
+# (256 x 88-136, e.g. 256 x 136 at M = 389 on 10240 x 8192: 40 x 3 tiles, one wave). For the
+# tuner: the heuristic does not take them. Timed against its picks on 19 shapes (M = 189-2845 on
+# layers 4096-27648 wide; docs/benchmarks.md "Swapped 256-row tiles"), the best of them was faster
+# at 4 bf16 shapes (1-4%) and 5 FP8 ones (1.5-6.4%: 1565 x 10240 x 5120, 136.4 -> 128.2 us), and
+# slower, mostly by far, at the rest: with few token tiles the 256-row weight tiles leave SMs idle.
+SWAP_WIDE_WIDTHS = tuple(range(64, 193, 16))
+SWAP_WIDE_CONFIGS = tuple(_config(WIDE_TILE_M, n, c, swap=True) for n in SWAP_WIDE_WIDTHS for c in (1, 2))
+BF16_CONFIGS = BF16_CONFIGS + SWAP_WIDE_CONFIGS
 # Ping-pong 128-row tiles (16-bit and fast-accumulation FP8): one consumer warpgroup per tile,
 # the two of a CTA taking alternate tiles, so one's epilogue overlaps the other's mainloop.
 PINGPONG_CONFIGS = tuple(_config(128, n, c, pingpong=True) for n in (128, 160, 192) for c in (1, 2))
@@ -169,7 +179,7 @@ FP8_CONFIGS = (tuple({**c, "promote": 0} for c in CONFIGS + FITTED_CONFIGS)
                + tuple({**_config(128, 128, split_k=s), "promote": FP8_PROMOTE} for s in MID_SPLIT_K)
                + tuple({**c, "promote": 0} for c in SWAP_CONFIGS + SWAP_64_CONFIGS)
                + tuple({**c, "promote": 0} for c in TALL_CONFIGS + SWAP_TALL_CONFIGS)
-               + tuple({**c, "promote": 0} for c in WIDE_CONFIGS)
+               + tuple({**c, "promote": 0} for c in WIDE_CONFIGS + SWAP_WIDE_CONFIGS)
                + tuple({**c, "promote": 0} for c in PINGPONG_CONFIGS))
 
 # The cost model of calls with M > 64 (see heuristic): a tile's time per unit of K is its MMA

@@ -12,7 +12,8 @@ templates need, with its own tile order and an epilogue hook:
     128 rows each, two 64-row wgmma blocks apiece, CUTLASS's cooperative 256-row layout) and
     issue wgmma from shared memory, keeping one k-tile of wgmma in flight while the next stage
     lands;
-  * the epilogue walks the tile in (tile_m x 32) sub-tiles: optional hook on the fp32
+  * the epilogue walks the tile in (tile_m x 32) sub-tiles (x 16 where tile_n is an odd multiple
+    of 16, or where the narrower store buffers buy a 256-row tile an A/B stage): optional hook on the fp32
     values, conversion, stmatrix into shared memory, TMA store (which clips rows and
     columns past M / N);
   * ping-pong (``pingpong``, 128-row tiles): the two consumer warpgroups take alternate tiles
@@ -134,7 +135,8 @@ class HopperGemm:
                   64-row box with 63 such rows streams ~15% slower than one of 64 real rows.)
     swap_ab:      the caller passes A = the weight [N, K], B = the activations [M, K] and
                   D = the output's transpose (an M-major [N, M] view): the kernel's tile_n then
-                  runs along the tokens and may be any multiple of 16 from 32 to 256; the
+                  runs along the tokens and may be any multiple of 16 from 32 to 256 (192 for
+                  192- and 256-row tiles); the
                   epilogue stores D^T's (tile_m x 16 or 32) column blocks. No 64-row split-K
                   (its second kernel writes row-major D) and no stream-K.
     stream_k:     share the last partial wave's tiles out by k-tiles (no epilogue hook, no
@@ -169,12 +171,13 @@ class HopperGemm:
              "stream-K, x_rows or promotion"),
             (self.tile_m == gemm_configs.WIDE_TILE_M and self.tile_n > _WIDE_MAX_N,
              f"{gemm_configs.WIDE_TILE_M}-row tiles are at most {_WIDE_MAX_N} wide"),
-            (swap_ab and (self.tile_m not in (64, 128, gemm_configs.TALL_TILE_M) or self.tile_n % _EPI_TILE_N_MIN
+            (swap_ab and (self.tile_m not in (64, 128, gemm_configs.TALL_TILE_M, gemm_configs.WIDE_TILE_M)
+                          or self.tile_n % _EPI_TILE_N_MIN
                           or not 2 * _EPI_TILE_N_MIN <= self.tile_n <= (_TALL_SWAP_MAX_N if big else 256)
                           or stream_k or (split_k > 1 and self.tile_m == 64) or x_rows),
-             f"swap_ab: tile_m 64, 128 or {gemm_configs.TALL_TILE_M}, tile_n a multiple of {_EPI_TILE_N_MIN} "
-             f"from 32 to 256 ({_TALL_SWAP_MAX_N} for {gemm_configs.TALL_TILE_M} rows), no stream-K, "
-             "x_rows or 64-row split-K"),
+             f"swap_ab: tile_m 64, 128, {gemm_configs.TALL_TILE_M} or {gemm_configs.WIDE_TILE_M}, tile_n a multiple "
+             f"of {_EPI_TILE_N_MIN} from 32 to 256 ({_TALL_SWAP_MAX_N} for {gemm_configs.TALL_TILE_M} and "
+             f"{gemm_configs.WIDE_TILE_M} rows), no stream-K, x_rows or 64-row split-K"),
             (cluster_m not in (1, 2) or group < 0, "cluster_m must be 1 or 2 and group >= 0"),
             (split_k < 1 or (split_k > 1 and (cluster_m != 1 or (self.tile_m == 64 and epilogue is not None))),
              "split_k >= 1, and split-K runs with cluster_m 1 (64-row tiles: and no epilogue)"),
@@ -242,12 +245,23 @@ class HopperGemm:
         # leftover bytes buy up to 4 of those.
         # The head (mbarriers of <= 32 stages, epilogue words) is padded to sA's 1 KB alignment.
         ab_bytes = (self.tile_m * a_dtype.width + self.tile_n * b_dtype.width) * self.tile_k // 8
-        d_bytes = self.tile_m * self.epi_n * d_dtype.width // 8
         # (+1 word: the split-K fix-up's flag; other kernels keep the 4 bytes in the head's slack)
         head = -(-(16 * 32 + 4 * (self.epi_words + self.fix_up_in_place)) // 1024) * 1024
-        d_bytes *= self.tile_groups
+
+        def stages_beside(epi_n):
+            d_bytes = self.tile_m * epi_n * d_dtype.width // 8 * self.tile_groups
+            return min((_SMEM_BYTES - head - 2 * d_bytes) // ab_bytes, 32), d_bytes
+
+        self.stages, d_bytes = stages_beside(self.epi_n)
+        # A 256-row tile's 32-column store buffers (16 KB each) can cost it an A/B stage (3 instead
+        # of 4 at 160 columns): it then stores 16-column sub-tiles. Timed on the H200 at 256 x 160
+        # in 2x1 clusters (graph replays, docs/benchmarks.md "Swapped 256-row tiles"): faster at 7
+        # of 8 shapes (1-7%, bf16 and FP8), level at the other.
+        if self.tile_m == gemm_configs.WIDE_TILE_M and stages_beside(_EPI_TILE_N_MIN)[0] > self.stages:
+            self.epi_n = _EPI_TILE_N_MIN
+            self.epi_tile = (self.tile_m, self.epi_n)
+            self.stages, d_bytes = stages_beside(self.epi_n)
         free = _SMEM_BYTES - head - 2 * d_bytes
-        self.stages = min(free // ab_bytes, 32)
         self.epi_stages = 2 + min(2, (free - self.stages * ab_bytes) // d_bytes)  # per tile group
         row_major = LayoutEnum.ROW_MAJOR  # A, B K-major; D N-major
         self.a_smem = sm90_utils.make_smem_layout_a(row_major, self.tile_mnk, a_dtype, self.stages)
