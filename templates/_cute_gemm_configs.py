@@ -234,6 +234,14 @@ WIDE_M_MIN = 1024
 PINGPONG_M_MIN = 1024
 EPILOGUE_WEIGHT = 512
 PINGPONG_FACTOR = 1.04
+# ... and from PINGPONG_ALWAYS_M rows on, the ping-pong tile of least modelled time, whatever the
+# other tiles cost. Timed on the H200 on 24 FP8 shapes drawn fresh (M log-uniform in 1024-16384
+# over the random draw's layers; docs/benchmarks.md "FP8 at large M: ping-pong from 4096 rows"):
+# the model's ping-pong tile against the pick, 0.93-1.07x below 4096 rows (the pick faster at 6 of
+# 15), 0.99-1.07x from 4096 (geomean 1.03: faster at 7 of 9, 0.8% slower at worst); on the 16
+# worst large-M FP8 shapes of three draws the 128 x 160-192 ping-pong tiles beat the 192- and
+# 256-row picks from 4096 rows by 2-9%.
+PINGPONG_ALWAYS_M = 4096
 
 # Decode (M <= 16, weight streaming) on the H200, from sweeps of every config at M = 1 and 16:
 # 256-wide tiles stream best; with fewer than DECODE_TILES_MIN of them (N < 12288) split-K
@@ -471,7 +479,8 @@ def pingpong_candidates(fp8, fast_accum):
 
 def _pingpong(m, n, k_bytes, fp8, fast_accum, pick, pick_cost):
     """The ping-pong (tile_n, cluster_m) that beats ``pick`` (of modelled cost ``pick_cost``) once
-    the pick pays for its epilogues (see EPILOGUE_WEIGHT), or None."""
+    the pick pays for its epilogues (see EPILOGUE_WEIGHT), or from PINGPONG_ALWAYS_M rows the
+    ping-pong tile of least modelled time; else None."""
     if m < PINGPONG_M_MIN:
         return None
     tile_m, tile_n, cluster_m, split_k, swap = pick
@@ -482,7 +491,7 @@ def _pingpong(m, n, k_bytes, fp8, fast_accum, pick, pick_cost):
     if not options:
         return None
     cost, best = min(options)
-    return best if cost < (pick_cost + epilogues) * (1 - TIE) else None
+    return best if m >= PINGPONG_ALWAYS_M or cost < (pick_cost + epilogues) * (1 - TIE) else None
 
 
 def _large_m(m, n, k_bytes, fp8, fast_accum):
@@ -558,8 +567,9 @@ def heuristic(problem, fp8, fast_accum=False):
     model's pick is never more than 0.5% slower than the fastest. Split-K pays where few tiles
     leave SMs idle and K is long enough to amortize the fix-up (mid-sized M).
     FP8 fast accumulation at M >= PINGPONG_M_MIN then takes a ping-pong tile where that pick
-    is dearer once charged for its epilogues (see EPILOGUE_WEIGHT), or else, at M >= WIDE_M_MIN,
-    a 256-row tile the model puts a margin ahead of the pick (see WIDE_FP8_FACTOR).
+    is dearer once charged for its epilogues (see EPILOGUE_WEIGHT), and always from
+    PINGPONG_ALWAYS_M rows, or else, at M >= WIDE_M_MIN, a 256-row tile the model puts a margin
+    ahead of the pick (see WIDE_FP8_FACTOR).
     FP8: ``fast_accum`` (promote 0) may take any tile; promoted accumulation every FP8_PROMOTE
     k-tiles (accurate to well below bf16 rounding) needs a tile of at most 128 columns. With
     M <= X_ROWS the tile loads only X_ROWS rows of x (where the tile has that variant): timed on
