@@ -402,6 +402,12 @@ SWAP_64_M_MAX = 208
 SWAP_64_TILES_MIN, SWAP_64_TILES_FULL = 64, 96
 SWAP_64_SHORT_K_BYTES = 16384
 SWAP_64_SPLIT_WIDTHS = (128, 224)  # least and most tokens per tile when M takes several tiles
+# ... but three tiles may be up to SWAP_64_WIDE_MAX wide, where no width of the range fits (N <=
+# 2816; 2112 x 7168 at M = 705-733, 3 x 240-256 tokens, 99 tiles): timed on the H200 against
+# the model's swapped 128 x 112 pick (graph replays, docs/benchmarks.md "Swapped 64-row tiles: the
+# last token tile"), bf16 51.1 -> 42.5, 52.0 -> 43.0, 48.9 -> 43.2 us, FP8 1.07-1.16x faster. Two
+# tiles of 240-256 (N = 2880-4096 at M = 455-505) were mixed: 0.95-1.14x the pick.
+SWAP_64_WIDE_MAX = 256
 # ... the last of them at least SWAP_64_LAST_FILL[t] full: the CTAs of a last token tile whose box
 # is partly past M (rows TMA fills with zeros) ran far behind the others, the more so the more
 # tiles. Timed on the H200 on 2112 x 7168 at M = 338-888, both ops (docs/benchmarks.md "Swapped
@@ -423,7 +429,8 @@ def swap_64_width(m, n, k_bytes, fp8=False, fast_accum=False):
     """The tokens' tile width (a multiple of 16) of the swapped 64-row tile an M x N call with
     ``k_bytes`` of K per row takes, or 0 where it does not (see SWAP_64_M_MAX): M rounded up
     to 16 up to SWAP_64_M_MAX, past it M over the most token tiles (each SWAP_64_SPLIT_WIDTHS
-    wide, the last full enough: SWAP_64_LAST_FILL) that keep the tiles to one wave. Promoted
+    wide, three of them up to SWAP_64_WIDE_MAX, the last full enough: SWAP_64_LAST_FILL) that
+    keep the tiles to one wave. Promoted
     FP8 has no swapped tiles."""
     if (fp8 and not fast_accum) or m <= 64:
         return 0
@@ -432,10 +439,14 @@ def swap_64_width(m, n, k_bytes, fp8=False, fast_accum=False):
         width = _ceil_div(m, 16) * 16
     else:
         least, most = SWAP_64_SPLIT_WIDTHS
-        fits = [w for w in (_ceil_div(_ceil_div(m, t), 16) * 16 for t in range(2, NUM_SMS // weight_tiles + 1))
-                if least <= w <= most and weight_tiles * _ceil_div(m, w) <= NUM_SMS and _last_tile_fits(m, w)]
+        widths = [(t, _ceil_div(_ceil_div(m, t), 16) * 16) for t in range(2, NUM_SMS // weight_tiles + 1)]
+        fits = [w for t, w in widths
+                if (least <= w <= most or (t == 3 and most < w <= SWAP_64_WIDE_MAX))
+                and weight_tiles * _ceil_div(m, w) <= NUM_SMS and _last_tile_fits(m, w)]
         if not fits:
             return 0
+        # the narrowest: the most tiles that make one wave (a width past the range only where
+        # no width in it fits, as a narrower one is always taken first)
         width = min(fits)
     tiles = weight_tiles * _ceil_div(m, width)
     streams = tiles >= SWAP_64_TILES_FULL or (tiles >= SWAP_64_TILES_MIN and k_bytes <= SWAP_64_SHORT_K_BYTES)

@@ -508,8 +508,9 @@ def test_mid_m_takes_one_swapped_64_row_tile_per_sm(op, sig):
                                     ("f8f8bf16_rowwise", {"bias": "none", "fast_accum": True})])
 def test_larger_m_on_narrow_layers_takes_a_few_swapped_64_row_tiles(op, sig):
     """Past SWAP_64_M_MAX, a layer of few 64-row weight tiles takes M over as many swapped 64-row
-    tiles, 128-224 tokens wide, as make one wave (cuBLAS's 64 x 168 at M = 324 on 4096 x 7168;
-    measured faster than the model's swapped 128-row picks, docs/benchmarks.md)."""
+    tiles, 128-224 tokens wide (three of them: up to 256 where nothing narrower fits), as make one
+    wave (cuBLAS's 64 x 168 at M = 324 on 4096 x 7168; measured faster than the model's swapped
+    128-row picks, docs/benchmarks.md)."""
     (template,) = registry.get_templates(op=op, backend="cute")
     per = 2 if op == "bf16_gemm" else 1
 
@@ -521,7 +522,9 @@ def test_larger_m_on_narrow_layers_takes_a_few_swapped_64_row_tiles(op, sig):
     assert pick(800, 2112, 7168) == (64, 208, 1, 1, True)      # 4 x 33: 132 tiles
     assert pick(352, 2112, 7168) == (64, 128, 1, 1, True)      # 3 x 33 (4 would be 96 wide)
     assert pick(250, 3584, 8192)[:2] == (64, 128)              # 2 x 56
-    assert pick(493, 4096, 14336)[0] != 64                     # 2 x 256 tokens: too wide
+    assert pick(493, 4096, 14336)[0] != 64                     # 2 x 256 tokens: too wide for two
+    assert pick(724, 2112, 7168)[:2] == (64, 256)              # 4 x 192 only 77% full: 3 x 256
+    assert pick(705, 2112, 7168)[:2] == (64, 240)              # 4 x 192 only 61% full: 3 x 240
     assert pick(741, 2880, 4096)[0] != 64                      # 3 x 45 = 135 tiles: past one wave
     assert pick(293, 5120, 32768)[0] != 64                     # 2 x 80 tiles
     assert pick(220, 4096, 4096)[0] != 64                      # 2 x 112 tokens: too narrow
@@ -530,7 +533,8 @@ def test_larger_m_on_narrow_layers_takes_a_few_swapped_64_row_tiles(op, sig):
             width = gemm_configs.swap_64_width(m, n, 4096 * per)
             if width:
                 tiles = -(-n // 64) * -(-m // width)
-                assert 128 <= width <= 224 and width % 16 == 0 and tiles <= gemm_configs.NUM_SMS
+                most = gemm_configs.SWAP_64_WIDE_MAX if -(-m // width) == 3 else 224
+                assert 128 <= width <= most and width % 16 == 0 and tiles <= gemm_configs.NUM_SMS
                 assert pick(m, n, 4096)[:2] == (64, width)
     assert not any(gemm_configs.swap_64_width(m, 4288, 4096) for m in range(209, 2000))  # 67 x 2 > 132
     # The last token tile full enough (SWAP_64_LAST_FILL): four tiles at least 5/6 full, three at
@@ -542,6 +546,12 @@ def test_larger_m_on_narrow_layers_takes_a_few_swapped_64_row_tiles(op, sig):
     assert pick(350, 2112, 7168)[:2] == (64, 128)              # 3 x 128, the last 94 rows: 73%
     assert pick(338, 2112, 7168)[:2] == (64, 176)              # 3 x 128 only 64%: 2 x 176
     assert pick(777, 2112, 7168)[0] != 64                      # 4 x 208 only 74%, 3 x 272 too wide
+    for m in range(209, 1000):  # past 224 only where no width in 128-224 fits
+        width = gemm_configs.swap_64_width(m, 2112, 7168 * per)
+        if width > 224:
+            assert -(-m // width) == 3
+            assert not any(128 <= -(-(-(-m // t)) // 16) * 16 <= 224
+                           and gemm_configs._last_tile_fits(m, -(-(-(-m // t)) // 16) * 16) for t in (2, 3, 4))
     for m in range(209, 1000):
         width = gemm_configs.swap_64_width(m, 2112, 7168 * per)
         if width:
