@@ -402,12 +402,14 @@ SWAP_64_M_MAX = 208
 SWAP_64_TILES_MIN, SWAP_64_TILES_FULL = 64, 96
 SWAP_64_SHORT_K_BYTES = 16384
 SWAP_64_SPLIT_WIDTHS = (128, 224)  # least and most tokens per tile when M takes several tiles
-# ... but three tiles may be up to SWAP_64_WIDE_MAX wide, where no width of the range fits (N <=
-# 2816; 2112 x 7168 at M = 705-733, 3 x 240-256 tokens, 99 tiles): timed on the H200 against
-# the model's swapped 128 x 112 pick (graph replays, docs/benchmarks.md "Swapped 64-row tiles: the
-# last token tile"), bf16 51.1 -> 42.5, 52.0 -> 43.0, 48.9 -> 43.2 us, FP8 1.07-1.16x faster. Two
-# tiles of 240-256 (N = 2880-4096 at M = 455-505) were mixed: 0.95-1.14x the pick.
-SWAP_64_WIDE_MAX = 256
+# ... but three tiles may be up to SWAP_64_WIDE_MAX wide where no width of the range fits, on
+# layers of at most SWAP_64_WIDE_TILES weight tiles (99 CTAs: a quarter of the SMs left free).
+# Timed on the H200 against the model's pick (graph replays, docs/benchmarks.md "Swapped 64-row
+# tiles: the last token tile"): on 2112 x 7168 (33 tiles) at six M = 674-733 (3 x 240-256 tokens),
+# bf16 1.12-1.23x and FP8 1.07-1.18x faster (52.0 -> 43.0 us at M = 724); on 2816 x 4096-8192 (44
+# tiles, 132 CTAs) mixed, bf16 0.79-1.06x (M = 740: 29.2 -> 36.8 us); two tiles of 240-256 (N =
+# 2880-4096, M = 455-505) mixed too, 0.95-1.14x.
+SWAP_64_WIDE_MAX, SWAP_64_WIDE_TILES = 256, 33
 # ... the last of them at least SWAP_64_LAST_FILL[t] full: the CTAs of a last token tile whose box
 # is partly past M (rows TMA fills with zeros) ran far behind the others, the more so the more
 # tiles. Timed on the H200 on 2112 x 7168 at M = 338-888, both ops (docs/benchmarks.md "Swapped
@@ -429,9 +431,8 @@ def swap_64_width(m, n, k_bytes, fp8=False, fast_accum=False):
     """The tokens' tile width (a multiple of 16) of the swapped 64-row tile an M x N call with
     ``k_bytes`` of K per row takes, or 0 where it does not (see SWAP_64_M_MAX): M rounded up
     to 16 up to SWAP_64_M_MAX, past it M over the most token tiles (each SWAP_64_SPLIT_WIDTHS
-    wide, three of them up to SWAP_64_WIDE_MAX, the last full enough: SWAP_64_LAST_FILL) that
-    keep the tiles to one wave. Promoted
-    FP8 has no swapped tiles."""
+    wide, three of them up to SWAP_64_WIDE_MAX on the narrowest layers, the last full enough:
+    SWAP_64_LAST_FILL) that keep the tiles to one wave. Promoted FP8 has no swapped tiles."""
     if (fp8 and not fast_accum) or m <= 64:
         return 0
     weight_tiles = _ceil_div(n, 64)
@@ -441,7 +442,8 @@ def swap_64_width(m, n, k_bytes, fp8=False, fast_accum=False):
         least, most = SWAP_64_SPLIT_WIDTHS
         widths = [(t, _ceil_div(_ceil_div(m, t), 16) * 16) for t in range(2, NUM_SMS // weight_tiles + 1)]
         fits = [w for t, w in widths
-                if (least <= w <= most or (t == 3 and most < w <= SWAP_64_WIDE_MAX))
+                if (least <= w <= most
+                    or (t == 3 and weight_tiles <= SWAP_64_WIDE_TILES and most < w <= SWAP_64_WIDE_MAX))
                 and weight_tiles * _ceil_div(m, w) <= NUM_SMS and _last_tile_fits(m, w)]
         if not fits:
             return 0

@@ -525,6 +525,7 @@ def test_larger_m_on_narrow_layers_takes_a_few_swapped_64_row_tiles(op, sig):
     assert pick(493, 4096, 14336)[0] != 64                     # 2 x 256 tokens: too wide for two
     assert pick(724, 2112, 7168)[:2] == (64, 256)              # 4 x 192 only 77% full: 3 x 256
     assert pick(705, 2112, 7168)[:2] == (64, 240)              # 4 x 192 only 61% full: 3 x 240
+    assert pick(740, 2816, 4096)[0] != 64                      # 3 x 44 tiles 256 wide: measured slower
     assert pick(741, 2880, 4096)[0] != 64                      # 3 x 45 = 135 tiles: past one wave
     assert pick(293, 5120, 32768)[0] != 64                     # 2 x 80 tiles
     assert pick(220, 4096, 4096)[0] != 64                      # 2 x 112 tokens: too narrow
@@ -533,7 +534,7 @@ def test_larger_m_on_narrow_layers_takes_a_few_swapped_64_row_tiles(op, sig):
             width = gemm_configs.swap_64_width(m, n, 4096 * per)
             if width:
                 tiles = -(-n // 64) * -(-m // width)
-                most = gemm_configs.SWAP_64_WIDE_MAX if -(-m // width) == 3 else 224
+                most = gemm_configs.SWAP_64_WIDE_MAX if -(-m // width) == 3 and n <= 2112 else 224
                 assert 128 <= width <= most and width % 16 == 0 and tiles <= gemm_configs.NUM_SMS
                 assert pick(m, n, 4096)[:2] == (64, width)
     assert not any(gemm_configs.swap_64_width(m, 4288, 4096) for m in range(209, 2000))  # 67 x 2 > 132
@@ -546,12 +547,16 @@ def test_larger_m_on_narrow_layers_takes_a_few_swapped_64_row_tiles(op, sig):
     assert pick(350, 2112, 7168)[:2] == (64, 128)              # 3 x 128, the last 94 rows: 73%
     assert pick(338, 2112, 7168)[:2] == (64, 176)              # 3 x 128 only 64%: 2 x 176
     assert pick(777, 2112, 7168)[0] != 64                      # 4 x 208 only 74%, 3 x 272 too wide
+    def width_of(m, tiles):  # M over ``tiles`` token tiles, rounded up to 16
+        per_tile = (m + tiles - 1) // tiles
+        return (per_tile + 15) // 16 * 16
+
     for m in range(209, 1000):  # past 224 only where no width in 128-224 fits
         width = gemm_configs.swap_64_width(m, 2112, 7168 * per)
         if width > 224:
             assert -(-m // width) == 3
-            assert not any(128 <= -(-(-(-m // t)) // 16) * 16 <= 224
-                           and gemm_configs._last_tile_fits(m, -(-(-(-m // t)) // 16) * 16) for t in (2, 3, 4))
+            assert not any(128 <= width_of(m, t) <= 224 and gemm_configs._last_tile_fits(m, width_of(m, t))
+                           for t in (2, 3, 4))
     for m in range(209, 1000):
         width = gemm_configs.swap_64_width(m, 2112, 7168 * per)
         if width:
