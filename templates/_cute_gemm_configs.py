@@ -237,10 +237,11 @@ PINGPONG_FACTOR = 1.04
 # ... and from PINGPONG_ALWAYS_M rows on, the ping-pong tile of least modelled time, whatever the
 # other tiles cost. Timed on the H200 on 24 FP8 shapes drawn fresh (M log-uniform in 1024-16384
 # over the random draw's layers; docs/benchmarks.md "FP8 at large M: ping-pong from 4096 rows"):
-# the model's ping-pong tile against the pick, 0.93-1.07x below 4096 rows (the pick faster at 6 of
-# 15), 0.99-1.07x from 4096 (geomean 1.03: faster at 7 of 9, 0.8% slower at worst); on the 16
-# worst large-M FP8 shapes of three draws the 128 x 160-192 ping-pong tiles beat the 192- and
-# 256-row picks from 4096 rows by 2-9%.
+# the model's ping-pong tile against the pick where they differ: below 4096 rows 0.89-1.06x (the
+# pick faster at 5 of 8), from 4096 rows 1.00-1.07x (faster at 5 of 6 by 3-7%, 0.2% slower at the
+# sixth); on the 16 worst large-M FP8 shapes of three draws the 128 x 160-192 ping-pong tiles beat
+# the 192- and 256-row picks from 4096 rows by 2-9%; on 11 shapes drawn after the rule was fixed,
+# 0.98-1.10x (faster at 10). (The same kernel timed twice in one run differed by up to 3.5%.)
 PINGPONG_ALWAYS_M = 4096
 
 # Decode (M <= 16, weight streaming) on the H200, from sweeps of every config at M = 1 and 16:

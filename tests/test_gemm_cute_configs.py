@@ -71,7 +71,8 @@ def test_fp8_promotion_only_on_tiles_with_room_for_two_accumulators():
     promoted = template.heuristic("sm90a", {"bias": "none", "fast_accum": False}, {"M": 4096, "N": 8192, "K": 8192})
     assert promoted["promote"] == gemm_configs.FP8_PROMOTE
     fast = template.heuristic("sm90a", {"bias": "none", "fast_accum": True}, {"M": 4096, "N": 8192, "K": 8192})
-    assert fast["promote"] == 0 and fast["tile_n"] > 128
+    # fast accumulation takes tiles wider than 128 (here, past PINGPONG_ALWAYS_M, ping-pong 128 x 192)
+    assert fast == {**gemm_configs._config(128, 192, 2, pingpong=True), "promote": 0}
 
 
 def test_fp8_fast_accum_signature_picks_the_accumulation():
@@ -691,8 +692,8 @@ def test_fp8_fast_accum_takes_256_row_tiles_where_measured_faster():
     took every FP8 call from PINGPONG_ALWAYS_M rows, at M = 7105 on 36864 x 7168 (2999 -> 2849);
     not below WIDE_M_MIN (M = 774 on 5120 x 8192: 0.87x the old pick), not over a ping-pong pick
     (M = 5096 on 57344 x 8192 and 11262 on 5120 x 8192: 0.95x and 0.94x; from PINGPONG_ALWAYS_M
-    rows ping-pong was the faster at every 256-row pick timed against it), never for 16-bit or
-    promoted FP8."""
+    rows ping-pong was faster than 7 of the 8 256-row picks timed against it, 0.2% slower than the
+    eighth), never for 16-bit or promoted FP8."""
     (fp8,) = registry.get_templates(op="f8f8bf16_rowwise", backend="cute")
     (bf16,) = registry.get_templates(op="bf16_gemm", backend="cute")
 

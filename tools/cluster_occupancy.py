@@ -13,6 +13,8 @@ kernel with the given block size and shared memory).
 """
 from __future__ import annotations
 
+from gpu_resources import driver_ok
+
 PTX = b""".version 8.0
 .target sm_90a
 .address_size 64
@@ -20,15 +22,6 @@ PTX = b""".version 8.0
 """
 CLUSTER_SIZES = (1, 2, 4, 8, 16)
 SHAPES = ((200, 384), (200, 256), (100, 384))  # (shared memory KB, threads) per CTA
-
-
-def _check(result):
-    from cuda.bindings import driver as cu
-
-    err, *values = result if isinstance(result, tuple) else (result,)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(str(err))
-    return values[0] if len(values) == 1 else values
 
 
 def max_active_clusters(func, cluster: int, threads: int, smem_bytes: int) -> int:
@@ -43,7 +36,7 @@ def max_active_clusters(func, cluster: int, threads: int, smem_bytes: int) -> in
     attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
     config.attrs = [attr]
     config.numAttrs = 1
-    return _check(cu.cuOccupancyMaxActiveClusters(func, config))
+    return driver_ok(cu.cuOccupancyMaxActiveClusters(func, config))
 
 
 def main() -> int:
@@ -52,12 +45,12 @@ def main() -> int:
     torch.zeros(1, device="cuda")  # makes the primary context current
     from cuda.bindings import driver as cu
 
-    func = _check(cu.cuModuleGetFunction(_check(cu.cuModuleLoadData(PTX)), b"probe"))
+    func = driver_ok(cu.cuModuleGetFunction(driver_ok(cu.cuModuleLoadData(PTX)), b"probe"))
     attrs = cu.CUfunction_attribute
-    _check(cu.cuFuncSetAttribute(func, attrs.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1))
+    driver_ok(cu.cuFuncSetAttribute(func, attrs.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1))
     print(f"{torch.cuda.get_device_name()}: {torch.cuda.get_device_properties(0).multi_processor_count} SMs")
     for smem_kb, threads in SHAPES:
-        _check(cu.cuFuncSetAttribute(func, attrs.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_kb * 1024))
+        driver_ok(cu.cuFuncSetAttribute(func, attrs.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_kb * 1024))
         counts = {c: max_active_clusters(func, c, threads, smem_kb * 1024) for c in CLUSTER_SIZES}
         print(f"{smem_kb} KB, {threads} threads per CTA: "
               + "; ".join(f"clusters of {c}: {n} ({n * c} CTAs)" for c, n in counts.items()))

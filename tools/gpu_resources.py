@@ -28,7 +28,7 @@ FIELDS = {  # CUfunction_attribute name -> report field it should equal
 MAX_THREADS = "CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK"
 
 
-def _ok(result):
+def driver_ok(result):
     """cuda-python returns (error, *values): raise on an error, return the value(s)."""
     from cuda.bindings import driver
 
@@ -42,17 +42,17 @@ def gpu_numbers(cubin_path: str, kernel: dict) -> dict:
     from cuda.bindings import driver
 
     with open(cubin_path, "rb") as f:
-        module = _ok(driver.cuModuleLoadData(f.read()))
+        module = driver_ok(driver.cuModuleLoadData(f.read()))
     try:
-        function = _ok(driver.cuModuleGetFunction(module, kernel["name"].encode()))
-        out = {name: _ok(driver.cuFuncGetAttribute(getattr(driver.CUfunction_attribute, name), function))
+        function = driver_ok(driver.cuModuleGetFunction(module, kernel["name"].encode()))
+        out = {name: driver_ok(driver.cuFuncGetAttribute(getattr(driver.CUfunction_attribute, name), function))
                for name in (*FIELDS, MAX_THREADS)}
         threads = kernel.get("threads")
         dynamic = kernel.get("dynamic_shared_bytes") or 0
         if threads:
-            _ok(driver.cuFuncSetAttribute(
+            driver_ok(driver.cuFuncSetAttribute(
                 function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic))
-            out["occupancy_blocks_per_sm"] = _ok(
+            out["occupancy_blocks_per_sm"] = driver_ok(
                 driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(function, threads, dynamic))
         return out
     finally:
@@ -79,10 +79,10 @@ def main() -> int:
     jobs = resource_default_jobs(targets=["sm90a"])
     build = aot.build(jobs, env.cache_dir(), workers=1, progress=False)
     results = [{"job": digest, "error": error} for digest, error in build.failed.items()]
-    _ok(driver.cuInit(0))
-    device = _ok(driver.cuDeviceGet(0))
-    context = _ok(driver.cuDevicePrimaryCtxRetain(device))
-    _ok(driver.cuCtxSetCurrent(context))
+    driver_ok(driver.cuInit(0))
+    device = driver_ok(driver.cuDeviceGet(0))
+    context = driver_ok(driver.cuDevicePrimaryCtxRetain(device))
+    driver_ok(driver.cuCtxSetCurrent(context))
     target = get_target("sm90a")
     store = jit.cache()
     for job in jobs:
