@@ -124,7 +124,7 @@ def _bench_case(torch, ops, timed, do_bench, B, L, args) -> list[dict]:
     base = {name: timed(fn) for name, fn in peers[0].items()}
     base_graph = {name: _graph_ms(torch, do_bench, lambda i, name=name: peers[i][name], copies) for name in base}
 
-    config = _config(args)
+    config = _config(args, {"B": B, "Mq": 1, "Hq": args.hq, "Hkv": args.hkv, "L": L})
 
     def decode(i):
         qi, ki, vi = qkv[i]
@@ -158,13 +158,14 @@ def _bench_case(torch, ops, timed, do_bench, B, L, args) -> list[dict]:
     return rows
 
 
-def _config(args) -> dict | None:
-    """The heuristic's config for this case's layout with --config's keys over it, or None."""
+def _config(args, problem: dict) -> dict | None:
+    """The heuristic's config for this case (``problem``: its sizes) with --config's keys over
+    it, or None."""
     if not args.config:
         return None
     from mslk_dsl.templates.attention_decode_cute import TEMPLATE
 
-    config = TEMPLATE.heuristic("sm90a", {"dtype": "bfloat16", "head_dim": args.d}, {})  # the layout's default
+    config = TEMPLATE.heuristic("sm90a", {"dtype": "bfloat16", "head_dim": args.d}, problem)
     for item in args.config.split(","):
         key, value = item.split("=")
         config[key] = int(value) if value.isdigit() else value
