@@ -46,13 +46,15 @@ DTYPES = ("bfloat16", "float16", "float32")
 # clusters so that the heuristic's tie-break takes the 2-CTA cluster at 16K-32K: measured on the
 # H200 (bf16, CUDA-graph replays, docs/benchmarks.md) 22.4 against 26.1 us at 512 x 32768, 6.8
 # against 7.6 us at one row of 32768 (rmsnorm_add 39.1 / 43.0 and 7.7 / 9.6 us); past 32K the
-# clusters win by more (2048 x 65536: 135.0 against 152.5 us).
+# clusters win by more (2048 x 65536: 135.0 against 152.5 us). Unaligned rows (one element per
+# access, 512 x 32 per CTA) get clusters of 2 and 4 too (32K and 64K; see _heuristic).
 CONFIGS = tuple(
     plan.expand(vector_shapes=[(128, 4, 8), (128, 2, 8), (128, 1, 8), (256, 1, 8)],
                 scalar_shapes=[(256, 1, 16), (512, 1, 32)])
     + [c for n in (2, 4, 8, 16) for c in plan.clustered(plan.expand(vector_shapes=[(256, 1, 8)], scalar_shapes=[]), n)]
     + plan.clustered(plan.expand(vector_shapes=[(512, 1, 8)], scalar_shapes=[]), 8)
-    + plan.expand(vector_shapes=[(1024, 1, 4)], scalar_shapes=[]))
+    + plan.expand(vector_shapes=[(1024, 1, 4)], scalar_shapes=[])
+    + [c for n in (2, 4) for c in plan.clustered(plan.expand(vector_shapes=[], scalar_shapes=[(512, 1, 32)]), n)])
 # Registers per thread for the 1024-thread CTAs (the most a CTA of 1024 threads may use).
 LONG_ROW_REGS = 64
 
@@ -65,8 +67,29 @@ def _valid(config, target, sig):
     return plan.valid(config, sig, arrays=ARRAYS)
 
 
-def _heuristic(target, sig, problem):
-    return plan.pick(list(CONFIGS), sig, problem["N"], arrays=ARRAYS)
+# Unaligned rows (one element per access) past the single CTA's 16K elements: the rest of the
+# row is streamed and each input read again for pass 2, or a cluster holds the whole row (twice
+# or four times the CTAs, each half or a quarter full, one per SM at 512 threads). The cluster
+# pays where the rest's second reads (its share of the row times the inputs: x, and for
+# rmsnorm_add the residual) pass half a row, or where the single-CTA grid leaves SMs idle.
+# Measured on the H200 (bf16, 18 shapes per op, 10 drawn at random; docs/benchmarks.md
+# "Unaligned rows past 16K elements"): rmsnorm_add takes the faster plan at all 18, rmsnorm at 15
+# (the other 3 within 4%).
+SCALAR_CLUSTER_REREAD = 0.5
+SMS = 132  # an H100 / H200's SMs: fewer single-CTA rows than this leave SMs idle
+
+
+def _heuristic(target, sig, problem, residual: bool = False):
+    n = problem["N"]
+    configs = list(CONFIGS)
+    if not sig["aligned"]:
+        single = max(plan.RowTile.of(c).row_k for c in configs if c["vec"] == 1 and "cluster" not in c)
+        rows = problem.get("M")
+        few_rows = isinstance(rows, int) and rows < SMS
+        inputs = 2 if residual else 1
+        if (n - single) * inputs <= SCALAR_CLUSTER_REREAD * n and not few_rows:
+            configs = [c for c in configs if not (c["vec"] == 1 and "cluster" in c)]
+    return plan.pick(configs, sig, n, arrays=ARRAYS)
 
 
 def _build(config, target, sig, residual):
@@ -275,7 +298,7 @@ def _spilling_configs(config, target, residual: bool = False) -> bool:
 def _template(op, residual):
     return Template(op=op, backend="cute", targets=("sm90a",),
                     signatures={"dtype": DTYPES, "aligned": (True, False), "fp32_weight": (False, True)},
-                    configs=CONFIGS, valid=_valid, heuristic=_heuristic,
+                    configs=CONFIGS, valid=_valid, heuristic=functools.partial(_heuristic, residual=residual),
                     build=functools.partial(_build, residual=residual),
                     spills_allowed=functools.partial(_spilling_configs, residual=residual),
                     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

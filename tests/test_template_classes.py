@@ -97,6 +97,19 @@ def test_memory_bound_heuristics_take_the_measured_configs():
             n = {"dtype": dtype, "aligned": True, "fp32_weight": False}
             assert pick(op, n, {"M": 1, "N": k}) == {**plan.config(256, 1, 16 // plan.ELEM_BYTES[dtype], 8),
                                                       "cluster": cluster}, (op, dtype, k)
+    # Unaligned rows past 16K: the single 512-thread CTA streams the rest of the row where reading
+    # it again (per input: x, and the residual of rmsnorm_add) costs at most half a row and the
+    # rows fill the GPU; otherwise a cluster of 2 or 4 such CTAs holds the row.
+    u = {"dtype": "bfloat16", "aligned": False, "fp32_weight": False}
+    cases = {"rmsnorm": ((2009, 16898, 1), (804, 21847, 1), (1524, 32761, 1), (1524, 32771, 4),
+                         (34, 16898, 2), (411, 50985, 4)),
+             "rmsnorm_add": ((2009, 16898, 1), (804, 21845, 1), (804, 21847, 2), (1524, 28257, 2),
+                             (34, 16898, 2), (411, 50985, 4))}
+    for op, shapes in cases.items():
+        for rows, k, cluster in shapes + ((2, 16383, 1),):
+            want = {**plan.config(512, 1, 1, 32), **({"cluster": cluster} if cluster > 1 else {})}
+            assert pick(op, u, {"M": rows, "N": k}) == want, (op, rows, k)
+        assert pick(op, u, {"M": 5, "N": 4095}) == plan.config(256, 1, 1, 16)
     g = {"dtype": "bfloat16", "aligned": True, "score_dtype": "float32"}
     assert pick("gather_scale_quant_dense_tokens", g, {"A": 8, "D": 5120}) == {**plan.config(160, 1, 8, 4),
                                                                                 "l1": "keep"}

@@ -95,8 +95,8 @@ def cases():
 def _launch_floor(calls: int, runs: int, torch_add) -> dict:
     """The pieces of the eager path of silu_mul (one output) and quantize_fp8_row (two), each timed
     alone (taking turns with torch.add): the native launcher's call, the compiled kernel called
-    through TVM-FFI from Python with preallocated outputs (no checks, no lookup), and allocations
-    of an output."""
+    through TVM-FFI from Python with preallocated outputs (no checks, no lookup), allocations of an
+    output, and torch calls that allocate one and two outputs."""
     import torch
 
     import mslk_dsl.ops as ops
@@ -128,6 +128,10 @@ def _launch_floor(calls: int, runs: int, torch_add) -> dict:
         "quantize_fp8_row: TVM-FFI kernel call from Python, outputs preallocated": lambda: quantize(x, ub, xq, scale),
         "torch.empty(shape, dtype=, device=)": lambda: torch.empty((1, 256), dtype=x.dtype, device=x.device),
         "torch.empty_like(x)": lambda: torch.empty_like(x),
+        # torch's own calls that allocate what they return, one output and two: the like-for-like
+        # references of the eager ops that allocate theirs
+        "torch.add(x, y), allocating its output": lambda: torch.add(x, y),
+        "torch.max(x, dim=1), allocating its two outputs": lambda: torch.max(x, dim=1),
     })
     return dict(zip(parts, _rounds(list(parts.values()), calls, runs)))
 
