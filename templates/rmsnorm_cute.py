@@ -67,15 +67,15 @@ def _valid(config, target, sig):
     return plan.valid(config, sig, arrays=ARRAYS)
 
 
-# Unaligned rows (one element per access) past the single CTA's 16K elements: the rest of the
-# row is streamed and each input read again for pass 2, or a cluster holds the whole row (twice
-# or four times the CTAs, each half or a quarter full, one per SM at 512 threads). The cluster
-# pays where the rest's second reads (its share of the row times the inputs: x, and for
-# rmsnorm_add the residual) pass half a row, or where the single-CTA grid leaves SMs idle.
-# Measured on the H200 (bf16, 18 shapes per op, 10 drawn at random; docs/benchmarks.md
-# "Unaligned rows past 16K elements"): rmsnorm_add takes the faster plan at all 18, rmsnorm at 15
-# (the other 3 within 4%).
-SCALAR_CLUSTER_REREAD = 0.5
+# Unaligned rows (one element per access) past the single CTA's 16K elements: either that CTA
+# streams the rest of the row and reads it again for pass 2 (each input: x, and rmsnorm_add's
+# residual), or a cluster of 2 or 4 such CTAs holds the whole row. Each of these CTAs takes a
+# whole SM (512 threads, about 128 registers) however full it is, so the cluster costs its
+# capacity (k x 16K elements) where the single CTA costs the row plus the rest read again: the
+# cluster is taken where that capacity is the smaller, or where the single-CTA grid leaves SMs
+# idle (fewer rows than SMs). Measured on the H200 (72 shapes of rmsnorm and rmsnorm_add, bf16
+# and fp16, 44 of them drawn at random; docs/benchmarks.md "Unaligned rows past 16K elements"):
+# the faster plan at 69; the other 3 are 4-14% slower than it.
 SMS = 132  # an H100 / H200's SMs: fewer single-CTA rows than this leave SMs idle
 
 
@@ -83,11 +83,14 @@ def _heuristic(target, sig, problem, residual: bool = False):
     n = problem["N"]
     configs = list(CONFIGS)
     if not sig["aligned"]:
-        single = max(plan.RowTile.of(c).row_k for c in configs if c["vec"] == 1 and "cluster" not in c)
+        scalar = [c for c in configs if c["vec"] == 1]
+        single = max(plan.RowTile.of(c).row_k for c in scalar if "cluster" not in c)
+        clusters = [plan.RowTile.of(c).row_k for c in scalar if "cluster" in c]
+        capacity = min((k for k in clusters if k >= n), default=max(clusters))
         rows = problem.get("M")
         few_rows = isinstance(rows, int) and rows < SMS
-        inputs = 2 if residual else 1
-        if (n - single) * inputs <= SCALAR_CLUSTER_REREAD * n and not few_rows:
+        streamed = n + (2 if residual else 1) * max(n - single, 0)
+        if not few_rows and capacity >= streamed:
             configs = [c for c in configs if not (c["vec"] == 1 and "cluster" in c)]
     return plan.pick(configs, sig, n, arrays=ARRAYS)
 

@@ -97,13 +97,13 @@ def test_memory_bound_heuristics_take_the_measured_configs():
             n = {"dtype": dtype, "aligned": True, "fp32_weight": False}
             assert pick(op, n, {"M": 1, "N": k}) == {**plan.config(256, 1, 16 // plan.ELEM_BYTES[dtype], 8),
                                                       "cluster": cluster}, (op, dtype, k)
-    # Unaligned rows past 16K: the single 512-thread CTA streams the rest of the row where reading
-    # it again (per input: x, and the residual of rmsnorm_add) costs at most half a row and the
-    # rows fill the GPU; otherwise a cluster of 2 or 4 such CTAs holds the row.
+    # Unaligned rows past 16K: a cluster of 2 or 4 512-thread CTAs where its capacity (32K or 64K)
+    # is less than what the single CTA streams (the row, plus the rest past 16K read again per
+    # input: x, and rmsnorm_add's residual), or where the rows are fewer than the SMs.
     u = {"dtype": "bfloat16", "aligned": False, "fp32_weight": False}
-    cases = {"rmsnorm": ((2009, 16898, 1), (804, 21847, 1), (1524, 32761, 1), (1524, 32771, 4),
-                         (34, 16898, 2), (411, 50985, 4)),
-             "rmsnorm_add": ((2009, 16898, 1), (804, 21845, 1), (804, 21847, 2), (1524, 28257, 2),
+    cases = {"rmsnorm": ((2009, 16898, 1), (1524, 24576, 1), (1524, 24577, 2), (1524, 40960, 1),
+                         (1524, 40961, 4), (34, 16898, 2), (411, 70001, 4)),
+             "rmsnorm_add": ((2009, 16898, 1), (804, 21845, 1), (804, 21846, 2), (1524, 32771, 4),
                              (34, 16898, 2), (411, 50985, 4))}
     for op, shapes in cases.items():
         for rows, k, cluster in shapes + ((2, 16383, 1),):
