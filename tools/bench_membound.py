@@ -202,8 +202,9 @@ def _make_case(op, rows, d, dtype, peers_wanted, torch, ops):
 
 
 def _configs_near(op, d, torch):
-    """The configs of ``op``'s CuTe template for 128-bit bf16/fp16 rows whose tile (the share of
-    all the CTAs of a row) is 0.4-2.5x a row of ``d`` elements; for scatter_add, every method
+    """The configs of ``op``'s CuTe template for bf16/fp16 rows of ``d`` elements (128-bit
+    accesses, or one element per access where a row is not a multiple of 16 bytes) whose tile
+    (the share of all the CTAs of a row) is 0.4-2.5x the row; for scatter_add, every method
     (with and without programmatic dependent launch) at unroll 1, 2 and 4; for the gather, every
     unroll."""
     from mslk_dsl import registry
@@ -215,7 +216,8 @@ def _configs_near(op, d, torch):
     if base not in name and "_k" in op:
         return []
     template = next(t for t in registry.get_templates(backend="cute") if t.op == name.get(base, base))
-    sigs = [s for s in template.all_signatures() if s["dtype"] == "bfloat16" and s["aligned"]
+    aligned = d * 2 % 16 == 0
+    sigs = [s for s in template.all_signatures() if s["dtype"] == "bfloat16" and s["aligned"] == aligned
             and not s.get("has_scale_ub") and not s.get("fp32_weight") and not s.get("has_valid_count")
             and s.get("score_dtype", "float32") == "float32"]
     valid = [c for c in template.all_configs() if template.valid(c, "sm90a", sigs[0])]
