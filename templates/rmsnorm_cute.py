@@ -73,9 +73,10 @@ def _valid(config, target, sig):
 # whole SM (512 threads, about 128 registers) however full it is, so the cluster costs its
 # capacity (k x 16K elements) where the single CTA costs the row plus the rest read again: the
 # cluster is taken where that capacity is the smaller, or where the single-CTA grid leaves SMs
-# idle (fewer rows than SMs). Measured on the H200 (72 shapes of rmsnorm and rmsnorm_add, bf16
-# and fp16, 44 of them drawn at random; docs/benchmarks.md "Unaligned rows past 16K elements"):
-# the faster plan at 69; the other 3 are 4-14% slower than it.
+# idle (fewer rows than SMs). Measured on the H200 (rmsnorm and rmsnorm_add, bf16 and fp16;
+# docs/benchmarks.md "Unaligned rows past 16K elements"): set on 72 timings (50 of random
+# shapes), where it takes the faster plan at 69 (the other 3 are 4-14% slower than it); checked
+# on 40 of shapes drawn afterwards: the faster plan at 37, the other 3 within 2.3%.
 SMS = 132  # an H100 / H200's SMs: fewer single-CTA rows than this leave SMs idle
 
 
