@@ -222,7 +222,7 @@ def test_decode_launch_follows_the_kernel_contract():
     every (sequence, KV head, row tile), and asks for the kernel by (dtype, head_dim) and the
     call's sizes."""
     from mslk_dsl.ops import declarations
-    from mslk_dsl.ops.dispatch import zeroed_counters
+    from mslk_dsl.ops.dispatch import is_placeholder, zeroed_counters
 
     decl = declarations()["attention_decode"]
     q, k, v, lengths = _decode_args(B=3, Mq=2, Hq=8, Hkv=2, D=64, L=4096)
@@ -252,3 +252,11 @@ def test_decode_launch_follows_the_kernel_contract():
     fused = decl.prepare(lambda sig, problem: ("kernel", {"merge": "fused"}), outputs, q, k, v, lengths, table, None,
                          False, 6)
     assert fused.stream_bound and fused.args[9] is counters
+    # The fused merge's partials are the stream's reusable scratch (no allocation per call, held
+    # by its plans); the merge kernel's are allocated per call.
+    assert fused.scratch == () and is_placeholder(fused.args[7]) and is_placeholder(fused.args[8])
+    assert (fused.args[7].shape, fused.args[8].shape) == (o_part.shape, lse_part.shape)
+    again = decl.prepare(lambda sig, problem: ("kernel", {"merge": "fused"}), outputs, q, k, v, lengths, table, None,
+                         False, 6)
+    assert again.args[7] is fused.args[7] and again.args[8] is fused.args[8]
+    assert not is_placeholder(o_part)

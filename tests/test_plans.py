@@ -300,3 +300,26 @@ def test_attention_decode_splits_follow_the_chosen_merge(stand_in, monkeypatch, 
     assert want["fused"] != want["kernel"]
     ops.attention_decode(*_decode_args(B=1, Mq=1, Hq=32, Hkv=4, L=32768))
     assert launched[-1][7][0] == want[merge]
+
+
+def test_stream_scratch_is_reused_per_stream_and_shapes(monkeypatch):
+    """dispatch.stream_scratch: the same tensors for the same shapes on the same stream (a plan may
+    hold them), 16-byte aligned and apart within one call; a larger call gets a new buffer and the
+    old views are no longer handed out; none past the byte limit."""
+    from mslk_dsl.ops import dispatch
+
+    device = torch.device("cpu")
+    first = dispatch.stream_scratch(device, torch.float32, ((3, 5), (7,)))
+    assert [t.shape for t in first] == [(3, 5), (7,)] and all(t.is_contiguous() for t in first)
+    assert all(t.data_ptr() % 16 == 0 for t in first)
+    assert first[1].data_ptr() >= first[0].data_ptr() + 15 * 4      # apart
+    again = dispatch.stream_scratch(device, torch.float32, ((3, 5), (7,)))
+    assert all(a is b for a, b in zip(first, again)) and all(dispatch.is_placeholder(t) for t in first)
+    other = dispatch.stream_scratch(device, torch.int32, ((3, 5),))
+    assert not other[0].untyped_storage().data_ptr() == first[0].untyped_storage().data_ptr()
+    bigger = dispatch.stream_scratch(device, torch.float32, ((1000, 100),))
+    assert not dispatch.is_placeholder(first[0])                      # dropped with the old buffer
+    assert dispatch.stream_scratch(device, torch.float32, ((3, 5), (7,)))[0] is not first[0]
+    assert dispatch.is_placeholder(bigger[0])
+    monkeypatch.setattr(dispatch, "STREAM_SCRATCH_LIMIT", 1024)
+    assert dispatch.stream_scratch(device, torch.float32, ((257,),)) is None

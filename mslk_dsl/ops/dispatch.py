@@ -6,6 +6,7 @@ compile); later calls are one dict lookup. Launch plans (call.py, mslk_dsl.nativ
 from __future__ import annotations
 
 import functools
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -68,6 +69,48 @@ def zeroed_counters(device: torch.device, count: int) -> torch.Tensor:
             return torch.zeros(count, dtype=torch.int32, device=device)
         t = _placeholders[key] = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
     return t
+
+
+# The most bytes of reusable scratch (stream_scratch) kept per device, stream and dtype; a call
+# needing more allocates its own.
+STREAM_SCRATCH_LIMIT = 64 << 20
+
+
+def stream_scratch(device: torch.device, dtype: torch.dtype, shapes: tuple) -> tuple | None:
+    """Compact tensors of ``shapes`` (each 16-byte aligned) over one buffer of the current stream,
+    for a launch that writes and reads them within the call (decode's split partials, routing
+    workspaces): cached per device, stream and shapes, so later calls allocate nothing and a
+    launch plan may hold them; such a launch must be stream-bound (declaration.Launch), as its
+    plan then serves this stream only. Kernels of one stream run one after another, so calls on
+    it may share the buffer; different shapes share it too. None (the caller allocates its own)
+    past STREAM_SCRATCH_LIMIT bytes, and while the stream captures a CUDA graph: the graph keeps
+    scratch of its own. A captured call served by a plan made before the capture uses the plan's
+    scratch, as it uses the stream's counters (zeroed_counters): such a graph must not replay
+    while the stream runs other work that holds them."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, dtype, "scratch", stream, shapes)
+    if (key, 0) in _placeholders:
+        return tuple(_placeholders[(key, i)] for i in range(len(shapes)))
+    align = max(16 // dtype.itemsize, 1)  # elements per 16 bytes
+    sizes = [-(-math.prod(shape) // align) * align for shape in shapes]
+    if sum(sizes) * dtype.itemsize > STREAM_SCRATCH_LIMIT:
+        return None
+    buffer_key = (device, dtype, "scratch buffer", stream)
+    buffer = _placeholders.get(buffer_key)
+    if buffer is None or buffer.numel() < sum(sizes):
+        # A new buffer: views of the old one stay valid for the plans that hold them, but are
+        # no longer handed out (dropped from the cache, they are freed with those plans).
+        for k in [k for k in _placeholders if isinstance(k[0], tuple) and k[0][:4] == key[:4]]:
+            del _placeholders[k]
+        buffer = _placeholders[buffer_key] = torch.empty(sum(sizes), dtype=dtype, device=device)
+    views, offset = [], 0
+    for i, (shape, size) in enumerate(zip(shapes, sizes)):
+        views.append(buffer[offset:offset + math.prod(shape)].view(shape))
+        _placeholders[(key, i)] = views[-1]
+        offset += size
+    return tuple(views)
 
 
 def is_placeholder(t: torch.Tensor) -> bool:

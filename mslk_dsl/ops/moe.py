@@ -14,7 +14,7 @@ from mslk_dsl.device import target_of
 from mslk_dsl.errors import InputError
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Fixed, Launch, OpDecl, declare
-from mslk_dsl.ops.dispatch import dtype_name, placeholder
+from mslk_dsl.ops.dispatch import dtype_name, placeholder, stream_scratch
 from mslk_dsl.templates import _kernel_limits as limits  # what the ops and the kernels agree on
 
 MAX_EXPERTS, MAX_TOP_K = limits.MAX_EXPERTS, limits.MAX_TOP_K
@@ -101,12 +101,16 @@ def _prepare_index_shuffling(select, outputs, scores, expert_index_start, expert
         token_indices.copy_(padded_tokens)
         return None
     dev = scores.device
-    slots = torch.empty(T * top_k, dtype=torch.int32, device=dev)
-    histogram = torch.empty(limits.index_shuffling_hist_ints(E), dtype=torch.int32, device=dev)
+    # Workspaces the two kernels write and read within the call: the stream's reusable scratch
+    # (dispatch.stream_scratch; the launch is then bound to the stream), else allocated.
+    shapes = ((T * top_k,), (limits.index_shuffling_hist_ints(E),))
+    reused = stream_scratch(dev, torch.int32, shapes)
+    slots, histogram = reused or tuple(torch.empty(s, dtype=torch.int32, device=dev) for s in shapes)
     kernel, _ = select((valid_token_count is not None, dtype_name(scores.dtype)), (T, E))
     # top_k and the expert range are plan_values: a plan holds them (see Fixed).
     return Launch(kernel, (scores, _valid_arg(valid_token_count, dev), counts, expert_indices, token_indices,
-                           slots, histogram, Fixed(top_k), Fixed(start), Fixed(end)), scratch=(slots, histogram))
+                           slots, histogram, Fixed(top_k), Fixed(start), Fixed(end)),
+                  scratch=() if reused else (slots, histogram), stream_bound=reused is not None)
 
 
 def _index_shuffling_reference(scores, expert_index_start=None, expert_index_end=None, valid_token_count=None,
