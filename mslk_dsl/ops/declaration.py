@@ -32,8 +32,9 @@ class Launch(NamedTuple):
     after the launch (copying out of a temporary); a launch with one is never replayed from a
     plan. ``plannable`` False: the launch holds something that is only right for this call, so
     it is never remembered as a plan either. ``stream_bound``: it holds a buffer of the current
-    stream (split-K tile counters, dispatch.zeroed_counters), so its plan serves calls on that
-    stream only (native plans check the stream; Python plans are keyed by it)."""
+    stream (split-K tile counters, dispatch.zeroed_counters; scratch reused per stream,
+    dispatch.stream_scratch), so its plan serves calls on that stream only (native plans check
+    the stream; Python plans are keyed by it)."""
     kernel: Any
     args: tuple
     scratch: tuple = ()
