@@ -305,7 +305,8 @@ def test_attention_decode_splits_follow_the_chosen_merge(stand_in, monkeypatch, 
 def test_stream_scratch_is_reused_per_stream_and_shapes(monkeypatch):
     """dispatch.stream_scratch: the same tensors for the same shapes on the same stream (a plan may
     hold them), 16-byte aligned and apart within one call; a larger call gets a new buffer and the
-    old views are no longer handed out; none past the byte limit."""
+    old views are no longer handed out, nor are they after calls of many shapes; none past the
+    byte limit."""
     from mslk_dsl.ops import dispatch
 
     device = torch.device("cpu")
@@ -321,5 +322,8 @@ def test_stream_scratch_is_reused_per_stream_and_shapes(monkeypatch):
     assert not dispatch.is_placeholder(first[0])                      # dropped with the old buffer
     assert dispatch.stream_scratch(device, torch.float32, ((3, 5), (7,)))[0] is not first[0]
     assert dispatch.is_placeholder(bigger[0])
+    monkeypatch.setattr(dispatch, "STREAM_SCRATCH_VIEWS", 4)  # calls of many shapes: the cache is emptied
+    views = [dispatch.stream_scratch(device, torch.float32, ((n,),))[0] for n in range(1, 6)]
+    assert not dispatch.is_placeholder(views[0]) and dispatch.is_placeholder(views[-1])
     monkeypatch.setattr(dispatch, "STREAM_SCRATCH_LIMIT", 1024)
     assert dispatch.stream_scratch(device, torch.float32, ((257,),)) is None

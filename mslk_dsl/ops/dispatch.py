@@ -74,6 +74,7 @@ def zeroed_counters(device: torch.device, count: int) -> torch.Tensor:
 # The most bytes of reusable scratch (stream_scratch) kept per device, stream and dtype; a call
 # needing more allocates its own.
 STREAM_SCRATCH_LIMIT = 64 << 20
+STREAM_SCRATCH_VIEWS = 256  # cached views per device, stream and dtype before the cache is emptied
 
 
 def stream_scratch(device: torch.device, dtype: torch.dtype, shapes: tuple) -> tuple | None:
@@ -99,11 +100,14 @@ def stream_scratch(device: torch.device, dtype: torch.dtype, shapes: tuple) -> t
         return None
     buffer_key = (device, dtype, "scratch buffer", stream)
     buffer = _placeholders.get(buffer_key)
-    if buffer is None or buffer.numel() < sum(sizes):
-        # A new buffer: views of the old one stay valid for the plans that hold them, but are
-        # no longer handed out (dropped from the cache, they are freed with those plans).
-        for k in [k for k in _placeholders if isinstance(k[0], tuple) and k[0][:4] == key[:4]]:
+    cached = [k for k in _placeholders if isinstance(k[0], tuple) and k[0][:4] == key[:4]]
+    if buffer is None or buffer.numel() < sum(sizes) or len(cached) >= STREAM_SCRATCH_VIEWS:
+        # Views no longer handed out (they stay valid for the plans that hold them, and are
+        # freed with those plans): all of them when the buffer grows, and when calls of many
+        # shapes (token counts of a server) have filled the cache.
+        for k in cached:
             del _placeholders[k]
+    if buffer is None or buffer.numel() < sum(sizes):
         buffer = _placeholders[buffer_key] = torch.empty(sum(sizes), dtype=dtype, device=device)
     views, offset = [], 0
     for i, (shape, size) in enumerate(zip(shapes, sizes)):
