@@ -48,6 +48,15 @@ def placeholder(device: torch.device, dtype: torch.dtype, fill: int | float = 0,
     return t
 
 
+def _stream(device: torch.device) -> int:
+    """The current stream's handle on ``device`` (0 off the GPU): what per-stream buffers are keyed by."""
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def zeroed_counters(device: torch.device, count: int) -> torch.Tensor:
     """At least ``count`` int32 counters, zero, for kernels that count arrivals in them and
     leave them zero again (split-K GEMM tiles, decode's fused merge): cached per device and
@@ -61,11 +70,10 @@ def zeroed_counters(device: torch.device, count: int) -> torch.Tensor:
     capturing call that finds no counters of the stream (made by an eager call before the
     capture) gets counters of its own, zeroed on every replay and kept by nobody else (not
     cached, so no launch plan holds them either)."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, torch.int32, "counters", stream)
+    key = (device, torch.int32, "counters", _stream(device))
     t = _placeholders.get(key)
     if t is None or t.numel() < count:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if _capturing(device):
             return torch.zeros(count, dtype=torch.int32, device=device)
         t = _placeholders[key] = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
     return t
@@ -88,9 +96,9 @@ def stream_scratch(device: torch.device, dtype: torch.dtype, shapes: tuple) -> t
     scratch of its own. A captured call served by a plan made before the capture uses the plan's
     scratch, as it uses the stream's counters (zeroed_counters): such a graph must not replay
     while the stream runs other work that holds them."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if _capturing(device):
         return None
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    stream = _stream(device)
     key = (device, dtype, "scratch", stream, shapes)
     if (key, 0) in _placeholders:
         return tuple(_placeholders[(key, i)] for i in range(len(shapes)))
