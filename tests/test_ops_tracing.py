@@ -53,14 +53,23 @@ def test_fake_matches_the_reference(name):
 def test_fakes_match_the_references_at_random_sizes(name):
     """Bounded fuzz, driven by the declarations (seed printed): each op's example at random sizes
     of its problem (1 .. 2 x its small size + 3; sizes its checks refuse are skipped) gives, through
-    the torch op's fake, the shapes and dtypes of the reference on the same CPU inputs."""
+    the torch op's fake, the shapes and dtypes of the reference on the same CPU inputs. Each size is
+    drawn as any integer or, as often, as a multiple of 16: the GEMMs need aligned N and K, and
+    drawing only free integers left a grouped FP8 problem acceptable about once in 300 draws, so the
+    search could find none to check."""
     hypothesis = pytest.importorskip("hypothesis")
     from hypothesis import assume, given, settings, strategies as st
 
     from mslk_dsl.ops import call
 
     decl = declarations()[name]
-    sizes = {k: st.integers(1, 2 * v + 3) for k, v in decl.small_problem.items()}
+    def size(small: int):
+        free = st.integers(1, 2 * small + 3)
+        if 2 * small + 3 < 16:
+            return free
+        return st.one_of(free, st.integers(1, (2 * small + 3) // 16).map(lambda m: 16 * m))
+
+    sizes = {k: size(v) for k, v in decl.small_problem.items()}
     seed = int.from_bytes(os.urandom(4), "little")
     print(f"fuzz seed {seed}")
 
