@@ -1,6 +1,6 @@
 """The decode kernels' work split, stated once for the op layer and every decode template.
 
-Plain Python (the standard library only): the op layer sizes the split-KV scratch from it, and the CuTe and
+Plain Python (no DSL): the op layer sizes the split-KV scratch from it, and the CuTe and
 FlyDSL templates size their grids from the same numbers.
 
 A decode CTA (work-group) owns one KV head, ``ROWS`` query rows of that head's group (the GQA
@@ -12,6 +12,8 @@ and the splits are merged by LSE: on Hopper by the last CTA of each row, in the 
 """
 
 import functools
+
+from mslk_dsl.templates import _kernel_limits as limits
 
 # Query rows per CTA: one 16-row MMA tile (mma.sync m16n8k16 on Hopper).
 ROWS = 16
@@ -34,8 +36,8 @@ MERGE_COST_BLOCKS = 0.75
 # Split-KV partials are indexed with 32-bit offsets.
 MAX_PARTIAL_ELEMENTS = 2**31
 # The SM count a template's heuristic plans a config for, before a device is at hand (the split
-# count itself always comes from the device's): the H100 / H200 SXM's 132.
-NOMINAL_SMS = 132
+# count itself always comes from the device's).
+NOMINAL_SMS = limits.MULTIPROCESSORS["sm90a"]
 
 
 def row_tiles(queries: int, group: int) -> int:

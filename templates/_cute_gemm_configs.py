@@ -49,7 +49,9 @@ epilogue buffers). Every config is correct for every M >= 1 (up to x_rows when i
 and K must keep rows 16-byte aligned (the op layer checks).
 """
 
-NUM_SMS = 132  # H100 / H200 SXM: the persistent grid size and the heuristic's waves
+from mslk_dsl.templates import _kernel_limits as limits
+
+NUM_SMS = limits.MULTIPROCESSORS["sm90a"]  # the persistent grid size and the heuristic's waves
 
 # Tiles taller than 128 rows ("tall"; unsplit, unswapped, unpromoted: 16-bit and fast-accumulation
 # FP8): 192 rows, three consumer warpgroups of 64 rows each (fewer registers per thread: see

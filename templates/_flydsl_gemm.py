@@ -31,9 +31,9 @@ scalars, which FlyDSL's own cache key covers, so configs never share a cache ent
 """
 
 from mslk_dsl.errors import ConfigError
+from mslk_dsl.templates import _kernel_limits as limits
 
 LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
-CUS = {"gfx942": 304, "gfx950": 256}  # MI300X, MI355X
 WAVE = 64
 FP8 = {"gfx942": "float8_e4m3fnuz", "gfx950": "float8_e4m3fn"}  # the target's FP8 flavour (torch name)
 _DTYPES = {"bfloat16": "BFloat16", "float16": "Float16",
@@ -93,7 +93,7 @@ def pick_config(configs, target, elem_bytes, problem):
         tiles = -(-M // tm) * -(-N // tn)
         lds_bytes = (wn * tm + wm * tn + tm + tn) * elem_bytes  # wave reads + block writes
         cycles = max(tm * tn / macs_per_clk, lds_bytes / 128, (tm + tn) * elem_bytes / 64)
-        return (-(-tiles // CUS[target]) * cycles, -tm * tn)
+        return (-(-tiles // limits.MULTIPROCESSORS[target]) * cycles, -tm * tn)
 
     return min((c for c in configs if check_config(c, target, elem_bytes) is None), key=cost)
 

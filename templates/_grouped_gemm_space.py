@@ -18,7 +18,9 @@ would compute ~2x the padding for the same weight stream.
 
 import math
 
-NUM_SMS = 132  # H100 / H200 SXM (the persistent grid)
+from mslk_dsl.templates import _kernel_limits as limits
+
+NUM_SMS = limits.MULTIPROCESSORS["sm90a"]  # the persistent grid
 
 # 64-wide tiles are left out: MoE GEMMs have N >= 1024, where they only add loads per FLOP (at
 # decode too: 64 x 64 ran 0.73-0.98x the best tile at the three layers' decode GEMMs, T 16 and 128).

@@ -13,6 +13,13 @@ ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # on a multiple of this and its length in bytes is one: then every access moves this many bytes.
 VECTOR_BYTES = 16
 
+# Streaming multiprocessors (sm90a) or compute units (gfx942, gfx950) of the part each target's
+# templates are sized for: the H100 / H200 SXM, the MI300X and the MI355X. The persistent GEMM
+# grids are this many CTAs, and the heuristics count waves and "fewer rows than SMs" with it
+# before a device is at hand (where a count must match the device, the op layer reads the
+# device's own: attention's split counts and persistent grids).
+MULTIPROCESSORS = {"sm90a": 132, "gfx942": 304, "gfx950": 256}
+
 # -- index_shuffling --------------------------------------------------------------------------
 # Router score dtypes, by torch name.
 SCORE_DTYPES = ("bfloat16", "float32")

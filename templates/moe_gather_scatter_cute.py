@@ -76,7 +76,7 @@ from mslk_dsl.templates import _gather_scatter_space as shared
 def _heuristic(target, sig, problem):
     # Few rows: shorter chunks spread a row over more blocks (MSLK splits D likewise).
     rows = int(problem.get("A", 65536))
-    return {"unroll": 1 if rows < 132 else 4}
+    return {"unroll": 1 if rows < limits.MULTIPROCESSORS[target] else 4}
 
 
 # Tokens that receive two or more rows each (A >= 2 T: top_k >= 2) leave the atomic method at a

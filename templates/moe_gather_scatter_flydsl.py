@@ -54,7 +54,7 @@ TARGETS = ("gfx942", "gfx950")
 
 def _heuristic(target, sig, problem):
     rows = int(problem.get("A", 65536))
-    return {"unroll": 1 if rows < 304 else 4}   # few rows: spread each over more blocks
+    return {"unroll": 1 if rows < limits.MULTIPROCESSORS[target] else 4}   # few rows: spread each over more blocks
 
 
 def _scatter_heuristic(target, sig, problem):

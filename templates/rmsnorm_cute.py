@@ -77,7 +77,7 @@ def _valid(config, target, sig):
 # docs/benchmarks.md "Unaligned rows past 16K elements"): set on 72 timings (50 of random
 # shapes), where it takes the faster plan at 69 (the other 3 are 4-14% slower than it); checked
 # on 40 of shapes drawn afterwards: the faster plan at 37, the other 3 within 2.3%.
-SMS = 132  # an H100 / H200's SMs: fewer single-CTA rows than this leave SMs idle
+SMS = limits.MULTIPROCESSORS["sm90a"]  # fewer single-CTA rows than this leave SMs idle
 
 
 def _heuristic(target, sig, problem, residual: bool = False):
