@@ -54,6 +54,9 @@ class Template:
                  filtered by ``valid``. Use ``configs`` instead for an explicit list.
     signatures:  static signature part -> allowed values (e.g. dtype, alignment class).
                  Every value here becomes part of the KernelKey; dynamic sizes never do.
+    signature_valid: (sig) -> bool, false for combinations of those values that no call has
+                 (rmsnorm's fp32-weight flag with fp32 x, which is the plain case): they are
+                 left out of ``all_signatures``, so nothing builds or lists them.
     valid:       (config, target, sig) -> bool, rejects configs a target or signature
                  cannot run (shared memory, vector width vs. alignment, ...).
     heuristic:   (target, sig, problem) -> config, the default choice for a problem
@@ -85,6 +88,7 @@ class Template:
     space: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     configs: Sequence[Config] = ()
     valid: Callable[[Config, str, Signature], bool] = lambda config, target, sig: True
+    signature_valid: Callable[[Signature], bool] = lambda sig: True
     serves: Callable[[Config, Mapping[str, int]], bool] = lambda config, problem: True
     block_threads: Callable[[Config], int] | None = None
     occupancy_floor: float = 0.0
@@ -109,7 +113,8 @@ class Template:
 
     def all_signatures(self) -> list[dict]:
         keys = sorted(self.signatures)
-        return [dict(zip(keys, vals)) for vals in itertools.product(*(self.signatures[k] for k in keys))]
+        every = (dict(zip(keys, vals)) for vals in itertools.product(*(self.signatures[k] for k in keys)))
+        return [sig for sig in every if self.signature_valid(sig)]
 
     def valid_configs(self, target: str, sig: Signature) -> list[dict]:
         return [c for c in self.all_configs() if self.valid(c, target, sig) and not self.launch_problem(c, target)]

@@ -20,6 +20,14 @@ VECTOR_BYTES = 16
 # device's own: attention's split counts and persistent grids).
 MULTIPROCESSORS = {"sm90a": 132, "gfx942": 304, "gfx950": 256}
 
+# -- rmsnorm, rmsnorm_add ----------------------------------------------------------------------
+def mixed_weight_signature(sig: dict) -> bool:
+    """The norms' ``fp32_weight`` flag marks an fp32 weight beside 16-bit x; with fp32 x an fp32
+    weight is the plain case, so that combination is no call's signature (the op layer never
+    sets the flag there) and is not built."""
+    return not (sig.get("fp32_weight") and sig.get("dtype") == "float32")
+
+
 # -- index_shuffling --------------------------------------------------------------------------
 # Router score dtypes, by torch name.
 SCORE_DTYPES = ("bfloat16", "float32")

@@ -302,6 +302,7 @@ def _spilling_configs(config, target, residual: bool = False) -> bool:
 def _template(op, residual):
     return Template(op=op, backend="cute", targets=("sm90a",),
                     signatures={"dtype": DTYPES, "aligned": (True, False), "fp32_weight": (False, True)},
+                    signature_valid=limits.mixed_weight_signature,
                     configs=CONFIGS, valid=_valid, heuristic=functools.partial(_heuristic, residual=residual),
                     build=functools.partial(_build, residual=residual),
                     spills_allowed=functools.partial(_spilling_configs, residual=residual),

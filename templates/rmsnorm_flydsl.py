@@ -17,8 +17,10 @@ elements. The last chunk stays in registers across the reduction; earlier chunks
 than one chunk) are read again afterwards, so every config is correct for every N, while the
 heuristic picks one whose chunk covers N (x is read once). ``vec`` 8 (16-bit dtypes) and 4
 (fp32) are 16-byte accesses and need aligned rows; ``vec`` 1 serves any N. Rows past 16K elements
-take the 1024-thread configs: the re-read of the earlier chunks then mostly hits L2 / MALL. Every chunk issues all its loads before its first
-store: a store in between would make each load wait for the previous one (vmcnt counts both).
+take a 16K-element chunk (512 threads for aligned 16-bit rows, the fewest that hold it; 1024 for
+fp32 and unaligned rows): the re-read of the earlier chunks then mostly hits L2 / MALL. Every
+chunk issues all its loads before its first store: a store in between would make each load wait
+for the previous one (vmcnt counts both).
 """
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
@@ -212,6 +214,7 @@ def _builder(fused_add: bool):
 def _template(op: str, fused_add: bool) -> Template:
     return Template(op=op, backend="flydsl", targets=TARGETS,
                     signatures={"dtype": DTYPES, "aligned": (True, False), "fp32_weight": (False, True)},
+                    signature_valid=limits.mixed_weight_signature,
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=_builder(fused_add),
                     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR,
                     instructions={"isa": [r"v_rsq_f32"]})

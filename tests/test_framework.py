@@ -1,4 +1,5 @@
 """Targets, device queries, skip decorators, the template API and the registry, import cost."""
+import dataclasses
 import json
 import os
 import sys
@@ -97,6 +98,11 @@ def test_template_api_configs_and_validation():
         t.check_config({"vec": 2, "threads": 128}, "sm90a", {"dtype": "float32"})
     with pytest.raises(ValueError, match="does not support target"):
         t.check_config({"vec": 4, "threads": 128}, "gfx942", {"dtype": "float32"})
+    # signature combinations no call has are left out, so nothing builds or lists them
+    t2 = dataclasses.replace(t, signatures={"dtype": ("bfloat16", "float32"), "wide": (False, True)},
+                             signature_valid=lambda sig: not (sig["wide"] and sig["dtype"] == "float32"))
+    assert t2.all_signatures() == [{"dtype": "bfloat16", "wide": False}, {"dtype": "bfloat16", "wide": True},
+                                   {"dtype": "float32", "wide": False}]
     # the instructions a template's code must contain name the code the compile tests read
     with pytest.raises(ValueError, match=r"template 'demo': instructions name \['isa'\]; a cute template's code "
                                          r"is checked as \['ptx', 'sass'\]"):
