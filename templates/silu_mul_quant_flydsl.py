@@ -1,9 +1,9 @@
 """silu_mul_quant for AMD CDNA (FlyDSL): quantize_fp8_row(silu_mul(x0, x1)) in one pass.
 
-Calling convention: ``kernel(x0, x1, scale_ub, xq, scale)``; x0, x1 [M, K] bf16/fp16/fp32 (unit
-column stride), scale_ub [1] fp32 (read only when the signature has ``has_scale_ub``), xq [M, K]
-in the target's FP8 flavour, scale [M] fp32 (dequant multiplier), count [1] int32 (rows from
-count[0] on are neither read nor written: MSLK's valid_token_count; 2^31 - 1 without one); ``kernel(x0, x1, scale_ub, xq, scale, count)``.
+Calling convention: ``kernel(x0, x1, scale_ub, xq, scale, count)``; x0, x1 [M, K] bf16/fp16/fp32
+(unit column stride), scale_ub [1] fp32 (read only when the signature has ``has_scale_ub``), xq
+[M, K] in the target's FP8 flavour, scale [M] fp32 (dequant multiplier), count [1] int32 (rows
+from count[0] on are neither read nor written: MSLK's valid_token_count; 2^31 - 1 without one).
 
 Bit-identical to silu_mul followed by quantize_fp8_row: silu(x0) * x1 is computed by the same
 device code as silu_mul, rounded to the input dtype, then quantized exactly as
