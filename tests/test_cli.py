@@ -151,6 +151,21 @@ def test_unknown_names_on_the_command_line_are_errors(capsys, argv, needles):
     assert "jobs" not in out
 
 
+@pytest.mark.parametrize("argv,needles", [
+    # each name exists, but together they select no kernel
+    (["--op", "silu_mul", "--target", "sm80"], ["no template of silu_mul targets sm80", "sm90a"]),
+    (["--op", "silu_mul", "--target", "gfx942", "--config", "chunks4_rows_per_block1_threads256_vec8"],
+     ["matches no valid kernel", "mslk-dsl templates"]),
+    # hundreds of known configs: the nearest few, not all of them
+    (["--config", "chunks4_rows_per_block1_threads256_vec9"],
+     ["unknown config 'chunks4_rows_per_block1_threads256_vec9'", "nearest: ", "chunks4_rows_per_block1_threads256_vec8"]),
+])
+def test_names_that_select_nothing_are_errors_not_an_empty_build(capsys, argv, needles):
+    code, out, err = run_cli(capsys, "aot", "build", "--dry-run", *argv)
+    one_line_error(code, err, *needles)
+    assert "jobs" not in out and len(err) < 600
+
+
 @pytest.mark.parametrize("text,needles", [
     ('[[kernels]]\nop = "silu_mull"\n', ["op 'silu_mull' in the manifest matches no op", "silu_mul"]),
     ('targets = ["sm9a"]\n[[kernels]]\nop = "scale_copy"\n', ["unknown target 'sm9a'"]),
@@ -178,6 +193,10 @@ def test_explain_refuses_unknown_names_and_exits_non_zero_on_a_miss(capsys, cach
     one_line_error(code, err, "unknown signature part(s) ['fator']")
     code, out, _ = run_cli(capsys, "explain", "scale_copy", "--target", "sm90a", "--sig", "factor=2")
     assert code == 1 and "MISS" in out and "MSLK_DSL_AOT_PATH" in out
+    # an fp32 weight beside fp32 x is the plain signature: the flagged one is no call's
+    code, _, err = run_cli(capsys, "explain", "rmsnorm", "--target", "sm90a", "--sig", "dtype=float32",
+                           "--sig", "fp32_weight=True")
+    one_line_error(code, err, "is not one rmsnorm_cute.rmsnorm serves")
 
 
 def test_templates_reports_configs_no_signature_can_use(tmp_path, capsys, monkeypatch):

@@ -17,6 +17,7 @@ that no template has is refused with the known names, rather than silently build
 """
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import os
 import tomllib
@@ -30,6 +31,8 @@ from mslk_dsl.targets import all_targets
 from mslk_dsl.template import Template, config_name
 
 KERNEL_FIELDS = ("op", "configs", "signatures", "targets")
+# An unknown name's error lists the known ones up to this many, else the nearest few.
+KNOWN_LISTED = 40
 
 
 class ManifestError(MslkDslError, ValueError):
@@ -132,7 +135,26 @@ def expand(manifest: dict, targets: list[str] | None = None, ops: list[str] | No
                     for config in _configs(template, target, sig, spec.get("configs", "all")):
                         key = KernelKey.make(template, config, target, sig)
                         jobs.setdefault(key.digest, Job(key, template.name))
+    if not jobs:
+        raise ManifestError(_why_nothing(specs, manifest, targets, ops))
     return sorted(jobs.values(), key=lambda j: (j.key.target, j.key.op, j.key.template, j.key.digest))
+
+
+def _why_nothing(specs: list[dict], manifest: dict, targets: list[str] | None, ops: list[str] | None) -> str:
+    """Why names that each exist select no kernel together: the ops have no template for the
+    targets, or none of their configs is valid for the chosen targets and signatures."""
+    for spec in specs:
+        wanted = targets or spec.get("targets", manifest.get("targets", []))
+        chosen = [t for t in registry.get_templates()
+                  if fnmatch.fnmatchcase(t.op, spec.get("op", "*")) and (not ops or t.op in ops)]
+        served = sorted({target for t in chosen for target in t.targets})
+        if not set(served) & set(wanted):
+            names = ", ".join(sorted({t.op for t in chosen}))
+            return (f"no template of {names} targets {', '.join(wanted) or '(no target given)'}; "
+                    f"their targets: {', '.join(served)}")
+    selection = {k: v for k, v in (specs[0] if specs else {}).items() if k in ("configs", "signatures")}
+    return (f"the selection {selection} matches no valid kernel of the chosen ops and targets; "
+            "`mslk-dsl templates --op OP` lists each template's configs and signatures")
 
 
 def _check_names(specs: list[dict], manifest: dict, targets: list[str] | None, ops: list[str] | None) -> None:
@@ -145,8 +167,15 @@ def _check_names(specs: list[dict], manifest: dict, targets: list[str] | None, o
 
     def unknown(what: str, names, known) -> None:
         missing = [n for n in names if n not in known]
-        if missing:
-            raise ManifestError(f"unknown {what} {', '.join(map(repr, missing))}; known: {', '.join(map(str, known))}")
+        if not missing:
+            return
+        if len(known) <= KNOWN_LISTED:
+            hint = f"known: {', '.join(map(str, known))}"
+        else:   # hundreds of config names: the nearest few, and where the rest are listed
+            near = difflib.get_close_matches(str(missing[0]), list(map(str, known)), n=5, cutoff=0.5)
+            hint = (f"{len(known)} known{'; nearest: ' + ', '.join(near) if near else ''}; "
+                    "`mslk-dsl templates --op OP` lists them")
+        raise ManifestError(f"unknown {what} {', '.join(map(repr, missing))}; {hint}")
 
     unknown("op", ops or [], known_ops)
     unknown("target", [*(targets or []), *manifest.get("targets", []),
