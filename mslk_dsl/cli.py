@@ -152,6 +152,23 @@ def _parse_pairs(items: list[str]) -> dict:
     return out
 
 
+def _parse_sizes(text: str, op: str) -> dict:
+    """``M=1,K=4096`` -> {"M": 1, "K": 4096}: whole numbers >= 0, named as the op's declaration
+    names its sizes (an op without a declaration, such as a test template's, takes any name)."""
+    from mslk_dsl.ops import declarations
+
+    sizes = {k: v[0] for k, v in _parse_pairs([text]).items()}
+    bad = {k: v for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0}
+    if bad:
+        raise InputError(f"problem sizes are whole numbers >= 0; got {', '.join(f'{k}={v!r}' for k, v in bad.items())}")
+    decl = declarations().get(op)
+    if decl is not None and decl.problem:
+        unknown = sorted(set(sizes) - set(decl.problem))
+        if unknown:
+            raise InputError(f"unknown size(s) {unknown} for {op}; its sizes: {', '.join(decl.problem)}")
+    return sizes
+
+
 def _print_rows(rows: list[dict], as_json: bool, line) -> int:
     if as_json:
         print(json.dumps(rows, indent=1))
@@ -354,7 +371,7 @@ def cmd_explain(args) -> int:
     sig = {k: v[0] for k, v in _parse_pairs(args.sig).items()}
     if args.dtype:
         sig["dtype"] = args.dtype
-    problem = {k: v[0] for k, v in _parse_pairs([args.problem]).items()} if args.problem else {}
+    problem = _parse_sizes(args.problem, args.op) if args.problem else {}
     text, hit = explain(args.op, args.target, sig, args.config, problem)
     print(text)
     return 0 if hit else 1
@@ -394,9 +411,14 @@ def _resources_table(ops: list[str] | None, targets: list[str] | None, as_json: 
     import contextlib
     import json
 
-    from mslk_dsl import aot, env, jit
+    from mslk_dsl import aot, env, jit, registry
     from mslk_dsl.resources import COLUMNS, entry_problems, markdown, rows
+    from mslk_dsl.targets import all_targets
 
+    for what, names, known in (("op", ops, registry.ops()), ("target", targets, list(all_targets()))):
+        missing = [n for n in names or () if n not in known]
+        if missing:   # a typo is an error, not an empty table
+            raise InputError(f"unknown {what} {', '.join(map(repr, missing))}; known: {', '.join(known)}")
     wanted = None
     if defaults:
         jobs = resource_default_jobs(ops, targets)
@@ -434,12 +456,21 @@ def _resources_table(ops: list[str] | None, targets: list[str] | None, as_json: 
 
 
 def cmd_tune(args) -> int:
-    from mslk_dsl import autotune, registry
+    import torch
 
-    if args.op not in registry.ops():
-        raise InputError(f"unknown op {args.op!r}; known: {', '.join(registry.ops())}")
+    from mslk_dsl import autotune, registry
+    from mslk_dsl.errors import UnsupportedError
+
+    if args.op not in autotune.tunable_ops():
+        raise InputError(f"unknown op {args.op!r} for tuning; tunable: {', '.join(autotune.tunable_ops())}")
     sig = {k: v[0] for k, v in _parse_pairs(args.sig).items()}
-    problems = [{k: v[0] for k, v in _parse_pairs([s]).items()} for s in args.shapes.split(";") if s]
+    parts = {p for t in registry.get_templates() if t.op == args.op for p in t.signatures}
+    unknown = sorted(set(sig) - parts)
+    if unknown:
+        raise InputError(f"unknown signature part(s) {unknown} for {args.op}; its parts: {', '.join(sorted(parts))}")
+    problems = [_parse_sizes(s, args.op) for s in args.shapes.split(";") if s]
+    if not torch.cuda.is_available():
+        raise UnsupportedError("tune times kernels on this machine's GPU, and there is none")
     for problem, (config, ms) in zip(problems, autotune.tune(args.op, problems, sig)):
         print(f"{args.op} {problem}: best {config} ({ms * 1e3:.1f} us)")
     return 0

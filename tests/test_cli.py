@@ -234,3 +234,23 @@ def test_cache_dir_that_is_a_file_is_an_error_not_an_empty_cache(tmp_path, capsy
 def test_tune_refuses_an_unknown_op(capsys):
     code, _, err = run_cli(capsys, "tune", "--op", "bf16_gemmm", "--shapes", "M=1,N=1,K=1")
     one_line_error(code, err, "unknown op 'bf16_gemmm'", "bf16_gemm")
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["explain", "silu_mul", "--target", "sm90a", "--problem", "M=1,K=banana"], ["whole numbers", "K='banana'"]),
+    (["explain", "silu_mul", "--target", "sm90a", "--problem", "M=1,Q=3"], ["unknown size(s) ['Q']", "M, K"]),
+    (["tune", "--op", "silu_mul", "--shapes", "M=banana"], ["whole numbers", "M='banana'"]),
+    (["tune", "--op", "silu_mul", "--sig", "dtyp=bfloat16", "--shapes", "M=3,K=64"], ["unknown signature part(s) ['dtyp']"]),
+    (["resources", "--op", "silu_mull"], ["unknown op 'silu_mull'", "silu_mul"]),
+    (["resources", "--target", "sm99"], ["unknown target 'sm99'", "sm90a"]),
+])
+def test_bad_sizes_and_names_are_one_line_errors(capsys, cache_dir, argv, needles):
+    code, out, err = run_cli(capsys, *argv)
+    one_line_error(code, err, *needles)
+    assert out == ""
+
+
+def test_tune_without_a_gpu_says_so(capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    code, _, err = run_cli(capsys, "tune", "--op", "silu_mul", "--shapes", "M=3,K=64")
+    one_line_error(code, err, "there is none")
