@@ -5,6 +5,8 @@
 The cases come from the registry (a new template or config is picked up with no edit here):
   * every template x target x full signature with its default config (the heuristic's choice),
     so every dtype is compiled;
+  * each config the heuristic picks at the edge problems (long rows, 320 experts, one row) and
+    not by default, with the last signature that picks it;
   * a bounded, deterministic sample of the other configs: per template and target, the fewest
     configs (taken in the order of a hash of their names) that use every value of every config
     parameter at least once, each with the first signature of each dtype it accepts.
@@ -42,6 +44,10 @@ PTX_VECTOR = r"(ld|st)\.global(\.[\w:]+)*\.v4\.(b32|u32|f32)"
 ISA_VECTOR = r"(global|buffer)_(load|store)_dwordx4"
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 DEFAULT_PROBLEM = {"M": 4096, "N": 4096, "K": 4096, "T": 4096}
+# Problems at the edges of the ops' coverage, whose heuristic picks are compiled beside the
+# default's: long rows (clusters, streamed rests), MSLK's 320 experts (the 512-expert configs),
+# and a single row or token.
+EDGE_PROBLEMS = ({"N": 65536}, {"N": 262144}, {"E": 320}, {"M": 1, "T": 1, "A": 1})
 ALL_CONFIGS = os.environ.get("MSLK_DSL_TEST_ALL_CONFIGS", "") == "1"
 
 
@@ -88,6 +94,17 @@ def cases(backend: str) -> list[Case]:
             defaults = {config_name(t.heuristic(target, sig, DEFAULT_PROBLEM)): None for sig in sigs}
             for sig in sigs:
                 case = _case(t, t.heuristic(target, sig, DEFAULT_PROBLEM), target, sig)
+                found.setdefault(case.job.key.digest, case)
+            # each config the edge problems pick beyond the defaults, once: with the last
+            # signature that picks it (an fp32 weight, a valid count; the sample takes the first)
+            edge_picks: dict[str, tuple] = {}
+            for sig in reversed(sigs):
+                for edge in EDGE_PROBLEMS:
+                    config = t.heuristic(target, sig, {**DEFAULT_PROBLEM, **edge})
+                    if config_name(config) not in defaults:
+                        edge_picks.setdefault(config_name(config), (config, sig))
+            for config, sig in edge_picks.values():
+                case = _case(t, config, target, sig)
                 found.setdefault(case.job.key.digest, case)
             others = t.all_configs() if ALL_CONFIGS else _covering_sample(t, target, set(defaults))
             for config in others:
