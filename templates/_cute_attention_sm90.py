@@ -130,7 +130,9 @@ class _RuntimeGqaForward(FlashAttentionForwardSm90):
         self.num_mma_threads = tiled_mma_qk.size
         self.num_threads_per_warp_group = THREADS_PER_WARPGROUP
         self.num_wg_mma = self.num_mma_threads // self.num_threads_per_warp_group
-        assert self.num_wg_mma in [1, 2, 3]
+        if const_expr(self.num_wg_mma not in (1, 2, 3)):   # tile_m 64, 128 or 192
+            raise ConfigError(f"attention_fwd_cute: tile_m {self.tile_m} gives {self.num_wg_mma} MMA "
+                              "warpgroups; the kernel runs 1, 2 or 3 (tile_m 64, 128 or 192)")
         self.num_threads = self.num_threads_per_warp_group * (self.num_wg_mma + 1)
         self.num_producer_threads = cute.arch.WARP_SIZE
         self.num_Q_load_threads = self.num_threads_per_warp_group

@@ -61,6 +61,14 @@ def test_no_bare_builtin_exception_is_raised():
                        "UnsupportedError, ...; each is also the built-in type):\n" + "\n".join(found))
 
 
+def test_no_assert_checks_a_config_or_an_input():
+    """``assert`` is removed by ``python -O`` and its message names neither the template nor the
+    config: checks raise (mslk_dsl.template.require, or an mslk_dsl.errors class)."""
+    found = [f"{path}:{node.lineno}: assert" for path, tree in _sources() for node in ast.walk(tree)
+             if isinstance(node, ast.Assert)]
+    assert not found, "raise a ConfigError / InputError instead:\n" + "\n".join(found)
+
+
 def test_the_allow_list_has_no_stale_entries():
     present = {(path, _raised_name(node)) for path, tree in _sources() for node in ast.walk(tree)
                if isinstance(node, ast.Raise) and node.exc is not None}
