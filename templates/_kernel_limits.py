@@ -28,6 +28,10 @@ def mixed_weight_signature(sig: dict) -> bool:
     return not (sig.get("fp32_weight") and sig.get("dtype") == "float32")
 
 
+# -- grouped GEMMs -----------------------------------------------------------------------------
+# The dtypes of M_sizes (the rows of each group) the grouped GEMMs take, by torch name.
+GROUPED_INDEX_DTYPES = ("int32", "int64")
+
 # -- index_shuffling --------------------------------------------------------------------------
 # Router score dtypes, by torch name.
 SCORE_DTYPES = ("bfloat16", "float32")

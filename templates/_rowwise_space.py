@@ -5,7 +5,7 @@ import a DSL. A config is ``threads`` per block, ``rows_per_block`` (each row ge
 threads / rows_per_block threads, whole waves of 64) and ``vec``, the elements one load moves.
 """
 from mslk_dsl.errors import ConfigError
-from mslk_dsl.templates._kernel_limits import ELEM_BYTES, ROWWISE_OCCUPANCY_FLOOR
+from mslk_dsl.templates._kernel_limits import ELEM_BYTES, ROWWISE_OCCUPANCY_FLOOR, VECTOR_BYTES
 
 SPACE = {"threads": (256, 512), "rows_per_block": (1, 4), "vec": (8, 4, 1)}
 WAVE = 64
@@ -54,7 +54,7 @@ def row_blocks(rows: int, rows_per_block: int) -> int:
 
 
 def widest_vec(sig) -> int:
-    return 16 // ELEM_BYTES[sig["dtype"]] if sig["aligned"] else 1
+    return VECTOR_BYTES // ELEM_BYTES[sig["dtype"]] if sig["aligned"] else 1
 
 
 def vectors_per_thread(config, sig, register_bytes: int) -> int:

@@ -11,7 +11,7 @@ from mslk_dsl.template import Template
 from mslk_dsl.templates import _grouped_gemm_space as space
 from mslk_dsl.templates import _kernel_limits as limits
 
-INDEX_DTYPES = ("int32", "int64")
+INDEX_DTYPES = limits.GROUPED_INDEX_DTYPES
 
 
 def _heuristic(target, sig, problem):

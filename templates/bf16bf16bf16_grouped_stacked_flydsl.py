@@ -11,7 +11,7 @@ from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _flydsl_gemm as gemm
 from mslk_dsl.templates import _flydsl_grouped_gemm as grouped
 
-INDEX_DTYPES = ("int32", "int64")
+INDEX_DTYPES = limits.GROUPED_INDEX_DTYPES
 CONFIGS, _valid, _heuristic = grouped.template_rules(tile_k_scale=1, elem_bytes=2)
 
 

@@ -14,7 +14,7 @@ from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _flydsl_gemm as gemm
 from mslk_dsl.templates import _flydsl_grouped_gemm as grouped
 
-INDEX_DTYPES = ("int32", "int64")
+INDEX_DTYPES = limits.GROUPED_INDEX_DTYPES
 CONFIGS, _valid, _heuristic = grouped.template_rules(tile_k_scale=2, elem_bytes=1)
 
 

@@ -65,7 +65,7 @@ def build(config, target, sig):
         gather_scale_quant_kernel(x, tok, exp, scores, valid_count, scale_ub, xq, scale).launch(
             grid=((a + rows - 1) // rows, 1, 1), block=(threads, 1, 1), stream=stream)
 
-    k = 64 if sig["aligned"] else 63  # placeholder sizes only; T, A, D, E stay dynamic
+    k = space.placeholder_cols(sig)  # placeholder sizes only; T, A, D, E stay dynamic
     idx = torch.zeros(6, dtype=torch.int32)
     args = [torch.empty(3, k, dtype=getattr(torch, sig["dtype"])), idx, idx.clone(),
             torch.zeros(3, 5, dtype=getattr(torch, sig["score_dtype"])), torch.ones(1, dtype=torch.int32),

@@ -48,6 +48,7 @@ declares the templates (config spaces, heuristics) without importing the DSL.
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _gather_scatter_space as shared
+from mslk_dsl.templates import _rowwise_space as rowwise
 
 TARGETS = ("gfx942", "gfx950")
 
@@ -66,7 +67,7 @@ def _placeholders(sig, scatter: bool):
     import torch
 
     dtype = getattr(torch, sig["dtype"])
-    d = 64 if sig["aligned"] else 63          # placeholder sizes only; every size stays dynamic
+    d = rowwise.placeholder_cols(sig)         # placeholder sizes only; every size stays dynamic
     idx = torch.zeros(6, dtype=torch.int32)
     count = torch.zeros(1, dtype=torch.int32)
     if not scatter:

@@ -57,7 +57,7 @@ def chunk(config) -> int:
 
 def _wide(sig) -> int:
     """Elements of a 16-byte vector of x."""
-    return 16 // limits.ELEM_BYTES[sig["dtype"]]
+    return limits.VECTOR_BYTES // limits.ELEM_BYTES[sig["dtype"]]
 
 
 def _valid(config, target, sig):

@@ -55,7 +55,7 @@ def build(config, target, sig):
             grid=((m + rows - 1) // rows, (k + cols_per_block - 1) // cols_per_block, 1),
             block=(threads, 1, 1), stream=stream)
 
-    k = 64 if sig["aligned"] else 63  # placeholder sizes only; M and K stay dynamic
+    k = space.placeholder_cols(sig)  # placeholder sizes only; M and K stay dynamic
     args = [torch.empty(2, k, dtype=getattr(torch, sig["dtype"])) for _ in range(3)] + [torch.ones(1, dtype=torch.int32)]
     return silu_mul, args
 

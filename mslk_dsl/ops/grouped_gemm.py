@@ -27,7 +27,7 @@ from mslk_dsl.ops.dispatch import dtype_name
 from mslk_dsl.ops.elementwise import _quantize_reference, fp8_dtype_for
 from mslk_dsl.templates import _kernel_limits as limits
 
-_INDEX_DTYPES = (torch.int32, torch.int64)
+_INDEX_DTYPES = tuple(getattr(torch, name) for name in limits.GROUPED_INDEX_DTYPES)
 _ALIGN_BYTES = limits.VECTOR_BYTES
 _OUT_ROW_ELEMENTS = 8  # 16-byte rows of the bf16 output for TMA stores
 
