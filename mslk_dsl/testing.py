@@ -8,7 +8,7 @@ is transparent on ROCm, and a gfx one on CUDA: the test's own ``skipUnlessCuda``
 from __future__ import annotations
 
 import unittest
-from typing import Callable
+from collections.abc import Callable
 
 from mslk_dsl import device
 

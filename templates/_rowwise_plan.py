@@ -48,7 +48,7 @@ class RowTile:
     cluster: int = 1
 
     @classmethod
-    def of(cls, config) -> "RowTile":
+    def of(cls, config) -> RowTile:
         return cls(config["threads"], config["rows_per_block"], config["vec"], config["chunks"],
                    config.get("l1", "keep"), config.get("cluster", 1))
 
@@ -165,7 +165,7 @@ def rules(configs: list[dict], arrays: int):
     return template_valid, heuristic
 
 
-def check(template: str, config: dict, sig: dict, arrays: int) -> "RowTile":
+def check(template: str, config: dict, sig: dict, arrays: int) -> RowTile:
     """The config's tile; ConfigError (a ValueError), naming the template and the config, unless
     ``valid``."""
     if not valid(config, sig, arrays):

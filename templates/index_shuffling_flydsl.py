@@ -26,7 +26,6 @@ Place: per-expert prefix sums over the chunks, then the scatter of the ranked sl
 The kernels are the class ``_flydsl_index_shuffling.IndexShuffling``; this module declares the
 template (configs, heuristic) without importing the DSL.
 """
-from mslk_dsl.templates._kernel_limits import MAX_CHUNKS
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _index_shuffling_space as space
@@ -48,10 +47,10 @@ def build(config, target, sig):
     from mslk_dsl.templates._flydsl_index_shuffling import IndexShuffling
 
     scores = torch.zeros(5, 16, dtype=getattr(torch, sig["score_dtype"]))  # sizes stay dynamic
-    ints = [torch.zeros(n, dtype=torch.int32) for n in (1, 18, 10, 10, 10, MAX_CHUNKS * 16)]
+    ints = [torch.zeros(n, dtype=torch.int32) for n in (1, 18, 10, 10, 10, limits.MAX_CHUNKS * 16)]
     return fk.specialize(IndexShuffling, config, sig, NAME), [scores, *ints, 2, 0, 16]
 
 
 TEMPLATE = Template(op="index_shuffling", backend="flydsl", targets=TARGETS, signatures=space.SIGNATURES,
                     configs=CONFIGS, heuristic=_heuristic, build=build,
-occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)
+                    occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

@@ -122,7 +122,7 @@ def test_a_kernel_published_while_waiting_is_reported_present_not_built(tmp_path
 def test_serving_from_a_bundle_with_jit_off_imports_no_compiler(bundle, tmp_path):
     """Every kernel of the bundle loads in a fresh process with JIT off, nothing compiles, and
     neither DSL is imported; a kernel missing from the bundle names its build line."""
-    out = run_python(textwrap.dedent(f"""
+    out = run_python(textwrap.dedent("""
         import json, sys
         from mslk_dsl import jit, registry
         from mslk_dsl.errors import KernelNotPrebuiltError
@@ -132,15 +132,15 @@ def test_serving_from_a_bundle_with_jit_off_imports_no_compiler(bundle, tmp_path
         jit._bundle_entry_points = lambda: scans.append(1) or scan()
         for threads in (128, 256):
             for factor in (2, 3):
-                jit.get_kernel(t, {{"threads": threads}}, "sm90a", {{"factor": factor}})
+                jit.get_kernel(t, {"threads": threads}, "sm90a", {"factor": factor})
         scans_before_miss = len(scans)
         try:
-            jit.get_kernel(t, {{"threads": 128}}, "sm80", {{"factor": 2}})
+            jit.get_kernel(t, {"threads": 128}, "sm80", {"factor": 2})
             raise SystemExit("expected KernelNotPrebuiltError")
         except KernelNotPrebuiltError as e:
             message = str(e)
-        print(json.dumps({{"stats": dict(jit.stats), "message": message, "scans": [scans_before_miss, len(scans)],
-                           "dsls": [m for m in ("cutlass", "flydsl") if m in sys.modules]}}))
+        print(json.dumps({"stats": dict(jit.stats), "message": message, "scans": [scans_before_miss, len(scans)],
+                           "dsls": [m for m in ("cutlass", "flydsl") if m in sys.modules]}))
     """), env={"MSLK_DSL_AOT_PATH": bundle, "MSLK_DSL_DISABLE_JIT": "1",
                "MSLK_DSL_CACHE_DIR": str(tmp_path / "empty")})
     result = json.loads(out.stdout.splitlines()[-1])
