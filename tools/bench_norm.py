@@ -48,7 +48,7 @@ def _config_by_name(op, name):
 def _configs_to_time(op, args, n, dtype_name):
     """[None] (the heuristic's choice), [the forced config], or every valid config."""
     if args.sweep:
-        sig = {"aligned": n * 2 % 16 == 0, "dtype": dtype_name}
+        sig = {"aligned": _aligned(n, dtype_name), "dtype": dtype_name, "fp32_weight": False}
         return _template(op).valid_configs("sm90a", sig)
     return [_config_by_name(op, args.config) if args.config else None]
 
@@ -119,7 +119,15 @@ def _chosen(op, t, n, dtype):
     from mslk_dsl.ops.dispatch import dtype_name
 
     kernel_op = declaration.get(op).kernels
-    return kernel_op.choose("sm90a", (n * 2 % 16 == 0, dtype_name(dtype)), (t, n), None)[1]
+    # the declaration's signature parts (aligned, dtype, fp32_weight): the weight is x's dtype here
+    return kernel_op.choose("sm90a", (_aligned(n, dtype_name(dtype)), dtype_name(dtype), False), (t, n), None)[1]
+
+
+def _aligned(n: int, dtype: str) -> bool:
+    """Rows of ``n`` elements keep every row on 16 bytes (contiguous x from an aligned base)."""
+    from mslk_dsl.templates._kernel_limits import ELEM_BYTES, VECTOR_BYTES
+
+    return n * ELEM_BYTES[dtype] % VECTOR_BYTES == 0
 
 
 def main(argv=None) -> int:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mslk_dsl.device import target_of
-from mslk_dsl.errors import UnsupportedDeviceError
+from mslk_dsl.errors import InputError, UnsupportedDeviceError
 
 if TYPE_CHECKING:
     from mslk_dsl.template import Template
@@ -173,6 +173,11 @@ class KernelOp:
     def choose(self, target: str, signature: tuple, problem: tuple, config: dict | None):
         """(template, config, signature dict) for a call: explicit config, stored tuning, or heuristic."""
         template = self.template_for(target)
+        if len(signature) != len(self.sig_fields) or len(problem) != len(self.problem_fields):
+            # a caller building the tuple by hand (a benchmark) that missed a part would get
+            # some other signature's kernel: refuse (this runs on a selection miss only)
+            raise InputError(f"{self.op}: a selection takes the signature {self.sig_fields} and the sizes "
+                             f"{self.problem_fields}; got {signature} and {problem}")
         sig = dict(zip(self.sig_fields, signature))
         sizes = dict(zip(self.problem_fields, problem))
         if config is not None:
