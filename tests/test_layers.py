@@ -5,13 +5,16 @@ import ast
 import os
 
 import mslk_dsl
+import mslk_dsl.templates
 
 ROOT = os.path.dirname(mslk_dsl.__file__)
+# The built-in templates ship as mslk_dsl.templates from the checkout's templates/ folder.
+TEMPLATES = os.path.dirname(mslk_dsl.templates.__file__)
 
 # Top to bottom; a module may import its own layer and the layers above it.
 LAYERS = [
     {"errors", "env"},
-    {"targets", "device", "template", "fs", "binaries", "compile_errors", "testing"},
+    {"targets", "device", "template", "fs", "binaries", "compile_errors", "testing", "templates"},
     {"keys", "template_index", "registry", "tuning"},
     {"cache", "backends", "resources"},
     {"jit"},
@@ -38,6 +41,9 @@ def _modules() -> dict[str, str]:
                 path = os.path.join(directory, name)
                 module = "mslk_dsl." + os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
                 found[module.removesuffix(".__init__")] = path
+    for name in os.listdir(TEMPLATES):
+        if name.endswith(".py"):
+            found[f"mslk_dsl.templates.{name[:-3]}".removesuffix(".__init__")] = os.path.join(TEMPLATES, name)
     return found
 
 
@@ -67,8 +73,8 @@ def test_every_import_goes_to_the_same_layer_or_above():
             continue
         here = _layer_of(module)
         for target in _imports(module, path):
-            if target == "mslk_dsl" or target.startswith("mslk_dsl.templates"):
-                continue  # the version; templates are data for the registry
+            if target == "mslk_dsl":
+                continue  # the version
             if target.split(".")[1] == module.split(".")[1]:
                 continue  # a package may import its own modules
             if _layer_of(target) > here:
@@ -80,6 +86,14 @@ def test_every_module_has_a_layer():
     for module in _modules():
         if module != "mslk_dsl":
             _layer_of(module)
+
+
+def test_the_templates_are_scanned_too():
+    """The templates (and the DSL-free limits the ops share with them) sit below the registry and
+    the ops: a template importing the op layer or the cache would be an upward arrow."""
+    modules = _modules()
+    assert {"mslk_dsl.templates._kernel_limits", "mslk_dsl.templates.silu_mul_cute"} <= set(modules)
+    assert "mslk_dsl.template" in _imports("mslk_dsl.templates.silu_mul_cute", modules["mslk_dsl.templates.silu_mul_cute"])
 
 
 def test_the_reader_sees_lazy_imports():
