@@ -50,6 +50,21 @@ def atomic_write(path: str, data: bytes | str, mode: int = 0o666, fsync: bool = 
         raise
 
 
+@contextlib.contextmanager
+def replacing(path: str):
+    """For a file another program writes (a compiler's output, a zip): yields a temporary sibling
+    to write, then renames it to ``path`` if the block finished, else removes it. Readers see the
+    old file or the whole new one, never a part (a killed ``aot package`` leaves no half wheel)."""
+    tmp = temp_name(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def publish_dir(staging: str, final: str) -> None:
     """Rename the finished directory ``staging`` to ``final`` (same filesystem). A directory
     already at ``final`` is removed first; the caller holds the lock that makes that safe."""

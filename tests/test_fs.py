@@ -32,6 +32,18 @@ def test_atomic_write_failure_keeps_the_old_file_and_removes_the_temp(tmp_path, 
     assert os.listdir(tmp_path) == ["f.json"]
 
 
+def test_replacing_publishes_a_finished_file_and_drops_a_failed_one(tmp_path):
+    """A file another program writes (a compiler's output, a wheel's zip) appears whole or not
+    at all: the old file stays when the writer fails, and no temporary is left either way."""
+    path = str(tmp_path / "x.whl")
+    with fs.replacing(path) as tmp:
+        open(tmp, "w").write("one")
+    with pytest.raises(RuntimeError), fs.replacing(path) as tmp:
+        open(tmp, "w").write("half")
+        raise RuntimeError("killed mid-write")
+    assert open(path).read() == "one" and os.listdir(tmp_path) == ["x.whl"]
+
+
 def test_concurrent_writers_of_one_file_never_collide(tmp_path):
     """Each writer has its own temp name (one shared `.tmp` name made concurrent writers replace
     each other's temp file and fail with FileNotFoundError)."""

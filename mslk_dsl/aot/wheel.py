@@ -53,7 +53,7 @@ def package_bundle(bundle: str, name: str, out_dir: str, version: str = "1.0.0")
     files[f"{dist_info}/RECORD"] = ("\n".join(record + [f"{dist_info}/RECORD,,"]) + "\n").encode()
     os.makedirs(out_dir, exist_ok=True)
     wheel = os.path.join(out_dir, f"{dist}-{version}-py3-none-any.whl")
-    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as z:
+    with fs.replacing(wheel) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
         for path, data in sorted(files.items()):
             info = zipfile.ZipInfo(path, date_time=_EPOCH)
             info.external_attr = 0o644 << 16

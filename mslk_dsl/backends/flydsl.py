@@ -42,9 +42,8 @@ def rocm_path_with_lld() -> str:
     os.makedirs(bindir, exist_ok=True)
     link = os.path.join(bindir, "ld.lld")
     if os.path.realpath(link) != os.path.realpath(lld):
-        tmp = fs.temp_name(link)
-        os.symlink(lld, tmp)
-        os.replace(tmp, link)
+        with fs.replacing(link) as tmp:
+            os.symlink(lld, tmp)
     return shim
 
 

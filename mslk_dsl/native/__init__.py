@@ -39,7 +39,7 @@ import threading
 from mslk_dsl import env
 from mslk_dsl.errors import BackendUnavailableError, StateError
 
-log = logging.getLogger("mslk_dsl")
+log = logging.getLogger(__name__)
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.cpp")
 
@@ -79,7 +79,10 @@ def library_path() -> str | None:
 
 def build(path: str) -> None:
     """Compile launcher.cpp into ``path`` (atomically; concurrent builders compile once)."""
+    import torch
     import tvm_ffi
+    from torch.utils import cpp_extension
+
     from mslk_dsl import fs
 
     compiler = env.cxx() or shutil.which("c++") or shutil.which("g++")
@@ -89,23 +92,20 @@ def build(path: str) -> None:
     with fs.lock(path + ".lock"):
         if os.path.exists(path):
             return
-        import torch
-        from torch.utils import cpp_extension
-
         lib_dirs = [os.path.dirname(tvm_ffi.libinfo.find_libtvm_ffi()), *cpp_extension.library_paths()]
-        tmp = fs.temp_name(path)
-        cmd = [compiler, "-O2", "-std=c++17", "-w", "-shared", "-fPIC", SOURCE, "-o", tmp,
-               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-               "-I" + sysconfig.get_paths()["include"], "-I" + tvm_ffi.libinfo.find_include_path(),
-               *("-I" + d for d in cpp_extension.include_paths()),
-               *("-L" + d for d in lib_dirs), *("-Wl,-rpath," + d for d in lib_dirs),
-               "-ltvm_ffi", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
-        if torch.version.cuda is not None:  # outputs allocated through libtorch_cuda directly
-            cmd += ["-DMSLK_WITH_CUDA", "-ltorch_cuda"]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise BackendUnavailableError(f"compiling the native launcher failed:\n{' '.join(cmd)}\n{result.stderr[-4000:]}")
-        os.replace(tmp, path)
+        with fs.replacing(path) as tmp:
+            cmd = [compiler, "-O2", "-std=c++17", "-w", "-shared", "-fPIC", SOURCE, "-o", tmp,
+                   f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+                   "-I" + sysconfig.get_paths()["include"], "-I" + tvm_ffi.libinfo.find_include_path(),
+                   *("-I" + d for d in cpp_extension.include_paths()),
+                   *("-L" + d for d in lib_dirs), *("-Wl,-rpath," + d for d in lib_dirs),
+                   "-ltvm_ffi", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+            if torch.version.cuda is not None:  # outputs allocated through libtorch_cuda directly
+                cmd += ["-DMSLK_WITH_CUDA", "-ltorch_cuda"]
+            result = subprocess.run(cmd, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise BackendUnavailableError(f"compiling the native launcher failed:\n{' '.join(cmd)}\n"
+                                              f"{result.stderr[-4000:]}")
 
 
 def _build_in_child(path: str) -> None:
