@@ -340,6 +340,35 @@ def test_kernel_loader_prefetch_imports_tvm_ffi_in_the_background_and_no_compile
     assert result == {"daemon": True, "finished": True, "loaded": ["tvm_ffi"]}
 
 
+# Modules that touch os.environ outside env.py, and why: none of them reads an mslk-dsl setting.
+ENVIRONMENT_WRITERS = {
+    "mslk_dsl/backends/flydsl.py": "builds the FlyDSL compile child's environment from this one",
+    "mslk_dsl/backends/flydsl_child.py": "the compile child sets FlyDSL's own cache and ISA-dump switches",
+    "mslk_dsl/backends/flydsl_abi.py": "the compile child lifts FlyDSL's COMPILE_ONLY while it records an ABI",
+}
+
+
+def test_every_environment_variable_is_read_in_env():
+    """Settings come from env.py (documented, checked, one place); elsewhere only the FlyDSL
+    compile child's set-up touches the environment."""
+    import ast
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    found = set()
+    for top in ("mslk_dsl", "templates"):
+        for directory, _, files in os.walk(os.path.join(root, top)):
+            for name in files:
+                path = os.path.join(directory, name)
+                rel = os.path.relpath(path, root)
+                if not name.endswith(".py") or rel == os.path.join("mslk_dsl", "env.py"):
+                    continue
+                for node in ast.walk(ast.parse(open(path).read())):
+                    if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "putenv")
+                            and isinstance(node.value, ast.Name) and node.value.id == "os"):
+                        found.add(rel.replace(os.sep, "/"))
+    assert found == set(ENVIRONMENT_WRITERS), ("read settings through mslk_dsl/env.py", sorted(found))
+
+
 def test_env_documents_every_variable():
     from mslk_dsl import env
 
