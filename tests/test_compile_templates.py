@@ -269,6 +269,19 @@ def test_the_sample_covers_every_dtype_and_config_value():
     assert len({c.id for c in cases("cute")}) == len(cases("cute")), "case ids must be unique"
 
 
+# What `make test` may compile: 2-core CPU builds run ~3-4 s a kernel per core, and the whole
+# run must stay under 30 minutes (it took 14-16 with ~860 kernels). A template that multiplies
+# the sample past this should thin its signatures or configs (the full matrix is `make aot`).
+MAX_SAMPLED_KERNELS = 1100
+
+
+def test_the_sample_stays_within_the_make_test_budget():
+    if ALL_CONFIGS:
+        pytest.skip("MSLK_DSL_TEST_ALL_CONFIGS=1 compiles everything on purpose")
+    sampled = len(cases("cute")) + len(cases("flydsl"))
+    assert sampled <= MAX_SAMPLED_KERNELS, f"{sampled} kernels sampled; make test budgets {MAX_SAMPLED_KERNELS}"
+
+
 def _nvdisasm() -> str:
     """nvdisasm from the nvidia-cuda-nvdisasm wheel (a test dependency), or on PATH."""
     found = resources.nvdisasm()
