@@ -55,7 +55,9 @@ def test_fp32_norms_match_quacks_formula(op, m, n):
 @SM90
 @pytest.mark.parametrize("op", ["rmsnorm", "rmsnorm_add"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("m, n", [(1, 8), (7, 13), (1000, 4096), (130, 5120), (33, 14336), (3, 4097)])
+@pytest.mark.parametrize("m, n", [(1, 8), (7, 13), (1000, 4096), (130, 5120), (33, 14336), (3, 4097),
+                                  # long rows: clusters holding the two-part fp32 weight, aligned or not
+                                  (3, 65536), (2, 131072), (2, 262144), (3, 65535), (5, 20001)])
 def test_fp32_weight_with_16_bit_x(op, dtype, m, n):
     """Mixed-precision checkpoints: the weight stays fp32, y (and new_residual) take x's dtype."""
     g = _gen(m * 17 + n)
