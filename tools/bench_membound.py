@@ -2,13 +2,16 @@
 copy roofline, over sizes from 4 MiB to 4 GiB moved.
 
   python tools/bench.py membound --sweep [--ops silu_mul,rmsnorm,...] [--peers liger,quack,eager,compile]
-                                 [--dtype bfloat16|float16] [--quick] [--warm-only] [--json PATH]
-                                 [--sizes ROWSxHIDDEN,...] [--configs]
+                                 [--dtype bfloat16|float16|float32] [--weight-dtype float32]
+                                 [--quick] [--warm-only] [--json PATH] [--sizes ROWSxHIDDEN,...] [--configs]
 
 For each op and hidden size the rows are chosen so that the op moves about 4, 16, 64, 256, 1024
-and 4096 MiB (rows clamped to 1..131072); rmsnorm also runs rows of 64K and 128K elements. Hidden
-sizes: 2880, 3584, 5120, 7168, 14336 and 4000 (a multiple of 8, not of 64). Bytes moved count
-every input read and output written once (the weight and row scales included):
+and 4096 MiB (rows clamped to 1..131072); rmsnorm also runs rows of 64K, 128K and 256K elements.
+Hidden sizes: 2880, 3584, 5120, 7168, 14336, 4000 (a multiple of 8, not of 64) and 4095 (rows
+that are not a multiple of 16 bytes: the one-element-per-access path); the MoE ops 2880, 5120,
+7168 and 4000. ``--weight-dtype float32`` gives the norms an fp32 weight beside 16-bit x (the
+peers get the same weight). Bytes moved count every input read and output written once (the
+weight and row scales included):
 
   silu_mul           x0, x1 in, out             quantize_fp8_row   x in, xq + scales out
   silu_mul_quant     x0, x1 in, xq + scales out rmsnorm            x in, y out
@@ -36,12 +39,12 @@ import sys
 
 from bench_common import graph_timed as graph_replay_timed, parse_shapes, parse_with_gpu, rowwise_label, table
 
-HIDDEN = (2880, 3584, 5120, 7168, 14336, 4000)
-MOE_HIDDEN = (2880, 5120, 7168)
+HIDDEN = (2880, 3584, 5120, 7168, 14336, 4000, 4095)
+MOE_HIDDEN = (2880, 5120, 7168, 4000)
 TARGET_MIB = (4, 16, 64, 256, 1024, 4096)
 QUICK_MIB = (16, 256)
 MAX_ROWS = 131072
-LONG_ROWS = (65536, 131072)  # rmsnorm / rmsnorm_add hidden sizes past the old 16K limit
+LONG_ROWS = (65536, 131072, 262144)  # rmsnorm / rmsnorm_add hidden sizes past the old 16K limit
 OPS = ("silu_mul", "quantize_fp8_row", "silu_mul_quant", "rmsnorm", "rmsnorm_add", "gather_k2",
        "scatter_add_k1", "scatter_add_k2", "scatter_add_k8")
 EXTRA_OPS = ("gather_quant_k2",)   # with --ops only
@@ -97,12 +100,15 @@ def _bytes_per_row(op, d, elem):
     return (k + 2) * d * elem
 
 
-def _make_case(op, rows, d, dtype, peers_wanted, torch, ops):
-    """Inputs and calls of ``op`` at [rows, d] (rows = tokens for the MoE ops)."""
+def _make_case(op, rows, d, dtype, peers_wanted, torch, ops, weight_dtype=None):
+    """Inputs and calls of ``op`` at [rows, d] (rows = tokens for the MoE ops); the norms' weight
+    in ``weight_dtype`` (x's dtype by default)."""
     import torch.nn.functional as F
 
     elem = torch.tensor([], dtype=dtype).element_size()
-    nbytes = rows * _bytes_per_row(op, d, elem) + (d * elem if op.startswith("rmsnorm") else 0)
+    weight_dtype = weight_dtype or dtype
+    weight_elem = torch.tensor([], dtype=weight_dtype).element_size()
+    nbytes = rows * _bytes_per_row(op, d, elem) + (d * weight_elem if op.startswith("rmsnorm") else 0)
     dev = "cuda"
     peers = {}
 
@@ -147,7 +153,7 @@ def _make_case(op, rows, d, dtype, peers_wanted, torch, ops):
 
     if op.startswith("rmsnorm"):
         x, r = torch.randn(rows, d, device=dev, dtype=dtype), torch.randn(rows, d, device=dev, dtype=dtype)
-        w = torch.randn(d, device=dev, dtype=dtype)
+        w = torch.randn(d, device=dev, dtype=weight_dtype)
         fused = op == "rmsnorm_add"
         quack = _quack() if "quack" in peers_wanted else None
         liger = _liger("fused_add_rms_norm" if fused else "rms_norm") if "liger" in peers_wanted else None
@@ -201,8 +207,8 @@ def _make_case(op, rows, d, dtype, peers_wanted, torch, ops):
     return Case(op, rows, d, nbytes, ours, peers)
 
 
-def _configs_near(op, d, torch):
-    """The configs of ``op``'s CuTe template for bf16/fp16 rows of ``d`` elements (128-bit
+def _configs_near(op, d, dtype: str = "bfloat16", fp32_weight: bool = False):
+    """The configs of ``op``'s CuTe template for ``dtype`` rows of ``d`` elements (128-bit
     accesses, or one element per access where a row is not a multiple of 16 bytes) whose tile
     (the share of all the CTAs of a row) is 0.4-2.5x the row; for scatter_add, every method
     (with and without programmatic dependent launch) at unroll 1, 2 and 4; for the gather, every
@@ -216,9 +222,11 @@ def _configs_near(op, d, torch):
     if base not in name and "_k" in op:
         return []
     template = next(t for t in registry.get_templates(backend="cute") if t.op == name.get(base, base))
-    aligned = d * 2 % 16 == 0
-    sigs = [s for s in template.all_signatures() if s["dtype"] == "bfloat16" and s["aligned"] == aligned
-            and not s.get("has_scale_ub") and not s.get("fp32_weight") and not s.get("has_valid_count")
+    from mslk_dsl.templates._kernel_limits import ELEM_BYTES, VECTOR_BYTES
+
+    aligned = d * ELEM_BYTES[dtype] % VECTOR_BYTES == 0
+    sigs = [s for s in template.all_signatures() if s["dtype"] == dtype and s["aligned"] == aligned
+            and not s.get("has_scale_ub") and bool(s.get("fp32_weight")) == fp32_weight and not s.get("has_valid_count")
             and s.get("score_dtype", "float32") == "float32"]
     valid = [c for c in template.all_configs() if template.valid(c, "sm90a", sigs[0])]
     if base == "scatter_add":
@@ -228,12 +236,13 @@ def _configs_near(op, d, torch):
     return [c for c in valid if 0.4 * d <= plan.RowTile.of(c).row_k <= 2.5 * d]
 
 
-def sizes(op, mibs):
-    """(rows, hidden) of ``op``'s sweep: per hidden size, the rows that move each target size."""
+def sizes(op, mibs, elem: int = 2):
+    """(rows, hidden) of ``op``'s sweep: per hidden size, the rows that move each target size
+    with ``elem``-byte elements."""
     hidden = MOE_HIDDEN if "_k" in op else HIDDEN
     out = []
     for d in hidden:
-        per_row = _bytes_per_row(op, d, 2)
+        per_row = _bytes_per_row(op, d, elem)
         for mib in mibs:
             rows = max(1, min(MAX_ROWS, round(mib * 2**20 / per_row)))
             if (rows, d) not in out:
@@ -249,7 +258,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sweep", action="store_true", help="the size sweep (the only mode)")
     parser.add_argument("--ops", default=",".join(OPS))
     parser.add_argument("--peers", default="liger,quack,eager,compile")
-    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    parser.add_argument("--weight-dtype", choices=("float32",),
+                        help="the norms' weight dtype (default: x's): an fp32 weight beside 16-bit x")
     parser.add_argument("--quick", action="store_true", help=f"only {QUICK_MIB} MiB")
     parser.add_argument("--warm-only", action="store_true", help="call each op once per size; time nothing")
     parser.add_argument("--rep-ms", type=float, default=40.0)
@@ -261,8 +272,10 @@ def main(argv: list[str]) -> int:
         return 1
     args, torch, do_bench = found
     from mslk_dsl import ops
+    from mslk_dsl.errors import InputError, InputTypeError
 
     dtype = getattr(torch, args.dtype)
+    weight_dtype = getattr(torch, args.weight_dtype) if args.weight_dtype else None
     peers_wanted = set(args.peers.split(",")) - {""}
     copy_cache: dict[int, float] = {}
 
@@ -282,11 +295,19 @@ def main(argv: list[str]) -> int:
 
     results = []
     for op in args.ops.split(","):
-        points = parse_shapes(args.sizes) if args.sizes else sizes(op, QUICK_MIB if args.quick else TARGET_MIB)
+        points = parse_shapes(args.sizes) if args.sizes else sizes(op, QUICK_MIB if args.quick else TARGET_MIB,
+                                                                   dtype.itemsize)
         for rows, d in points:
             with torch.no_grad():
-                case = _make_case(op, rows, d, dtype, set() if args.warm_only else peers_wanted, torch, ops)
-                near = _configs_near(op, d, torch) if args.configs else []
+                try:
+                    case = _make_case(op, rows, d, dtype, set() if args.warm_only else peers_wanted, torch, ops,
+                                      weight_dtype)
+                    case.ours()
+                except (InputError, InputTypeError) as e:   # an op that does not take this dtype (MoE ops, fp32)
+                    print(f"{op} {rows}x{d}: skipped: {e}", file=sys.stderr)
+                    continue
+                near = _configs_near(op, d, args.dtype, weight_dtype is not None and dtype != weight_dtype
+                                     and op.startswith("rmsnorm")) if args.configs else []
                 case.ours()
                 for config in near:
                     case.ours(config)
@@ -327,7 +348,7 @@ def main(argv: list[str]) -> int:
             torch.cuda.empty_cache()
         if args.json and not args.warm_only:   # after every op: a run cut short keeps what it measured
             with open(args.json, "w") as f:
-                json.dump({"dtype": args.dtype, "results": results}, f, indent=1)
+                json.dump({"dtype": args.dtype, "weight_dtype": args.weight_dtype, "results": results}, f, indent=1)
     if not args.warm_only:
         table(results, ["op", "rows", "hidden", "MiB", "us", "% copy", "best peer", "peer % copy", "vs peer"])
     return 0
