@@ -142,6 +142,41 @@ def test_rmsnorm_picks_the_weight_signature(monkeypatch, x_dtype, w_dtype, fp32_
     assert y.dtype == x_dtype and args[1].dtype == w_dtype
 
 
+@pytest.mark.parametrize("op", ["rmsnorm", "rmsnorm_add"])
+@pytest.mark.parametrize("n", [16385, 65536, 262144])
+def test_long_rows_reach_the_kernel_and_the_heuristic_serves_them(monkeypatch, op, n):
+    """Rows past the single CTA's 16K elements, up to 262144, pass the checks and reach the
+    kernel choice with their length; the CuTe heuristic has a valid config for them."""
+    from mslk_dsl import registry
+
+    launched = _launched_with(monkeypatch, op)
+    x = t(2, n)
+    if op == "rmsnorm":
+        ops.rmsnorm(x, t(n))
+    else:
+        ops.rmsnorm_add(x, t(2, n), t(n))
+    ((sig, _),) = launched
+    template = next(tp for tp in registry.get_templates(backend="cute") if tp.op == op)
+    full = dict(zip(("aligned", "dtype", "fp32_weight"), sig))
+    template.check_config(template.heuristic("sm90a", full, {"M": 2, "N": n}), "sm90a", full)
+
+
+def test_320_experts_reach_the_routing_kernel(monkeypatch):
+    """MSLK's E = 320 passes the checks, gets a histogram workspace of MAX_CHUNKS x 320 and the
+    heuristic's 512-expert config."""
+    from mslk_dsl import registry
+    from mslk_dsl.ops import declaration
+    from mslk_dsl.templates import _kernel_limits as limits
+
+    launched = _launched_with(monkeypatch, "index_shuffling")
+    ops.index_shuffling(torch.rand(7, 320, dtype=bf16), top_k=4)
+    ((sig, args),) = launched
+    assert any(isinstance(a, torch.Tensor) and a.numel() == limits.index_shuffling_hist_ints(320) for a in args)
+    template = next(tp for tp in registry.get_templates(backend="cute") if tp.op == "index_shuffling")
+    full = dict(zip(declaration.get("index_shuffling").signature, sig))
+    assert template.heuristic("sm90a", full, {"T": 7, "E": 320})["max_experts"] == 512
+
+
 @pytest.mark.parametrize("op", ["silu_mul", "silu_mul_quant"])
 def test_valid_token_count_reaches_the_kernel(monkeypatch, op):
     """valid_token_count is passed to the same kernels as a [1] int32 tensor; without it the
