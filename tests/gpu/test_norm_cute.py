@@ -12,6 +12,8 @@ they differ only by the fp32 summation order and the hardware rsqrt (~1e-6 relat
 move a value across one rounding boundary, never two. new_residual is an fp32 add rounded once:
 bit-exact.
 """
+import itertools
+
 import pytest
 import torch
 from norm_reference import ref_rmsnorm, ref_rmsnorm_add
@@ -199,6 +201,7 @@ def test_configs_cover_every_signature():
         t = _template(op)
         for sig in t.all_signatures():
             assert t.valid_configs("sm90a", sig), (op, sig)
-            for n in (1, 8, 1000, 4095, 5120, 7168, 8192, 16384):
-                c = t.heuristic("sm90a", sig, {"M": 4, "N": n})
+            for n, m in itertools.product((1, 8, 1000, 4095, 5120, 7168, 8192, 16384, 16385, 33001, 65536,
+                                           131071, 262144), (1, 4, 200, 5000)):
+                c = t.heuristic("sm90a", sig, {"M": m, "N": n})
                 assert t.valid(c, "sm90a", sig) and c in t.all_configs(), (op, sig, n, c)
