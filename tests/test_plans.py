@@ -302,6 +302,42 @@ def test_attention_decode_splits_follow_the_chosen_merge(stand_in, monkeypatch, 
     assert launched[-1][7][0] == want[merge]
 
 
+@pytest.mark.parametrize("config", [
+    {"tile_m": 64, "tile_n": 128, "cluster_m": 1, "raster": "m", "group": 8, "split_k": 4},    # second kernel
+    {"tile_m": 128, "tile_n": 128, "cluster_m": 1, "raster": "m", "group": 8, "split_k": 3},   # in place
+    {"tile_m": 128, "tile_n": 128, "cluster_m": 1, "raster": "m", "group": 8, "stream_k": 1}])
+def test_gemm_partials_come_from_the_streams_scratch(monkeypatch, config):
+    """Split-K and stream-K partials are written before they are read within a call: repeat calls
+    take the stream's reusable scratch (no allocation), and the launch is stream-bound."""
+    from mslk_dsl.ops import dispatch, gemm
+    from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
+
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)   # CPU tensors stand in for GPU ones
+    monkeypatch.setattr(dispatch, "_placeholders", {})
+    prepared = []
+    x, w = torch.randn(40, 64).to(bf16), torch.randn(256, 64).to(bf16)
+    for _ in range(2):
+        launch = gemm._prepare_bf16_gemm(lambda sig, problem: (None, config), [torch.empty(40, 256, dtype=bf16)],
+                                         x, w)
+        prepared.append(launch)
+    elements = gemm_configs.partials_elements(config, 40, 256)
+    first, second = (next(a for a in launch.args[3:] if a.dtype == torch.float32) for launch in prepared)
+    assert first is second and first.numel() == elements and dispatch.is_placeholder(first)
+    assert all(launch.stream_bound and launch.scratch == () for launch in prepared)
+
+
+def test_sorted_scatter_workspace_comes_from_the_streams_scratch(monkeypatch):
+    from mslk_dsl.ops import dispatch, moe
+
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)
+    monkeypatch.setattr(dispatch, "_placeholders", {})
+    out, y, tok = torch.zeros(5, 16, dtype=bf16), torch.randn(12, 16).to(bf16), torch.randint(0, 5, (12,), dtype=torch.int32)
+    launches = [moe._prepare_scatter(lambda sig, problem: (None, {"method": "sorted"}), [], out, y, tok, None)
+                for _ in range(2)]
+    assert launches[0].args[-1] is launches[1].args[-1] and launches[0].args[-1].numel() == 3 * 5 + 1 + 2 * 12
+    assert all(launch.stream_bound and launch.scratch == () for launch in launches)
+
+
 def test_stream_scratch_is_reused_per_stream_and_shapes(monkeypatch):
     """dispatch.stream_scratch: the same tensors for the same shapes on the same stream (a plan may
     hold them), 16-byte aligned and apart within one call; a larger call gets a new buffer and the
@@ -309,6 +345,7 @@ def test_stream_scratch_is_reused_per_stream_and_shapes(monkeypatch):
     byte limit."""
     from mslk_dsl.ops import dispatch
 
+    monkeypatch.setattr(dispatch, "_placeholders", {})   # no buffer left by other tests' calls
     device = torch.device("cpu")
     first = dispatch.stream_scratch(device, torch.float32, ((3, 5), (7,)))
     assert [t.shape for t in first] == [(3, 5), (7,)] and all(t.is_contiguous() for t in first)

@@ -33,7 +33,7 @@ import torch
 from mslk_dsl.errors import InputError
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Fixed, Launch, OpDecl, declare
-from mslk_dsl.ops.dispatch import dtype_name, placeholder, sm_count, stream_scratch, zeroed_counters
+from mslk_dsl.ops.dispatch import call_scratch, dtype_name, placeholder, sm_count, zeroed_counters
 from mslk_dsl.templates import _attention_decode_plan as plan
 
 _ALIGN = 16  # cp.async moves 16-byte pieces of K/V rows
@@ -196,10 +196,8 @@ def _prepare_decode(select, outputs, q, k, v, kv_seqlen, block_table, scale, cau
                          f"2**31 elements of the split-KV partials; pass a smaller num_splits")
     # The split partials, written and read within the call: with the fused merge (a launch bound
     # to the stream anyway) the stream's reusable scratch, so a repeat call allocates nothing.
-    shapes = ((S, B, Mq, Hq, D), (S, B, Hq, Mq))
-    reused = stream_scratch(q.device, torch.float32, shapes) if fused_merge else None
-    o_part, lse_part = reused or (torch.empty(shapes[0], dtype=torch.float32, device=q.device),
-                                  torch.empty(shapes[1], dtype=torch.float32, device=q.device))
+    partials = call_scratch(q.device, torch.float32, ((S, B, Mq, Hq, D), (S, B, Hq, Mq)), reuse=fused_merge)
+    o_part, lse_part = partials.tensors
     paged = block_table is not None
     # The kernel reads the block table only when paged; a contiguous cache gets a stand-in.
     table = block_table if paged else placeholder(q.device, torch.int32, shape=(1, 1))
@@ -211,7 +209,7 @@ def _prepare_decode(select, outputs, q, k, v, kv_seqlen, block_table, scale, cau
     # The scalars follow from the layout (D, paged) and the plan_values (scale, causal): see Fixed.
     return Launch(kernel, (q, k, v, kv_seqlen, table, out, lse, o_part, lse_part, counters, Fixed(scale),
                            Fixed(int(bool(causal))), Fixed(int(paged))),
-                  scratch=() if reused else (o_part, lse_part), stream_bound=fused_merge)
+                  scratch=partials.per_call, stream_bound=fused_merge)
 
 
 def decode_reference(q, k, v, kv_seqlen, block_table=None, scale=None, causal=True, num_splits=0):

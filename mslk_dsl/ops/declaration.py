@@ -33,7 +33,7 @@ class Launch(NamedTuple):
     plan. ``plannable`` False: the launch holds something that is only right for this call, so
     it is never remembered as a plan either. ``stream_bound``: it holds a buffer of the current
     stream (split-K tile counters, dispatch.zeroed_counters; scratch reused per stream,
-    dispatch.stream_scratch), so its plan serves calls on that stream only (native plans check
+    dispatch.call_scratch), so its plan serves calls on that stream only (native plans check
     the stream; Python plans are keyed by it)."""
     kernel: Any
     args: tuple

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -123,6 +123,28 @@ def stream_scratch(device: torch.device, dtype: torch.dtype, shapes: tuple) -> t
         _placeholders[(key, i)] = views[-1]
         offset += size
     return tuple(views)
+
+
+class Scratch(NamedTuple):
+    """Scratch tensors of one launch (call_scratch): ``tensors`` for the kernel's arguments,
+    ``per_call`` for Launch.scratch (those a plan must allocate afresh for every call: none when
+    the stream's reusable scratch serves), ``stream_bound`` for Launch.stream_bound."""
+    tensors: tuple
+    per_call: tuple
+    stream_bound: bool
+
+
+def call_scratch(device: torch.device, dtype: torch.dtype, shapes: tuple, reuse: bool = True) -> Scratch:
+    """Scratch a launch writes and reads within the call: with ``reuse`` the stream's reusable
+    scratch (stream_scratch: repeat calls allocate nothing, and the launch is bound to the
+    stream), else, or where that declines (a capture, past its size limit), tensors of this call.
+    The caching allocator hands a freed block to the next call on the stream in the same way, so
+    reuse orders nothing that allocation did not."""
+    reused = stream_scratch(device, dtype, shapes) if reuse else None
+    if reused is not None:
+        return Scratch(reused, (), True)
+    made = tuple(torch.empty(shape, dtype=dtype, device=device) for shape in shapes)
+    return Scratch(made, made, False)
 
 
 def is_placeholder(t: torch.Tensor) -> bool:

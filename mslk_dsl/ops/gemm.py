@@ -6,7 +6,7 @@ import torch
 from mslk_dsl.errors import ConfigError, InputError, InputTypeError
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
-from mslk_dsl.ops.dispatch import dtype_name, placeholder, zeroed_counters
+from mslk_dsl.ops.dispatch import Scratch, call_scratch, dtype_name, placeholder, zeroed_counters
 from mslk_dsl.ops.elementwise import _quantize_reference, fp8_dtype_for
 from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
 from mslk_dsl.templates import _kernel_limits as limits
@@ -98,22 +98,23 @@ def _prepare_bf16_gemm(select, outputs, x, w):
     kernel, chosen = select((dtype_name(a.dtype),), (M, N, K))
     partials, counters = _work_buffers("bf16_gemm", chosen, M, N, a.device)
     target, finish = _store_target(y)
-    # Split-K tile counters belong to this call's stream (dispatch.zeroed_counters): the plan
-    # serves calls on this stream only.
-    return Launch(kernel, (a, b, target, *partials, *counters), scratch=partials, finish=finish,
-                  stream_bound=bool(counters))
+    return Launch(kernel, (a, b, target, *partials.tensors, *counters), scratch=partials.per_call, finish=finish,
+                  stream_bound=partials.stream_bound or bool(counters))
 
 
-def _work_buffers(op: str, chosen: dict, M: int, N: int, device) -> tuple[tuple, tuple]:
-    """(partials, counters) the chosen config's kernel takes after its output, each () or one
-    tensor: split-K configs an fp32 slot per output tile and split plus the tile counters (zero,
-    shared across calls: the kernel leaves them zero); stream-K configs a fixed-size fp32
-    buffer for the last wave's tile pieces."""
+def _work_buffers(op: str, chosen: dict, M: int, N: int, device) -> tuple[Scratch, tuple]:
+    """(partials, counters) the chosen config's kernel takes after its output: split-K configs
+    fp32 partials (a slot per output tile and split, or split x M x N for 64-row tiles) and,
+    fixed up in place, the tile counters (zero, shared across calls: the kernel leaves them
+    zero); stream-K configs a fixed-size fp32 buffer for the last wave's tile pieces. The
+    partials are written before they are read, so the stream's reusable scratch serves them
+    (dispatch.call_scratch); the counters belong to the stream too. Either binds the launch to
+    the stream: its plan serves calls on this stream only."""
     scratch = gemm_configs.partials_elements(chosen, M, N)
     if scratch >= _MAX_PARTIALS:
         raise ConfigError(f"{op}: config split_k={chosen.get('split_k', 1)} needs fewer than 2**31 fp32 partials "
                           f"(M={M}, N={N}); split-K is for small and mid-sized M, use a config without it")
-    partials = (torch.empty(scratch, dtype=torch.float32, device=device),) if scratch else ()
+    partials = call_scratch(device, torch.float32, ((scratch,),)) if scratch else Scratch((), (), False)
     count = gemm_configs.counters_needed(chosen, M, N)
     counters = (zeroed_counters(device, count),) if count else ()
     return partials, counters
@@ -173,10 +174,9 @@ def _prepare_f8f8bf16_rowwise(select, outputs, xq, wq, x_scale, w_scale, bias, u
     bias_arg = bias.contiguous() if bias is not None else placeholder(a.device, torch.bfloat16)
     partials, counters = _work_buffers("f8f8bf16_rowwise", chosen, M, N, a.device)
     target, finish = _store_target(y)
-    # Split-K tile counters belong to this call's stream (see dispatch.zeroed_counters): the plan
-    # serves calls on this stream only.
-    return Launch(kernel, (a, b, x_scale.contiguous(), w_scale.contiguous(), bias_arg, target, *partials, *counters),
-                  scratch=partials, finish=finish, stream_bound=bool(counters))
+    return Launch(kernel, (a, b, x_scale.contiguous(), w_scale.contiguous(), bias_arg, target, *partials.tensors,
+                           *counters), scratch=partials.per_call, finish=finish,
+                  stream_bound=partials.stream_bound or bool(counters))
 
 
 def _f8f8bf16_rowwise_reference(xq, wq, x_scale, w_scale, bias=None, use_fast_accum=True):

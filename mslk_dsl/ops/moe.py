@@ -14,7 +14,7 @@ from mslk_dsl.device import target_of
 from mslk_dsl.errors import InputError
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Fixed, Launch, OpDecl, declare
-from mslk_dsl.ops.dispatch import dtype_name, placeholder, stream_scratch
+from mslk_dsl.ops.dispatch import Scratch, call_scratch, dtype_name, placeholder
 from mslk_dsl.templates import _kernel_limits as limits  # what the ops and the kernels agree on
 
 MAX_EXPERTS, MAX_TOP_K = limits.MAX_EXPERTS, limits.MAX_TOP_K
@@ -102,15 +102,14 @@ def _prepare_index_shuffling(select, outputs, scores, expert_index_start, expert
         return None
     dev = scores.device
     # Workspaces the two kernels write and read within the call: the stream's reusable scratch
-    # (dispatch.stream_scratch; the launch is then bound to the stream), else allocated.
-    shapes = ((T * top_k,), (limits.index_shuffling_hist_ints(E),))
-    reused = stream_scratch(dev, torch.int32, shapes)
-    slots, histogram = reused or tuple(torch.empty(s, dtype=torch.int32, device=dev) for s in shapes)
+    # (dispatch.call_scratch; the launch is then bound to the stream), else allocated.
+    work = call_scratch(dev, torch.int32, ((T * top_k,), (limits.index_shuffling_hist_ints(E),)))
+    slots, histogram = work.tensors
     kernel, _ = select((valid_token_count is not None, dtype_name(scores.dtype)), (T, E))
     # top_k and the expert range are plan_values: a plan holds them (see Fixed).
     return Launch(kernel, (scores, _valid_arg(valid_token_count, dev), counts, expert_indices, token_indices,
                            slots, histogram, Fixed(top_k), Fixed(start), Fixed(end)),
-                  scratch=() if reused else (slots, histogram), stream_bound=reused is not None)
+                  scratch=work.per_call, stream_bound=work.stream_bound)
 
 
 def _index_shuffling_reference(scores, expert_index_start=None, expert_index_end=None, valid_token_count=None,
@@ -247,14 +246,13 @@ def _prepare_scatter(select, outputs, out_tokens, in_tokens, token_indices, vali
     # Per-token counts, offsets, positions, row lists and first rows, which only the sorted
     # method uses (the linked one, CuTe only, takes its heads and next rows from the same space;
     # see the CuTe template); the atomic method gets the cached placeholder.
-    sorted_method = chosen.get("method") in ("sorted", "linked")
-    if sorted_method:
-        workspace = torch.empty(limits.scatter_workspace_ints(out_tokens.shape[0], A), dtype=torch.int32,
-                                device=y.device)
+    # The kernels fill the workspace before they read it, so the stream's reusable scratch serves.
+    if chosen.get("method") in ("sorted", "linked"):
+        work = call_scratch(y.device, torch.int32, ((limits.scatter_workspace_ints(out_tokens.shape[0], A),),))
     else:
-        workspace = placeholder(y.device, torch.int32)
-    return Launch(kernel, (out_tokens, y, tok, _valid_arg(valid_token_count, y.device), workspace),
-                  scratch=(workspace,) if sorted_method else ())
+        work = Scratch((placeholder(y.device, torch.int32),), (), False)
+    return Launch(kernel, (out_tokens, y, tok, _valid_arg(valid_token_count, y.device), *work.tensors),
+                  scratch=work.per_call, stream_bound=work.stream_bound)
 
 
 def _scatter_example(problem: dict, sig: dict, device) -> tuple:
