@@ -1,5 +1,7 @@
-"""The memory-bound ops' wider coverage on sm_90 GPUs: fp32 norms, an fp32 weight with bf16 / fp16
-x, rows of 32K to 256K elements, and MSLK's valid_token_count on silu_mul / silu_mul_quant.
+"""The memory-bound ops' wider coverage on sm_90 GPUs and on ROCm ones (skipUnlessCudaCapability
+passes ROCm through, so the same tests check the FlyDSL kernels there): fp32 norms, an fp32 weight
+with bf16 / fp16 x, rows of 32K to 256K elements, and MSLK's valid_token_count on silu_mul /
+silu_mul_quant.
 
 fp32 norms are compared with quack's reference formula (x / sqrt(mean(x^2) + eps) * w, all fp32;
 its residual form normalizes x + residual, which is exact in fp32): the kernels' fp32 results
