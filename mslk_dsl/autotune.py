@@ -50,6 +50,9 @@ def tune(op: str, problems: list[dict], sig: dict | None = None, store: bool = T
         full_sig.update(sig or {})
         if "aligned" in full_sig:
             full_sig["aligned"] = True
+        if not template.signature_valid(full_sig):
+            raise InputError(f"tuning {op}: signature {full_sig} is no call's; its signatures: "
+                             f"{template.all_signatures()}")
         args = inputs_for(op, problem, full_sig)
         fn = getattr(ops, op)
         timings = []

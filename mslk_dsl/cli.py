@@ -157,7 +157,11 @@ def _parse_sizes(text: str, op: str) -> dict:
     names its sizes (an op without a declaration, such as a test template's, takes any name)."""
     from mslk_dsl.ops import declarations
 
-    sizes = {k: v[0] for k, v in _parse_pairs([text]).items()}
+    pairs = _parse_pairs([text])
+    repeated = sorted(k for k, v in pairs.items() if len(v) > 1)
+    if repeated:
+        raise InputError(f"problem size(s) {repeated} given more than once in {text!r}")
+    sizes = {k: v[0] for k, v in pairs.items()}
     bad = {k: v for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0}
     if bad:
         raise InputError(f"problem sizes are whole numbers >= 0; got {', '.join(f'{k}={v!r}' for k, v in bad.items())}")

@@ -151,6 +151,9 @@ class Template:
         if target not in self.targets:
             raise ConfigError(f"{self.op}: template {self.name!r} does not support target {target!r} "
                               f"(supports {list(self.targets)})")
+        if not self.signature_valid(sig):
+            raise ConfigError(f"{self.op}: signature {dict(sig)} is no call's (template {self.name!r} leaves it "
+                              "out of its signatures)")
         if not self.valid(config, target, sig):
             raise ConfigError(f"{self.op}: config {config_name(config)} is not valid for target {target} and "
                               f"signature {dict(sig)} (template {self.name!r})")

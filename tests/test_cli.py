@@ -167,6 +167,7 @@ def test_names_that_select_nothing_are_errors_not_an_empty_build(capsys, argv, n
 
 
 @pytest.mark.parametrize("text,needles", [
+    ('targets = ["sm90a"]\nkernels = []\n', ["the manifest lists no [[kernels]]"]),
     ('[[kernels]]\nop = "silu_mull"\n', ["op 'silu_mull' in the manifest matches no op", "silu_mul"]),
     ('targets = ["sm9a"]\n[[kernels]]\nop = "scale_copy"\n', ["unknown target 'sm9a'"]),
     ('targets = ["sm90a"]\n[[kernels]]\nop = "scale_copy"\nconfigs = ["threads12"]\n', ["unknown config 'threads12'"]),
@@ -239,6 +240,7 @@ def test_tune_refuses_an_unknown_op(capsys):
 @pytest.mark.parametrize("argv,needles", [
     (["explain", "silu_mul", "--target", "sm90a", "--problem", "M=1,K=banana"], ["whole numbers", "K='banana'"]),
     (["explain", "silu_mul", "--target", "sm90a", "--problem", "M=1,Q=3"], ["unknown size(s) ['Q']", "M, K"]),
+    (["explain", "silu_mul", "--target", "sm90a", "--problem", "M=1,M=2"], ["['M'] given more than once"]),
     (["tune", "--op", "silu_mul", "--shapes", "M=banana"], ["whole numbers", "M='banana'"]),
     (["tune", "--op", "silu_mul", "--sig", "dtyp=bfloat16", "--shapes", "M=3,K=64"], ["unknown signature part(s) ['dtyp']"]),
     (["resources", "--op", "silu_mull"], ["unknown op 'silu_mull'", "silu_mul"]),

@@ -103,6 +103,8 @@ def test_template_api_configs_and_validation():
                              signature_valid=lambda sig: not (sig["wide"] and sig["dtype"] == "float32"))
     assert t2.all_signatures() == [{"dtype": "bfloat16", "wide": False}, {"dtype": "bfloat16", "wide": True},
                                    {"dtype": "float32", "wide": False}]
+    with pytest.raises(ValueError, match="is no call's"):
+        t2.check_config({"vec": 4, "threads": 128}, "sm90a", {"dtype": "float32", "wide": True})
     # the instructions a template's code must contain name the code the compile tests read
     with pytest.raises(ValueError, match=r"template 'demo': instructions name \['isa'\]; a cute template's code "
                                          r"is checked as \['ptx', 'sass'\]"):

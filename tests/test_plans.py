@@ -364,3 +364,16 @@ def test_stream_scratch_is_reused_per_stream_and_shapes(monkeypatch):
     assert not dispatch.is_placeholder(views[0]) and dispatch.is_placeholder(views[-1])
     monkeypatch.setattr(dispatch, "STREAM_SCRATCH_LIMIT", 1024)
     assert dispatch.stream_scratch(device, torch.float32, ((257,),)) is None
+
+
+def test_stream_scratch_grows_in_few_generations(monkeypatch):
+    """Plans keep the views they were made with, so every buffer a plan saw stays allocated:
+    sizes that creep up (split-K partials follow M) must leave a few buffers, not one per size."""
+    from mslk_dsl.ops import dispatch
+
+    monkeypatch.setattr(dispatch, "_placeholders", {})
+    held = [dispatch.stream_scratch(torch.device("cpu"), torch.float32, ((n * 1000,),))[0] for n in range(1, 65)]
+    storages = {t.untyped_storage().data_ptr() for t in held}
+    assert len(storages) <= 8, len(storages)       # 1000 .. 64000 elements: powers of two from 1024
+    assert sum(t.untyped_storage().nbytes() for t in {t.untyped_storage().data_ptr(): t for t in held}.values()) \
+        <= 2 * 65536 * 4

@@ -308,7 +308,6 @@ def main(argv: list[str]) -> int:
                     continue
                 near = _configs_near(op, d, args.dtype, weight_dtype is not None and dtype != weight_dtype
                                      and op.startswith("rmsnorm")) if args.configs else []
-                case.ours()
                 for config in near:
                     case.ours(config)
                 torch.cuda.synchronize()

@@ -143,6 +143,8 @@ def expand(manifest: dict, targets: list[str] | None = None, ops: list[str] | No
 def _why_nothing(specs: list[dict], manifest: dict, targets: list[str] | None, ops: list[str] | None) -> str:
     """Why names that each exist select no kernel together: the ops have no template for the
     targets, or none of their configs is valid for the chosen targets and signatures."""
+    if not specs:
+        return "the manifest lists no [[kernels]] (each table names an op, e.g. op = \"silu_mul\")"
     for spec in specs:
         wanted = targets or spec.get("targets", manifest.get("targets", []))
         chosen = [t for t in registry.get_templates()
@@ -153,8 +155,9 @@ def _why_nothing(specs: list[dict], manifest: dict, targets: list[str] | None, o
             return (f"no template of {names} targets {', '.join(wanted) or '(no target given)'}; "
                     f"their targets: {', '.join(served)}")
     selection = {k: v for k, v in (specs[0] if specs else {}).items() if k in ("configs", "signatures")}
-    return (f"the selection {selection} matches no valid kernel of the chosen ops and targets; "
-            "`mslk-dsl templates --op OP` lists each template's configs and signatures")
+    return (f"the selection {selection} matches no valid kernel of the chosen ops and targets (a config "
+            "may not serve the chosen signatures, and some combinations of signature values are no "
+            "call's); `mslk-dsl templates --op OP --json` lists each template's configs and signatures")
 
 
 def _check_names(specs: list[dict], manifest: dict, targets: list[str] | None, ops: list[str] | None) -> None:

@@ -116,7 +116,12 @@ def stream_scratch(device: torch.device, dtype: torch.dtype, shapes: tuple) -> t
         for k in cached:
             del _placeholders[k]
     if buffer is None or buffer.numel() < sum(sizes):
-        buffer = _placeholders[buffer_key] = torch.empty(sum(sizes), dtype=dtype, device=device)
+        # Grown to a power of two (at most the limit): plans keep views of every buffer they
+        # were made with, so sizes that creep up with the token count (split-K partials follow M)
+        # leave a few generations (under twice the limit in all), not one per size.
+        elements = 1 << (max(sum(sizes), 1) - 1).bit_length()
+        elements = max(sum(sizes), min(elements, STREAM_SCRATCH_LIMIT // dtype.itemsize))
+        buffer = _placeholders[buffer_key] = torch.empty(elements, dtype=dtype, device=device)
     views, offset = [], 0
     for i, (shape, size) in enumerate(zip(shapes, sizes)):
         views.append(buffer[offset:offset + math.prod(shape)].view(shape))
