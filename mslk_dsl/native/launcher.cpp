@@ -18,6 +18,7 @@
 #ifdef MSLK_WITH_CUDA  // a CUDA build of torch: link libtorch_cuda for its allocation path
 #include <ATen/cuda/EmptyTensor.h>
 #endif
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/c_api.h>
@@ -378,8 +379,8 @@ PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, Py
         goto done;
       }
     }
-  } catch (const std::exception& e) {  // e.g. out of memory: torch's message, as a Python error
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {  // e.g. out of memory: the Python error torch itself raises (torch.OutOfMemoryError)
+    torch::translate_exception_to_python(std::current_exception());
     goto done;
   }
   {
