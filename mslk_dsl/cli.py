@@ -416,13 +416,12 @@ def _resources_table(ops: list[str] | None, targets: list[str] | None, as_json: 
     import json
 
     from mslk_dsl import aot, env, jit, registry
+    from mslk_dsl.aot.manifest import refuse_unknown
     from mslk_dsl.resources import COLUMNS, entry_problems, markdown, rows
     from mslk_dsl.targets import all_targets
 
-    for what, names, known in (("op", ops, registry.ops()), ("target", targets, list(all_targets()))):
-        missing = [n for n in names or () if n not in known]
-        if missing:   # a typo is an error, not an empty table
-            raise InputError(f"unknown {what} {', '.join(map(repr, missing))}; known: {', '.join(known)}")
+    refuse_unknown("op", ops or [], registry.ops())   # a typo is an error, not an empty table
+    refuse_unknown("target", targets or [], list(all_targets()))
     wanted = None
     if defaults:
         jobs = resource_default_jobs(ops, targets)

@@ -35,8 +35,6 @@ def resolve(op: str, target: str, sig: dict, config: str | None, problem: dict):
         else:
             full_sig[part] = allowed[0]
             notes.append(f"signature {part} not given: using {allowed[0]!r}")
-    if not template.signature_valid(full_sig):
-        raise InputError(f"signature {full_sig} is not one {template.name} serves (no call has it)")
     if config:
         matches = [c for c in template.all_configs() if config_name(c) == config]
         if not matches:

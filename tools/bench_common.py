@@ -33,6 +33,14 @@ def parse_shapes(text: str) -> list[tuple[int, ...]]:
     return [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",")]
 
 
+def rows_aligned(n: int, dtype: str) -> bool:
+    """Contiguous rows of ``n`` ``dtype`` elements from an aligned base keep every row on 16 bytes
+    (the row-wise ops' signature part ``aligned``)."""
+    from mslk_dsl.templates._kernel_limits import ELEM_BYTES, VECTOR_BYTES
+
+    return n * ELEM_BYTES[dtype] % VECTOR_BYTES == 0
+
+
 def rowwise_label(config: dict) -> str:
     """A short name for a row-wise kernel config (threads, rows per block, vector, chunks; the
     cluster, register cap and L1 policy where given), or for a scatter config (method, unroll,

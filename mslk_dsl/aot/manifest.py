@@ -154,10 +154,25 @@ def _why_nothing(specs: list[dict], manifest: dict, targets: list[str] | None, o
             names = ", ".join(sorted({t.op for t in chosen}))
             return (f"no template of {names} targets {', '.join(wanted) or '(no target given)'}; "
                     f"their targets: {', '.join(served)}")
-    selection = {k: v for k, v in (specs[0] if specs else {}).items() if k in ("configs", "signatures")}
+    selection = {k: v for k, v in specs[0].items() if k in ("configs", "signatures")}
     return (f"the selection {selection} matches no valid kernel of the chosen ops and targets (a config "
             "may not serve the chosen signatures, and some combinations of signature values are no "
             "call's); `mslk-dsl templates --op OP --json` lists each template's configs and signatures")
+
+
+def refuse_unknown(what: str, names, known) -> None:
+    """ManifestError for the ``names`` not in ``known`` (an op, target, config...), listing the
+    known ones, or the nearest few where there are hundreds."""
+    missing = [n for n in names if n not in known]
+    if not missing:
+        return
+    if len(known) <= KNOWN_LISTED:
+        hint = f"known: {', '.join(map(str, known))}"
+    else:   # hundreds of config names: the nearest few, and where the rest are listed
+        near = difflib.get_close_matches(str(missing[0]), list(map(str, known)), n=5, cutoff=0.5)
+        hint = (f"{len(known)} known{'; nearest: ' + ', '.join(near) if near else ''}; "
+                "`mslk-dsl templates --op OP` lists them")
+    raise ManifestError(f"unknown {what} {', '.join(map(repr, missing))}; {hint}")
 
 
 def _check_names(specs: list[dict], manifest: dict, targets: list[str] | None, ops: list[str] | None) -> None:
@@ -168,18 +183,7 @@ def _check_names(specs: list[dict], manifest: dict, targets: list[str] | None, o
     known_ops = sorted({t.op for t in templates})
     known_targets = list(all_targets())
 
-    def unknown(what: str, names, known) -> None:
-        missing = [n for n in names if n not in known]
-        if not missing:
-            return
-        if len(known) <= KNOWN_LISTED:
-            hint = f"known: {', '.join(map(str, known))}"
-        else:   # hundreds of config names: the nearest few, and where the rest are listed
-            near = difflib.get_close_matches(str(missing[0]), list(map(str, known)), n=5, cutoff=0.5)
-            hint = (f"{len(known)} known{'; nearest: ' + ', '.join(near) if near else ''}; "
-                    "`mslk-dsl templates --op OP` lists them")
-        raise ManifestError(f"unknown {what} {', '.join(map(repr, missing))}; {hint}")
-
+    unknown = refuse_unknown
     unknown("op", ops or [], known_ops)
     unknown("target", [*(targets or []), *manifest.get("targets", []),
                        *(t for s in specs for t in s.get("targets", []))], known_targets)
