@@ -148,6 +148,7 @@ def test_long_rows_reach_the_kernel_and_the_heuristic_serves_them(monkeypatch, o
     """Rows past the single CTA's 16K elements, up to 262144, pass the checks and reach the
     kernel choice with their length; the CuTe heuristic has a valid config for them."""
     from mslk_dsl import registry
+    from mslk_dsl.ops import declaration
 
     launched = _launched_with(monkeypatch, op)
     x = t(2, n)
@@ -157,7 +158,7 @@ def test_long_rows_reach_the_kernel_and_the_heuristic_serves_them(monkeypatch, o
         ops.rmsnorm_add(x, t(2, n), t(n))
     ((sig, _),) = launched
     template = next(tp for tp in registry.get_templates(backend="cute") if tp.op == op)
-    full = dict(zip(("aligned", "dtype", "fp32_weight"), sig))
+    full = dict(zip(declaration.get(op).signature, sig))
     template.check_config(template.heuristic("sm90a", full, {"M": 2, "N": n}), "sm90a", full)
 
 

@@ -312,7 +312,6 @@ def test_gemm_partials_come_from_the_streams_scratch(monkeypatch, config):
     from mslk_dsl.ops import dispatch, gemm
     from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
 
-    monkeypatch.setattr(validate, "gpu", lambda *args: None)   # CPU tensors stand in for GPU ones
     monkeypatch.setattr(dispatch, "_placeholders", {})
     prepared = []
     x, w = torch.randn(40, 64).to(bf16), torch.randn(256, 64).to(bf16)
@@ -329,7 +328,6 @@ def test_gemm_partials_come_from_the_streams_scratch(monkeypatch, config):
 def test_sorted_scatter_workspace_comes_from_the_streams_scratch(monkeypatch):
     from mslk_dsl.ops import dispatch, moe
 
-    monkeypatch.setattr(validate, "gpu", lambda *args: None)
     monkeypatch.setattr(dispatch, "_placeholders", {})
     out, y, tok = torch.zeros(5, 16, dtype=bf16), torch.randn(12, 16).to(bf16), torch.randint(0, 5, (12,), dtype=torch.int32)
     launches = [moe._prepare_scatter(lambda sig, problem: (None, {"method": "sorted"}), [], out, y, tok, None)
