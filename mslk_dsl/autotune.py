@@ -48,8 +48,8 @@ def tune(op: str, problems: list[dict], sig: dict | None = None, store: bool = T
     for problem in problems:
         full_sig = {k: v[0] for k, v in template.signatures.items()}
         full_sig.update(sig or {})
-        if "aligned" in full_sig:
-            full_sig["aligned"] = True
+        if "vec_bytes" in full_sig and "vec_bytes" not in (sig or {}):
+            full_sig["vec_bytes"] = 16  # full-width rows unless asked otherwise
         if not template.signature_valid(full_sig):
             raise InputError(f"tuning {op}: signature {full_sig} is no call's; its signatures: "
                              f"{template.all_signatures()}")

@@ -196,7 +196,7 @@ def _spills(kernel: dict) -> str:
 
 def _spills_allowed(template, key: dict) -> bool:
     allowed = template.spills_allowed
-    return bool(allowed(key["config"], key["target"]) if callable(allowed) else allowed)
+    return bool(allowed(key["config"], key["target"], key["signature"]) if callable(allowed) else allowed)
 
 
 def entry_problems(entry) -> list[str]:

@@ -70,7 +70,7 @@ class Template:
     occupancy_floor: the lowest occupancy (resident warps / waves over the SM's / CU's maximum)
                  its compiled kernels may have; checked over every compiled kernel.
     spills_allowed: its compiled kernels may spill (scratch memory, or AMD registers spilled): True,
-                 or ``(config, target) -> bool`` for the configs that do, with the reason beside it.
+                 or ``(config, target, sig) -> bool`` for the kernels that do, with the reason beside it.
     instructions: what the compiled code must contain, by the code the CPU compile tests read:
                  "ptx" and "sass" (CuTe, for sm90a), "isa" (FlyDSL, for gfx942); each a list of
                  regexes (the warpgroup MMAs, TMA copies or MFMAs the kernel is written to use),
@@ -92,7 +92,7 @@ class Template:
     serves: Callable[[Config, Mapping[str, int]], bool] = lambda config, problem: True
     block_threads: Callable[[Config], int] | None = None
     occupancy_floor: float = 0.0
-    spills_allowed: bool | Callable[[Config, str], bool] = False
+    spills_allowed: bool | Callable[[Config, str, Signature], bool] = False
     instructions: Mapping[str, Sequence[str]] = field(default_factory=dict)
     name: str = ""
     # Filled in by the registry: the file the template came from (for the key's digest).

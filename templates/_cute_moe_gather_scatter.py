@@ -37,7 +37,7 @@ class MoeRows:
         self.dtype = DTYPES[sig["dtype"]]
         self.vec, self.unroll = shared.vec(sig), config["unroll"]
         self.has_n = bool(sig["has_valid_count"])
-        self.aligned = bool(sig["aligned"])
+        self.vec_bytes = sig["vec_bytes"]
 
     def rows_to_do(self, valid_count, a):
         n = a
@@ -96,7 +96,7 @@ class MoeRows:
         return (a, chunks, 1), (threads, 1, 1)
 
     def fake_rows(self, m, d):
-        align = 16 if self.aligned else self.dtype.width // 8
+        align = self.vec_bytes
         return make_fake_compact_tensor(self.dtype, (m, d), stride_order=(1, 0), assumed_align=align)
 
 

@@ -61,13 +61,22 @@ def fake_vector(dtype, n, align_bytes: int = 4):
     return make_fake_compact_tensor(dtype, (n,), assumed_align=align_bytes)
 
 
-def fake_quantize_args(dtype, fp8_dtype, n_inputs: int, aligned: bool, elem_bytes: int):
+def row_alignment(sig):
+    """(elements every row length is a multiple of, bytes every row of the row dtype starts on)
+    for the signature's ``vec_bytes``: one vector of the narrowest access the rows admit."""
+    from mslk_dsl.templates._kernel_limits import vector_elems
+
+    return vector_elems(sig), sig["vec_bytes"]
+
+
+def fake_quantize_args(dtype, fp8_dtype, n_inputs: int, sig):
     """Stand-ins for ``(*inputs, scale_ub, xq, scale, stream)`` of the row-wise FP8 quantizers:
-    inputs and xq [M, K] (aligned: every row of both a multiple of 16 bytes, so K % 16 == 0),
-    scale_ub [1] and scale [M] fp32."""
-    m, k = dynamic_rows_cols(16 if aligned else 1)
-    inputs = [fake_rows(dtype, m, k, 16 if aligned else elem_bytes) for _ in range(n_inputs)]
-    return inputs + [fake_vector(cutlass.Float32, 1), fake_rows(fp8_dtype, m, k, 16 if aligned else 1),
+    inputs and xq [M, K] (K a multiple of the signature's vector, each row of the inputs and of
+    xq starting on one), scale_ub [1] and scale [M] fp32."""
+    v, align = row_alignment(sig)
+    m, k = dynamic_rows_cols(v)
+    inputs = [fake_rows(dtype, m, k, align) for _ in range(n_inputs)]
+    return inputs + [fake_vector(cutlass.Float32, 1), fake_rows(fp8_dtype, m, k, v),
                      fake_vector(cutlass.Float32, m), env_stream()]
 
 

@@ -387,7 +387,7 @@ def configs(tile_k_scale: int) -> tuple[dict, ...]:
                   "mfma": mfma, "stages": stages} for m, n, k, w, mfma, stages in _CONFIG_TABLE)
 
 
-def spills_sgprs(config, target) -> bool:
+def spills_sgprs(config, target, sig) -> bool:
     """The configs whose kernels spill: the 256-row tiles with 32-wide MFMA (256 x 128, and
     256 x 256 on gfx950) spill about 50 SGPRs, which LLVM keeps in VGPR lanes (v_writelane /
     v_readlane; their resource reports show no private memory), a few instructions per K tile."""

@@ -1,10 +1,12 @@
 """What the CuTe and FlyDSL gather/scatter templates share: signatures, config spaces, vector
 width, and the rule that picks the scatter method (plain Python: the registry runs heuristics
 without a DSL)."""
-from mslk_dsl.templates._kernel_limits import ELEM_BYTES, SCORE_DTYPES, VECTOR_BYTES
+from mslk_dsl.templates._kernel_limits import ELEM_BYTES, SCORE_DTYPES, VECTOR_WIDTHS, vector_elems, vector_signature
 
 DTYPES = tuple(ELEM_BYTES)
-SIGNATURES = {"dtype": DTYPES, "aligned": (True, False), "has_valid_count": (False, True)}
+SIGNATURES = {"dtype": DTYPES, "vec_bytes": VECTOR_WIDTHS, "has_valid_count": (False, True)}
+# Vector widths narrower than one element are no call's (fp32 rows: 16, 8, 4 bytes).
+signature_valid = vector_signature
 GATHER_SIGNATURES = {**SIGNATURES, "score_dtype": SCORE_DTYPES}
 UNROLLS = (1, 2, 4, 8)
 SCATTER_SPACE = {"unroll": UNROLLS, "method": ("atomic", "sorted")}
@@ -18,8 +20,9 @@ SORTED_MIN_BYTES = 32 << 20
 
 
 def vec(sig) -> int:
-    """Elements one access moves: 16 bytes on aligned rows, else one element."""
-    return VECTOR_BYTES // ELEM_BYTES[sig["dtype"]] if sig["aligned"] else 1
+    """Elements one access moves: the widest vector every row admits (16 or 4 bytes), else
+    one element."""
+    return vector_elems(sig)
 
 
 def scatter_method(sig, problem, min_bytes: int = SORTED_MIN_BYTES) -> str:

@@ -9,9 +9,43 @@ digest of every template that imports it covers it: changing a limit recompiles 
 # Bytes per element of the floating-point dtypes the memory-bound templates take, by torch name.
 ELEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
-# One 128-bit global access. A row is "aligned" (the signature part ``aligned``) when it starts
-# on a multiple of this and its length in bytes is one: then every access moves this many bytes.
+# One 128-bit global access: the widest a thread's load or store moves.
 VECTOR_BYTES = 16
+
+# -- row vector widths (the memory-bound templates) ----------------------------------------------
+# The signature part ``vec_bytes`` of a row-wise call: the widest of these accesses, in bytes of
+# the row's dtype, that every row of every tensor of the call admits. A width w (w / element-size
+# elements a vector) is admitted when each tensor starts on a multiple of its own w-element
+# vector and its rows are a whole number of them. 16 is a full 128-bit access; a row of an odd
+# number of 16-bit elements admits only its element size (one element per access). bf16 rows of
+# 4096 take 16, of 4100 or 4098 take 4, of 4097 take 2; fp32 rows of 1026 take 4 (one element).
+# There is no 8: rows that admit 8 bytes take 4-byte accesses, which keep as many bytes in
+# flight per thread (the kernels cut a tile into more accesses, see _rowwise_plan) and need no
+# second set of kernels.
+VECTOR_WIDTHS = (16, 4, 2)
+
+
+def contiguous_vector_bytes(row_elems: int, elem_bytes: int) -> int:
+    """``vec_bytes`` of contiguous rows of ``row_elems`` elements from a 16-byte aligned start (a
+    fresh tensor): the widest width of more than one element that each row is a whole number of
+    (then so are the rows of any other dtype of the same length), else one element."""
+    return next((w for w in VECTOR_WIDTHS if w > elem_bytes and row_elems * elem_bytes % w == 0), elem_bytes)
+
+
+def vector_signature(sig: dict) -> bool:
+    """A width no narrower than one element of the row's dtype (fp32 rows: 16 and 4)."""
+    return sig["vec_bytes"] >= ELEM_BYTES[sig["dtype"]]
+
+
+def vector_elems(sig: dict) -> int:
+    """Elements of the row's dtype in one access of the signature's width."""
+    return sig["vec_bytes"] // ELEM_BYTES[sig["dtype"]]
+
+
+def one_element(sig: dict) -> bool:
+    """Rows that admit only one element per access."""
+    return sig["vec_bytes"] == ELEM_BYTES[sig["dtype"]]
+
 
 # Streaming multiprocessors (sm90a) or compute units (gfx942, gfx950) of the part each target's
 # templates are sized for: the H100 / H200 SXM, the MI300X and the MI355X. The persistent GEMM
@@ -26,6 +60,11 @@ def mixed_weight_signature(sig: dict) -> bool:
     weight is the plain case, so that combination is no call's signature (the op layer never
     sets the flag there) and is not built."""
     return not (sig.get("fp32_weight") and sig.get("dtype") == "float32")
+
+
+def norm_signature(sig: dict) -> bool:
+    """The norms' signatures: a vector width of the dtype, the fp32-weight flag only beside 16-bit x."""
+    return vector_signature(sig) and mixed_weight_signature(sig)
 
 
 # -- grouped GEMMs -----------------------------------------------------------------------------

@@ -10,7 +10,10 @@ A config is ``{"threads", "rows_per_block", "vec", "chunks"}``, and for the FP8 
     32 threads lives inside one warp, a larger one spans whole warps);
   * a row is cut into vectors of ``vec`` elements, one global access each (128 bits when
     ``vec * element size == 16``); lane ``l`` of a row touches vectors ``l, l + tpr, ...`` so a
-    warp's accesses are contiguous;
+    warp's accesses are contiguous. A config names 128-bit vectors or single elements; rows that
+    admit only 4-byte accesses (the signature's ``vec_bytes``) run a 128-bit config with
+    each vector cut into 16 / vec_bytes accesses (``access_tile``): the same tile, the same
+    bytes per thread, more loads;
   * a tile is ``tpr * chunks`` vectors (``tile_k`` elements) of one row: what a thread group
     keeps in registers at once. Every load of a tile is issued before the first use, which is
     what keeps enough bytes in flight per SM;
@@ -22,10 +25,11 @@ A config is ``{"threads", "rows_per_block", "vec", "chunks"}``, and for the FP8 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from mslk_dsl.errors import ConfigError
-from mslk_dsl.templates._kernel_limits import ELEM_BYTES
+from mslk_dsl.templates._kernel_limits import ELEM_BYTES, VECTOR_BYTES, one_element, vector_signature
 
 FLOAT_DTYPES = tuple(ELEM_BYTES)
 
@@ -100,14 +104,14 @@ def clustered(configs, cluster: int) -> list[dict]:
 
 
 def valid(config: dict, sig: dict, arrays: int = 1) -> bool:
-    """Vector accesses need 16-byte aligned rows; aligned rows always use full 128-bit vectors
-    (vec * element size == 16); ``arrays`` inputs of one tile must fit the register budget."""
+    """Rows that admit only one element per access take the one-element configs, every other
+    row the 128-bit ones (cut into narrower accesses by ``access_tile`` where the rows need it);
+    ``arrays`` inputs of one tile must fit the register budget."""
+    if not vector_signature(sig):
+        return False
     tile = RowTile.of(config)
     elem = ELEM_BYTES[sig["dtype"]]
-    if sig["aligned"]:
-        if tile.vec * elem != 16:
-            return False
-    elif tile.vec != 1:
+    if tile.vec != (1 if one_element(sig) else VECTOR_BYTES // elem):
         return False
     tpr = tile.tpr
     if tile.threads % tile.rows_per_block or not 8 <= tpr <= 1024:
@@ -120,7 +124,33 @@ def valid(config: dict, sig: dict, arrays: int = 1) -> bool:
         return False
     if tile.l1 not in L1_POLICIES:
         return False
+    # Rows cut into 4-byte accesses take the default L1 policy only: the policies were timed on
+    # 128-bit vectors, and a second set of kernels for rare rows would not pay for itself.
+    if tile.l1 != L1_POLICIES[0] and not one_element(sig) and sig["vec_bytes"] != VECTOR_BYTES:
+        return False
     return arrays * tile.chunks * tile.vec * elem <= MAX_TILE_BYTES_PER_THREAD
+
+
+def access_tile(config: dict, sig: dict) -> RowTile:
+    """The tile a kernel runs for ``config`` on rows of ``sig``: the config's own, or, where the
+    rows admit only ``vec_bytes`` < 16 per access, each of its 128-bit vectors cut into
+    16 / vec_bytes narrower ones (``chunks`` times as many, the same elements per thread, the
+    same ``tile_k``)."""
+    tile = RowTile.of(config)
+    width = sig["vec_bytes"]
+    if one_element(sig) or width == VECTOR_BYTES:
+        return tile
+    cut = VECTOR_BYTES // width
+    return dataclasses.replace(tile, vec=tile.vec // cut, chunks=tile.chunks * cut)
+
+
+def cut_into_words(config: dict, sig: dict) -> bool:
+    """Whether the kernel of ``config`` on rows of ``sig`` runs its 128-bit vectors as several
+    4-byte accesses (``access_tile``). Those kernels hold the same data in registers but four
+    times the addresses and predicates; they get the config's register budget (its occupancy)
+    and may spill a few words, which stay in L1: rows that admit 4 bytes and not 16 are rare,
+    and a row of one-element accesses was the alternative."""
+    return access_tile(config, sig).chunks != RowTile.of(config).chunks
 
 
 def pick(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict:
@@ -166,9 +196,9 @@ def rules(configs: list[dict], arrays: int):
 
 
 def check(template: str, config: dict, sig: dict, arrays: int) -> RowTile:
-    """The config's tile; ConfigError (a ValueError), naming the template and the config, unless
-    ``valid``."""
+    """The tile the kernel runs (``access_tile``); ConfigError (a ValueError), naming the
+    template and the config, unless ``valid``."""
     if not valid(config, sig, arrays):
         raise ConfigError(f"{template}: config {dict(config)} does not serve signature {dict(sig)}: see "
                           f"_rowwise_plan.valid (vector width vs. alignment, threads per row, register budget)")
-    return RowTile.of(config)
+    return access_tile(config, sig)

@@ -2,12 +2,17 @@
 
 DSL-free on purpose: the registry evaluates validity and heuristics in processes that must not
 import a DSL. A config is ``threads`` per block, ``rows_per_block`` (each row gets
-threads / rows_per_block threads, whole waves of 64) and ``vec``, the elements one load moves.
+threads / rows_per_block threads, whole waves of 64) and ``vec``, the elements one load moves:
+at most the signature's ``vec_bytes`` (the widest access every row admits: 16 or 4 bytes, else
+one element).
 """
 from mslk_dsl.errors import ConfigError
-from mslk_dsl.templates._kernel_limits import ELEM_BYTES, ROWWISE_OCCUPANCY_FLOOR, VECTOR_BYTES
+from mslk_dsl.templates._kernel_limits import (ELEM_BYTES, ROWWISE_OCCUPANCY_FLOOR, VECTOR_WIDTHS, vector_elems,
+                                               vector_signature)
 
-SPACE = {"threads": (256, 512), "rows_per_block": (1, 4), "vec": (8, 4, 1)}
+SPACE = {"threads": (256, 512), "rows_per_block": (1, 4), "vec": (8, 4, 2, 1)}
+# The row signature part every FlyDSL row-wise template declares (see _kernel_limits).
+ROW_SIGNATURE = {"vec_bytes": VECTOR_WIDTHS}
 WAVE = 64
 # Register bytes of a row each thread keeps between the two passes of the FP8 row quantizers
 # (quantize_fp8_row, silu_mul_quant): rows up to about threads_per_row * this are read once.
@@ -15,10 +20,8 @@ QUANT_REGISTER_BYTES = 64
 
 
 def valid(config, target, sig) -> bool:
-    vec_bytes = config["vec"] * ELEM_BYTES[sig["dtype"]]
-    return (vec_bytes <= 16
-            # Unaligned rows (any K, any row start) only allow element-wise accesses.
-            and (sig["aligned"] or config["vec"] == 1)
+    # The widest vector the rows admit, or one element.
+    return (vector_signature(sig) and config["vec"] in (vector_elems(sig), 1)
             and config["threads"] % (config["rows_per_block"] * WAVE) == 0)
 
 
@@ -26,7 +29,7 @@ def check(template: str, config, sig) -> None:
     """Raise ConfigError (a ValueError), naming the template and the config, unless ``valid``."""
     if not valid(config, None, sig):
         raise ConfigError(f"{template}: config {dict(config)} does not serve signature {dict(sig)}: vectors "
-                          f"of at most 16 bytes (1 element on unaligned rows), whole waves of {WAVE} per row")
+                          f"of the rows' vec_bytes or one element, whole waves of {WAVE} per row")
 
 
 def quant_heuristic(target, sig, problem) -> dict:
@@ -38,14 +41,16 @@ def quant_template_rules() -> dict:
     """The Template arguments the FlyDSL FP8 row quantizers share: signatures (input dtype,
     16-byte aligned rows, whether scale_ub is read), config space, validity, heuristic and
     occupancy floor."""
-    return dict(signatures={"dtype": tuple(ELEM_BYTES), "aligned": (True, False), "has_scale_ub": (True, False)},
-                space=SPACE, valid=valid, heuristic=quant_heuristic, occupancy_floor=ROWWISE_OCCUPANCY_FLOOR)
+    return dict(signatures={"dtype": tuple(ELEM_BYTES), **ROW_SIGNATURE, "has_scale_ub": (True, False)},
+                signature_valid=vector_signature, space=SPACE, valid=valid, heuristic=quant_heuristic, occupancy_floor=ROWWISE_OCCUPANCY_FLOOR)
 
 
 def placeholder_cols(sig) -> int:
-    """The row length of a template's compile-time example tensors: aligned rows (64) or not (63).
-    Only a placeholder: the kernels take every size at run time."""
-    return 64 if sig["aligned"] else 63
+    """The row length of a template's compile-time example tensors: 64 for 16-byte rows, else
+    one vector short of it (62, 63 for 16-bit rows of 4- and 2-byte vectors). Only a
+    placeholder: the kernels take every size at run time."""
+    v = vector_elems(sig)
+    return 64 if sig["vec_bytes"] == VECTOR_WIDTHS[0] else 64 - v
 
 
 def row_blocks(rows: int, rows_per_block: int) -> int:
@@ -54,7 +59,7 @@ def row_blocks(rows: int, rows_per_block: int) -> int:
 
 
 def widest_vec(sig) -> int:
-    return VECTOR_BYTES // ELEM_BYTES[sig["dtype"]] if sig["aligned"] else 1
+    return vector_elems(sig)
 
 
 def vectors_per_thread(config, sig, register_bytes: int) -> int:

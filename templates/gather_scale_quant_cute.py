@@ -50,10 +50,10 @@ def _heuristic(target, sig, problem):
     return plan.pick_fitted(HEURISTIC_CONFIGS, sig, int(problem.get("D", 4096)), arrays=1)
 
 
-def _spills_at_64_registers(config, target) -> bool:
+def _spills_at_64_registers(config, target, sig) -> bool:
     """As quantize_fp8_row: a thread keeping 32 values of its row resident (vec 8 x 4 chunks)
     spills a few words to local memory (L1) at 64 registers; kept for the occupancy."""
-    return config["vec"] * config["chunks"] >= 32
+    return config["vec"] * config["chunks"] >= 32 or plan.cut_into_words(config, sig)
 
 
 def build(config, target, sig):
@@ -100,19 +100,20 @@ def build(config, target, sig):
         kernel(mX, mTok, mExp, mScore, mN, mUB, mQ, mS).launch(grid=grid, block=(tile.threads, 1, 1),
                                                                stream=stream, **rw.launch_hints(tile, REGS))
 
-    aligned = sig["aligned"]
+    v, align = rw.row_alignment(sig)
     t_rows, a_rows = cute.sym_int(), cute.sym_int()
-    d = cute.sym_int(divisibility=16 if aligned else 1)
+    d = cute.sym_int(divisibility=v)
     index = make_fake_compact_tensor(Int32, (a_rows,))
     scores = make_fake_tensor(score_t, (t_rows, cute.sym_int()), stride=(cute.sym_int(), cute.sym_int()))
-    args = [rw.fake_rows(dtype, t_rows, d, 16 if aligned else plan.ELEM_BYTES[sig["dtype"]]), index,
+    args = [rw.fake_rows(dtype, t_rows, d, align), index,
             make_fake_compact_tensor(Int32, (a_rows,)), scores, rw.fake_vector(Int32, 1),
-            rw.fake_vector(Float32, 1), rw.fake_rows(fp8_dtype, a_rows, d, 16 if aligned else 1),
+            rw.fake_vector(Float32, 1), rw.fake_rows(fp8_dtype, a_rows, d, v),
             rw.fake_vector(Float32, a_rows), rw.env_stream()]
     return gather_scale_quant, args
 
 
 TEMPLATE = Template(op="gather_scale_quant_dense_tokens", backend="cute", targets=("sm90a",),
-                    signatures={"dtype": DTYPES, "aligned": (True, False), "score_dtype": limits.SCORE_DTYPES},
+                    signatures={"dtype": DTYPES, "vec_bytes": limits.VECTOR_WIDTHS, "score_dtype": limits.SCORE_DTYPES},
+                    signature_valid=limits.vector_signature,
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build,
                     spills_allowed=_spills_at_64_registers, occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

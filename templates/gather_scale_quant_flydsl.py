@@ -75,6 +75,6 @@ def build(config, target, sig):
 
 TEMPLATE = Template(
     op="gather_scale_quant_dense_tokens", backend="flydsl", targets=("gfx942", "gfx950"),
-    signatures={"dtype": ("bfloat16", "float16"), "aligned": (True, False), "score_dtype": limits.SCORE_DTYPES},
-    space=space.SPACE, valid=space.valid, heuristic=_heuristic, build=build,
+    signatures={"dtype": ("bfloat16", "float16"), **space.ROW_SIGNATURE, "score_dtype": limits.SCORE_DTYPES},
+    signature_valid=limits.vector_signature, space=space.SPACE, valid=space.valid, heuristic=_heuristic, build=build,
     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

@@ -39,15 +39,15 @@ scatter_add_dense_tokens:
     dependent launch: each starts while its predecessor runs and waits (griddepcontrol.wait)
     before it reads anything, which hides the launch gaps of the chain.
     "atomic" (small problems, where the extra launches would cost more than they save):
-        atomic adds, like MSLK: 128-bit vector reductions (REDG.ADD.BF16x8 / F16x8 / F32x4) on
-        aligned rows, scalar atomics otherwise (a compare-and-swap loop for a lone bf16/fp16). A
-        token that receives several rows (top_k > 1) gets them in an unspecified order and, for
+        atomic adds, like MSLK: vector reductions as wide as the rows admit (REDG.ADD.BF16x8 /
+        F16x8 / F32x4 on 16-byte rows, BF16x2 / F16x2 on 4-byte ones), scalar atomics otherwise
+        (a compare-and-swap loop for a lone bf16/fp16). A token that receives several rows (top_k > 1) gets them in an unspecified order and, for
         bf16/fp16, each addition rounds to the output dtype (as MSLK); fp32 atomic adds flush
         subnormals (hardware semantics, as CUDA's atomicAdd).
 
 Gather: token indices must lie in [0, T) for rows below n (not checked on the device, as MSLK). Sizes T,
-A, D, E are dynamic. ``sig["aligned"]``: every row starts 16-byte aligned and D * itemsize is a
-multiple of 16; then one access moves 16 bytes, else one element.
+A, D, E are dynamic. ``sig["vec_bytes"]``: every row starts on a multiple of it and D * itemsize
+is one; then one access moves that many bytes (16 or 4), else one element.
 
 Work split, gather: block (i, c) handles row i, vectors [c * chunk, (c + 1) * chunk) with
 chunk = threads * unroll vectors. The block size is chosen at launch from D
@@ -118,9 +118,10 @@ def _build_scatter(config, target, sig):
 
 TEMPLATES = [
     Template(op="gather_scale_dense_tokens", backend="cute", targets=("sm90a",),
-             signatures=shared.GATHER_SIGNATURES, space={"unroll": shared.UNROLLS},
+             signatures=shared.GATHER_SIGNATURES, signature_valid=shared.signature_valid, space={"unroll": shared.UNROLLS},
              heuristic=_heuristic, build=_build_gather, occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR),
     Template(op="scatter_add_dense_tokens", backend="cute", targets=("sm90a",), signatures=shared.SIGNATURES,
+             signature_valid=shared.signature_valid,
              space=shared.CUTE_SCATTER_SPACE, valid=shared.scatter_valid, heuristic=_scatter_heuristic,
              build=_build_scatter,
              occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR,

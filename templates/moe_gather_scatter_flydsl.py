@@ -93,9 +93,10 @@ def _build_scatter(config, target, sig):
 
 TEMPLATES = [
     Template(op="gather_scale_dense_tokens", backend="flydsl", targets=TARGETS,
-             signatures=shared.GATHER_SIGNATURES, space={"unroll": shared.UNROLLS},
+             signatures=shared.GATHER_SIGNATURES, signature_valid=shared.signature_valid, space={"unroll": shared.UNROLLS},
              heuristic=_heuristic, build=_build_gather, occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR),
     Template(op="scatter_add_dense_tokens", backend="flydsl", targets=TARGETS, signatures=shared.SIGNATURES,
+             signature_valid=shared.signature_valid,
              space=shared.SCATTER_SPACE, heuristic=_scatter_heuristic, build=_build_scatter,
     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR),
 ]

@@ -22,12 +22,12 @@ DTYPES = ("bfloat16", "float16", "float32")
 REGS, REGS_LONG = 64, 80
 
 
-def _spills_at_64_registers(config, target) -> bool:
+def _spills_at_64_registers(config, target, sig) -> bool:
     """A thread keeping 32 values of its row resident (vec 8 x 4 chunks) spills 40-56 bytes to
     local memory at 64 registers (resource reports). Kept: that local memory stays in L1, and on
     the H200 80 registers (no spill, 3 CTAs per SM) ran as fast or slower at every size timed, 67.6 against
     101% of copy at 3000 x 14336 and 72 against 86% at 65536 x 5120 (docs/benchmarks.md)."""
-    return config["vec"] * config["chunks"] >= 32
+    return config["vec"] * config["chunks"] >= 32 or plan.cut_into_words(config, sig)
 
 
 # (threads, rows_per_block, chunks): resident row length tile_k = threads/rows * vec * chunks;
@@ -81,13 +81,14 @@ def build(config, target, sig):
     @cute.jit
     def quantize_fp8_row(mX: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, stream):
         kernel(mX, mUB, mQ, mS).launch(**rw.row_launch(tile, mX.shape[0]), stream=stream,
-                                       **rw.launch_hints(tile, REGS if tile.chunks <= 4 else REGS_LONG))
+                                       **rw.launch_hints(tile, REGS if config["chunks"] <= 4 else REGS_LONG))
 
-    args = rw.fake_quantize_args(dtype, fp8_dtype, 1, sig["aligned"], plan.ELEM_BYTES[sig["dtype"]])
+    args = rw.fake_quantize_args(dtype, fp8_dtype, 1, sig)
     return quantize_fp8_row, args
 
 
 TEMPLATE = Template(op="quantize_fp8_row", backend="cute", targets=("sm90a", "sm100a"),
-                    signatures={"dtype": DTYPES, "aligned": (True, False), "has_scale_ub": (True, False)},
+                    signatures={"dtype": DTYPES, "vec_bytes": limits.VECTOR_WIDTHS, "has_scale_ub": (True, False)},
+                    signature_valid=limits.vector_signature,
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build,
                     spills_allowed=_spills_at_64_registers, occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

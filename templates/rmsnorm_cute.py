@@ -12,7 +12,7 @@ math; eps: a Python float. M and N are dynamic: one artifact serves every shape.
 
 A CTA owns ``rows_per_block`` rows, each handled by ``threads / rows_per_block`` threads (see
 ``_rowwise_plan``). A thread issues all loads of its part of the row's first tile (``chunks``
-vectors, 128-bit on aligned rows) at once, and keeps that part in registers, packed, from the
+vectors, as wide as the rows admit) at once, and keeps that part in registers, packed, from the
 sum of squares to the normalize pass: a row of up to ``tile_k`` elements crosses DRAM once
 (read x [+ residual], write y [+ new_residual]). Rows past 16K elements (8K fp32) are split
 over a thread-block cluster of 2-16 CTAs, each holding its share of the row the same way; the
@@ -23,8 +23,8 @@ forced) has the rest of each CTA's share streamed a vector at a time and read ag
 usually) for the normalize pass; the heuristic picks the smallest tile that covers the row.
 
 An fp32 weight with 16-bit x is read as two 128-bit vectors per vector of x. The weight under
-the first tile is loaded ahead of pass 2 (cp.async into shared memory on aligned rows, registers
-otherwise; see ``weight_mode``), so pass 2 computes the tile and stores it with no load between
+the first tile is loaded ahead of pass 2 (cp.async into shared memory on vector rows, registers
+for one element per access; see ``weight_mode``), so pass 2 computes the tile and stores it with no load between
 its stores: read there, each weight vector was a round trip after the store before it.
 """
 import functools
@@ -55,8 +55,10 @@ CONFIGS = tuple(
     + plan.clustered(plan.expand(vector_shapes=[(512, 1, 8)], scalar_shapes=[]), 8)
     + plan.expand(vector_shapes=[(1024, 1, 4)], scalar_shapes=[])
     + [c for n in (2, 4) for c in plan.clustered(plan.expand(vector_shapes=[], scalar_shapes=[(512, 1, 32)]), n)])
-# Registers per thread for the 1024-thread CTAs (the most a CTA of 1024 threads may use).
+# Registers per thread for the 1024-thread CTAs (the most a CTA of 1024 threads may use), and
+# for tiles cut into 4-byte accesses (512 threads per SM: the occupancy floor).
 LONG_ROW_REGS = 64
+NARROW_REGS = 128
 
 # Register tiles a thread holds at once (rmsnorm_add: x and residual while they load), for the
 # register budget of _rowwise_plan.valid.
@@ -83,7 +85,7 @@ SMS = limits.MULTIPROCESSORS["sm90a"]  # fewer single-CTA rows than this leave S
 def _heuristic(target, sig, problem, residual: bool = False):
     n = problem["N"]
     configs = list(CONFIGS)
-    if not sig["aligned"]:
+    if limits.one_element(sig):
         scalar = [c for c in configs if c["vec"] == 1]
         single = max(plan.RowTile.of(c).row_k for c in scalar if "cluster" not in c)
         clusters = [plan.RowTile.of(c).row_k for c in scalar if "cluster" in c]
@@ -105,23 +107,23 @@ def _build(config, target, sig, residual):
     from mslk_dsl.templates import _cute_reduce as red
     from mslk_dsl.templates import _cute_rowwise as rw
 
-    tile = plan.RowTile.of(config)
+    tile = plan.access_tile(config, sig)
     tpr, vec, chunks = tile.tpr, tile.vec, tile.chunks
     dtype = rw.dsl_dtype(sig["dtype"])
     wdtype = Float32 if sig.get("fp32_weight") else dtype
-    # The weight under a vector of x, in ``wparts`` accesses of ``wvec`` elements (128-bit on
-    # aligned rows: two for an fp32 weight under 8 bf16 / fp16 values).
-    wvec = min(vec, 16 // (wdtype.width // 8)) if sig["aligned"] else vec
+    # The weight under a vector of x, in ``wparts`` accesses of ``wvec`` elements (at most 16
+    # bytes: two for an fp32 weight under 8 bf16 / fp16 values).
+    wvec = min(vec, 16 // (wdtype.width // 8))
     wparts = vec // wvec
 
     # Where the weight under the row's first tile waits for pass 2 (see the kernel):
-    #  "smem":      aligned rows: cp.async at the start into shared memory, a slot per thread;
+    #  "smem":      vector rows: cp.async at the start into shared memory, a slot per thread;
     #               no registers held, so the kernel keeps the occupancy of x alone (a 1024-
     #               thread CTA takes 64 KB, 128 KB for an fp32 weight: still one CTA per SM);
-    #  "registers": unaligned rows (cp.async moves 4-16 bytes, not one 16-bit element): loaded
-    #               before the row reduction into registers of its own (their configs have at
-    #               most 512 threads, with no register cap).
-    weight_mode = "smem" if sig["aligned"] else "registers"
+    #  "registers": one element per access (cp.async moves 4-16 bytes, not one 16-bit element):
+    #               loaded before the row reduction into registers of its own (their configs
+    #               have at most 512 threads, with no register cap).
+    weight_mode = "registers" if limits.one_element(sig) else "smem"
 
     def load_weight(vW, wraw, col, j):
         """Issue the loads of the weight under vector j of x into columns col * wparts.. of wraw."""
@@ -193,7 +195,7 @@ def _build(config, target, sig, residual):
                                                                stride=(1, wvec, wvec * tile.threads)),
                                       byte_alignment=16)
             w_async = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.ALWAYS), wdtype,
-                                          num_bits_per_copy=128)
+                                          num_bits_per_copy=wvec * wdtype.width)
             for i in cutlass.range_constexpr(chunks):
                 jw = first + i * tpr
                 if jw < nvec:
@@ -216,7 +218,7 @@ def _build(config, target, sig, residual):
                 rw.copy_vectors(a, vRO, j, tpr, nvec, load=False)
             ss = ss + red.sum_squares(a)
 
-        # Unaligned rows: the first tile's weight, issued now: its loads overlap the row
+        # One element per access: the first tile's weight, issued now: its loads overlap the row
         # reduction. Loaded in pass 2 instead, a vector at a time between the stores of y, each
         # load waited for the store before it (the compiler cannot tell y from the weight): one
         # round trip per vector, which is what a short call (few rows, a cold L2) is made of.
@@ -254,8 +256,15 @@ def _build(config, target, sig, residual):
             a.store((a.load().to(Float32) * rstd * weight_values(wraw, wf, 0)).to(dtype))
             rw.copy_vectors(a, vY, j, tpr, nvec, load=False)
 
-    # A 1024-thread CTA must fit the SM's register file: cap ptxas at LONG_ROW_REGS.
-    hints = rw.launch_hints(tile, LONG_ROW_REGS) if tile.threads > 512 else {}
+    # A 1024-thread CTA must fit the SM's register file: cap ptxas at LONG_ROW_REGS. A tile cut
+    # into 4-byte accesses holds 4 times the addresses and predicates: capped at NARROW_REGS,
+    # which keeps the occupancy floor (512 threads per SM), where ptxas would take more.
+    if tile.threads > 512:
+        hints = rw.launch_hints(tile, LONG_ROW_REGS)
+    elif plan.cut_into_words(config, sig):
+        hints = rw.launch_hints(tile, NARROW_REGS)
+    else:
+        hints = {}
 
     def launch(mX, mR, mW, mY, mRO, eps, stream):
         kernel(mX, mR, mW, mY, mRO, eps).launch(**rw.row_launch(tile, mX.shape[0]), stream=stream, **hints)
@@ -269,19 +278,18 @@ def _build(config, target, sig, residual):
                     mRO: cute.Tensor, eps: Float32, stream):
         launch(mX, mR, mW, mY, mRO, eps, stream)
 
-    # Aligned rows: N is a multiple of 8 elements and every row starts 16-byte aligned.
-    elem = plan.ELEM_BYTES[sig["dtype"]]
-    align = 16 if sig["aligned"] else elem
-    m, n = rw.dynamic_rows_cols(16 // elem if sig["aligned"] else 1)
+    # N a multiple of the signature's vector (v elements), every row and the weight starting on one.
+    v, align = rw.row_alignment(sig)
+    m, n = rw.dynamic_rows_cols(v)
     rows = [rw.fake_rows(dtype, m, n, align) for _ in range(4)]
-    weight = rw.fake_vector(wdtype, n, 16 if sig["aligned"] else wdtype.width // 8)
+    weight = rw.fake_vector(wdtype, n, v * wdtype.width // 8)
     tail = [Float32(1e-6), rw.env_stream()]
     if residual:
         return rmsnorm_add, [rows[0], rows[1], weight, rows[2], rows[3], *tail]
     return rmsnorm, [rows[0], weight, rows[2], *tail]
 
 
-def _spilling_configs(config, target, residual: bool = False) -> bool:
+def _spilling_configs(config, target, sig, residual: bool = False) -> bool:
     """The configs whose kernels use local memory (resource reports):
     - one element per access over 32 chunks (the unaligned path for rows of up to 16K elements)
       keeps 8-24 bytes per thread in local memory; rows that are not 16-byte aligned are rare and
@@ -292,17 +300,19 @@ def _spilling_configs(config, target, residual: bool = False) -> bool:
       rows; the spill is a few stores per row, not measured against a spill-free plan yet;
     - rmsnorm_add in a 1024-thread CTA (a config the heuristic no longer takes: the clusters
       hold long rows): x and the residual of the tile in flight at once under the 64-register
-      cap spill 16-32 bytes per thread of 16-bit rows."""
+      cap spill 16-32 bytes per thread of 16-bit rows;
+    - tiles cut into 4-byte accesses (``plan.cut_into_words``): up to 32 bytes per thread of the
+      fused add or of the 1024-thread CTAs."""
     values = config["vec"] * config["chunks"]
     long_fp32 = config["vec"] == 4 and values >= (16 if config["threads"] > 512 else 32)
     long_add = residual and config["threads"] > 512
-    return (config["vec"] == 1 and config["chunks"] >= 32) or long_fp32 or long_add
+    return (config["vec"] == 1 and config["chunks"] >= 32) or long_fp32 or long_add or plan.cut_into_words(config, sig)
 
 
 def _template(op, residual):
     return Template(op=op, backend="cute", targets=("sm90a",),
-                    signatures={"dtype": DTYPES, "aligned": (True, False), "fp32_weight": (False, True)},
-                    signature_valid=limits.mixed_weight_signature,
+                    signatures={"dtype": DTYPES, "vec_bytes": limits.VECTOR_WIDTHS, "fp32_weight": (False, True)},
+                    signature_valid=limits.norm_signature,
                     configs=CONFIGS, valid=_valid, heuristic=functools.partial(_heuristic, residual=residual),
                     build=functools.partial(_build, residual=residual),
                     spills_allowed=functools.partial(_spilling_configs, residual=residual),

@@ -16,7 +16,8 @@ chunks of ``group * vec * tiles`` elements, each thread holding ``tiles`` vector
 elements. The last chunk stays in registers across the reduction; earlier chunks (rows longer
 than one chunk) are read again afterwards, so every config is correct for every N, while the
 heuristic picks one whose chunk covers N (x is read once). ``vec`` 8 (16-bit dtypes) and 4
-(fp32) are 16-byte accesses and need aligned rows; ``vec`` 1 serves any N. Rows past 16K elements
+(fp32) are 16-byte accesses; rows that admit only 4-byte ones (the signature's
+``vec_bytes``) run the same chunk in narrower accesses; ``vec`` 1 serves any N. Rows past 16K elements
 take a 16K-element chunk (512 threads for aligned 16-bit rows, the fewest that hold it; 1024 for
 fp32 and unaligned rows): the re-read of the earlier chunks then mostly hits L2 / MALL. Every
 chunk issues all its loads before its first store: a store in between would make each load wait
@@ -61,15 +62,28 @@ def _wide(sig) -> int:
 
 
 def _valid(config, target, sig):
-    # Single elements serve any row; 16-byte vectors need aligned rows.
-    return target in TARGETS and (config["vec"] == 1 or (sig["aligned"] and config["vec"] == _wide(sig)))
+    # Single elements serve any row; 16-byte vectors any row that admits a vector (cut into
+    # 4-byte accesses where the rows need it: see _access).
+    return (target in TARGETS and limits.vector_signature(sig)
+            and (config["vec"] == 1 or (not limits.one_element(sig) and config["vec"] == _wide(sig))))
+
+
+def _access(config, sig) -> tuple[int, int]:
+    """(elements per access, vectors per thread per chunk) the kernel runs: the config's, or, on
+    rows that admit only 4-byte accesses, each 16-byte vector cut into that many narrower
+    ones (the same chunk of the row, more accesses)."""
+    vec, tiles = config["vec"], config["tiles"]
+    narrow = limits.vector_elems(sig)
+    if vec > narrow:
+        return narrow, tiles * (vec // narrow)
+    return vec, tiles
 
 
 def _heuristic(target, sig, problem):
     # The smallest chunk that holds the whole row (one read of x, fewest idle lanes), then the
     # fewest threads; rows longer than every chunk take the largest.
     n = int(problem.get("N", 4096))
-    fits = [c for c in CONFIGS if c["vec"] == (_wide(sig) if sig["aligned"] else 1)]
+    fits = [c for c in CONFIGS if c["vec"] == (1 if limits.one_element(sig) else _wide(sig))]
     covering = [c for c in fits if chunk(c) >= n]
     if covering:
         return dict(min(covering, key=lambda c: (chunk(c), c["threads"])))
@@ -87,12 +101,13 @@ def _make_launcher(config, sig, fused_add: bool):
     from mslk_dsl.templates import _flydsl_rowwise as rw
 
     # Plain scalars: FlyDSL keys its cache on the closure's scalar values.
-    THREADS, ROWS, VEC, TILES = config["threads"], config["rows"], config["vec"], config["tiles"]
+    THREADS, ROWS = config["threads"], config["rows"]
+    VEC, TILES = _access(config, sig)
     FUSED = bool(fused_add)
     DTYPE = sig["dtype"]
     W32 = bool(sig.get("fp32_weight"))
-    # The weight under a vector of x: WPARTS accesses of WVEC elements (16 bytes when aligned).
-    WVEC = min(VEC, 4) if W32 and sig["aligned"] else VEC
+    # The weight under a vector of x: WPARTS accesses of WVEC elements (at most 16 bytes).
+    WVEC = min(VEC, 4) if W32 else VEC
     WPARTS = VEC // WVEC
     GROUP = THREADS // ROWS           # threads per row
     CHUNK_V = GROUP * TILES           # vectors per chunk of a row
@@ -197,7 +212,8 @@ def _placeholders(sig, fused_add: bool):
     import torch
 
     dtype = getattr(torch, sig["dtype"])
-    m, n = 3, (4096 if sig["aligned"] else 4097)
+    v = limits.vector_elems(sig)   # N one vector past a 16-byte multiple unless the rows take 16 bytes
+    m, n = 3, (4096 if v == _wide(sig) else 4096 + v)
     x = torch.zeros(m, n, dtype=dtype)
     w = torch.zeros(n, dtype=torch.float32 if sig.get("fp32_weight") else dtype)
     if fused_add:
@@ -213,8 +229,8 @@ def _builder(fused_add: bool):
 
 def _template(op: str, fused_add: bool) -> Template:
     return Template(op=op, backend="flydsl", targets=TARGETS,
-                    signatures={"dtype": DTYPES, "aligned": (True, False), "fp32_weight": (False, True)},
-                    signature_valid=limits.mixed_weight_signature,
+                    signatures={"dtype": DTYPES, "vec_bytes": limits.VECTOR_WIDTHS, "fp32_weight": (False, True)},
+                    signature_valid=limits.norm_signature,
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=_builder(fused_add),
                     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR,
                     instructions={"isa": [r"v_rsq_f32"]})

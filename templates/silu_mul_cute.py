@@ -6,7 +6,7 @@ passes 2^31 - 1 without one).
 
 A CTA owns ``rows_per_block`` rows x one tile of ``tile_k`` columns; grid = (row groups, column
 tiles), the column tiles looping when a row has more than 65535 of them. Each thread issues all
-its 2 * ``chunks`` vector loads (128-bit on aligned rows) before computing, then stores.
+its 2 * ``chunks`` vector loads (as wide as the rows admit: 16, 8 or 4 bytes, else one element) before computing, then stores.
 """
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
@@ -59,23 +59,23 @@ def build(config, target, sig):
         col_tiles = cute.ceil_div(mX0.shape[1], tile.tile_k)
         grid = (cute.ceil_div(mX0.shape[0], tile.rows_per_block), min(col_tiles, MAX_GRID_Y), 1)
         kernel(mX0, mX1, mO, mCount).launch(grid=grid, block=(tile.threads, 1, 1), stream=stream,
-                                    **rw.launch_hints(tile, REGS if tile.chunks <= 4 else REGS_LONG))
+                                    **rw.launch_hints(tile, REGS if config["chunks"] <= 4 else REGS_LONG))
 
-    elem = plan.ELEM_BYTES[sig["dtype"]]
-    align = 16 if sig["aligned"] else elem
-    m, k = rw.dynamic_rows_cols(16 // elem if sig["aligned"] else 1)
+    v, align = rw.row_alignment(sig)
+    m, k = rw.dynamic_rows_cols(v)
     args = [rw.fake_rows(dtype, m, k, align) for _ in range(3)] + [rw.fake_count(), rw.env_stream()]
     return silu_mul, args
 
 
-def _spills_at_7_chunks(config, target) -> bool:
+def _spills_at_7_chunks(config, target, sig) -> bool:
     """Two inputs of 7 chunks spill 16 bytes per thread at 80 registers on sm100a, and for fp16
     on sm90a (resource reports; bf16 on sm90a, the one timed, does not). Kept: a few stores per
     thread that stay in L1, against a CTA per SM fewer at the next register step (96)."""
-    return config["chunks"] > 4
+    return config["chunks"] > 4 or plan.cut_into_words(config, sig)
 
 
 TEMPLATE = Template(op="silu_mul", backend="cute", targets=("sm90a", "sm100a"),
-                    signatures={"dtype": DTYPES, "aligned": (True, False)},
+                    signatures={"dtype": DTYPES, "vec_bytes": limits.VECTOR_WIDTHS},
+                    signature_valid=limits.vector_signature,
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build,
                     spills_allowed=_spills_at_7_chunks, occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

@@ -62,6 +62,6 @@ def build(config, target, sig):
 
 TEMPLATE = Template(
     op="silu_mul", backend="flydsl", targets=("gfx942", "gfx950"),
-    signatures={"dtype": tuple(space.ELEM_BYTES), "aligned": (True, False)},
-    space=space.SPACE, valid=space.valid, heuristic=_heuristic, build=build,
+    signatures={"dtype": tuple(space.ELEM_BYTES), **space.ROW_SIGNATURE},
+    signature_valid=limits.vector_signature, space=space.SPACE, valid=space.valid, heuristic=_heuristic, build=build,
     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

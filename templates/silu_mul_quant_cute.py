@@ -67,7 +67,7 @@ def _heuristic(target, sig, problem):
 
 
 def _registers(config, tile) -> int:
-    return config.get("regs", REGS if tile.chunks <= 4 else REGS_LONG)
+    return config.get("regs", REGS if config["chunks"] <= 4 else REGS_LONG)
 
 
 def build(config, target, sig):
@@ -92,20 +92,22 @@ def build(config, target, sig):
         kernel(mX0, mX1, mUB, mQ, mS, mCount).launch(**rw.row_launch(tile, mX0.shape[0]), stream=stream,
                                                      **rw.launch_hints(tile, _registers(config, tile)))
 
-    args = rw.fake_quantize_args(dtype, fp8_dtype, 2, sig["aligned"], plan.ELEM_BYTES[sig["dtype"]])
+    args = rw.fake_quantize_args(dtype, fp8_dtype, 2, sig)
     return silu_mul_quant, args[:-1] + [rw.fake_count(), args[-1]]
 
 
-def _spills_on_sm100a(config, target) -> bool:
+def _spills_on_sm100a(config, target, sig) -> bool:
     """sm100a's ptxas spills 8 bytes per thread at 80 registers when a thread keeps 32 values of
     its row resident (vec 8 x 4 chunks; resource reports); sm90a does not, except in CTAs of 160
     threads (5 per SM at 80 registers: 72 and 8 bytes of local memory, which stays in L1) and the
     224-thread CTAs capped at 72 registers (8 bytes)."""
     resident = config["vec"] * config["chunks"] >= 32
-    return resident and (target == "sm100a" or config["threads"] == 160 or "regs" in config)
+    return (resident and (target == "sm100a" or config["threads"] == 160 or "regs" in config)) or \
+        plan.cut_into_words(config, sig)
 
 
 TEMPLATE = Template(op="silu_mul_quant", backend="cute", targets=("sm90a", "sm100a"),
-                    signatures={"dtype": DTYPES, "aligned": (True, False), "has_scale_ub": (True, False)},
+                    signatures={"dtype": DTYPES, "vec_bytes": limits.VECTOR_WIDTHS, "has_scale_ub": (True, False)},
+                    signature_valid=limits.vector_signature,
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build,
                     spills_allowed=_spills_on_sm100a, occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

@@ -39,8 +39,10 @@ from mslk_dsl.template import config_name
 # What each kernel's code must contain is declared by its template (Template.instructions:
 # "ptx", "sass" for sm90a; "isa" for gfx942, kept with MSLK_DSL_KEEP_ISA=1).
 
-# 16-byte vector accesses, for configs that move 16 bytes per access on aligned rows.
+# 16-byte vector accesses, for configs that move 16 bytes per access on 16-byte rows; 4-byte
+# ones (two 16-bit elements) where the rows admit only those.
 PTX_VECTOR = r"(ld|st)\.global(\.[\w:]+)*\.v4\.(b32|u32|f32)"
+PTX_WORD = r"ld\.global(\.[\w:]+)*\.(b32|u32)\s"
 ISA_VECTOR = r"(global|buffer)_(load|store)_dwordx4"
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 DEFAULT_PROBLEM = {"M": 4096, "N": 4096, "K": 4096, "T": 4096}
@@ -211,7 +213,15 @@ def _fresh_process_compiles_nothing(backend, out, built, env=None):
 def _moves_16_bytes(key: dict) -> bool:
     sig, config = key["signature"], key["config"]
     esize = ELEMENT_BYTES.get(sig.get("dtype"), 0)
-    return sig.get("aligned") is True and "vec" in config and config["vec"] * esize == 16
+    return sig.get("vec_bytes") == 16 and "vec" in config and config["vec"] * esize == 16
+
+
+def _moves_4_bytes_of_16_bit(key: dict) -> bool:
+    """A 16-bit row-wise kernel whose rows admit 4-byte accesses, on a config of vectors (cut
+    into pairs of elements), not of one element."""
+    sig, config = key["signature"], key["config"]
+    return (sig.get("vec_bytes") == 4 and ELEMENT_BYTES.get(sig.get("dtype")) == 2
+            and config.get("vec", 1) > 1)
 
 
 def _patterns(key: dict, kind: str, vector_pattern: str = "") -> list[str]:
@@ -233,6 +243,8 @@ def test_cute_template_compiles(cute_case, cute_built):
     if key["target"] == "sm90a":
         for pattern in _patterns(key, "ptx", PTX_VECTOR):
             assert re.search(pattern, ptx), f"{cute_case.id}: no {pattern} in the PTX"
+        if _moves_4_bytes_of_16_bit(key):
+            assert re.search(PTX_WORD, ptx), f"{cute_case.id}: no 4-byte load in the PTX"
     if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") in ("sorted", "linked"):
         # The sorted scatter counts with integer atomics, the linked one links rows with atomic
         # exchanges; both add the data without atomics.
@@ -341,5 +353,5 @@ def _check_sorted_scatter_isa(key, isa):
     # sc0 (glc before gfx940) on an atomic: it returns the old value (the row's position).
     assert re.search(r"\b(global|buffer)_atomic_add(_u32)?\s+v\d+,[^\n]*\b(sc0|glc)\b", count[0]), what
     assert not re.search(r"_atomic_(pk_)?add_(f16|bf16|f32|f64)|_atomic_cmpswap", isa), what
-    if key["signature"]["aligned"]:
+    if key["signature"]["vec_bytes"] == 16:
         assert re.search(r"\b(global|buffer)_load_dwordx4\b", reduce[0]), what

@@ -99,7 +99,7 @@ BAD_CALLS = [
                                                      torch.zeros(16, 12, dtype=torch.bfloat16)),
      InputError, ValueError),
     ("unknown config to a template", lambda: _silu_mul_template().check_config(
-        {"no_such_part": 1}, "sm90a", {"dtype": "bf16", "aligned": True}), ConfigError, ValueError),
+        {"no_such_part": 1}, "sm90a", {"dtype": "bf16", "vec_bytes": 16}), ConfigError, ValueError),
     ("unknown template name", lambda: registry.get_template("no_such_template"), MslkDslError, KeyError),
     ("CPU tensors", lambda: ops.silu_mul(torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(4, 8, dtype=torch.bfloat16)),
      MslkDslError, NotImplementedError),

@@ -14,8 +14,8 @@ from mslk_dsl import registry
 from mslk_dsl.targets import get_target
 
 # One kernel with tensors and a stream, one with a float scalar too; default configs only.
-KERNELS = {"silu_mul_flydsl": {"dtype": "bfloat16", "aligned": True},
-           "rmsnorm_flydsl.rmsnorm": {"dtype": "bfloat16", "aligned": False}}
+KERNELS = {"silu_mul_flydsl": {"dtype": "bfloat16", "vec_bytes": 16},
+           "rmsnorm_flydsl.rmsnorm": {"dtype": "bfloat16", "vec_bytes": 2}}
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,16 @@ def test_repeat_call_runs_the_plan(launcher):
                   (x, y), (x, y, 2.0, 1.0), (x, y, "2.0")]:
         assert fast(*other) is native.MISS, other
     unaligned = torch.randn(3 * 4 * 8 + 1)[1:].view(3, 4, 8)
-    assert fast(unaligned, y, 2.0) is native.MISS     # 16-byte alignment is part of the layout
+    assert fast(unaligned, y, 2.0) is native.MISS     # the address modulo 16 is part of the layout
+    # A plan made at one misaligned address does not serve another: rows 8 bytes past a 16-byte
+    # boundary admit 8-byte accesses, rows 4 bytes past it only 4-byte ones.
+    base = torch.randn(3 * 4 * 8 + 2)
+    at8, at4 = base[2:].view(3, 4, 8), base[1:-1].view(3, 4, 8)
+    assert fast(at8, y, 2.0) is native.MISS
+    args8 = (at8.view(12, 8), y.view(12, 8), held, out.view(12, 8), 2.0)
+    assert native.remember("test_scale_add", (at8, y, 2.0), (out,), args8, (0,), kernel, held=(held,))
+    assert fast(at8, y, 2.0) is not native.MISS
+    assert fast(at4, y, 2.0) is native.MISS
 
     class Sub(torch.Tensor):
         pass

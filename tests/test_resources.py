@@ -18,6 +18,7 @@ from mslk_dsl import aot, binaries, jit, registry, resources
 from mslk_dsl.cache import KernelCache
 from mslk_dsl.keys import KernelKey
 from mslk_dsl.targets import get_target
+from mslk_dsl.templates import _rowwise_plan as plan
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESOURCE_TEMPLATES = os.path.join(HERE, "fixtures", "resource_templates")
@@ -201,7 +202,7 @@ def test_silu_mul_quant_224_threads_at_72_registers_fit_one_more_cta(tmp_path, c
     assert config in template.all_configs()
     assert {c["threads"] for c in template.all_configs() if "regs" in c} == {224}
     blocks = 4
-    sig = {"dtype": "bfloat16", "aligned": True, "has_scale_ub": False}
+    sig = {"dtype": "bfloat16", "vec_bytes": 16, "has_scale_ub": False}
     job = aot.Job(KernelKey.make(template, config, "sm90a", sig), template.name)
     report = aot.build([job], str(tmp_path), workers=1, progress=False)
     assert report.ok, report.failed
@@ -226,39 +227,42 @@ def _sm90a_sass(tmp_path, template, config, sig) -> str:
 # -- rmsnorm: the weight's loads before the row reduction ---------------------------------------
 @pytest.mark.parametrize("op", ["rmsnorm", "rmsnorm_add"])
 @pytest.mark.parametrize("fp32_weight", [False, True])
-@pytest.mark.parametrize("aligned,config", [
-    (True, {"threads": 128, "rows_per_block": 1, "vec": 8, "chunks": 8}),      # weight via shared memory
-    (False, {"threads": 256, "rows_per_block": 1, "vec": 1, "chunks": 16}),    # weight in registers
+@pytest.mark.parametrize("vec_bytes,config", [
+    (16, {"threads": 128, "rows_per_block": 1, "vec": 8, "chunks": 8}),     # weight via shared memory
+    (4, {"threads": 128, "rows_per_block": 1, "vec": 8, "chunks": 8}),      # the same, in 4-byte accesses
+    (2, {"threads": 256, "rows_per_block": 1, "vec": 1, "chunks": 16}),     # weight in registers
 ])
-def test_rmsnorm_weight_loads_are_issued_before_the_reduction_barrier(tmp_path, op, fp32_weight, aligned, config):
+def test_rmsnorm_weight_loads_are_issued_before_the_reduction_barrier(tmp_path, op, fp32_weight, vec_bytes, config):
     """In the SASS of a one-tile rmsnorm kernel, every load of the tile (x [and the residual], and
-    the weight: cp.async into shared memory on aligned rows, into registers otherwise) is issued
+    the weight: cp.async into shared memory on vector rows, into registers otherwise) is issued
     before the row reduction's barrier, and no global load sits between that barrier and the
     first store after it. A weight read in pass 2 between the stores of y was one round trip per
     vector (the compiler cannot hoist a load above a store that may alias it): 8.2 against 5.1 us
     for one row of 7168 on the H200."""
-    sig = {"dtype": "bfloat16", "aligned": aligned, "fp32_weight": fp32_weight}
+    sig = {"dtype": "bfloat16", "vec_bytes": vec_bytes, "fp32_weight": fp32_weight}
     sass = _sm90a_sass(tmp_path, registry.get_template(f"rmsnorm_cute.{op}"), config, sig)
     ops = re.findall(r"\b(LDGSTS|LDG|STG|BAR\.SYNC)\b", sass)
     barrier = ops.index("BAR.SYNC")
     after = ops[barrier + 1:]
     assert "STG" in after
     assert "LDG" not in after[:after.index("STG")], ops
-    chunks = config["chunks"]
-    weight_parts = 2 if fp32_weight and aligned else 1   # an fp32 weight under 8 16-bit values: 2 x 16 bytes
+    tile = plan.access_tile(config, sig)   # 4-byte rows: 4 times the accesses of the config's
+    chunks = tile.chunks
+    # An fp32 weight under 8 16-bit values: 2 x 16 bytes; under 2 values (4-byte rows): 8 bytes.
+    weight_parts = 2 if fp32_weight and tile.vec == 8 else 1
     loads = ops[:barrier].count("LDG") + ops[:barrier].count("LDGSTS")
     assert loads >= chunks * (2 if op == "rmsnorm_add" else 1) + chunks * weight_parts, ops
-    assert ("LDGSTS" in ops) == aligned
+    assert ("LDGSTS" in ops) == (vec_bytes != 2)
 
 
 # -- rows split over a cluster: one cluster barrier, before the partials are pushed ----------------
 @pytest.mark.parametrize("template_name,config,sig", [
     ("rmsnorm_cute.rmsnorm", {"threads": 256, "rows_per_block": 1, "vec": 8, "chunks": 8, "cluster": 4},
-     {"dtype": "bfloat16", "aligned": True, "fp32_weight": False}),
+     {"dtype": "bfloat16", "vec_bytes": 16, "fp32_weight": False}),
     ("rmsnorm_cute.rmsnorm_add", {"threads": 256, "rows_per_block": 1, "vec": 8, "chunks": 8, "cluster": 8},
-     {"dtype": "bfloat16", "aligned": True, "fp32_weight": False}),
+     {"dtype": "bfloat16", "vec_bytes": 16, "fp32_weight": False}),
     ("quantize_fp8_row_cute", {"threads": 256, "rows_per_block": 1, "vec": 8, "chunks": 4, "cluster": 2, "l1": "keep"},
-     {"dtype": "bfloat16", "aligned": True, "has_scale_ub": False}),
+     {"dtype": "bfloat16", "vec_bytes": 16, "has_scale_ub": False}),
 ])
 def test_cluster_row_reduction_waits_once_before_the_pushes(tmp_path, template_name, config, sig):
     """A row split over a cluster meets its partials by pushing them into every CTA's shared

@@ -39,7 +39,7 @@ def test_an_index_shuffling_config_check_names_the_template_and_config(config, w
 
 
 def test_rowwise_config_checks_name_the_template_and_config():
-    unaligned = {"dtype": "bfloat16", "aligned": False}
+    unaligned = {"dtype": "bfloat16", "vec_bytes": 2}
     with pytest.raises(ValueError, match=r"^quantize_fp8_row_cute: config \{.*'vec': 8"):
         plan.check("quantize_fp8_row_cute", plan.config(256, 1, 8, 4), unaligned, arrays=1)
     assert plan.check("silu_mul_cute", plan.config(256, 1, 1, 8), unaligned, arrays=2).tile_k == 2048
@@ -50,7 +50,7 @@ def test_rowwise_config_checks_name_the_template_and_config():
 def test_rowwise_fitted_and_clustered_tiles():
     """Rows held by any whole number of warps only with one row per CTA; clusters of 2 or 4 CTAs
     only with one row per CTA; the L1 policy is "keep" or "stream"; row_k counts every CTA."""
-    bf16 = {"dtype": "bfloat16", "aligned": True}
+    bf16 = {"dtype": "bfloat16", "vec_bytes": 16}
     for threads in (96, 160, 224):
         assert plan.valid(plan.config(threads, 1, 8, 4), bf16)
     assert not plan.valid(plan.config(160, 2, 8, 4), bf16)        # 80 threads per row
@@ -63,7 +63,7 @@ def test_rowwise_fitted_and_clustered_tiles():
 
 
 def test_pick_fitted_reads_a_row_in_the_fewest_most_even_passes():
-    bf16 = {"dtype": "bfloat16", "aligned": True}
+    bf16 = {"dtype": "bfloat16", "vec_bytes": 16}
     c96, c256x3 = plan.config(96, 1, 8, 4), plan.config(256, 2, 8, 3)
     c224, c256 = plan.config(224, 1, 8, 4), plan.config(256, 1, 8, 4)
     assert plan.pick_fitted([c96, c256x3, c256], bf16, 2880) == c96          # a tie: list order
@@ -81,12 +81,12 @@ def test_memory_bound_heuristics_take_the_measured_configs():
         (t,) = registry.get_templates(op=op, backend="cute")
         return t.heuristic("sm90a", sig, problem)
 
-    q = {"dtype": "bfloat16", "aligned": True, "has_scale_ub": False}
+    q = {"dtype": "bfloat16", "vec_bytes": 16, "has_scale_ub": False}
     for k, threads in ((2880, 96), (5120, 160), (14336, 224)):
         assert pick("quantize_fp8_row", q, {"M": 8, "K": k}) == {**plan.config(threads, 1, 8, 4), "l1": "keep"}
     for k, threads in ((2880, 96), (5120, 160), (7168, 224)):
         assert pick("silu_mul_quant", q, {"M": 8, "K": k}) == {**plan.config(threads, 1, 8, 4), "l1": "keep"}
-    e = {"dtype": "bfloat16", "aligned": True}
+    e = {"dtype": "bfloat16", "vec_bytes": 16}
     for k, threads, chunks in ((2880, 96, 4), (4608, 160, 4), (5120, 160, 4), (6144, 192, 4), (7168, 128, 7),
                                (14336, 256, 7)):
         assert pick("silu_mul", e, {"M": 8, "K": k}) == plan.config(threads, 1, 8, chunks), k
@@ -94,13 +94,13 @@ def test_memory_bound_heuristics_take_the_measured_configs():
     for op in ("rmsnorm", "rmsnorm_add"):
         for dtype, k, cluster in (("bfloat16", 16728, 2), ("bfloat16", 32768, 2), ("bfloat16", 65536, 4),
                                   ("bfloat16", 131072, 8), ("bfloat16", 262144, 16), ("float32", 16384, 2)):
-            n = {"dtype": dtype, "aligned": True, "fp32_weight": False}
+            n = {"dtype": dtype, "vec_bytes": 16, "fp32_weight": False}
             assert pick(op, n, {"M": 1, "N": k}) == {**plan.config(256, 1, 16 // plan.ELEM_BYTES[dtype], 8),
                                                       "cluster": cluster}, (op, dtype, k)
     # Unaligned rows past 16K: a cluster of 2 or 4 512-thread CTAs where its capacity (32K or 64K)
     # is less than what the single CTA streams (the row, plus the rest past 16K read again per
     # input: x, and rmsnorm_add's residual), or where the rows are fewer than the SMs.
-    u = {"dtype": "bfloat16", "aligned": False, "fp32_weight": False}
+    u = {"dtype": "bfloat16", "vec_bytes": 2, "fp32_weight": False}
     cases = {"rmsnorm": ((2009, 16898, 1), (1524, 24576, 1), (1524, 24577, 2), (1524, 40960, 1),
                          (1524, 40961, 4), (34, 16898, 2), (411, 70001, 4)),
              "rmsnorm_add": ((2009, 16898, 1), (804, 21845, 1), (804, 21846, 2), (1524, 32771, 4),
@@ -110,10 +110,10 @@ def test_memory_bound_heuristics_take_the_measured_configs():
             want = {**plan.config(512, 1, 1, 32), **({"cluster": cluster} if cluster > 1 else {})}
             assert pick(op, u, {"M": rows, "N": k}) == want, (op, rows, k)
         assert pick(op, u, {"M": 5, "N": 4095}) == plan.config(256, 1, 1, 16)
-    g = {"dtype": "bfloat16", "aligned": True, "score_dtype": "float32"}
+    g = {"dtype": "bfloat16", "vec_bytes": 16, "score_dtype": "float32"}
     assert pick("gather_scale_quant_dense_tokens", g, {"A": 8, "D": 5120}) == {**plan.config(160, 1, 8, 4),
                                                                                 "l1": "keep"}
-    s = {"dtype": "bfloat16", "aligned": True, "has_valid_count": False}
+    s = {"dtype": "bfloat16", "vec_bytes": 16, "has_valid_count": False}
     assert pick("scatter_add_dense_tokens", s, {"A": 23300, "D": 2880, "T": 11650}) == {
         "unroll": 4, "method": "linked", "pdl": True}
     assert pick("scatter_add_dense_tokens", s, {"A": 200, "D": 2880, "T": 100})["method"] == "atomic"
@@ -177,7 +177,7 @@ def test_the_op_layer_takes_its_moe_limits_from_the_templates():
         assert max(c["max_experts"] for c in configs) == limits.MAX_EXPERTS
         assert min(c["lanes"] for c in configs) >= limits.MAX_TOP_K
     assert limits.scatter_workspace_ints(5, 12) == 3 * 5 + 1 + 2 * 12
-    assert gather_scatter.vec({"dtype": "bfloat16", "aligned": True}) * 2 == limits.VECTOR_BYTES
+    assert gather_scatter.vec({"dtype": "bfloat16", "vec_bytes": 16}) * 2 == limits.VECTOR_BYTES
 
 
 def _build(jobs, out):
@@ -192,7 +192,7 @@ def _jobs(name, target, configs, sig):
 
 
 def test_cute_kernel_classes_compile(tmp_path):
-    bf16 = {"dtype": "bfloat16", "aligned": True, "has_valid_count": True}
+    bf16 = {"dtype": "bfloat16", "vec_bytes": 16, "has_valid_count": True}
     jobs = (_jobs("index_shuffling_cute", "sm90a", space.CUTE_CONFIGS[:2],
                   {"score_dtype": "float32", "has_valid_count": True})
             + _jobs("moe_gather_scatter_cute.gather_scale_dense_tokens", "sm90a", [{"unroll": 4}],
@@ -223,7 +223,7 @@ def test_cute_kernel_classes_compile(tmp_path):
 @pytest.mark.skipif(not have_lld(), reason="FlyDSL needs ld.lld (apt-get install -y lld-19)")
 def test_flydsl_kernel_classes_compile_one_kernel_per_config(tmp_path, monkeypatch):
     monkeypatch.setenv("MSLK_DSL_KEEP_ISA", "gfx942")
-    bf16 = {"dtype": "bfloat16", "aligned": True, "has_valid_count": False}
+    bf16 = {"dtype": "bfloat16", "vec_bytes": 16, "has_valid_count": False}
     jobs = (_jobs("index_shuffling_flydsl", "gfx942", space.FLYDSL_CONFIGS[:2],
                   {"score_dtype": "bfloat16", "has_valid_count": True})
             + _jobs("moe_gather_scatter_flydsl.scatter_add_dense_tokens", "gfx942",

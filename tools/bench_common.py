@@ -33,12 +33,13 @@ def parse_shapes(text: str) -> list[tuple[int, ...]]:
     return [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",")]
 
 
-def rows_aligned(n: int, dtype: str) -> bool:
-    """Contiguous rows of ``n`` ``dtype`` elements from an aligned base keep every row on 16 bytes
-    (the row-wise ops' signature part ``aligned``)."""
-    from mslk_dsl.templates._kernel_limits import ELEM_BYTES, VECTOR_BYTES
+def row_vec_bytes(n: int, dtype: str) -> int:
+    """The row-wise ops' signature part ``vec_bytes`` for contiguous rows of ``n`` ``dtype``
+    elements from a 16-byte aligned base: the widest access (16, 8, 4 bytes) of more than one
+    element that every row is a whole number of, else one element."""
+    from mslk_dsl.templates._kernel_limits import ELEM_BYTES, contiguous_vector_bytes
 
-    return n * ELEM_BYTES[dtype] % VECTOR_BYTES == 0
+    return contiguous_vector_bytes(n, ELEM_BYTES[dtype])
 
 
 def rowwise_label(config: dict) -> str:

@@ -26,7 +26,7 @@ import argparse
 import json
 import sys
 
-from bench_common import parse_shapes, parse_with_gpu, rowwise_label
+from bench_common import parse_shapes, parse_with_gpu, row_vec_bytes, rowwise_label
 
 OPS = ("silu_mul", "quantize_fp8_row", "silu_mul_quant")
 SHAPES = ((1024, 4096), (8192, 8192), (65536, 8192))
@@ -45,13 +45,10 @@ def _signature(op, k, dtype, has_ub):
     from mslk_dsl.ops import declaration
     from mslk_dsl.ops.dispatch import dtype_name
 
-    row_bytes = k * dtype.itemsize
-    if op == "silu_mul":
-        sig = {"aligned": row_bytes % 16 == 0, "dtype": dtype_name(dtype)}
-        kernel_op = declaration.get(op).kernels
-    else:
-        sig = {"aligned": row_bytes % 16 == 0 and k % 16 == 0, "dtype": dtype_name(dtype), "has_scale_ub": has_ub}
-        kernel_op = declaration.get(op).kernels
+    sig = {"vec_bytes": row_vec_bytes(k, dtype_name(dtype)), "dtype": dtype_name(dtype)}
+    if op != "silu_mul":
+        sig["has_scale_ub"] = has_ub
+    kernel_op = declaration.get(op).kernels
     return sig, kernel_op, tuple(sig[f] for f in kernel_op.sig_fields)
 
 

@@ -37,7 +37,7 @@ import argparse
 import json
 import sys
 
-from bench_common import graph_timed as graph_replay_timed, parse_shapes, parse_with_gpu, rows_aligned, rowwise_label, table
+from bench_common import graph_timed as graph_replay_timed, parse_shapes, parse_with_gpu, row_vec_bytes, rowwise_label, table
 
 HIDDEN = (2880, 3584, 5120, 7168, 14336, 4000, 4095)
 MOE_HIDDEN = (2880, 5120, 7168, 4000)
@@ -222,8 +222,8 @@ def _configs_near(op, d, dtype: str = "bfloat16", fp32_weight: bool = False):
     if base not in name and "_k" in op:
         return []
     template = next(t for t in registry.get_templates(backend="cute") if t.op == name.get(base, base))
-    aligned = rows_aligned(d, dtype)
-    sigs = [s for s in template.all_signatures() if s["dtype"] == dtype and s["aligned"] == aligned
+    vec_bytes = row_vec_bytes(d, dtype)
+    sigs = [s for s in template.all_signatures() if s["dtype"] == dtype and s["vec_bytes"] == vec_bytes
             and not s.get("has_scale_ub") and bool(s.get("fp32_weight")) == fp32_weight and not s.get("has_valid_count")
             and s.get("score_dtype", "float32") == "float32"]
     valid = [c for c in template.all_configs() if template.valid(c, "sm90a", sigs[0])]

@@ -73,7 +73,7 @@ def bench_scatter(torch, ops, do_bench, t, k, d, dtype):
     y = torch.randn(t * k, d, device="cuda").to(dtype)
     out = torch.randn(t, d, device="cuda").to(dtype)
     (tpl,) = registry.get_templates(op="scatter_add_dense_tokens", backend="cute")
-    sig = {"dtype": str(dtype)[6:], "aligned": True, "has_valid_count": False}
+    sig = {"dtype": str(dtype)[6:], "vec_bytes": 16, "has_valid_count": False}
     chosen = tpl.heuristic("sm90a", sig, {"A": t * k, "D": d, "T": t})
     # Each method with the unroll the heuristic gives it (a width that forces the method).
     forced = {"atomic": tpl.heuristic("sm90a", sig, {"A": t * k, "D": 1, "T": t}),

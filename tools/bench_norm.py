@@ -22,7 +22,7 @@ import argparse
 import json
 import sys
 
-from bench_common import parse_shapes, parse_with_gpu, rows_aligned, rowwise_label
+from bench_common import parse_shapes, parse_with_gpu, row_vec_bytes, rowwise_label
 
 SHAPES = ((1024, 8192), (16384, 8192), (65536, 5120))
 EPS = 1e-6
@@ -48,7 +48,7 @@ def _config_by_name(op, name):
 def _configs_to_time(op, args, n, dtype_name):
     """[None] (the heuristic's choice), [the forced config], or every valid config."""
     if args.sweep:
-        sig = {"aligned": rows_aligned(n, dtype_name), "dtype": dtype_name, "fp32_weight": False}
+        sig = {"vec_bytes": row_vec_bytes(n, dtype_name), "dtype": dtype_name, "fp32_weight": False}
         return _template(op).valid_configs("sm90a", sig)
     return [_config_by_name(op, args.config) if args.config else None]
 
@@ -120,7 +120,7 @@ def _chosen(op, t, n, dtype):
 
     kernel_op = declaration.get(op).kernels
     # the declaration's signature parts (aligned, dtype, fp32_weight): the weight is x's dtype here
-    return kernel_op.choose("sm90a", (rows_aligned(n, dtype_name(dtype)), dtype_name(dtype), False), (t, n), None)[1]
+    return kernel_op.choose("sm90a", (row_vec_bytes(n, dtype_name(dtype)), dtype_name(dtype), False), (t, n), None)[1]
 
 
 def main(argv=None) -> int:

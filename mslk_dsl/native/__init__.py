@@ -4,7 +4,7 @@ An op's first call with a given input layout takes the Python path (validation, 
 launch) and then ``remember``s the launch as a plan of the op's ``FastOp`` (launcher.cpp): the
 inputs' layout, the outputs to allocate, which kernel argument is which input, output or held
 tensor (a placeholder), and the TVM-FFI function. A later call with the same layout (same dtypes,
-devices, shapes, strides and 16-byte alignment) is matched, allocated, launched on the current
+devices, shapes, strides and addresses modulo 16) is matched, allocated, launched on the current
 stream and returned inside that one C call: the per-call host cost of a native torch op, where
 the Python path pays for building a layout key, allocating through torch's Python API and the
 TVM-FFI argument conversion.

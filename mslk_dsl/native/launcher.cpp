@@ -1,6 +1,6 @@
 // The native launch path of the op layer (see mslk_dsl/native/__init__.py for how it is built
 // and used). One FastOp per op holds launch plans keyed by the exact layout of the call's inputs
-// (dtype, device, shape, strides, 16-byte alignment of each tensor; the type of each scalar, and
+// (dtype, device, shape, strides, start address modulo 16 of each tensor; the type of each scalar, and
 // the value of the scalars the op keys its plans by: its plan_values).
 // A call whose layout has a plan allocates the plan's outputs, launches the kernel through the
 // TVM-FFI C ABI on the caller's current stream, and returns the outputs; any other call returns
@@ -52,7 +52,7 @@ struct InputLayout {
   DLDataType dtype;
   DLDevice device;
   TensorShape view;
-  bool aligned16;
+  uint8_t addr_mod16;  // the data pointer modulo 16: what widths of access its rows admit
 };
 
 struct KernelArg {
@@ -179,10 +179,10 @@ bool CurrentStream(const DLPackExchangeAPI* api, DLDevice device, void** stream)
   return api->current_work_stream(device.device_type, device.device_id, stream) == 0;
 }
 
-uint64_t HashTensor(uint64_t h, const DLTensor& t, bool aligned) {
+uint64_t HashTensor(uint64_t h, const DLTensor& t, uint8_t addr_mod16) {
   h = Mix(h, (uint64_t(t.dtype.code) << 24) | (uint64_t(t.dtype.bits) << 8) | t.dtype.lanes);
   h = Mix(h, (uint64_t(t.device.device_type) << 32) | uint32_t(t.device.device_id));
-  h = Mix(h, uint64_t(t.ndim) * 2 + aligned);
+  h = Mix(h, uint64_t(t.ndim) * 16 + addr_mod16);
   for (int d = 0; d < t.ndim; ++d) {
     h = Mix(h, uint64_t(t.shape[d]));
     h = Mix(h, t.strides != nullptr ? uint64_t(t.strides[d]) : ~0ull);
@@ -190,8 +190,8 @@ uint64_t HashTensor(uint64_t h, const DLTensor& t, bool aligned) {
   return h;
 }
 
-bool Aligned16(const DLTensor& t) {
-  return ((reinterpret_cast<uintptr_t>(t.data) + t.byte_offset) & 15) == 0;
+uint8_t AddressMod16(const DLTensor& t) {
+  return uint8_t((reinterpret_cast<uintptr_t>(t.data) + t.byte_offset) & 15);
 }
 
 bool SameDType(DLDataType a, DLDataType b) {
@@ -285,7 +285,7 @@ PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, Py
   Py_ssize_t n = PyVectorcall_NARGS(nargsf);
   if (kwnames != nullptr || n > kMaxInputs) return Py_NewRef(g_miss);
   DLTensor dl[kMaxInputs];
-  bool aligned[kMaxInputs];
+  uint8_t addr_mod16[kMaxInputs];
   int64_t bits[kMaxInputs];
   uint64_t h = 1469598103934665603ull ^ uint64_t(n);
   for (Py_ssize_t i = 0; i < n; ++i) {
@@ -296,8 +296,8 @@ PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, Py
         return Py_NewRef(g_miss);
       }
       if (dl[i].ndim > kMaxDims) return Py_NewRef(g_miss);
-      aligned[i] = Aligned16(dl[i]);
-      h = HashTensor(h, dl[i], aligned[i]);
+      addr_mod16[i] = AddressMod16(dl[i]);
+      h = HashTensor(h, dl[i], addr_mod16[i]);
     } else {
       int kind = ScalarKind(obj);
       if (kind < 0) return Py_NewRef(g_miss);
@@ -321,7 +321,7 @@ PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, Py
       if (in.is_tensor) {
         same = IsTensor(self, argv[i]) && SameDType(in.dtype, dl[i].dtype) &&
                in.device.device_type == dl[i].device.device_type &&
-               in.device.device_id == dl[i].device.device_id && in.aligned16 == aligned[i] &&
+               in.device.device_id == dl[i].device.device_id && in.addr_mod16 == addr_mod16[i] &&
                SameShape(in.view, dl[i]);
       } else {
         same = !IsTensor(self, argv[i]) && ScalarKind(argv[i]) == in.scalar_kind && bits[i] == in.value_bits;
@@ -503,9 +503,9 @@ PyObject* FastOpAdd(PyObject* py_self, PyObject* argv) {
       if (in_dl[i].ndim > kMaxDims) Py_RETURN_FALSE;
       in.dtype = in_dl[i].dtype;
       in.device = in_dl[i].device;
-      in.aligned16 = Aligned16(in_dl[i]);
+      in.addr_mod16 = AddressMod16(in_dl[i]);
       CopyShape(in_dl[i], &in.view);
-      h = HashTensor(h, in_dl[i], in.aligned16);
+      h = HashTensor(h, in_dl[i], in.addr_mod16);
     } else {
       in.scalar_kind = ScalarKind(obj);
       if (in.scalar_kind < 0) Py_RETURN_FALSE;

@@ -157,9 +157,10 @@ def _replay_function(name: str, kernel, allocate: list, args: list, returned: in
 
 
 def _layout(inputs: tuple):
-    """What a Python plan is keyed by: each tensor's shape, strides, dtype, device and 16-byte
-    alignment; each other argument's type (values are the call's own)."""
-    return tuple((t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15)
+    """What a Python plan is keyed by: each tensor's shape, strides, dtype, device and address
+    modulo 16 (which access widths its rows admit); each other argument's type (values are the
+    call's own)."""
+    return tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
                  if isinstance(t, torch.Tensor) else type(t) for t in inputs)
 
 

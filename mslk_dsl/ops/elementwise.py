@@ -98,7 +98,7 @@ def _prepare_silu_mul(select, outputs, x0, x1, valid_token_count):
         return None
     a, b = check.rows(x0), check.rows(x1)
     o = y.view(a.shape)
-    kernel, _ = select((check.aligned16(a, b, o), dtype_name(a.dtype)), tuple(a.shape))
+    kernel, _ = select((check.vector_bytes(a, b, o), dtype_name(a.dtype)), tuple(a.shape))
     return Launch(kernel, (a, b, o, _count_arg(valid_token_count, a.device)))
 
 
@@ -110,7 +110,7 @@ silu_mul = declare(OpDecl(
     ``out``: a contiguous tensor of x0's shape and dtype to write into instead of allocating.""",
     check=_check_silu_mul,
     outputs=lambda x0, x1, valid_token_count=None: [(tuple(x0.shape), x0.dtype)],
-    prepare=_prepare_silu_mul, signature=("aligned", "dtype"), problem=("M", "K"),
+    prepare=_prepare_silu_mul, signature=("vec_bytes", "dtype"), problem=("M", "K"),
     example=_rows_example(2), reference=_silu_mul_reference, small_problem={"M": 5, "K": 64}))
 
 
@@ -129,7 +129,7 @@ def _prepare_quantize(select, outputs, x, scale_ub):
     a = check.rows(x)
     q = xq.view(a.shape)
     ub = scale_ub.reshape(1) if scale_ub is not None else placeholder(a.device, torch.float32)
-    kernel, _ = select((check.aligned16(a, q), dtype_name(a.dtype), scale_ub is not None), tuple(a.shape))
+    kernel, _ = select((check.vector_bytes(a, q), dtype_name(a.dtype), scale_ub is not None), tuple(a.shape))
     return Launch(kernel, (a, ub, q, scale.view(-1)))
 
 
@@ -139,7 +139,7 @@ quantize_fp8_row = declare(OpDecl(
     ``x ~= xq.float() * scale[..., None]``; rows of zeros give xq = 0 and a finite scale.
     ``out``: contiguous (xq, scale) tensors to write into instead of allocating.""",
     check=_check_quantize, outputs=_quant_outputs, prepare=_prepare_quantize,
-    signature=("aligned", "dtype", "has_scale_ub"), problem=("M", "K"),
+    signature=("vec_bytes", "dtype", "has_scale_ub"), problem=("M", "K"),
     example=_rows_example(1), reference=_quantize_reference, small_problem={"M": 5, "K": 64}))
 
 
@@ -159,7 +159,7 @@ def _prepare_silu_mul_quant(select, outputs, x0, x1, scale_ub, valid_token_count
     a, b = check.rows(x0), check.rows(x1)
     q = xq.view(a.shape)
     ub = scale_ub.reshape(1) if scale_ub is not None else placeholder(a.device, torch.float32)
-    kernel, _ = select((check.aligned16(a, b, q), dtype_name(a.dtype), scale_ub is not None), tuple(a.shape))
+    kernel, _ = select((check.vector_bytes(a, b, q), dtype_name(a.dtype), scale_ub is not None), tuple(a.shape))
     return Launch(kernel, (a, b, ub, q, scale.view(-1), _count_arg(valid_token_count, a.device)))
 
 
@@ -176,7 +176,7 @@ silu_mul_quant = declare(OpDecl(
     ``valid_token_count`` as silu_mul's: xq rows and scales from that row on are left untouched.
     ``out``: contiguous (xq, scale) tensors to write into instead of allocating.""",
     check=_check_silu_mul_quant, outputs=_quant_outputs, prepare=_prepare_silu_mul_quant,
-    signature=("aligned", "dtype", "has_scale_ub"), problem=("M", "K"),
+    signature=("vec_bytes", "dtype", "has_scale_ub"), problem=("M", "K"),
     example=_rows_example(2),
     reference=_silu_mul_quant_reference,
     small_problem={"M": 5, "K": 64}))

@@ -179,7 +179,7 @@ def _prepare_gather(select, outputs, x, token_indices, expert_indices, scores, v
         return None
     x = check.rows(x)
     A, D = tok.shape[0], x.shape[1]
-    sig = (check.aligned16(x, out), dtype_name(x.dtype), valid_token_count is not None, dtype_name(scores.dtype))
+    sig = (check.vector_bytes(x, out), dtype_name(x.dtype), valid_token_count is not None, dtype_name(scores.dtype))
     kernel, _ = select(sig, (A, D))
     return Launch(kernel, (x, tok, exp, scores, _valid_arg(valid_token_count, x.device), out))
 
@@ -207,7 +207,7 @@ gather_scale_dense_tokens = declare(OpDecl(
     check=_check_gather,
     outputs=lambda x, token_indices, expert_indices, scores, valid_token_count=None: [
         ((token_indices.shape[0], x.shape[1]), x.dtype)],
-    prepare=_prepare_gather, signature=("aligned", "dtype", "has_valid_count", "score_dtype"),
+    prepare=_prepare_gather, signature=("vec_bytes", "dtype", "has_valid_count", "score_dtype"),
     problem=("A", "D"), example=_gather_example, reference=_gather_reference,
     small_problem={"A": 10, "D": 64}))
 
@@ -241,7 +241,7 @@ def _prepare_scatter(select, outputs, out_tokens, in_tokens, token_indices, vali
         out_tokens.copy_(padded[:, :1])
         return None
     y = check.rows(in_tokens)
-    sig = (check.aligned16(out_tokens, y), dtype_name(y.dtype), valid_token_count is not None)
+    sig = (check.vector_bytes(out_tokens, y), dtype_name(y.dtype), valid_token_count is not None)
     kernel, chosen = select(sig, (A, D, out_tokens.shape[0]))
     # Per-token counts, offsets, positions, row lists and first rows, which only the sorted
     # method uses (the linked one, CuTe only, takes its heads and next rows from the same space;
@@ -279,6 +279,6 @@ scatter_add_dense_tokens = declare(OpDecl(
     token's additions is unspecified, so results are order-independent only where the sums are
     exact. Rows whose token index is outside [0, T) are skipped.""",
     check=_check_scatter, outputs=lambda *args: [], prepare=_prepare_scatter,
-    signature=("aligned", "dtype", "has_valid_count"), problem=("A", "D", "T"), example=_scatter_example,
+    signature=("vec_bytes", "dtype", "has_valid_count"), problem=("A", "D", "T"), example=_scatter_example,
     # bf16 atomic adds round after every addition (the small-input method), the reference once.
     reference=_scatter_reference, tolerance=(2e-2, 8e-2), small_problem={"A": 10, "D": 64}))

@@ -56,7 +56,7 @@ def _prepare(select, outputs, x, token_indices, expert_indices, scores, scale_ub
     # Cached constants (placeholders with a fill: launch plans hold them).
     ub = placeholder(dev, torch.float32, fill=float("inf")) if scale_ub is None else scale_ub.reshape(1)
     valid = placeholder(dev, torch.int32, fill=2**31 - 1) if valid_token_count is None else valid_token_count.reshape(1)
-    kernel, _ = select((check.aligned16(x, xq), dtype_name(x.dtype), dtype_name(scores.dtype)),
+    kernel, _ = select((check.vector_bytes(x, xq), dtype_name(x.dtype), dtype_name(scores.dtype)),
                        (xq.shape[0], x.shape[1]))
     return Launch(kernel, (x, tok, exp, scores, valid, ub, xq, scale))
 
@@ -85,6 +85,6 @@ gather_scale_quant_dense_tokens = declare(OpDecl(
     expert_indices[i]; fp32 product rounded to x's dtype), quantized with its own scale. Returns
     (xq [A, D] fp8, scale [A] fp32), x[t] * s ~= xq[i] * scale[i]. Rows at and past
     valid_token_count (default: all rows valid) are left unwritten, as in MSLK.""",
-    check=_check, outputs=_outputs, prepare=_prepare, signature=("aligned", "dtype", "score_dtype"),
+    check=_check, outputs=_outputs, prepare=_prepare, signature=("vec_bytes", "dtype", "score_dtype"),
     problem=("A", "D"), example=_example, reference=_reference,
     small_problem={"A": 10, "D": 64}))

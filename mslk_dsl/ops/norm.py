@@ -46,9 +46,9 @@ def _example(count: int):
 
 
 def _signature(x: torch.Tensor, weight: torch.Tensor, *rows: torch.Tensor) -> tuple:
-    """(aligned, dtype, fp32_weight): the templates' signature of a call. An fp32 weight with fp32
+    """(vec_bytes, dtype, fp32_weight): the templates' signature of a call. An fp32 weight with fp32
     x is the plain case."""
-    return (check.aligned16(*rows, weight), dtype_name(x.dtype),
+    return (check.vector_bytes(*rows, weight), dtype_name(x.dtype),
             weight.dtype == torch.float32 and x.dtype != torch.float32)
 
 
@@ -81,7 +81,7 @@ rmsnorm = declare(OpDecl(
     dtype to write into instead of allocating.""",
     check=lambda x, weight, eps: _check("rmsnorm", x, weight, eps),
     outputs=lambda x, weight, eps=1e-6: [(tuple(x.shape), x.dtype)],
-    prepare=_prepare_rmsnorm, signature=("aligned", "dtype", "fp32_weight"), problem=("M", "N"),
+    prepare=_prepare_rmsnorm, signature=("vec_bytes", "dtype", "fp32_weight"), problem=("M", "N"),
     example=_example(1), reference=_rmsnorm_reference, plan_when=_PLAIN_EPS, small_problem={"M": 5, "N": 64}))
 
 
@@ -111,6 +111,6 @@ rmsnorm_add = declare(OpDecl(
     ``out``: contiguous (y, new_residual) tensors of x's shape and dtype to write into.""",
     check=_check_rmsnorm_add,
     outputs=lambda x, residual, weight, eps=1e-6: [(tuple(x.shape), x.dtype)] * 2,
-    prepare=_prepare_rmsnorm_add, signature=("aligned", "dtype", "fp32_weight"), problem=("M", "N"),
+    prepare=_prepare_rmsnorm_add, signature=("vec_bytes", "dtype", "fp32_weight"), problem=("M", "N"),
     example=_example(2), reference=_rmsnorm_add_reference, plan_when=_PLAIN_EPS,
     small_problem={"M": 5, "N": 64}))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mslk_dsl.errors import InputError, InputTypeError, UnsupportedDeviceError
-from mslk_dsl.templates._kernel_limits import VECTOR_BYTES  # the kernels' 128-bit accesses
+from mslk_dsl.templates._kernel_limits import VECTOR_WIDTHS
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -86,13 +86,18 @@ def compact_rows(t: torch.Tensor) -> bool:
     return t.dim() == 2 and t.stride(1) == 1 and t.stride(0) == t.shape[1]
 
 
-def aligned16(*tensors: torch.Tensor) -> bool:
-    """True when every tensor starts on a 16-byte boundary and its rows are a multiple of 16
-    bytes long: then 128-bit vector loads are legal for every row."""
-    for t in tensors:
-        if t.data_ptr() % VECTOR_BYTES or (t.shape[-1] * t.element_size()) % VECTOR_BYTES:
-            return False
-    return True
+def vector_bytes(*tensors: torch.Tensor) -> int:
+    """The row-wise templates' signature part ``vec_bytes``: the widest access (16, 8 or 4 bytes
+    of the first tensor's elements, else one element) that every row of every tensor admits. A
+    width of v elements needs each tensor to start on a multiple of v of its own elements and
+    its rows to be a whole number of v elements (a weight or an FP8 output then moves v of its
+    elements per access, whatever their size)."""
+    elem = tensors[0].element_size()
+    for width in VECTOR_WIDTHS:
+        v = width // elem
+        if v > 1 and all(t.data_ptr() % (v * t.element_size()) == 0 and t.shape[-1] % v == 0 for t in tensors):
+            return width
+    return elem
 
 
 def byte_range(t: torch.Tensor) -> tuple[int, int]:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from mslk_dsl import jit, ops, registry
 from mslk_dsl.device import target_of
 from mslk_dsl.template import config_name
+from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates._rowwise_plan import RowTile
 from mslk_dsl.testing import skipUnlessCudaCapability
 
@@ -49,11 +50,8 @@ def COUNT():
 
 def _sig(op, k, dtype, ub=False):
     """The signature the op layer computes for fresh (16-byte aligned) [M, K] tensors."""
-    row_bytes = k * torch.tensor([], dtype=dtype).element_size()
-    if op == "silu_mul":
-        return {"aligned": row_bytes % 16 == 0, "dtype": _name(dtype)}
-    # The fp8 output rows (K bytes) must be 16-byte multiples as well.
-    return {"aligned": row_bytes % 16 == 0 and k % 16 == 0, "dtype": _name(dtype), "has_scale_ub": ub}
+    sig = {"vec_bytes": limits.contiguous_vector_bytes(k, dtype.itemsize), "dtype": _name(dtype)}
+    return sig if op == "silu_mul" else {**sig, "has_scale_ub": ub}
 
 
 def _template(op):
@@ -187,8 +185,9 @@ def _case_id(case):
 def _shapes_for(config, tile_k):
     """(M, K): a partial last CTA, rows shorter than the tile, one tile, longer than the tile."""
     m = 2 * config["rows_per_block"] + 1
-    if config["vec"] > 1:  # aligned rows: K a multiple of 16
-        return [(m, 48), (m, tile_k), (m, 2 * tile_k + 32), (1, 16)]
+    if config["vec"] > 1:  # 16-byte rows, and 16-bit rows of 4-byte accesses (K even, not a multiple of 8)
+        return [(m, 48), (m, tile_k), (m, 2 * tile_k + 32), (1, 16),
+                (m, 50), (m, tile_k - 6), (m, 2 * tile_k + 34), (1, 2)]
     return [(m, 13), (m, tile_k + 1), (m, 2 * tile_k + 3), (1, 1)]
 
 
@@ -212,7 +211,7 @@ def test_writes_stay_in_bounds(case):
     op, dtype, config = case
     t = _template(op)
     m = 5
-    for k in (1040, 1037):
+    for k in (1040, 1042, 1037):
         sig = _sig(op, k, dtype, False)
         if not t.valid(config, TARGET, sig):
             continue

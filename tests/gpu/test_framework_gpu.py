@@ -32,7 +32,7 @@ def test_exported_kernel_matches_in_process_jit_bytes():
     x0 = torch.randn(4096, 4096, device="cuda", dtype=bf16)
     x1 = torch.randn_like(x0)
     template = registry.templates_for("silu_mul", "sm90a")[0]
-    sig = {"dtype": "bfloat16", "aligned": True}
+    sig = {"dtype": "bfloat16", "vec_bytes": 16}
     config = template.heuristic("sm90a", sig, {"M": 4096, "K": 4096})
     launcher, args = template.build(config, "sm90a", sig)
     in_process = cute.compile(launcher, *args, options="--enable-tvm-ffi")

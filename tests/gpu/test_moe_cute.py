@@ -155,7 +155,7 @@ def test_gather_shapes(t, d):
 
 @hopper
 @pytest.mark.parametrize("case", _cases("gather_scale_dense_tokens", [
-    {"dtype": "bfloat16", "score_dtype": "bfloat16", "aligned": True, "has_valid_count": False}]), ids=_case_id)
+    {"dtype": "bfloat16", "score_dtype": "bfloat16", "vec_bytes": 16, "has_valid_count": False}]), ids=_case_id)
 def test_gather_every_config(case):
     sig, config = case
     for t, d in ((1, 8), (3, 5120), (1000, 7168), (300, 1000), (37, 136)):
@@ -168,7 +168,11 @@ def test_gather_options():
     for dtype, score_dtype in itertools.product((torch.bfloat16, torch.float16, torch.float32),
                                                 (torch.bfloat16, torch.float32)):
         _check_gather(1000, 5120, k=4, dtype=dtype, score_dtype=score_dtype, column_major=True)
-    _check_gather(1000, 5121, k=8)                       # unaligned rows: scalar path
+    _check_gather(1000, 5121, k=8)                       # odd rows: one element per access
+    for dtype in (torch.bfloat16, torch.float16):        # even rows, not a multiple of 8: 4-byte accesses
+        _check_gather(1000, 5122, k=8, dtype=dtype)
+        _check_gather(37, 138, k=2, dtype=dtype)
+    _check_gather(1000, 5122, k=2, dtype=torch.float32)  # fp32 rows of 8 bytes: one element per access
     _check_gather(1000, 4100, k=1, dtype=torch.float32)  # 16-byte rows, D not a multiple of 8
     _check_gather(1000, 5120, k=8, n_valid=3333)         # padded rows are left alone
     _check_gather(1000, 5120, k=8, n_valid=0)
@@ -181,7 +185,7 @@ def _scatter_config(method, t, a):
     if method is None:
         return None
     (tpl,) = registry.get_templates(op="scatter_add_dense_tokens", backend="cute")
-    sig = {"dtype": "bfloat16", "aligned": True, "has_valid_count": False}
+    sig = {"dtype": "bfloat16", "vec_bytes": 16, "has_valid_count": False}
     config = tpl.heuristic("sm90a", sig, {"A": a, "D": 1 << 40 if method != "atomic" else 1, "T": t})
     if method in ("sorted", "linked"):   # the large-input config's unroll and pdl, this method
         assert config["method"] in ("sorted", "linked")
@@ -266,7 +270,7 @@ def test_scatter_top_k(k):
 
 @hopper
 @pytest.mark.parametrize("case", _cases("scatter_add_dense_tokens", [
-    {"dtype": "float32", "aligned": True, "has_valid_count": False}]), ids=_case_id)
+    {"dtype": "float32", "vec_bytes": 16, "has_valid_count": False}]), ids=_case_id)
 def test_scatter_every_config(case):
     sig, config = case
     for t, d in ((1, 8), (3, 5120), (1000, 7168), (300, 1000), (37, 132)):
@@ -276,7 +280,9 @@ def test_scatter_every_config(case):
 @hopper
 def test_scatter_options():
     for method in ("atomic", "sorted", "linked"):
-        _check_scatter(1000, 5121, 4, torch.bfloat16, method=method)                      # unaligned rows
+        _check_scatter(1000, 5121, 4, torch.bfloat16, method=method)                      # odd rows
+        _check_scatter(1000, 5122, 4, torch.bfloat16, method=method)                      # 4-byte accesses
+        _check_scatter(300, 138, 8, torch.float16, method=method)
         _check_scatter(1000, 5121, 4, torch.float32, integers=True, method=method)
         _check_scatter(1000, 5120, 4, torch.float32, integers=True, n_valid=2222, method=method)
         _check_scatter(1000, 5120, 4, torch.bfloat16, n_valid=0, method=method)

@@ -17,6 +17,8 @@ ALIGNED_SHAPES = [(1, 8), (3, 256), (67, 1024), (130, 2048), (5, 4096), (33, 512
                   (4, 16384), (2, 24576)]
 # Any N: the scalar (vec 1) configs only.
 UNALIGNED_SHAPES = [(1, 1), (7, 1), (5, 13), (3, 4097), (4, 5121), (2, 16383), (2, 20001)]
+# N even, not a multiple of 8: 4-byte accesses.
+WORD_SHAPES = [(1, 2), (5, 14), (3, 4098), (2, 16382)]
 TOL = {torch.bfloat16: dict(atol=2e-2, rtol=1.6e-2), torch.float16: dict(atol=4e-3, rtol=2e-3)}
 
 
@@ -24,7 +26,7 @@ def _configs(op):
     """(config, any_n) for every bf16 config: 16-byte configs on aligned rows, scalar configs on
     aligned and unaligned rows (both signatures)."""
     (t,) = registry.get_templates(op=op, backend="flydsl")
-    bf16 = {"aligned": True, "dtype": "bfloat16", "fp32_weight": False}
+    bf16 = {"vec_bytes": 16, "dtype": "bfloat16", "fp32_weight": False}
     return [(c, c["vec"] == 1) for c in t.all_configs() if t.valid(c, "gfx942", bf16)]
 
 
@@ -63,7 +65,8 @@ def _check(op, m, n, dtype, config=None, eps=1e-6, seed=0):
 @pytest.mark.parametrize("case", _configs("rmsnorm"), ids=_name)
 def test_every_config_bf16(op, case):
     config, any_n = case
-    for m, n in ALIGNED_SHAPES + (UNALIGNED_SHAPES if any_n else []):
+    # 16-byte configs serve rows of 4-byte accesses too (N even), cut into pairs of elements.
+    for m, n in ALIGNED_SHAPES + WORD_SHAPES + (UNALIGNED_SHAPES if any_n else []):
         _check(op, m, n, torch.bfloat16, config)
 
 
@@ -109,7 +112,7 @@ def test_fp32_weight_and_fp32_x(op, dtype, shape):
         assert torch.equal(new_residual, h)
 
 
-def test_configs_cover_both_alignment_classes():
+def test_configs_cover_every_vector_width():
     # Runs on the CPU: every unaligned signature has a config and the heuristic picks valid ones.
     for op in OPS:
         (t,) = registry.get_templates(op=op, backend="flydsl")

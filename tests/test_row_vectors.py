@@ -1,0 +1,96 @@
+"""The row-wise ops' vector width (the signature part ``vec_bytes``): what the op layer computes
+from the call's tensors, what the templates accept for it, and the tile a 128-bit config runs on
+rows that admit only 4-byte accesses. CPU only (nothing is launched)."""
+import pytest
+import torch
+
+from mslk_dsl import registry
+from mslk_dsl.ops import validate as check
+from mslk_dsl.templates import _kernel_limits as limits
+from mslk_dsl.templates import _rowwise_plan as plan
+from mslk_dsl.templates import _rowwise_space as rowwise_space
+
+bf16, fp32 = torch.bfloat16, torch.float32
+ROW_OPS = ("silu_mul", "quantize_fp8_row", "silu_mul_quant", "rmsnorm", "rmsnorm_add", "gather_scale_dense_tokens",
+           "scatter_add_dense_tokens", "gather_scale_quant_dense_tokens")
+
+
+def _at(offset: int, rows: int, cols: int, dtype) -> torch.Tensor:
+    """A compact [rows, cols] tensor starting ``offset`` elements past a 64-byte aligned start."""
+    return torch.zeros(rows * cols + offset, dtype=dtype)[offset:].view(rows, cols)
+
+
+@pytest.mark.parametrize("cols, want", [(4096, 16), (4104, 16), (4100, 4), (4098, 4), (2, 4), (4097, 2), (1, 2)])
+def test_16_bit_rows_take_the_widest_access_every_row_admits(cols, want):
+    assert check.vector_bytes(_at(0, 3, cols, bf16)) == want
+    assert limits.contiguous_vector_bytes(cols, 2) == want
+
+
+def test_the_start_address_counts_as_much_as_the_row_length():
+    assert check.vector_bytes(_at(8, 3, 4096, bf16)) == 16
+    assert check.vector_bytes(_at(2, 3, 4096, bf16)) == 4       # 4 bytes past a 16-byte boundary
+    assert check.vector_bytes(_at(1, 3, 4096, bf16)) == 2       # 2 bytes past it: one element
+    assert check.vector_bytes(_at(0, 3, 4096, bf16), _at(1, 3, 4096, bf16)) == 2   # every tensor counts
+
+
+def test_fp32_rows_take_16_bytes_or_one_element():
+    assert check.vector_bytes(_at(0, 3, 1028, fp32)) == 16
+    assert check.vector_bytes(_at(0, 3, 1026, fp32)) == 4       # 8-byte rows: one element per access
+    assert check.vector_bytes(_at(2, 3, 1028, fp32)) == 4
+    assert limits.contiguous_vector_bytes(1026, 4) == 4
+
+
+def test_tensors_of_other_dtypes_need_the_same_number_of_elements_per_vector():
+    x = _at(0, 3, 4098, bf16)                                   # 4-byte rows: vectors of 2 elements
+    assert check.vector_bytes(x, torch.zeros(4098, dtype=fp32)) == 4           # an fp32 weight: 8 bytes each
+    assert check.vector_bytes(x, torch.zeros(4099, dtype=fp32)[1:]) == 2       # one 4 bytes off: 1 element
+    assert check.vector_bytes(x, _at(0, 3, 4098, torch.float8_e4m3fn)) == 4    # FP8 rows: 2 bytes each
+    assert check.vector_bytes(_at(0, 3, 4104, bf16), _at(8, 3, 4104, torch.float8_e4m3fn)) == 16
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_fresh_tensors_get_the_width_the_benchmarks_and_tests_assume(dtype):
+    t = getattr(torch, dtype)
+    for cols in range(1, 70):
+        assert check.vector_bytes(_at(0, 2, cols, t)) == limits.contiguous_vector_bytes(cols, t.itemsize), cols
+
+
+def test_a_128_bit_config_runs_on_4_byte_rows_in_more_narrower_accesses():
+    config = plan.config(256, 1, 8, 4)
+    full = plan.access_tile(config, {"dtype": "bfloat16", "vec_bytes": 16})
+    word = plan.access_tile(config, {"dtype": "bfloat16", "vec_bytes": 4})
+    assert (full.vec, full.chunks) == (8, 4) and (word.vec, word.chunks) == (2, 16)
+    assert word.tile_k == full.tile_k and word.tpr == full.tpr
+    assert plan.check("silu_mul_cute", config, {"dtype": "bfloat16", "vec_bytes": 4}, arrays=2) == word
+    # One element per access takes the one-element configs only, 4-byte rows the 128-bit ones.
+    assert not plan.valid(config, {"dtype": "bfloat16", "vec_bytes": 2})
+    assert plan.valid(plan.config(256, 1, 1, 8), {"dtype": "bfloat16", "vec_bytes": 2})
+    assert not plan.valid(plan.config(256, 1, 1, 8), {"dtype": "bfloat16", "vec_bytes": 4})
+    # fp32 rows of 4 bytes are one element per access.
+    assert plan.valid(plan.config(256, 1, 1, 8), {"dtype": "float32", "vec_bytes": 4})
+    assert not plan.valid(plan.config(256, 1, 4, 4), {"dtype": "float32", "vec_bytes": 4})
+
+
+def test_flydsl_row_configs_take_the_rows_widest_vector_or_one_element():
+    def ok(vec, vec_bytes, dtype="bfloat16"):
+        return rowwise_space.valid({"threads": 256, "rows_per_block": 1, "vec": vec}, "gfx942",
+                                   {"dtype": dtype, "vec_bytes": vec_bytes})
+    assert ok(8, 16) and ok(1, 16) and not ok(2, 16)
+    assert ok(2, 4) and ok(1, 4) and not ok(8, 4)
+    assert ok(1, 2) and not ok(2, 2)
+    assert ok(4, 16, "float32") and ok(1, 4, "float32") and not ok(2, 4, "float32")
+
+
+@pytest.mark.parametrize("op", ROW_OPS)
+def test_every_row_template_serves_every_width_of_its_dtypes(op):
+    """Each template declares the widths, leaves out those narrower than an element (fp32 has no
+    2-byte rows), and has a valid heuristic pick for every signature it keeps."""
+    for template in registry.get_templates(op=op):
+        assert template.signatures["vec_bytes"] == limits.VECTOR_WIDTHS, template.name
+        sigs = template.all_signatures()
+        assert not [s for s in sigs if s["vec_bytes"] < limits.ELEM_BYTES[s["dtype"]]], template.name
+        for sig in sigs:
+            for target in template.targets:
+                problem = {"M": 7, "K": 4098, "N": 4098, "D": 4098, "A": 64, "T": 32}
+                config = template.heuristic(target, sig, problem)
+                assert template.valid(config, target, sig), (template.name, target, sig, config)
