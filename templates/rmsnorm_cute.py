@@ -82,9 +82,38 @@ def _valid(config, target, sig):
 SMS = limits.MULTIPROCESSORS["sm90a"]  # fewer single-CTA rows than this leave SMs idle
 
 
+# Rows a little longer than a tile (the rest at most 1/8 of the row; a single CTA's tile, or a
+# cluster's, each CTA streaming the rest of its share): that tile, rather than the next tile up,
+# whose lanes past the row idle (half of them, just past a tile) while the rest is a few
+# re-reads from L2. H200, bf16, CUDA-graph replays of every config near the row
+# (docs/benchmarks.md, "Rows of 4-byte accesses"): rows of 4-byte accesses 32768 x 4098 149 us
+# in the 4096 tile against 188 in the 8192 tile, 2009 x 16898 53 us in the 16384 tile against 68
+# in a 2-CTA cluster; 16-byte rows 2025 x 16568 40 against 45 us, 1009 x 33256 (2-CTA cluster)
+# 43 against 49 us. With a rest of 23-32% (3168 x 21180, 2798 x 23980) the next tile up wins or
+# ties (101 against 126 us). Rows of one element per access keep their own rule (below).
+STREAMED_REST = 8          # the rest at most 1 / STREAMED_REST of the row
+STREAMED_REST_THREADS = 256  # single CTAs of at most this many threads (a 1024-thread CTA loses to the clusters)
+
+
+def _streamed_rest_tile(configs, sig, n):
+    """The config whose tile (a cluster's: all its CTAs) leaves a rest of at most
+    n / STREAMED_REST, or None."""
+    fits = [c for c in configs if plan.valid(c, sig, ARRAYS)
+            and ("cluster" in c or c["threads"] <= STREAMED_REST_THREADS) and plan.RowTile.of(c).row_k <= n]
+    if not fits:
+        return None
+    best = max(fits, key=lambda c: plan.RowTile.of(c).row_k)
+    rest = n - plan.RowTile.of(best).row_k
+    return best if rest * STREAMED_REST <= n else None
+
+
 def _heuristic(target, sig, problem, residual: bool = False):
     n = problem["N"]
     configs = list(CONFIGS)
+    if not limits.one_element(sig):
+        streamed = _streamed_rest_tile(configs, sig, n)
+        if streamed is not None:
+            return streamed
     if limits.one_element(sig):
         scalar = [c for c in configs if c["vec"] == 1]
         single = max(plan.RowTile.of(c).row_k for c in scalar if "cluster" not in c)

@@ -92,11 +92,22 @@ def test_memory_bound_heuristics_take_the_measured_configs():
         assert pick("silu_mul", e, {"M": 8, "K": k}) == plan.config(threads, 1, 8, chunks), k
     assert pick("silu_mul_quant", q, {"M": 8, "K": 14336}) == {**plan.config(224, 1, 8, 4), "cluster": 2, "l1": "keep"}
     for op in ("rmsnorm", "rmsnorm_add"):
-        for dtype, k, cluster in (("bfloat16", 16728, 2), ("bfloat16", 32768, 2), ("bfloat16", 65536, 4),
-                                  ("bfloat16", 131072, 8), ("bfloat16", 262144, 16), ("float32", 16384, 2)):
+        for dtype, k, cluster in (("bfloat16", 21184, 2), ("bfloat16", 32768, 2), ("bfloat16", 65536, 4),
+                                  ("bfloat16", 131072, 8), ("bfloat16", 262144, 16), ("float32", 16384, 2),
+                                  ("bfloat16", 33256, 2), ("bfloat16", 37448, 2), ("bfloat16", 37456, 4)):
             n = {"dtype": dtype, "vec_bytes": 16, "fp32_weight": False}
             assert pick(op, n, {"M": 1, "N": k}) == {**plan.config(256, 1, 16 // plan.ELEM_BYTES[dtype], 8),
                                                       "cluster": cluster}, (op, dtype, k)
+        # A row at most 1/8 past a tile takes that tile and streams the rest (16-byte rows and
+        # rows of 4-byte accesses alike); further past it, the next tile up.
+        for vec_bytes, k, (threads, rows) in ((16, 4104, (128, 2)), (4, 4098, (128, 2)), (16, 8200, (128, 1)),
+                                              (16, 16568, (256, 1)), (4, 16898, (256, 1)), (16, 16728, (256, 1)),
+                                              (16, 5120, (128, 1)), (4, 5122, (128, 1)), (4, 4690, (128, 1))):
+            n = {"dtype": "bfloat16", "vec_bytes": vec_bytes, "fp32_weight": False}
+            assert pick(op, n, {"M": 8, "N": k}) == plan.config(threads, rows, 8, 8), (op, vec_bytes, k)
+        for k in (23980, 18434 + 2048):   # rests of 32% and 20%: the 2-CTA cluster
+            n = {"dtype": "bfloat16", "vec_bytes": 4, "fp32_weight": False}
+            assert pick(op, n, {"M": 8, "N": k}) == {**plan.config(256, 1, 8, 8), "cluster": 2}, (op, k)
     # Unaligned rows past 16K: a cluster of 2 or 4 512-thread CTAs where its capacity (32K or 64K)
     # is less than what the single CTA streams (the row, plus the rest past 16K read again per
     # input: x, and rmsnorm_add's residual), or where the rows are fewer than the SMs.

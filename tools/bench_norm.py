@@ -119,7 +119,7 @@ def _chosen(op, t, n, dtype):
     from mslk_dsl.ops.dispatch import dtype_name
 
     kernel_op = declaration.get(op).kernels
-    # the declaration's signature parts (aligned, dtype, fp32_weight): the weight is x's dtype here
+    # the declaration's signature parts (vec_bytes, dtype, fp32_weight): the weight is x's dtype here
     return kernel_op.choose("sm90a", (row_vec_bytes(n, dtype_name(dtype)), dtype_name(dtype), False), (t, n), None)[1]
 
 

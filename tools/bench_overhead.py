@@ -108,9 +108,9 @@ def _launch_floor(calls: int, runs: int, torch_add) -> dict:
     out = torch.empty_like(x)
     xq, scale = ops.quantize_fp8_row(x)
     ops.silu_mul(x, y)
-    # the kernels those calls chose (aligned rows, bf16, no scale_ub)
-    silu_mul = declaration.get("silu_mul").kernels.kernel(x.device, (True, "bfloat16"), (1, 256))
-    quantize = declaration.get("quantize_fp8_row").kernels.kernel(x.device, (True, "bfloat16", False), (1, 256))
+    # the kernels those calls chose (16-byte rows, bf16, no scale_ub)
+    silu_mul = declaration.get("silu_mul").kernels.kernel(x.device, (16, "bfloat16"), (1, 256))
+    quantize = declaration.get("quantize_fp8_row").kernels.kernel(x.device, (16, "bfloat16", False), (1, 256))
     ub = placeholder(x.device, torch.float32)
     count = placeholder(x.device, torch.int32, fill=2**31 - 1)  # no valid_token_count: every row
     parts = {"torch.add(x, y, out=z)": torch_add, "eager ops.silu_mul (all of it)": lambda: ops.silu_mul(x, y)}
