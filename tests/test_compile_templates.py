@@ -44,6 +44,7 @@ from mslk_dsl.template import config_name
 PTX_VECTOR = r"(ld|st)\.global(\.[\w:]+)*\.v4\.(b32|u32|f32)"
 PTX_WORD = r"ld\.global(\.[\w:]+)*\.(b32|u32)\s"
 ISA_VECTOR = r"(global|buffer)_(load|store)_dwordx4"
+ISA_WORD = r"\b(global|buffer)_load_dword\s"
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 DEFAULT_PROBLEM = {"M": 4096, "N": 4096, "K": 4096, "T": 4096}
 # Problems at the edges of the ops' coverage, whose heuristic picks are compiled beside the
@@ -314,6 +315,8 @@ def test_flydsl_template_compiles(flydsl_case, flydsl_built):
     assert re.search(rf'\.amdgcn_target "amdgcn-amd-amdhsa-\w*-{key["target"]}', isa), entry.path
     for pattern in _patterns(key, "isa", ISA_VECTOR):
         assert re.search(pattern, isa), f"{flydsl_case.id}: no {pattern} in the ISA"
+    if _moves_4_bytes_of_16_bit(key):
+        assert re.search(ISA_WORD, isa), f"{flydsl_case.id}: no 4-byte load in the ISA"
     if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") == "sorted":
         _check_sorted_scatter_isa(key, isa)
     if key["op"] in ("gather_scale_dense_tokens", "scatter_add_dense_tokens"):
