@@ -14,6 +14,8 @@ Which one to raise:
   device or GPU with no kernels);
 - the others below name one place each (compiling, the cache, backends, template files).
 """
+from __future__ import annotations
+
 class MslkDslError(Exception):
     """Base of every error mslk-dsl raises on purpose. Its message says what went wrong, where,
     and how to fix it, in a form fit to print as one line without a traceback."""
@@ -22,6 +24,17 @@ class MslkDslError(Exception):
 class KernelNotPrebuiltError(MslkDslError, RuntimeError):
     """A kernel is in no bundle or cache, and compiling is not allowed here (JIT off, or CUDA
     graph capture in progress). The message names the key and the command that builds it."""
+
+
+class KernelLaunchError(MslkDslError, RuntimeError):
+    """A compiled kernel's call failed in the DSL runtime or the driver (an error left by an
+    earlier launch such as an illegal address, a lost device). Inputs were checked before the
+    call, so this is not a bad argument. The message names the op and carries the runtime's own
+    error kind and text; the original exception is its ``__cause__`` on the Python path."""
+
+    @classmethod
+    def of(cls, op: str, error: BaseException) -> KernelLaunchError:
+        return cls(f"{op}: the kernel call failed: {type(error).__name__}: {error}")
 
 
 class CompileError(MslkDslError, RuntimeError):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mslk_dsl import native
+from mslk_dsl.errors import KernelLaunchError, MslkDslError
 
 tvm_ffi = pytest.importorskip("tvm_ffi")
 
@@ -145,8 +146,38 @@ def test_kernel_errors_raise(launcher):
     kernel = tvm_ffi.convert(fails)
     x, out = torch.randn(2, 2), torch.empty(2, 2)
     assert native.fast_op("test_fails").add((x,), (out,), (x, out), (0,), kernel)
-    with pytest.raises(Exception, match="bad launch"):
+    # The project's own error (also a RuntimeError), with the runtime's kind and message.
+    with pytest.raises(KernelLaunchError, match="the kernel call failed: ValueError: bad launch"):
         native.fast_op("test_fails")(x)
+
+
+def test_kernel_errors_are_kernel_launch_errors_on_the_python_path(monkeypatch):
+    """A kernel call that fails (the checked path, a plan still offered to the launcher, the bare
+    replay) raises KernelLaunchError naming the op, the runtime's error as its cause."""
+    from mslk_dsl.ops import call, declaration, elementwise, validate
+
+    failing = []
+
+    def quantize_kernel(x, ub, xq, scale):
+        if failing:
+            raise RuntimeError("an illegal memory access was encountered")
+
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)
+    monkeypatch.setattr(declaration.get("quantize_fp8_row").kernels, "selection", lambda *args: (quantize_kernel, {}))
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    for answer in (None, False, "checked"):   # the launcher may still load; never will; no plan at all
+        call.clear_python_plans()
+        failing.clear()
+        monkeypatch.setattr(native, "remember", lambda *args, **kw: None if answer == "checked" else answer)
+        with native.bypassed():
+            if answer != "checked":
+                elementwise.quantize_fp8_row(x), elementwise.quantize_fp8_row(x)   # plans made
+            failing.append(True)
+            with pytest.raises(KernelLaunchError, match="^quantize_fp8_row: the kernel call failed: RuntimeError: "
+                                                        "an illegal memory access") as raised:
+                elementwise.quantize_fp8_row(x, config={} if answer == "checked" else None)
+    assert isinstance(raised.value, MslkDslError) and isinstance(raised.value, RuntimeError)
+    assert isinstance(raised.value.__cause__, RuntimeError)
 
 
 def test_plans_are_bounded(launcher):

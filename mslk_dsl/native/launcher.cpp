@@ -89,6 +89,9 @@ struct Plan {
 };
 
 PyObject* g_miss = nullptr;  // the MISS sentinel
+// What a failed kernel call raises: mslk_dsl.errors.KernelLaunchError (RuntimeError if that
+// cannot be imported), as the Python path does.
+PyObject* g_launch_error = nullptr;
 
 struct FastOp {
   PyObject_HEAD
@@ -259,14 +262,16 @@ void RaiseFFIError() {
   TVMFFIObjectHandle err = nullptr;
   TVMFFIErrorMoveFromRaised(&err);
   if (err == nullptr) {
-    PyErr_SetString(PyExc_RuntimeError, "mslk_dsl native launch: TVM-FFI call failed");
+    PyErr_SetString(g_launch_error, "mslk_dsl native launch: the kernel call failed");
     return;
   }
   const TVMFFIErrorCell* cell = TVMFFIErrorGetCellPtr(err);
   // (PyErr_Format has no %.*s: build the strings first.)
   PyObject* kind = PyUnicode_DecodeUTF8(cell->kind.data, Py_ssize_t(cell->kind.size), "replace");
   PyObject* message = PyUnicode_DecodeUTF8(cell->message.data, Py_ssize_t(cell->message.size), "replace");
-  if (kind != nullptr && message != nullptr) PyErr_Format(PyExc_RuntimeError, "%U: %U", kind, message);
+  if (kind != nullptr && message != nullptr) {
+    PyErr_Format(g_launch_error, "the kernel call failed: %U: %U", kind, message);
+  }
   Py_XDECREF(kind);
   Py_XDECREF(message);
   TVMFFIObjectDecRef(err);
@@ -851,6 +856,13 @@ PyMODINIT_FUNC PyInit__launcher(void) {
   PyObject* module = PyModule_Create(&kModule);
   if (module == nullptr) return nullptr;
   g_miss = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(&PyBaseObject_Type));
+  PyObject* errors = PyImport_ImportModule("mslk_dsl.errors");
+  g_launch_error = errors != nullptr ? PyObject_GetAttrString(errors, "KernelLaunchError") : nullptr;
+  Py_XDECREF(errors);
+  if (g_launch_error == nullptr) {
+    PyErr_Clear();
+    g_launch_error = Py_NewRef(PyExc_RuntimeError);
+  }
   if (g_miss == nullptr || PyModule_AddObjectRef(module, "MISS", g_miss) < 0 ||
       PyModule_AddObjectRef(module, "FastOp", reinterpret_cast<PyObject*>(&kFastOpType)) < 0) {
     Py_DECREF(module);

@@ -22,7 +22,7 @@ import functools
 import torch
 
 from mslk_dsl import native
-from mslk_dsl.errors import InputError, MslkDslError
+from mslk_dsl.errors import InputError, KernelLaunchError, MslkDslError
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Fixed, Launch, OpDecl
 from mslk_dsl.ops.dispatch import is_placeholder, placeholder
@@ -65,7 +65,7 @@ class _PythonPlan:
             else:
                 source = inputs[value] if kind == _VIEW_OF_INPUT else made[value]
                 args.append(source.as_strided(*view, source.storage_offset()))
-        self.kernel(*args)
+        _launch(self.name, self.kernel, args)
         added = native.remember(self.name, inputs, tuple(made), tuple(args), tuple(range(self.returned)),
                                 self.kernel, held=self.held, written=self.written, constants=self.constants,
                                 stream_bound=self.stream_bound)
@@ -123,12 +123,24 @@ def _overlapping(inputs: tuple, spans: tuple, written: tuple) -> bool:
     return False
 
 
+def _launch(op: str, kernel, args) -> None:
+    """Call a kernel; an error from the DSL runtime or the driver becomes a KernelLaunchError
+    naming the op (the native launcher raises the same class)."""
+    try:
+        kernel(*args)
+    except MslkDslError:
+        raise
+    except Exception as e:
+        raise KernelLaunchError.of(op, e) from e
+
+
 def _replay_function(name: str, kernel, allocate: list, args: list, returned: int, spans: tuple = (),
                      written: tuple = ()):
     """``replay(inputs)``: allocate, launch, return, written out for one plan (no loop, no test of
     where an argument comes from); for an op writing inputs in place, first the overlap test."""
     namespace: dict = {"KERNEL": kernel, "OVERLAP": OVERLAP, "overlapping": _overlapping, "SPANS": spans,
-                       "WRITTEN": written}
+                       "WRITTEN": written, "MslkDslError": MslkDslError, "KernelLaunchError": KernelLaunchError,
+                       "NAME": name}
     lines = ["def replay(inputs):"]
     if written:
         lines.append("    if overlapping(inputs, SPANS, WRITTEN):")
@@ -149,7 +161,12 @@ def _replay_function(name: str, kernel, allocate: list, args: list, returned: in
             source = f"inputs[{value}]" if kind == _VIEW_OF_INPUT else f"o{value}"
             namespace[f"SHAPE{a}"], namespace[f"STRIDES{a}"] = view
             call.append(f"{source}.as_strided(SHAPE{a}, STRIDES{a}, {source}.storage_offset())")
-    lines.append(f"    KERNEL({', '.join(call)})")
+    lines.append("    try:")
+    lines.append(f"        KERNEL({', '.join(call)})")
+    lines.append("    except MslkDslError:")
+    lines.append("        raise")
+    lines.append("    except Exception as e:")
+    lines.append("        raise KernelLaunchError.of(NAME, e) from e")
     returns = ", ".join(f"o{k}" for k in range(returned))
     lines.append("    return " + (f"({returns})" if returned > 1 else returns or "None"))
     exec(compile("\n".join(lines) + "\n", f"<mslk_dsl.ops.{name} plan>", "exec"), namespace)
@@ -264,7 +281,7 @@ def checked_call(decl: OpDecl, inputs: tuple, out, config: dict | None):
 
     launch = decl.prepare(select, outputs, *inputs)
     if launch is not None:
-        launch.kernel(*(a.value if type(a) is Fixed else a for a in launch.args))
+        _launch(name, launch.kernel, [a.value if type(a) is Fixed else a for a in launch.args])
         if launch.finish is not None:
             launch.finish()
         elif config is None and decl.plannable and launch.plannable and _plan_allowed[name](*inputs):
