@@ -138,8 +138,27 @@ def test_rmsnorm_picks_the_weight_signature(monkeypatch, x_dtype, w_dtype, fp32_
     launched = _launched_with(monkeypatch, "rmsnorm")
     y = ops.rmsnorm(t(3, 64, dtype=x_dtype), t(64, dtype=w_dtype), config=None)
     ((sig, args),) = launched
-    assert sig == (True, str(x_dtype).removeprefix("torch."), fp32_weight)
+    assert sig == (16, str(x_dtype).removeprefix("torch."), fp32_weight)
     assert y.dtype == x_dtype and args[1].dtype == w_dtype
+
+
+@pytest.mark.parametrize("n, w_dtype, x_offset, want", [
+    (64, bf16, 0, 16), (4098, bf16, 0, 4), (4097, bf16, 0, 2), (64, bf16, 2, 4), (64, bf16, 1, 2),
+    (4098, f32, 0, 4), (64, f32, 0, 16)])
+def test_row_ops_pick_the_widest_access_their_tensors_admit(monkeypatch, n, w_dtype, x_offset, want):
+    """The norms' vec_bytes from x's rows (length and start) and the weight; silu_mul's and the
+    FP8 quantizer's from all their tensors alike."""
+    base = t(3 * n + x_offset, dtype=bf16)
+    x = base[x_offset:].view(3, n)
+    launched = _launched_with(monkeypatch, "rmsnorm")
+    ops.rmsnorm(x, t(n, dtype=w_dtype))
+    assert launched[0][0][0] == want
+    launched = _launched_with(monkeypatch, "silu_mul")
+    ops.silu_mul(x, t(3, n, dtype=bf16))
+    assert launched[0][0][0] == want
+    launched = _launched_with(monkeypatch, "quantize_fp8_row")
+    ops.quantize_fp8_row(x)
+    assert launched[0][0][0] == want
 
 
 @pytest.mark.parametrize("op", ["rmsnorm", "rmsnorm_add"])
