@@ -87,7 +87,7 @@ def compact_rows(t: torch.Tensor) -> bool:
 
 
 def vector_bytes(*tensors: torch.Tensor) -> int:
-    """The row-wise templates' signature part ``vec_bytes``: the widest access (16, 8 or 4 bytes
+    """The row-wise templates' signature part ``vec_bytes``: the widest access (16 or 4 bytes
     of the first tensor's elements, else one element) that every row of every tensor admits. A
     width of v elements needs each tensor to start on a multiple of v of its own elements and
     its rows to be a whole number of v elements (a weight or an FP8 output then moves v of its
