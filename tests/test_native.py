@@ -147,7 +147,7 @@ def test_kernel_errors_raise(launcher):
     x, out = torch.randn(2, 2), torch.empty(2, 2)
     assert native.fast_op("test_fails").add((x,), (out,), (x, out), (0,), kernel)
     # The project's own error (also a RuntimeError), with the runtime's kind and message.
-    with pytest.raises(KernelLaunchError, match="the kernel call failed: ValueError: bad launch"):
+    with pytest.raises(KernelLaunchError, match="^test_fails: the kernel call failed: ValueError: bad launch"):
         native.fast_op("test_fails")(x)
 
 

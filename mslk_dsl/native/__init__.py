@@ -202,7 +202,8 @@ def fast_op(name: str):
 
         positions = _value_positions.get(name.removesuffix(".out"), ())
         fast = _fast_ops[name] = _module.FastOp(torch.Tensor.__dlpack_c_exchange_api__,
-                                                (torch.Tensor, torch.nn.Parameter), positions)
+                                                (torch.Tensor, torch.nn.Parameter), positions,
+                                                name.removesuffix(".out"))
     return fast
 
 

@@ -100,6 +100,7 @@ struct FastOp {
   Plan* table;
   int count;
   uint32_t value_mask;  // bit i: argument i is keyed by value (a plan_value), not only by type
+  PyObject* name;       // the op's name (str), for the errors a kernel call raises
 };
 
 bool IsTensor(FastOp* self, PyObject* obj) {
@@ -258,11 +259,11 @@ bool WrittenOverlaps(const Plan& plan, const DLTensor* dl, int n) {
   return false;
 }
 
-void RaiseFFIError() {
+void RaiseFFIError(PyObject* op) {
   TVMFFIObjectHandle err = nullptr;
   TVMFFIErrorMoveFromRaised(&err);
   if (err == nullptr) {
-    PyErr_SetString(g_launch_error, "mslk_dsl native launch: the kernel call failed");
+    PyErr_Format(g_launch_error, "%U: the kernel call failed", op);
     return;
   }
   const TVMFFIErrorCell* cell = TVMFFIErrorGetCellPtr(err);
@@ -270,7 +271,7 @@ void RaiseFFIError() {
   PyObject* kind = PyUnicode_DecodeUTF8(cell->kind.data, Py_ssize_t(cell->kind.size), "replace");
   PyObject* message = PyUnicode_DecodeUTF8(cell->message.data, Py_ssize_t(cell->message.size), "replace");
   if (kind != nullptr && message != nullptr) {
-    PyErr_Format(g_launch_error, "the kernel call failed: %U: %U", kind, message);
+    PyErr_Format(g_launch_error, "%U: the kernel call failed: %U: %U", op, kind, message);
   }
   Py_XDECREF(kind);
   Py_XDECREF(message);
@@ -423,7 +424,7 @@ PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, Py
     TVMFFIStreamHandle previous = nullptr;
     bool on_device = device.device_type != kDLCPU && self->api->current_work_stream != nullptr;
     if (on_device && TVMFFIEnvSetStream(device.device_type, device.device_id, stream, &previous) != 0) {
-      if (!PyErr_Occurred()) RaiseFFIError();
+      if (!PyErr_Occurred()) RaiseFFIError(self->name);
       goto done;
     }
     TVMFFIAny ret;
@@ -432,7 +433,7 @@ PyObject* FastOpCall(PyObject* py_self, PyObject* const* argv, size_t nargsf, Py
     int rc = TVMFFIFunctionCall(plan->func_handle, args, plan->n_args, &ret);
     if (on_device && previous != stream) TVMFFIEnvSetStream(device.device_type, device.device_id, previous, nullptr);
     if (rc != 0) {
-      RaiseFFIError();
+      RaiseFFIError(self->name);
       goto done;
     }
     if (ret.type_index >= kTVMFFIStaticObjectBegin) TVMFFIObjectDecRef(ret.v_obj);
@@ -682,8 +683,10 @@ PyObject* FastOpLen(PyObject* py_self, PyObject*) {
 // FastOp(exchange_api_capsule, tensor_types, value_positions=()): value_positions are the
 // arguments whose values (not only types) key the plans.
 PyObject* FastOpNew(PyTypeObject* type, PyObject* argv, PyObject* kwargs) {
-  PyObject *capsule, *types, *positions = nullptr;
-  if (!PyArg_ParseTuple(argv, "OO!|O!", &capsule, &PyTuple_Type, &types, &PyTuple_Type, &positions)) return nullptr;
+  PyObject *capsule, *types, *positions = nullptr, *name = nullptr;
+  if (!PyArg_ParseTuple(argv, "OO!|O!U", &capsule, &PyTuple_Type, &types, &PyTuple_Type, &positions, &name)) {
+    return nullptr;
+  }
   uint32_t value_mask = 0;
   for (Py_ssize_t p = 0; positions != nullptr && p < PyTuple_GET_SIZE(positions); ++p) {
     long index = PyLong_AsLong(PyTuple_GET_ITEM(positions, p));
@@ -704,6 +707,11 @@ PyObject* FastOpNew(PyTypeObject* type, PyObject* argv, PyObject* kwargs) {
   if (self == nullptr) return nullptr;
   self->api = api;
   self->tensor_types = Py_NewRef(types);
+  self->name = name != nullptr ? Py_NewRef(name) : PyUnicode_FromString("mslk_dsl op");
+  if (self->name == nullptr) {
+    Py_DECREF(self);
+    return nullptr;
+  }
   self->table = static_cast<Plan*>(PyMem_Calloc(kTableSize, sizeof(Plan)));
   self->count = 0;
   self->value_mask = value_mask;
@@ -721,6 +729,7 @@ void FastOpDealloc(PyObject* py_self) {
     PyMem_Free(self->table);
   }
   Py_XDECREF(self->tensor_types);
+  Py_XDECREF(self->name);
   Py_TYPE(py_self)->tp_free(py_self);
 }
 
