@@ -46,6 +46,10 @@ def test_tensors_of_other_dtypes_need_the_same_number_of_elements_per_vector():
     assert check.vector_bytes(x, torch.zeros(4099, dtype=fp32)[1:]) == 2       # one 4 bytes off: 1 element
     assert check.vector_bytes(x, _at(0, 3, 4098, torch.float8_e4m3fn)) == 4    # FP8 rows: 2 bytes each
     assert check.vector_bytes(_at(0, 3, 4104, bf16), _at(8, 3, 4104, torch.float8_e4m3fn)) == 16
+    # 16-byte rows: an fp32 weight is read 16 bytes at a time, so a 16-byte start is enough (no
+    # tensor needs more than the address modulo 16 that keys the launch plans).
+    assert check.vector_bytes(_at(0, 3, 4096, bf16), torch.zeros(4096 + 4, dtype=fp32)[4:]) == 16
+    assert check.vector_bytes(_at(0, 3, 4096, bf16), torch.zeros(4096 + 2, dtype=fp32)[2:]) == 4
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mslk_dsl.errors import InputError, InputTypeError, UnsupportedDeviceError
-from mslk_dsl.templates._kernel_limits import VECTOR_WIDTHS
+from mslk_dsl.templates._kernel_limits import VECTOR_BYTES, VECTOR_WIDTHS
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -89,13 +89,15 @@ def compact_rows(t: torch.Tensor) -> bool:
 def vector_bytes(*tensors: torch.Tensor) -> int:
     """The row-wise templates' signature part ``vec_bytes``: the widest access (16 or 4 bytes
     of the first tensor's elements, else one element) that every row of every tensor admits. A
-    width of v elements needs each tensor to start on a multiple of v of its own elements and
-    its rows to be a whole number of v elements (a weight or an FP8 output then moves v of its
-    elements per access, whatever their size)."""
+    width of v elements needs each tensor's rows to be a whole number of v elements, and each
+    tensor to start on a multiple of v of its own elements, or of 16 bytes where those are wider
+    (an fp32 weight under 8 bf16 values is read as two 16-byte accesses). No tensor needs more
+    than 16-byte alignment, so the address modulo 16 that keys the launch plans decides it."""
     elem = tensors[0].element_size()
     for width in VECTOR_WIDTHS:
         v = width // elem
-        if v > 1 and all(t.data_ptr() % (v * t.element_size()) == 0 and t.shape[-1] % v == 0 for t in tensors):
+        if v > 1 and all(t.data_ptr() % min(v * t.element_size(), VECTOR_BYTES) == 0 and t.shape[-1] % v == 0
+                         for t in tensors):
             return width
     return elem
 
