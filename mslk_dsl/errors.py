@@ -16,6 +16,7 @@ Which one to raise:
 """
 from __future__ import annotations
 
+
 class MslkDslError(Exception):
     """Base of every error mslk-dsl raises on purpose. Its message says what went wrong, where,
     and how to fix it, in a form fit to print as one line without a traceback."""
