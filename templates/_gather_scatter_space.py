@@ -20,7 +20,7 @@ SORTED_MIN_BYTES = 32 << 20
 
 
 def vec(sig) -> int:
-    """Elements one access moves: the widest vector every row admits (16 or 4 bytes), else
+    """Elements one access moves: the widest vector every row admits (16, 8 or 4 bytes), else
     one element."""
     return vector_elems(sig)
 

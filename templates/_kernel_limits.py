@@ -18,11 +18,11 @@ VECTOR_BYTES = 16
 # elements a vector) is admitted when each tensor starts on a multiple of its own w-element
 # vector and its rows are a whole number of them. 16 is a full 128-bit access; a row of an odd
 # number of 16-bit elements admits only its element size (one element per access). bf16 rows of
-# 4096 take 16, of 4100 or 4098 take 4, of 4097 take 2; fp32 rows of 1026 take 4 (one element).
-# There is no 8: rows that admit 8 bytes take 4-byte accesses, which keep as many bytes in
-# flight per thread (the kernels cut a tile into more accesses, see _rowwise_plan) and need no
-# second set of kernels.
-VECTOR_WIDTHS = (16, 4, 2)
+# 4096 take 16, of 4100 take 8, of 4098 take 4, of 4097 take 2; fp32 rows of 1026 take 8, of
+# 1025 take 4 (one element). The kernels run their 128-bit configs on rows of 8 or 4 bytes with
+# each vector cut into 2 or 4 accesses (see _rowwise_plan): the same tile and bytes per thread.
+# 8 is its own class because it halves the accesses of 4 (quack's norms take it on such rows).
+VECTOR_WIDTHS = (16, 8, 4, 2)
 
 
 def contiguous_vector_bytes(row_elems: int, elem_bytes: int) -> int:

@@ -11,7 +11,7 @@ A config is ``{"threads", "rows_per_block", "vec", "chunks"}``, and for the FP8 
   * a row is cut into vectors of ``vec`` elements, one global access each (128 bits when
     ``vec * element size == 16``); lane ``l`` of a row touches vectors ``l, l + tpr, ...`` so a
     warp's accesses are contiguous. A config names 128-bit vectors or single elements; rows that
-    admit only 4-byte accesses (the signature's ``vec_bytes``) run a 128-bit config with
+    admit only 8- or 4-byte accesses (the signature's ``vec_bytes``) run a 128-bit config with
     each vector cut into 16 / vec_bytes accesses (``access_tile``): the same tile, the same
     bytes per thread, more loads;
   * a tile is ``tpr * chunks`` vectors (``tile_k`` elements) of one row: what a thread group
@@ -124,7 +124,7 @@ def valid(config: dict, sig: dict, arrays: int = 1) -> bool:
         return False
     if tile.l1 not in L1_POLICIES:
         return False
-    # Rows cut into 4-byte accesses take the default L1 policy only: the policies were timed on
+    # Rows cut into 8- or 4-byte accesses take the default L1 policy only: the policies were timed on
     # 128-bit vectors, and a second set of kernels for rare rows would not pay for itself.
     if tile.l1 != L1_POLICIES[0] and not one_element(sig) and sig["vec_bytes"] != VECTOR_BYTES:
         return False
@@ -146,10 +146,10 @@ def access_tile(config: dict, sig: dict) -> RowTile:
 
 def cut_into_words(config: dict, sig: dict) -> bool:
     """Whether the kernel of ``config`` on rows of ``sig`` runs its 128-bit vectors as several
-    4-byte accesses (``access_tile``). Those kernels hold the same data in registers but four
-    times the addresses and predicates; they get the config's register budget (its occupancy)
-    and may spill a few words, which stay in L1: rows that admit 4 bytes and not 16 are rare,
-    and a row of one-element accesses was the alternative."""
+    8- or 4-byte accesses (``access_tile``). Those kernels hold the same data in registers but
+    two or four times the addresses and predicates; they get the config's register budget (its
+    occupancy) and may spill a few words, which stay in L1: rows that admit 8 or 4 bytes and not
+    16 are rarer, and a row of one-element accesses was the alternative."""
     return access_tile(config, sig).chunks != RowTile.of(config).chunks
 
 

@@ -3,7 +3,7 @@
 DSL-free on purpose: the registry evaluates validity and heuristics in processes that must not
 import a DSL. A config is ``threads`` per block, ``rows_per_block`` (each row gets
 threads / rows_per_block threads, whole waves of 64) and ``vec``, the elements one load moves:
-at most the signature's ``vec_bytes`` (the widest access every row admits: 16 or 4 bytes, else
+at most the signature's ``vec_bytes`` (the widest access every row admits: 16, 8 or 4 bytes, else
 one element).
 """
 from mslk_dsl.errors import ConfigError
@@ -47,7 +47,7 @@ def quant_template_rules() -> dict:
 
 def placeholder_cols(sig) -> int:
     """The row length of a template's compile-time example tensors: 64 for 16-byte rows, else
-    one vector short of it (62, 63 for 16-bit rows of 4- and 2-byte vectors). Only a
+    one vector short of it (60, 62, 63 for 16-bit rows of 8-, 4- and 2-byte vectors). Only a
     placeholder: the kernels take every size at run time."""
     v = vector_elems(sig)
     return 64 if sig["vec_bytes"] == VECTOR_WIDTHS[0] else 64 - v

@@ -40,14 +40,15 @@ scatter_add_dense_tokens:
     before it reads anything, which hides the launch gaps of the chain.
     "atomic" (small problems, where the extra launches would cost more than they save):
         atomic adds, like MSLK: vector reductions as wide as the rows admit (REDG.ADD.BF16x8 /
-        F16x8 / F32x4 on 16-byte rows, BF16x2 / F16x2 on 4-byte ones), scalar atomics otherwise
+        F16x8 / F32x4 on 16-byte rows, BF16x4 / F16x4 / F32x2 on 8-byte ones, BF16x2 / F16x2 on 4-byte
+        ones), scalar atomics otherwise
         (a compare-and-swap loop for a lone bf16/fp16). A token that receives several rows (top_k > 1) gets them in an unspecified order and, for
         bf16/fp16, each addition rounds to the output dtype (as MSLK); fp32 atomic adds flush
         subnormals (hardware semantics, as CUDA's atomicAdd).
 
 Gather: token indices must lie in [0, T) for rows below n (not checked on the device, as MSLK). Sizes T,
 A, D, E are dynamic. ``sig["vec_bytes"]``: every row starts on a multiple of it and D * itemsize
-is one; then one access moves that many bytes (16 or 4), else one element.
+is one; then one access moves that many bytes (16, 8 or 4), else one element.
 
 Work split, gather: block (i, c) handles row i, vectors [c * chunk, (c + 1) * chunk) with
 chunk = threads * unroll vectors. The block size is chosen at launch from D

@@ -56,7 +56,7 @@ CONFIGS = tuple(
     + plan.expand(vector_shapes=[(1024, 1, 4)], scalar_shapes=[])
     + [c for n in (2, 4) for c in plan.clustered(plan.expand(vector_shapes=[], scalar_shapes=[(512, 1, 32)]), n)])
 # Registers per thread for the 1024-thread CTAs (the most a CTA of 1024 threads may use), and
-# for tiles cut into 4-byte accesses (512 threads per SM: the occupancy floor).
+# for tiles cut into 8- or 4-byte accesses (512 threads per SM: the occupancy floor).
 LONG_ROW_REGS = 64
 NARROW_REGS = 128
 
@@ -286,7 +286,7 @@ def _build(config, target, sig, residual):
             rw.copy_vectors(a, vY, j, tpr, nvec, load=False)
 
     # A 1024-thread CTA must fit the SM's register file: cap ptxas at LONG_ROW_REGS. A tile cut
-    # into 4-byte accesses holds 4 times the addresses and predicates: capped at NARROW_REGS,
+    # into 8- or 4-byte accesses holds 2-4 times the addresses and predicates: capped at NARROW_REGS,
     # which keeps the occupancy floor (512 threads per SM), where ptxas would take more.
     if tile.threads > 512:
         hints = rw.launch_hints(tile, LONG_ROW_REGS)
@@ -331,7 +331,7 @@ def _spilling_configs(config, target, sig, residual: bool = False) -> bool:
     - rmsnorm_add in a 1024-thread CTA (a config the heuristic no longer takes: the clusters
       hold long rows): x and the residual of the tile in flight at once under the 64-register
       cap spill 16-32 bytes per thread of 16-bit rows;
-    - tiles cut into 4-byte accesses (``plan.cut_into_words``): up to 32 bytes per thread of the
+    - tiles cut into 8- or 4-byte accesses (``plan.cut_into_words``): up to 32 bytes per thread of the
       fused add or of the 1024-thread CTAs."""
     values = config["vec"] * config["chunks"]
     long_fp32 = config["vec"] == 4 and values >= (16 if config["threads"] > 512 else 32)

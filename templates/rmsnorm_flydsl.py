@@ -16,7 +16,7 @@ chunks of ``group * vec * tiles`` elements, each thread holding ``tiles`` vector
 elements. The last chunk stays in registers across the reduction; earlier chunks (rows longer
 than one chunk) are read again afterwards, so every config is correct for every N, while the
 heuristic picks one whose chunk covers N (x is read once). ``vec`` 8 (16-bit dtypes) and 4
-(fp32) are 16-byte accesses; rows that admit only 4-byte ones (the signature's
+(fp32) are 16-byte accesses; rows that admit only 8- or 4-byte ones (the signature's
 ``vec_bytes``) run the same chunk in narrower accesses; ``vec`` 1 serves any N. Rows past 16K elements
 take a 16K-element chunk (512 threads for aligned 16-bit rows, the fewest that hold it; 1024 for
 fp32 and unaligned rows): the re-read of the earlier chunks then mostly hits L2 / MALL. Every
@@ -63,14 +63,14 @@ def _wide(sig) -> int:
 
 def _valid(config, target, sig):
     # Single elements serve any row; 16-byte vectors any row that admits a vector (cut into
-    # 4-byte accesses where the rows need it: see _access).
+    # 8- or 4-byte accesses where the rows need it: see _access).
     return (target in TARGETS and limits.vector_signature(sig)
             and (config["vec"] == 1 or (not limits.one_element(sig) and config["vec"] == _wide(sig))))
 
 
 def _access(config, sig) -> tuple[int, int]:
     """(elements per access, vectors per thread per chunk) the kernel runs: the config's, or, on
-    rows that admit only 4-byte accesses, each 16-byte vector cut into that many narrower
+    rows that admit only 8- or 4-byte accesses, each 16-byte vector cut into that many narrower
     ones (the same chunk of the row, more accesses)."""
     vec, tiles = config["vec"], config["tiles"]
     narrow = limits.vector_elems(sig)

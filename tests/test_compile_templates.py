@@ -39,12 +39,12 @@ from mslk_dsl.template import config_name
 # What each kernel's code must contain is declared by its template (Template.instructions:
 # "ptx", "sass" for sm90a; "isa" for gfx942, kept with MSLK_DSL_KEEP_ISA=1).
 
-# 16-byte vector accesses, for configs that move 16 bytes per access on 16-byte rows; 4-byte
-# ones (two 16-bit elements) where the rows admit only those.
+# 16-byte vector accesses, for configs that move 16 bytes per access on 16-byte rows; 8- and
+# 4-byte loads (four or two 16-bit elements) where the rows admit only those.
 PTX_VECTOR = r"(ld|st)\.global(\.[\w:]+)*\.v4\.(b32|u32|f32)"
-PTX_WORD = r"ld\.global(\.[\w:]+)*\.(b32|u32)\s"
+PTX_NARROW = {8: r"ld\.global(\.[\w:]+)*\.v2\.(b32|u32|f32)\s", 4: r"ld\.global(\.[\w:]+)*\.(b32|u32)\s"}
 ISA_VECTOR = r"(global|buffer)_(load|store)_dwordx4"
-ISA_WORD = r"\b(global|buffer)_load_dword\s"
+ISA_NARROW = {8: r"\b(global|buffer)_load_dwordx2\s", 4: r"\b(global|buffer)_load_dword\s"}
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 DEFAULT_PROBLEM = {"M": 4096, "N": 4096, "K": 4096, "T": 4096}
 # Problems at the edges of the ops' coverage, whose heuristic picks are compiled beside the
@@ -217,12 +217,13 @@ def _moves_16_bytes(key: dict) -> bool:
     return sig.get("vec_bytes") == 16 and "vec" in config and config["vec"] * esize == 16
 
 
-def _moves_4_bytes_of_16_bit(key: dict) -> bool:
-    """A 16-bit row-wise kernel whose rows admit 4-byte accesses, on a config of vectors (cut
-    into pairs of elements), not of one element."""
+def _narrow_bytes_of_16_bit(key: dict) -> int | None:
+    """8 or 4 for a 16-bit row-wise kernel whose rows admit accesses that narrow, on a config of
+    vectors (cut into four or two elements), not of one element; else None."""
     sig, config = key["signature"], key["config"]
-    return (sig.get("vec_bytes") == 4 and ELEMENT_BYTES.get(sig.get("dtype")) == 2
-            and config.get("vec", 1) > 1)
+    if sig.get("vec_bytes") in (8, 4) and ELEMENT_BYTES.get(sig.get("dtype")) == 2 and config.get("vec", 1) > 1:
+        return sig["vec_bytes"]
+    return None
 
 
 def _patterns(key: dict, kind: str, vector_pattern: str = "") -> list[str]:
@@ -244,8 +245,8 @@ def test_cute_template_compiles(cute_case, cute_built):
     if key["target"] == "sm90a":
         for pattern in _patterns(key, "ptx", PTX_VECTOR):
             assert re.search(pattern, ptx), f"{cute_case.id}: no {pattern} in the PTX"
-        if _moves_4_bytes_of_16_bit(key):
-            assert re.search(PTX_WORD, ptx), f"{cute_case.id}: no 4-byte load in the PTX"
+        if narrow := _narrow_bytes_of_16_bit(key):
+            assert re.search(PTX_NARROW[narrow], ptx), f"{cute_case.id}: no {narrow}-byte load in the PTX"
     if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") in ("sorted", "linked"):
         # The sorted scatter counts with integer atomics, the linked one links rows with atomic
         # exchanges; both add the data without atomics.
@@ -315,8 +316,8 @@ def test_flydsl_template_compiles(flydsl_case, flydsl_built):
     assert re.search(rf'\.amdgcn_target "amdgcn-amd-amdhsa-\w*-{key["target"]}', isa), entry.path
     for pattern in _patterns(key, "isa", ISA_VECTOR):
         assert re.search(pattern, isa), f"{flydsl_case.id}: no {pattern} in the ISA"
-    if _moves_4_bytes_of_16_bit(key):
-        assert re.search(ISA_WORD, isa), f"{flydsl_case.id}: no 4-byte load in the ISA"
+    if narrow := _narrow_bytes_of_16_bit(key):
+        assert re.search(ISA_NARROW[narrow], isa), f"{flydsl_case.id}: no {narrow}-byte load in the ISA"
     if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") == "sorted":
         _check_sorted_scatter_isa(key, isa)
     if key["op"] in ("gather_scale_dense_tokens", "scatter_add_dense_tokens"):

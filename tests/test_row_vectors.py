@@ -1,6 +1,6 @@
 """The row-wise ops' vector width (the signature part ``vec_bytes``): what the op layer computes
 from the call's tensors, what the templates accept for it, and the tile a 128-bit config runs on
-rows that admit only 4-byte accesses. CPU only (nothing is launched)."""
+rows that admit only 8- or 4-byte accesses. CPU only (nothing is launched)."""
 import pytest
 import torch
 
@@ -20,7 +20,7 @@ def _at(offset: int, rows: int, cols: int, dtype) -> torch.Tensor:
     return torch.zeros(rows * cols + offset, dtype=dtype)[offset:].view(rows, cols)
 
 
-@pytest.mark.parametrize("cols, want", [(4096, 16), (4104, 16), (4100, 4), (4098, 4), (2, 4), (4097, 2), (1, 2)])
+@pytest.mark.parametrize("cols, want", [(4096, 16), (4104, 16), (4100, 8), (4, 8), (4098, 4), (2, 4), (4097, 2), (1, 2)])
 def test_16_bit_rows_take_the_widest_access_every_row_admits(cols, want):
     assert check.vector_bytes(_at(0, 3, cols, bf16)) == want
     assert limits.contiguous_vector_bytes(cols, 2) == want
@@ -28,21 +28,29 @@ def test_16_bit_rows_take_the_widest_access_every_row_admits(cols, want):
 
 def test_the_start_address_counts_as_much_as_the_row_length():
     assert check.vector_bytes(_at(8, 3, 4096, bf16)) == 16
-    assert check.vector_bytes(_at(2, 3, 4096, bf16)) == 4       # 4 bytes past a 16-byte boundary
+    assert check.vector_bytes(_at(4, 3, 4096, bf16)) == 8       # 8 bytes past a 16-byte boundary
+    assert check.vector_bytes(_at(2, 3, 4096, bf16)) == 4       # 4 bytes past it
+    assert check.vector_bytes(_at(4, 3, 4100, bf16), _at(2, 3, 4100, bf16)) == 4
     assert check.vector_bytes(_at(1, 3, 4096, bf16)) == 2       # 2 bytes past it: one element
     assert check.vector_bytes(_at(0, 3, 4096, bf16), _at(1, 3, 4096, bf16)) == 2   # every tensor counts
 
 
-def test_fp32_rows_take_16_bytes_or_one_element():
+def test_fp32_rows_take_16_or_8_bytes_or_one_element():
     assert check.vector_bytes(_at(0, 3, 1028, fp32)) == 16
-    assert check.vector_bytes(_at(0, 3, 1026, fp32)) == 4       # 8-byte rows: one element per access
-    assert check.vector_bytes(_at(2, 3, 1028, fp32)) == 4
-    assert limits.contiguous_vector_bytes(1026, 4) == 4
+    assert check.vector_bytes(_at(0, 3, 1026, fp32)) == 8       # 8-byte rows: two elements per access
+    assert check.vector_bytes(_at(2, 3, 1028, fp32)) == 8
+    assert check.vector_bytes(_at(1, 3, 1028, fp32)) == 4       # 4 bytes off: one element per access
+    assert check.vector_bytes(_at(0, 3, 1025, fp32)) == 4
+    assert limits.contiguous_vector_bytes(1026, 4) == 8
+    assert limits.contiguous_vector_bytes(1025, 4) == 4
 
 
 def test_tensors_of_other_dtypes_need_the_same_number_of_elements_per_vector():
     x = _at(0, 3, 4098, bf16)                                   # 4-byte rows: vectors of 2 elements
     assert check.vector_bytes(x, torch.zeros(4098, dtype=fp32)) == 4           # an fp32 weight: 8 bytes each
+    assert check.vector_bytes(_at(0, 3, 4100, bf16), torch.zeros(4100, dtype=fp32)) == 8   # 16 bytes each
+    assert check.vector_bytes(_at(0, 3, 4100, bf16), torch.zeros(4104, dtype=fp32)[4:]) == 8
+    assert check.vector_bytes(_at(0, 3, 4100, bf16), torch.zeros(4102, dtype=fp32)[2:]) == 4   # 8 bytes off
     assert check.vector_bytes(x, torch.zeros(4099, dtype=fp32)[1:]) == 2       # one 4 bytes off: 1 element
     assert check.vector_bytes(x, _at(0, 3, 4098, torch.float8_e4m3fn)) == 4    # FP8 rows: 2 bytes each
     assert check.vector_bytes(_at(0, 3, 4104, bf16), _at(8, 3, 4104, torch.float8_e4m3fn)) == 16
@@ -59,18 +67,22 @@ def test_fresh_tensors_get_the_width_the_benchmarks_and_tests_assume(dtype):
         assert check.vector_bytes(_at(0, 2, cols, t)) == limits.contiguous_vector_bytes(cols, t.itemsize), cols
 
 
-def test_a_128_bit_config_runs_on_4_byte_rows_in_more_narrower_accesses():
+def test_a_128_bit_config_runs_on_8_and_4_byte_rows_in_more_narrower_accesses():
     config = plan.config(256, 1, 8, 4)
     full = plan.access_tile(config, {"dtype": "bfloat16", "vec_bytes": 16})
+    half = plan.access_tile(config, {"dtype": "bfloat16", "vec_bytes": 8})
     word = plan.access_tile(config, {"dtype": "bfloat16", "vec_bytes": 4})
-    assert (full.vec, full.chunks) == (8, 4) and (word.vec, word.chunks) == (2, 16)
-    assert word.tile_k == full.tile_k and word.tpr == full.tpr
+    assert (full.vec, full.chunks) == (8, 4) and (half.vec, half.chunks) == (4, 8) and (word.vec, word.chunks) == (2, 16)
+    assert word.tile_k == half.tile_k == full.tile_k and word.tpr == half.tpr == full.tpr
+    assert plan.cut_into_words(config, {"dtype": "bfloat16", "vec_bytes": 8})
+    assert not plan.cut_into_words(config, {"dtype": "bfloat16", "vec_bytes": 16})
     assert plan.check("silu_mul_cute", config, {"dtype": "bfloat16", "vec_bytes": 4}, arrays=2) == word
     # One element per access takes the one-element configs only, 4-byte rows the 128-bit ones.
     assert not plan.valid(config, {"dtype": "bfloat16", "vec_bytes": 2})
     assert plan.valid(plan.config(256, 1, 1, 8), {"dtype": "bfloat16", "vec_bytes": 2})
     assert not plan.valid(plan.config(256, 1, 1, 8), {"dtype": "bfloat16", "vec_bytes": 4})
-    # fp32 rows of 4 bytes are one element per access.
+    # fp32 rows of 8 bytes cut the config's 4-element vectors in two; of 4 bytes are one element per access.
+    assert plan.access_tile(plan.config(256, 1, 4, 4), {"dtype": "float32", "vec_bytes": 8}).vec == 2
     assert plan.valid(plan.config(256, 1, 1, 8), {"dtype": "float32", "vec_bytes": 4})
     assert not plan.valid(plan.config(256, 1, 4, 4), {"dtype": "float32", "vec_bytes": 4})
 
@@ -80,6 +92,7 @@ def test_flydsl_row_configs_take_the_rows_widest_vector_or_one_element():
         return rowwise_space.valid({"threads": 256, "rows_per_block": 1, "vec": vec}, "gfx942",
                                    {"dtype": dtype, "vec_bytes": vec_bytes})
     assert ok(8, 16) and ok(1, 16) and not ok(2, 16)
+    assert ok(4, 8) and ok(1, 8) and not ok(2, 8) and not ok(8, 8)
     assert ok(2, 4) and ok(1, 4) and not ok(8, 4)
     assert ok(1, 2) and not ok(2, 2)
     assert ok(4, 16, "float32") and ok(1, 4, "float32") and not ok(2, 4, "float32")

@@ -35,7 +35,7 @@ def parse_shapes(text: str) -> list[tuple[int, ...]]:
 
 def row_vec_bytes(n: int, dtype: str) -> int:
     """The row-wise ops' signature part ``vec_bytes`` for contiguous rows of ``n`` ``dtype``
-    elements from a 16-byte aligned base: the widest access (16 or 4 bytes) of more than one
+    elements from a 16-byte aligned base: the widest access (16, 8 or 4 bytes) of more than one
     element that every row is a whole number of, else one element."""
     from mslk_dsl.templates._kernel_limits import ELEM_BYTES, contiguous_vector_bytes
 

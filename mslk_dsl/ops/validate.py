@@ -87,8 +87,8 @@ def compact_rows(t: torch.Tensor) -> bool:
 
 
 def vector_bytes(*tensors: torch.Tensor) -> int:
-    """The row-wise templates' signature part ``vec_bytes``: the widest access (16 or 4 bytes
-    of the first tensor's elements, else one element) that every row of every tensor admits. A
+    """The row-wise templates' signature part ``vec_bytes``: the widest access (16, 8 or 4
+    bytes of the first tensor's elements, else one element) that every row of every tensor admits. A
     width of v elements needs each tensor's rows to be a whole number of v elements, and each
     tensor to start on a multiple of v of its own elements, or of 16 bytes where those are wider
     (an fp32 weight under 8 bf16 values is read as two 16-byte accesses). No tensor needs more

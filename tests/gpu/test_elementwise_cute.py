@@ -35,7 +35,7 @@ SILU_MAX_ULPS = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 64}
 
 # The heuristic's shapes: tiny, one odd-length row, short odd rows, model-sized rows.
 SHAPES = [(1, 1), (1, 8191), (3, 5000), (4096, 4096), (16384, 8192), (7, 4097), (5, 13), (1000, 1040),
-          (2, 16400), (3, 40000)]
+          (2, 16400), (3, 40000), (1000, 4100), (5, 4098), (2, 16388), (3, 30002)]
 
 
 def _name(dtype):
@@ -185,8 +185,10 @@ def _case_id(case):
 def _shapes_for(config, tile_k):
     """(M, K): a partial last CTA, rows shorter than the tile, one tile, longer than the tile."""
     m = 2 * config["rows_per_block"] + 1
-    if config["vec"] > 1:  # 16-byte rows, and 16-bit rows of 4-byte accesses (K even, not a multiple of 8)
+    if config["vec"] > 1:  # 16-byte rows, rows of 8-byte accesses (16-bit K a multiple of 4, not 8;
+        # fp32 K even, not a multiple of 4) and 16-bit rows of 4-byte accesses (K even, not a multiple of 4)
         return [(m, 48), (m, tile_k), (m, 2 * tile_k + 32), (1, 16),
+                (m, 52), (m, tile_k - 4), (m, 2 * tile_k + 36), (1, 4),
                 (m, 50), (m, tile_k - 6), (m, 2 * tile_k + 34), (1, 2)]
     return [(m, 13), (m, tile_k + 1), (m, 2 * tile_k + 3), (1, 1)]
 
@@ -211,7 +213,7 @@ def test_writes_stay_in_bounds(case):
     op, dtype, config = case
     t = _template(op)
     m = 5
-    for k in (1040, 1042, 1037):
+    for k in (1040, 1044, 1042, 1037):
         sig = _sig(op, k, dtype, False)
         if not t.valid(config, TARGET, sig):
             continue

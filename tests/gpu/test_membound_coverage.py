@@ -41,7 +41,8 @@ def _run(op, x, residual, w):
 @SM90
 @pytest.mark.parametrize("op", ["rmsnorm", "rmsnorm_add"])
 @pytest.mark.parametrize("m, n", [(1, 8), (3, 4095), (1000, 4096), (257, 7168), (64, 20000), (5, 65536),
-                                  (2, 131072)])
+                                  (2, 131072),
+                                  (7, 4098), (1, 2), (33, 20002)])   # rows of 8-byte accesses: 2 elements each
 def test_fp32_norms_match_quacks_formula(op, m, n):
     g = _gen(m * 31 + n)
     x, residual = (torch.randn(m, n, device="cuda", generator=g) for _ in range(2))
@@ -59,7 +60,9 @@ def test_fp32_norms_match_quacks_formula(op, m, n):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("m, n", [(1, 8), (7, 13), (1000, 4096), (130, 5120), (33, 14336), (3, 4097),
                                   # long rows: clusters holding the two-part fp32 weight, aligned or not
-                                  (3, 65536), (2, 131072), (2, 262144), (3, 65535), (5, 20001)])
+                                  (3, 65536), (2, 131072), (2, 262144), (3, 65535), (5, 20001),
+                                  # rows of 8-byte accesses: the fp32 weight read 16 bytes per 4 values
+                                  (9, 4100), (2, 65540)])
 def test_fp32_weight_with_16_bit_x(op, dtype, m, n):
     """Mixed-precision checkpoints: the weight stays fp32, y (and new_residual) take x's dtype."""
     g = _gen(m * 17 + n)

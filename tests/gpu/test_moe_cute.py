@@ -169,10 +169,13 @@ def test_gather_options():
                                                 (torch.bfloat16, torch.float32)):
         _check_gather(1000, 5120, k=4, dtype=dtype, score_dtype=score_dtype, column_major=True)
     _check_gather(1000, 5121, k=8)                       # odd rows: one element per access
-    for dtype in (torch.bfloat16, torch.float16):        # even rows, not a multiple of 8: 4-byte accesses
+    for dtype in (torch.bfloat16, torch.float16):        # 8-byte accesses (D a multiple of 4, not 8), 4-byte ones
+        _check_gather(1000, 5124, k=8, dtype=dtype)
+        _check_gather(37, 140, k=2, dtype=dtype)
         _check_gather(1000, 5122, k=8, dtype=dtype)
         _check_gather(37, 138, k=2, dtype=dtype)
-    _check_gather(1000, 5122, k=2, dtype=torch.float32)  # fp32 rows of 8 bytes: one element per access
+    _check_gather(1000, 5122, k=2, dtype=torch.float32)  # fp32 rows of 8 bytes: two elements per access
+    _check_gather(1000, 5121, k=2, dtype=torch.float32)  # fp32 rows of 4 bytes: one element per access
     _check_gather(1000, 4100, k=1, dtype=torch.float32)  # 16-byte rows, D not a multiple of 8
     _check_gather(1000, 5120, k=8, n_valid=3333)         # padded rows are left alone
     _check_gather(1000, 5120, k=8, n_valid=0)
@@ -281,7 +284,10 @@ def test_scatter_every_config(case):
 def test_scatter_options():
     for method in ("atomic", "sorted", "linked"):
         _check_scatter(1000, 5121, 4, torch.bfloat16, method=method)                      # odd rows
+        _check_scatter(1000, 5124, 4, torch.bfloat16, method=method)                      # 8-byte accesses
         _check_scatter(1000, 5122, 4, torch.bfloat16, method=method)                      # 4-byte accesses
+        _check_scatter(300, 140, 8, torch.float16, method=method)
+        _check_scatter(1000, 5122, 4, torch.float32, integers=True, method=method)        # fp32, 8 bytes
         _check_scatter(300, 138, 8, torch.float16, method=method)
         _check_scatter(1000, 5121, 4, torch.float32, integers=True, method=method)
         _check_scatter(1000, 5120, 4, torch.float32, integers=True, n_valid=2222, method=method)

@@ -106,7 +106,8 @@ def test_gather_scale_quant_options():
     _check_gather_quant(100, 7168, 8, 128, n_valid=317)
     _check_gather_quant(100, 7168, 8, 128, n_valid=0)
     _check_gather_quant(100, 1001, 2, 16, n_valid=5000)            # beyond A: every row
-    _check_gather_quant(100, 5122, 8, 16)                           # 4-byte accesses (D even, not x8)
+    _check_gather_quant(100, 5124, 8, 16)                           # 8-byte accesses (D x4, not x8)
+    _check_gather_quant(100, 5122, 8, 16)                           # 4-byte accesses (D even, not x4)
     _check_gather_quant(33, 138, 2, 16, dtype=torch.float16)
 
 

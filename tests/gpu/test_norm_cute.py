@@ -38,11 +38,12 @@ TOKENS = (1, 3, 1000, 16384)
 # rows past the 2048 / 4096 / 8192 tiles of the smaller configs (their streamed rest).
 ALIGNED = [(t, n) for t in TOKENS for n in (5120, 7168, 8192, 16384)] + [
     (1, 8), (5, 256), (67, 1032), (130, 2056), (7, 4104), (9, 12296)]
-# Rows of 4-byte accesses (N even, not a multiple of 8): the 128-bit configs cut into pairs of
-# elements (also past their tiles); odd N: the one-element configs (also past their 4096 tile).
-WORD_ROWS = [(t, 4098) for t in TOKENS] + [(1, 2), (7, 14), (67, 1034), (3, 4100), (4, 5122), (9, 12294),
-                                            (2, 16382)]
-UNALIGNED = WORD_ROWS + [(t, 4095) for t in TOKENS] + [(1, 1), (7, 13), (3, 4097), (4, 5121), (2, 16383)]
+# Rows of 8-byte accesses (N a multiple of 4, not of 8) and of 4-byte ones (N even, not a multiple
+# of 4): the 128-bit configs cut into quads or pairs of elements (also past their tiles); odd N:
+# the one-element configs (also past their 4096 tile).
+NARROW_ROWS = ([(t, 4100) for t in TOKENS] + [(1, 4), (7, 12), (67, 1036), (4, 5124), (9, 12300), (2, 16380)]
+               + [(t, 4098) for t in TOKENS] + [(1, 2), (7, 14), (67, 1034), (4, 5122), (9, 12294), (2, 16382)])
+UNALIGNED = NARROW_ROWS + [(t, 4095) for t in TOKENS] + [(1, 1), (7, 13), (3, 4097), (4, 5121), (2, 16383)]
 
 
 # Values compared at a time: the comparison's fp32 temporaries of a 16384 x 16384 output would
@@ -130,7 +131,7 @@ def test_every_config(op, case):
     # Tiles longer than the shapes above (the 1024-thread CTAs, clusters): also a row past the
     # whole tile, whose CTAs (each its share, in a cluster) stream the rest (up to the ops' limit).
     row_k = RowTile.of(config).row_k
-    longer = [(2, min(row_k + 1032, MAX_HIDDEN)), (2, min(row_k + 1034, MAX_HIDDEN))] if row_k > 16384 else []
+    longer = [(2, min(row_k + n, MAX_HIDDEN)) for n in (1032, 1036, 1034)] if row_k > 16384 else []
     for m, n in ALIGNED + UNALIGNED + longer:
         if t.valid(config, "sm90a", _sig(n, dtype)):
             _check(op, m, n, dtype, config)
@@ -152,7 +153,7 @@ def test_writes_stay_in_bounds(op, case):
     not be written (M = 5 leaves idle rows in 2- and 4-row CTAs)."""
     dtype, config = case
     t = _template(op)
-    for n in (4104, 4098, 4095, 13):
+    for n in (4104, 4100, 4098, 4095, 13):
         sig = _sig(n, dtype)
         if not t.valid(config, "sm90a", sig):
             continue
