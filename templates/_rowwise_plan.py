@@ -167,6 +167,23 @@ def pick(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict:
     return max(ok, key=lambda c: RowTile.of(c).row_k)
 
 
+# A row at most 1 / STREAMED_REST longer than a tile (streamed_rest).
+STREAMED_REST = 8
+
+
+def streamed_rest(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict | None:
+    """The valid config with the longest tile (a cluster's: all its CTAs) not past a row of ``k``
+    elements, where the rest of the row (k - tile) is at most k / STREAMED_REST; else None.
+    Such a row runs in that tile and streams its rest (the kernels read the rest again, mostly
+    from L2), rather than in the next tile up, whose lanes past the row idle (up to half of
+    them just past a tile). The templates that take it say where it was measured."""
+    fits = [c for c in configs if valid(c, sig, arrays) and RowTile.of(c).row_k <= k]
+    if not fits:
+        return None
+    best = max(fits, key=lambda c: RowTile.of(c).row_k)
+    return best if (k - RowTile.of(best).row_k) * STREAMED_REST <= k else None
+
+
 def pick_fitted(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict:
     """The valid config that reads a row of ``k`` elements in the fewest tiles (passes), then
     with the fewest idle lanes over them (ceil(k / row_k) * row_k - k); ties keep list order.

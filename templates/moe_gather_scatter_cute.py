@@ -74,10 +74,25 @@ from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _gather_scatter_space as shared
 
 
-def _heuristic(target, sig, problem):
+def _unroll(target, problem) -> int:
     # Few rows: shorter chunks spread a row over more blocks (MSLK splits D likewise).
     rows = int(problem.get("A", 65536))
-    return {"unroll": 1 if rows < limits.MULTIPROCESSORS[target] else 4}
+    return 1 if rows < limits.MULTIPROCESSORS[target] else 4
+
+
+# Gather on rows of 4-byte accesses (16-bit rows of an even length, not a multiple of 4): 8
+# vectors per thread, which keeps 32 bytes of the row in flight per thread where 4 keep 16.
+# H200, bf16, top-2, CUDA-graph replays (docs/benchmarks.md "Rows of 8-byte accesses"): 24261 x
+# 5586 326 against 373 us, 99205 x 4458 1051 against 1097 us. Rows of 8 and 16 bytes keep 4 (8
+# was within 2% of it or slower at 7 of 8 sizes timed).
+NARROW_GATHER_UNROLL = 8
+
+
+def _heuristic(target, sig, problem):
+    unroll = _unroll(target, problem)
+    if unroll > 1 and sig["vec_bytes"] == 4 and not limits.one_element(sig):
+        unroll = NARROW_GATHER_UNROLL
+    return {"unroll": unroll}
 
 
 # Tokens that receive two or more rows each (A >= 2 T: top_k >= 2) leave the atomic method at a
@@ -87,6 +102,10 @@ def _heuristic(target, sig, problem):
 # against 26.7-28.3 us for atomics; at 8 MiB 12.5 against 11.2 us; top-8 at 13 MiB 13.4-13.6
 # against 12.6 us. Top-1 keeps SORTED_MIN_BYTES (at 21 MiB its atomics are 0.5-0.8 us faster).
 MULTI_ROW_MIN_BYTES = 20 << 20
+# The linked method on 16-bit rows of 8-byte accesses (a multiple of 4 long, not of 8): unroll 2, faster than 4 at all 8 sizes timed, by 5-20% (H200,
+# bf16, top-2, D 1052-20756, docs/benchmarks.md "Rows of 8-byte accesses"). On rows of 4-byte
+# accesses unroll 2 ran 1.3-1.4x slower than 4, which they keep.
+LINKED_UNROLL_8_BYTE = 2
 
 
 def _scatter_heuristic(target, sig, problem):
@@ -99,8 +118,9 @@ def _scatter_heuristic(target, sig, problem):
     several = 0 < tokens and 2 * tokens <= rows
     min_bytes = MULTI_ROW_MIN_BYTES if several else shared.SORTED_MIN_BYTES
     if shared.scatter_method(sig, problem, min_bytes) == "atomic":
-        return {**_heuristic(target, sig, problem), "method": "atomic", "pdl": False}
-    return {"unroll": 4, "method": "linked", "pdl": True}
+        return {"unroll": _unroll(target, problem), "method": "atomic", "pdl": False}
+    eight_byte_16_bit = sig["vec_bytes"] == 8 and limits.ELEM_BYTES[sig["dtype"]] == 2
+    return {"unroll": LINKED_UNROLL_8_BYTE if eight_byte_16_bit else 4, "method": "linked", "pdl": True}
 
 
 def _build_gather(config, target, sig):

@@ -54,13 +54,19 @@ CONFIGS = plan.with_l1(SHAPES)
 # 124218 x 2880 96 x 4 251 us (256 x 2 rows x 3 chunks: 280), 69887 x 5120 160 x 4 252 us (256 x
 # 2 x 5: 265), 24966 x 14336 224 x 4 in two passes 261 us (512 x 4 holding the row: 275; the
 # 2-CTA cluster holding it: 333).
+# A row at most 1/8 past one of those tiles takes it and reads the rest twice (plan.streamed_rest):
+# 28700 x 1056 39.6 us in the 1024 tile (128 x 4 rows) against 46.7 in the fitted 3072 one,
+# 98950 x 1084 (rows of 8-byte accesses) 122.3 against 150.3 (silu_mul_quant likewise; H200,
+# bf16, CUDA-graph replays, docs/benchmarks.md "Rows of 8-byte accesses").
 HEURISTIC_L1 = "keep"
 HEURISTIC_CONFIGS = [c for c in CONFIGS if c["l1"] == HEURISTIC_L1 and "cluster" not in c and c["threads"] <= 256]
 _valid, _ = plan.rules(CONFIGS, arrays=1)
 
 
 def _heuristic(target, sig, problem):
-    return plan.pick_fitted(HEURISTIC_CONFIGS, sig, problem["K"], arrays=1)
+    k = problem["K"]
+    streamed = None if limits.one_element(sig) else plan.streamed_rest(HEURISTIC_CONFIGS, sig, k, arrays=1)
+    return streamed or plan.pick_fitted(HEURISTIC_CONFIGS, sig, k, arrays=1)
 
 
 def build(config, target, sig):

@@ -91,20 +91,13 @@ SMS = limits.MULTIPROCESSORS["sm90a"]  # fewer single-CTA rows than this leave S
 # in a 2-CTA cluster; 16-byte rows 2025 x 16568 40 against 45 us, 1009 x 33256 (2-CTA cluster)
 # 43 against 49 us. With a rest of 23-32% (3168 x 21180, 2798 x 23980) the next tile up wins or
 # ties (101 against 126 us). Rows of one element per access keep their own rule (below).
-STREAMED_REST = 8          # the rest at most 1 / STREAMED_REST of the row
 STREAMED_REST_THREADS = 256  # single CTAs of at most this many threads (a 1024-thread CTA loses to the clusters)
 
 
 def _streamed_rest_tile(configs, sig, n):
-    """The config whose tile (a cluster's: all its CTAs) leaves a rest of at most
-    n / STREAMED_REST, or None."""
-    fits = [c for c in configs if plan.valid(c, sig, ARRAYS)
-            and ("cluster" in c or c["threads"] <= STREAMED_REST_THREADS) and plan.RowTile.of(c).row_k <= n]
-    if not fits:
-        return None
-    best = max(fits, key=lambda c: plan.RowTile.of(c).row_k)
-    rest = n - plan.RowTile.of(best).row_k
-    return best if rest * STREAMED_REST <= n else None
+    """plan.streamed_rest over the clusters and the single CTAs of at most STREAMED_REST_THREADS."""
+    return plan.streamed_rest([c for c in configs if "cluster" in c or c["threads"] <= STREAMED_REST_THREADS],
+                              sig, n, ARRAYS)
 
 
 def _heuristic(target, sig, problem, residual: bool = False):

@@ -58,12 +58,21 @@ _valid, _ = plan.rules(CONFIGS, arrays=2)
 # by pushing their absmax to each other (no cluster barrier before exit): at 14336 271.1 against
 # 273.2 us at 1 GiB, 76.4 against 82.0 us at 256 MiB, 26.3 against 28.5 us at 64 MiB (H200,
 # bf16, CUDA-graph replays, one run; with the old cluster barrier the cap had been faster).
+# A row at most 1/8 past a single CTA's tile takes it and reads the rest twice
+# (plan.streamed_rest): 28700 x 1056 71.7 us in the 1024 tile (128 x 4 rows) against 77.9,
+# 98950 x 1084 (rows of 8-byte accesses) 225.7 against 253.9. Not a cluster's tile: its CTAs
+# stream the rest slowly (35055 x 15340, 8-byte rows: the 14336 cluster with the rest 1375 us,
+# the 16384 cluster holding the row 704 us). H200, bf16, CUDA-graph replays, docs/benchmarks.md
+# "Rows of 8-byte accesses".
 HEURISTIC_L1 = "keep"
 HEURISTIC_CONFIGS = [c for c in CONFIGS if c["threads"] <= 256 and c["l1"] == HEURISTIC_L1 and "regs" not in c]
+STREAMED_REST_CONFIGS = [c for c in HEURISTIC_CONFIGS if "cluster" not in c]
 
 
 def _heuristic(target, sig, problem):
-    return plan.pick_fitted(HEURISTIC_CONFIGS, sig, problem["K"], arrays=2)
+    k = problem["K"]
+    streamed = None if limits.one_element(sig) else plan.streamed_rest(STREAMED_REST_CONFIGS, sig, k, arrays=2)
+    return streamed or plan.pick_fitted(HEURISTIC_CONFIGS, sig, k, arrays=2)
 
 
 def _registers(config, tile) -> int:

@@ -111,3 +111,36 @@ def test_every_row_template_serves_every_width_of_its_dtypes(op):
                 problem = {"M": 7, "K": 4098, "N": 4098, "D": 4098, "A": 64, "T": 32}
                 config = template.heuristic(target, sig, problem)
                 assert template.valid(config, target, sig), (template.name, target, sig, config)
+
+
+def _cute(op):
+    (template,) = registry.get_templates(op=op, backend="cute")
+    return template
+
+
+def test_narrow_rows_take_their_measured_picks():
+    """The heuristics' rules for rows of 8- and 4-byte accesses (docs/benchmarks.md, "Rows of
+    8-byte accesses"): the quantizers stream a short rest past a tile, gather holds 8 vectors
+    of 4-byte rows per thread, the linked scatter 2 vectors of 8-byte rows."""
+    big = {"A": 60000, "T": 30000, "D": 5000}
+    gather, scatter = _cute("gather_scale_dense_tokens"), _cute("scatter_add_dense_tokens")
+
+    def sig(vec_bytes, dtype="bfloat16", **extra):
+        return {"dtype": dtype, "vec_bytes": vec_bytes, "has_valid_count": False, **extra}
+
+    assert gather.heuristic("sm90a", sig(4, score_dtype="float32"), big)["unroll"] == 8
+    assert gather.heuristic("sm90a", sig(8, score_dtype="float32"), big)["unroll"] == 4
+    assert gather.heuristic("sm90a", sig(4, score_dtype="float32"), {**big, "A": 7})["unroll"] == 1
+    assert scatter.heuristic("sm90a", sig(8), big) == {"unroll": 2, "method": "linked", "pdl": True}
+    assert scatter.heuristic("sm90a", sig(4), big)["unroll"] == 4
+    assert scatter.heuristic("sm90a", sig(8, "float32"), big)["unroll"] == 4
+    for op in ("quantize_fp8_row", "silu_mul_quant"):
+        t = _cute(op)
+        qsig = {"dtype": "bfloat16", "vec_bytes": 8, "has_scale_ub": False}
+        # 1084 is 6% past the 1024-element tile: that tile (128 threads, 4 rows), not the 3072 one.
+        assert plan.RowTile.of(t.heuristic("sm90a", qsig, {"M": 9000, "K": 1084})).row_k == 1024
+        assert plan.RowTile.of(t.heuristic("sm90a", qsig, {"M": 9000, "K": 2404})).row_k == 3072
+    # A cluster's tile streams its rest slowly: 15340 takes the 16384 cluster, not 14336 + rest.
+    smq = _cute("silu_mul_quant").heuristic("sm90a", {"dtype": "bfloat16", "vec_bytes": 8, "has_scale_ub": False},
+                                            {"M": 9000, "K": 15340})
+    assert plan.RowTile.of(smq).row_k == 16384
