@@ -40,9 +40,8 @@ scatter_add_dense_tokens:
     before it reads anything, which hides the launch gaps of the chain.
     "atomic" (small problems, where the extra launches would cost more than they save):
         atomic adds, like MSLK: vector reductions as wide as the rows admit (REDG.ADD.BF16x8 /
-        F16x8 / F32x4 on 16-byte rows, BF16x4 / F16x4 / F32x2 on 8-byte ones, BF16x2 / F16x2 on 4-byte
-        ones), scalar atomics otherwise
-        (a compare-and-swap loop for a lone bf16/fp16). A token that receives several rows (top_k > 1) gets them in an unspecified order and, for
+        F16x8 / F32x4 on 16-byte rows, BF16x4 / F16x4 / F32x2 on 8-byte ones, BF16x2 / F16x2 on
+        4-byte ones), scalar atomics otherwise (a compare-and-swap loop for a lone bf16/fp16). A token that receives several rows (top_k > 1) gets them in an unspecified order and, for
         bf16/fp16, each addition rounds to the output dtype (as MSLK); fp32 atomic adds flush
         subnormals (hardware semantics, as CUDA's atomicAdd).
 
@@ -102,9 +101,10 @@ def _heuristic(target, sig, problem):
 # against 26.7-28.3 us for atomics; at 8 MiB 12.5 against 11.2 us; top-8 at 13 MiB 13.4-13.6
 # against 12.6 us. Top-1 keeps SORTED_MIN_BYTES (at 21 MiB its atomics are 0.5-0.8 us faster).
 MULTI_ROW_MIN_BYTES = 20 << 20
-# The linked method on 16-bit rows of 8-byte accesses (a multiple of 4 long, not of 8): unroll 2, faster than 4 at all 8 sizes timed, by 5-20% (H200,
-# bf16, top-2, D 1052-20756, docs/benchmarks.md "Rows of 8-byte accesses"). On rows of 4-byte
-# accesses unroll 2 ran 1.3-1.4x slower than 4, which they keep.
+# The linked method on 16-bit rows of 8-byte accesses (a multiple of 4 long, not of 8): unroll
+# 2, faster than 4 at all 8 sizes timed, by 5-20% (H200, bf16, top-2, D 1052-20756,
+# docs/benchmarks.md "Rows of 8-byte accesses"). On rows of 4-byte accesses unroll 2 ran
+# 1.3-1.4x slower than 4, which they keep.
 LINKED_UNROLL_8_BYTE = 2
 
 
