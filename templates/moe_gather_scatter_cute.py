@@ -41,9 +41,10 @@ scatter_add_dense_tokens:
     "atomic" (small problems, where the extra launches would cost more than they save):
         atomic adds, like MSLK: vector reductions as wide as the rows admit (REDG.ADD.BF16x8 /
         F16x8 / F32x4 on 16-byte rows, BF16x4 / F16x4 / F32x2 on 8-byte ones, BF16x2 / F16x2 on
-        4-byte ones), scalar atomics otherwise (a compare-and-swap loop for a lone bf16/fp16). A token that receives several rows (top_k > 1) gets them in an unspecified order and, for
-        bf16/fp16, each addition rounds to the output dtype (as MSLK); fp32 atomic adds flush
-        subnormals (hardware semantics, as CUDA's atomicAdd).
+        4-byte ones), scalar atomics otherwise (a compare-and-swap loop for a lone bf16/fp16).
+        A token that receives several rows (top_k > 1) gets them in an unspecified order and,
+        for bf16/fp16, each addition rounds to the output dtype (as MSLK); fp32 atomic adds
+        flush subnormals (hardware semantics, as CUDA's atomicAdd).
 
 Gather: token indices must lie in [0, T) for rows below n (not checked on the device, as MSLK). Sizes T,
 A, D, E are dynamic. ``sig["vec_bytes"]``: every row starts on a multiple of it and D * itemsize
