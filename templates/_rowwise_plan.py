@@ -173,10 +173,13 @@ STREAMED_REST = 8
 
 def streamed_rest(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict | None:
     """The valid config with the longest tile (a cluster's: all its CTAs) not past a row of ``k``
-    elements, where the rest of the row (k - tile) is at most k / STREAMED_REST; else None.
+    elements, where the rest of the row (k - tile) is at most k / STREAMED_REST; else None, and
+    None for rows of one element per access (the rule was measured on vector rows only).
     Such a row runs in that tile and streams its rest (the kernels read the rest again, mostly
     from L2), rather than in the next tile up, whose lanes past the row idle (up to half of
     them just past a tile). The templates that take it say where it was measured."""
+    if one_element(sig):
+        return None
     fits = [c for c in configs if valid(c, sig, arrays) and RowTile.of(c).row_k <= k]
     if not fits:
         return None

@@ -65,8 +65,7 @@ _valid, _ = plan.rules(CONFIGS, arrays=1)
 
 def _heuristic(target, sig, problem):
     k = problem["K"]
-    streamed = None if limits.one_element(sig) else plan.streamed_rest(HEURISTIC_CONFIGS, sig, k, arrays=1)
-    return streamed or plan.pick_fitted(HEURISTIC_CONFIGS, sig, k, arrays=1)
+    return plan.streamed_rest(HEURISTIC_CONFIGS, sig, k, arrays=1) or plan.pick_fitted(HEURISTIC_CONFIGS, sig, k, arrays=1)
 
 
 def build(config, target, sig):

@@ -103,10 +103,9 @@ def _streamed_rest_tile(configs, sig, n):
 def _heuristic(target, sig, problem, residual: bool = False):
     n = problem["N"]
     configs = list(CONFIGS)
-    if not limits.one_element(sig):
-        streamed = _streamed_rest_tile(configs, sig, n)
-        if streamed is not None:
-            return streamed
+    streamed = _streamed_rest_tile(configs, sig, n)
+    if streamed is not None:
+        return streamed
     if limits.one_element(sig):
         scalar = [c for c in configs if c["vec"] == 1]
         single = max(plan.RowTile.of(c).row_k for c in scalar if "cluster" not in c)

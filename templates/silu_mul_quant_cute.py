@@ -71,8 +71,7 @@ STREAMED_REST_CONFIGS = [c for c in HEURISTIC_CONFIGS if "cluster" not in c]
 
 def _heuristic(target, sig, problem):
     k = problem["K"]
-    streamed = None if limits.one_element(sig) else plan.streamed_rest(STREAMED_REST_CONFIGS, sig, k, arrays=2)
-    return streamed or plan.pick_fitted(HEURISTIC_CONFIGS, sig, k, arrays=2)
+    return plan.streamed_rest(STREAMED_REST_CONFIGS, sig, k, arrays=2) or plan.pick_fitted(HEURISTIC_CONFIGS, sig, k, arrays=2)
 
 
 def _registers(config, tile) -> int:

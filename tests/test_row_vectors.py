@@ -140,6 +140,10 @@ def test_narrow_rows_take_their_measured_picks():
         # 1084 is 6% past the 1024-element tile: that tile (128 threads, 4 rows), not the 3072 one.
         assert plan.RowTile.of(t.heuristic("sm90a", qsig, {"M": 9000, "K": 1084})).row_k == 1024
         assert plan.RowTile.of(t.heuristic("sm90a", qsig, {"M": 9000, "K": 2404})).row_k == 3072
+    # Rows of one element per access keep their own picks: 1030 is 0.6% past a 1024 tile.
+    one = {"dtype": "bfloat16", "vec_bytes": 2}
+    assert plan.streamed_rest(list(plan.expand([(128, 4, 4)], [(128, 4, 8), (256, 1, 4)])), one, 1030) is None
+    assert plan.streamed_rest(list(plan.expand([(128, 4, 4)], [(256, 1, 4)])), {**one, "vec_bytes": 4}, 1030)
     # A cluster's tile streams its rest slowly: 15340 takes the 16384 cluster, not 14336 + rest.
     smq = _cute("silu_mul_quant").heuristic("sm90a", {"dtype": "bfloat16", "vec_bytes": 8, "has_scale_ub": False},
                                             {"M": 9000, "K": 15340})
