@@ -48,9 +48,18 @@ DTYPES = ("bfloat16", "float16", "float32")
 # against 7.6 us at one row of 32768 (rmsnorm_add 39.1 / 43.0 and 7.7 / 9.6 us); past 32K the
 # clusters win by more (2048 x 65536: 135.0 against 152.5 us). Unaligned rows (one element per
 # access, 512 x 32 per CTA) get clusters of 2 and 4 too (32K and 64K; see _heuristic).
+# Short rows (per-head q / k norms of 64-256, MLA's latent norm of 512, MoE widths of 700-1000):
+# 4, 8 or 16 rows per CTA of 128 threads, tiles of 128-1024 elements (one element per access:
+# 256-2048), rather than 2048- or 4096-element tiles of mostly idle lanes. H200, bf16, CUDA-graph
+# replays (docs/benchmarks.md, "Short rows"): 262144 x 128 rmsnorm 37 us against 217 in the 2048
+# tile, 183700 x 722 150 against 207, 82344 x 379 (one element per access) 55 against 299.
+# A 1536 tile (4 x 6 chunks) was tried and dropped: no faster than 2048 at 1408 and 1536, and
+# 4-8x slower on rows of 4-byte accesses (557 against 150 us at 183700 x 722).
+SHORT_ROWS = [(128, 16, 2), (128, 8, 2), (128, 8, 4), (128, 4, 4)]
+SHORT_SCALAR_ROWS = [(128, 4, 8), (128, 4, 16), (128, 4, 32), (128, 2, 32)]
 CONFIGS = tuple(
-    plan.expand(vector_shapes=[(128, 4, 8), (128, 2, 8), (128, 1, 8), (256, 1, 8)],
-                scalar_shapes=[(256, 1, 16), (512, 1, 32)])
+    plan.expand(vector_shapes=[(128, 4, 8), (128, 2, 8), (128, 1, 8), (256, 1, 8), *SHORT_ROWS],
+                scalar_shapes=[(256, 1, 16), (512, 1, 32), *SHORT_SCALAR_ROWS])
     + [c for n in (2, 4, 8, 16) for c in plan.clustered(plan.expand(vector_shapes=[(256, 1, 8)], scalar_shapes=[]), n)]
     + plan.clustered(plan.expand(vector_shapes=[(512, 1, 8)], scalar_shapes=[]), 8)
     + plan.expand(vector_shapes=[(1024, 1, 4)], scalar_shapes=[])
@@ -95,9 +104,30 @@ STREAMED_REST_THREADS = 256  # single CTAs of at most this many threads (a 1024-
 
 
 def _streamed_rest_tile(configs, sig, n):
-    """plan.streamed_rest over the clusters and the single CTAs of at most STREAMED_REST_THREADS."""
-    return plan.streamed_rest([c for c in configs if "cluster" in c or c["threads"] <= STREAMED_REST_THREADS],
-                              sig, n, ARRAYS)
+    """plan.streamed_rest over the clusters and the single CTAs of at most STREAMED_REST_THREADS,
+    not the short-row tiles (the rule was measured on tiles of 2048 elements and more)."""
+    return plan.streamed_rest([c for c in configs if ("cluster" in c or c["threads"] <= STREAMED_REST_THREADS)
+                               and not _short(c)], sig, n, ARRAYS)
+
+
+def _short(config) -> bool:
+    shape = (config["threads"], config["rows_per_block"], config["chunks"])
+    return "cluster" not in config and shape in (SHORT_SCALAR_ROWS if config["vec"] == 1 else SHORT_ROWS)
+
+
+# rmsnorm (not rmsnorm_add) on rows of one element per access a little past 1024 elements: the
+# one-warp 1024 tile reading the rest again beat the two-warp 2048 tile, 75.6 against 91.7 us at
+# 33132 x 1309 and 79.1 against 94.7 at 34161 x 1313 (a rest of 22%; H200, bf16, CUDA-graph
+# replays). rmsnorm_add reads two inputs again and lost there (159.9 against 108.6 us), so it
+# keeps the covering tile. Taken for a rest of at most a quarter of the row.
+SCALAR_REST = 4
+
+
+def _scalar_streamed_tile(configs, n):
+    """The 1024-element one-warp scalar tile for a row at most 1 / SCALAR_REST past it, else None."""
+    tile = next(c for c in configs if c["vec"] == 1 and _short(c) and c["rows_per_block"] == 4
+                and plan.RowTile.of(c).row_k == 1024)
+    return tile if 1024 < n and (n - 1024) * SCALAR_REST <= n else None
 
 
 def _heuristic(target, sig, problem, residual: bool = False):
@@ -107,6 +137,9 @@ def _heuristic(target, sig, problem, residual: bool = False):
     if streamed is not None:
         return streamed
     if limits.one_element(sig):
+        streamed = None if residual else _scalar_streamed_tile(configs, n)
+        if streamed is not None:
+            return streamed
         scalar = [c for c in configs if c["vec"] == 1]
         single = max(plan.RowTile.of(c).row_k for c in scalar if "cluster" not in c)
         clusters = [plan.RowTile.of(c).row_k for c in scalar if "cluster" in c]

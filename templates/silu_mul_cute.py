@@ -27,10 +27,17 @@ REGS, REGS_LONG = 64, 80
 # heuristic's smallest covering tile). H200, bf16, CUDA-graph replays at 64 / 256 MiB: 4608
 # 22.9 / 69.5 us in 160 x 4 against 24.4 / 72.0 in 128 x 7; 5120 23.1 / 69.8 against 23.9 /
 # 71.2; 6144 23.1 / 69.7 (192 x 4) against 23.8 / 69.9 (docs/benchmarks.md).
+# Short rows (MoE expert widths such as 768 and 1408, head-sized rows): 2, 4, 8 or 16 rows per CTA
+# of 128 threads, tiles of 128-2048 elements (one element per access: 256-1024), so a row of a few
+# hundred elements does not leave most lanes of a 3072-element tile idle. H200, bf16
+# (docs/benchmarks.md, "Short rows"): 65536 x 768 76 against 113 us, 183700 x 722 192 against 322,
+# 82344 x 379 (one element per access) 61 against 154.
+SHORT_ROWS = [(128, 16, 2), (128, 8, 2), (128, 4, 3), (128, 4, 4), (128, 2, 3), (128, 2, 4)]
+SHORT_SCALAR_ROWS = [(128, 4, 8), (128, 4, 16), (128, 2, 16)]
 CONFIGS = plan.expand(
     vector_shapes=[(128, 4, 2), (128, 1, 4), (256, 1, 4), (128, 1, 7), (256, 1, 7),
-                   (96, 1, 4), (160, 1, 4), (192, 1, 4), (224, 1, 4)],
-    scalar_shapes=[(128, 4, 4), (256, 1, 8)],
+                   (96, 1, 4), (160, 1, 4), (192, 1, 4), (224, 1, 4), *SHORT_ROWS],
+    scalar_shapes=[(128, 4, 4), (256, 1, 8), *SHORT_SCALAR_ROWS],
 )
 _valid, _heuristic = plan.rules(CONFIGS, arrays=2)
 

@@ -37,13 +37,16 @@ TOKENS = (1, 3, 1000, 16384)
 # Aligned rows (N % 8 == 0): the model sizes, then short rows (fewer vectors than threads), and
 # rows past the 2048 / 4096 / 8192 tiles of the smaller configs (their streamed rest).
 ALIGNED = [(t, n) for t in TOKENS for n in (5120, 7168, 8192, 16384)] + [
-    (1, 8), (5, 256), (67, 1032), (130, 2056), (7, 4104), (9, 12296)]
+    (1, 8), (5, 256), (67, 1032), (130, 2056), (7, 4104), (9, 12296),
+    (1000, 128), (33, 512), (257, 768), (3, 64)]   # the short-row tiles (4, 8, 16 rows per CTA)
 # Rows of 8-byte accesses (N a multiple of 4, not of 8) and of 4-byte ones (N even, not a multiple
 # of 4): the 128-bit configs cut into quads or pairs of elements (also past their tiles); odd N:
 # the one-element configs (also past their 4096 tile).
 NARROW_ROWS = ([(t, 4100) for t in TOKENS] + [(1, 4), (7, 12), (67, 1036), (4, 5124), (9, 12300), (2, 16380)]
-               + [(t, 4098) for t in TOKENS] + [(1, 2), (7, 14), (67, 1034), (4, 5122), (9, 12294), (2, 16382)])
-UNALIGNED = NARROW_ROWS + [(t, 4095) for t in TOKENS] + [(1, 1), (7, 13), (3, 4097), (4, 5121), (2, 16383)]
+               + [(t, 4098) for t in TOKENS] + [(1, 2), (7, 14), (67, 1034), (4, 5122), (9, 12294), (2, 16382)]
+               + [(65, 722), (9, 826), (17, 132)])
+UNALIGNED = NARROW_ROWS + [(t, 4095) for t in TOKENS] + [(1, 1), (7, 13), (3, 4097), (4, 5121), (2, 16383),
+                                                         (33, 379), (9, 1309), (5, 971)]
 
 
 # Values compared at a time: the comparison's fp32 temporaries of a 16384 x 16384 output would
