@@ -45,7 +45,14 @@ SHAPES = plan.expand(
                    (1024, 1, 2), (256, 2, 3), (256, 2, 5)],
     scalar_shapes=[(128, 4, 8), (256, 1, 16)],
 ) + plan.clustered(plan.expand(vector_shapes=[(224, 1, 4), (256, 1, 4)], scalar_shapes=[]), 2)
-CONFIGS = plan.with_l1(SHAPES)
+# Short rows (MoE expert widths of 700-2000, head-sized rows): 2, 8 or 16 rows per CTA of 128
+# threads, tiles of 128-2048 elements (one element per access: 512-2048), rather than the 1024-,
+# 3072- or 4096-element tiles of mostly idle lanes; the default L1 policy only (the one the
+# heuristic takes). H200, bf16 (docs/benchmarks.md, "Short rows"): 701538 x 250 152 against 371 us,
+# 65536 x 96 11.5 against 35.2, 7680 x 887 (one element per access) 16.6 against 29.2.
+SHORT_ROWS = plan.expand(vector_shapes=[(128, 16, 2), (128, 8, 2), (128, 8, 4), (128, 2, 4)],
+                         scalar_shapes=[(128, 4, 16), (128, 4, 32), (128, 2, 32)])
+CONFIGS = plan.with_l1(SHAPES) + plan.with_l1(SHORT_ROWS, ("keep",))
 
 # The heuristic (H200, bf16, 1 GiB moved unless noted; docs/benchmarks.md): the default L1 policy
 # (no_allocate: 266 against 251 us at 124218 x 2880, 265 against 252 us at 69887 x 5120; level at

@@ -1,6 +1,8 @@
 """The row-wise ops' vector width (the signature part ``vec_bytes``): what the op layer computes
 from the call's tensors, what the templates accept for it, and the tile a 128-bit config runs on
 rows that admit only 8- or 4-byte accesses. CPU only (nothing is launched)."""
+import functools
+
 import pytest
 import torch
 
@@ -148,3 +150,41 @@ def test_narrow_rows_take_their_measured_picks():
     smq = _cute("silu_mul_quant").heuristic("sm90a", {"dtype": "bfloat16", "vec_bytes": 8, "has_scale_ub": False},
                                             {"M": 9000, "K": 15340})
     assert plan.RowTile.of(smq).row_k == 16384
+
+
+def test_short_rows_take_their_measured_tiles():
+    """Rows of a few hundred to about 1500 elements run in the short-row tiles of 4, 8 or 16 rows
+    per CTA (docs/benchmarks.md, "Short rows"), not in a 2048-4096-element tile of idle lanes."""
+    def tile(op, n, vec_bytes, **extra):
+        t = _cute(op)
+        sig = {"dtype": "bfloat16", "vec_bytes": vec_bytes, **extra}
+        problem = {"M": 100000, "N": n, "K": n}
+        c = t.heuristic("sm90a", sig, problem)
+        return (c["threads"], c["rows_per_block"], c["chunks"], c["vec"])
+
+    for op in ("rmsnorm", "rmsnorm_add"):
+        norm = functools.partial(tile, op, fp32_weight=False)
+        assert norm(128, 16) == (128, 16, 2, 8)      # per-head q / k norms
+        assert norm(512, 16) == (128, 8, 4, 8)
+        assert norm(722, 4) == (128, 4, 4, 8)
+        assert norm(1538, 4) == (128, 4, 8, 8)       # the 2048 tile, not a 1536 one plus a rest
+        assert norm(971, 2) == (128, 4, 32, 1)
+        assert norm(2100, 16) == (128, 4, 8, 8)      # 2048 plus a streamed rest, as before
+    # One element per access a little past 1024: rmsnorm streams the rest, rmsnorm_add (two inputs
+    # read again) takes the 2048 tile.
+    assert tile("rmsnorm", 1309, 2, fp32_weight=False) == (128, 4, 32, 1)
+    assert tile("rmsnorm_add", 1309, 2, fp32_weight=False) == (128, 2, 32, 1)
+    assert tile("rmsnorm", 1500, 2, fp32_weight=False) == (128, 2, 32, 1)
+    assert tile("silu_mul", 128, 16) == (128, 16, 2, 8)
+    assert tile("silu_mul", 722, 4) == (128, 4, 3, 8)
+    assert tile("silu_mul", 826, 4) == (128, 4, 4, 8)
+    assert tile("silu_mul", 1408, 16) == (128, 2, 3, 8)
+    assert tile("silu_mul", 379, 2) == (128, 4, 16, 1)
+    assert tile("silu_mul", 1309, 2) == (256, 1, 8, 1)
+    for op in ("quantize_fp8_row", "silu_mul_quant"):
+        quant = functools.partial(tile, op, has_scale_ub=False)
+        assert quant(96, 16) == (128, 16, 2, 8)
+        assert quant(250, 4) == (128, 8, 2, 8)
+        assert quant(1826, 4) == (128, 2, 4, 8)     # one pass over a 2048 tile, not the 3072 one
+        assert quant(887, 2) == (128, 4, 32, 1)
+        assert quant(1987, 2) == (128, 2, 32, 1)

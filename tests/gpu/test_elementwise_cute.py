@@ -33,9 +33,11 @@ FP8_MAX = torch.finfo(FP8).max
 FP8_EPS = 1.0 / 512.0  # MSLK's eps_opt default
 SILU_MAX_ULPS = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 64}
 
-# The heuristic's shapes: tiny, one odd-length row, short odd rows, model-sized rows.
+# The heuristic's shapes: tiny, one odd-length row, short odd rows, model-sized rows, rows of
+# the short-row tiles.
 SHAPES = [(1, 1), (1, 8191), (3, 5000), (4096, 4096), (16384, 8192), (7, 4097), (5, 13), (1000, 1040),
-          (2, 16400), (3, 40000), (1000, 4100), (5, 4098), (2, 16388), (3, 30002)]
+          (2, 16400), (3, 40000), (1000, 4100), (5, 4098), (2, 16388), (3, 30002),
+          (3000, 128), (257, 768), (65, 722), (9, 826), (33, 379), (9, 1309)]   # short rows
 
 
 def _name(dtype):
