@@ -90,6 +90,14 @@ def expand(vector_shapes, scalar_shapes) -> list[dict]:
             + [config(t, r, 1, c) for (t, r, c) in scalar_shapes])
 
 
+def has_shape(config: dict, vector_shapes, scalar_shapes) -> bool:
+    """Whether ``config`` (not a cluster) is one of the (threads, rows_per_block, chunks) shapes
+    given, as ``expand`` takes them: the vector shapes for 128-bit configs, the scalar ones for
+    one-element configs."""
+    shape = (config["threads"], config["rows_per_block"], config["chunks"])
+    return "cluster" not in config and shape in (scalar_shapes if config["vec"] == 1 else vector_shapes)
+
+
 L1_POLICIES = ("keep", "stream")
 
 

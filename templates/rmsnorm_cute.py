@@ -111,8 +111,7 @@ def _streamed_rest_tile(configs, sig, n):
 
 
 def _short(config) -> bool:
-    shape = (config["threads"], config["rows_per_block"], config["chunks"])
-    return "cluster" not in config and shape in (SHORT_SCALAR_ROWS if config["vec"] == 1 else SHORT_ROWS)
+    return plan.has_shape(config, SHORT_ROWS, SHORT_SCALAR_ROWS)
 
 
 # rmsnorm (not rmsnorm_add) on rows of one element per access a little past 1024 elements: the

@@ -139,8 +139,11 @@ def test_narrow_rows_take_their_measured_picks():
     for op in ("quantize_fp8_row", "silu_mul_quant"):
         t = _cute(op)
         qsig = {"dtype": "bfloat16", "vec_bytes": 8, "has_scale_ub": False}
-        # 1084 is 6% past the 1024-element tile: that tile (128 threads, 4 rows), not the 3072 one.
-        assert plan.RowTile.of(t.heuristic("sm90a", qsig, {"M": 9000, "K": 1084})).row_k == 1024
+        # 1084 is 6% past the 1024-element tile: the 2048 tile of 2 rows in one pass (the short-row
+        # rule), not the 1024 one with its rest read again, nor the 3072 one.
+        assert plan.RowTile.of(t.heuristic("sm90a", qsig, {"M": 9000, "K": 1084})).row_k == 2048
+        # 4100 is 0.1% past the 4096 tile of 2 rows: that tile streams the rest.
+        assert plan.RowTile.of(t.heuristic("sm90a", qsig, {"M": 9000, "K": 4100})).row_k == 4096
         assert plan.RowTile.of(t.heuristic("sm90a", qsig, {"M": 9000, "K": 2404})).row_k == 3072
     # Rows of one element per access keep their own picks: 1030 is 0.6% past a 1024 tile.
     one = {"dtype": "bfloat16", "vec_bytes": 2}
@@ -188,3 +191,4 @@ def test_short_rows_take_their_measured_tiles():
         assert quant(1826, 4) == (128, 2, 4, 8)     # one pass over a 2048 tile, not the 3072 one
         assert quant(887, 2) == (128, 4, 32, 1)
         assert quant(1987, 2) == (128, 2, 32, 1)
+        assert quant(1104, 16) == (128, 2, 4, 8)     # one pass, not the 1024 tile and its rest
