@@ -45,14 +45,11 @@ SHAPES = plan.expand(
                    (1024, 1, 2), (256, 2, 3), (256, 2, 5)],
     scalar_shapes=[(128, 4, 8), (256, 1, 16)],
 ) + plan.clustered(plan.expand(vector_shapes=[(224, 1, 4), (256, 1, 4)], scalar_shapes=[]), 2)
-# Short rows (MoE expert widths of 700-2000, head-sized rows): 2, 8 or 16 rows per CTA of 128
-# threads, tiles of 128-2048 elements (one element per access: 512-2048), rather than the 1024-,
-# 3072- or 4096-element tiles of mostly idle lanes; the default L1 policy only (the one the
-# heuristic takes). H200, bf16 (docs/benchmarks.md, "Short rows"): 701538 x 250 152 against 371 us,
+# Short rows (MoE expert widths of 700-2000, head-sized rows): the tiles of
+# plan.QUANT_SHORT_VECTOR_ROWS / QUANT_SHORT_SCALAR_ROWS, with the default L1 policy only (the one
+# the heuristic takes). H200, bf16 (docs/benchmarks.md, "Short rows"): 701538 x 250 152 against 371 us,
 # 65536 x 96 11.5 against 35.2, 7680 x 887 (one element per access) 16.6 against 29.2.
-SHORT_VECTOR_ROWS = [(128, 16, 2), (128, 8, 2), (128, 8, 4), (128, 2, 4)]
-SHORT_SCALAR_ROWS = [(128, 4, 16), (128, 4, 32), (128, 2, 32)]
-SHORT_ROWS = plan.expand(vector_shapes=SHORT_VECTOR_ROWS, scalar_shapes=SHORT_SCALAR_ROWS)
+SHORT_ROWS = plan.expand(vector_shapes=plan.QUANT_SHORT_VECTOR_ROWS, scalar_shapes=plan.QUANT_SHORT_SCALAR_ROWS)
 CONFIGS = plan.with_l1(SHAPES) + plan.with_l1(SHORT_ROWS, ("keep",))
 
 # The heuristic (H200, bf16, 1 GiB moved unless noted; docs/benchmarks.md): the default L1 policy
@@ -68,14 +65,7 @@ CONFIGS = plan.with_l1(SHAPES) + plan.with_l1(SHORT_ROWS, ("keep",))
 # bf16, CUDA-graph replays, docs/benchmarks.md "Rows of 8-byte accesses").
 HEURISTIC_L1 = "keep"
 HEURISTIC_CONFIGS = [c for c in CONFIGS if c["l1"] == HEURISTIC_L1 and "cluster" not in c and c["threads"] <= 256]
-# The streamed rest (plan.streamed_rest) only over tiles of one or two rows per CTA, not the
-# short-row tiles: a row a little past 1024 elements read in one pass of the 2-row 2048 tile beat
-# the 4-row 1024 tile with the rest read again, quantize_fp8_row 22.0 against 24.0 us at 14355 x
-# 1104, 50.8 / 55.1 at 40000 x 1100, 28.7 / 30.6 at 20000 x 1136, a tie at 60000 x 1064;
-# silu_mul_quant 32.7 / 40.8, 85.2 / 98.6, 42.2 / 52.9, 109.7 / 138.0 (H200, bf16, CUDA-graph
-# replays). The rule's wins at 1056 and 1084 (above) were against the 3072 tile.
-STREAMED_REST_CONFIGS = [c for c in HEURISTIC_CONFIGS if c["rows_per_block"] <= 2
-                         and not plan.has_shape(c, SHORT_VECTOR_ROWS, SHORT_SCALAR_ROWS)]
+STREAMED_REST_CONFIGS = plan.quant_streamed_rest_configs(HEURISTIC_CONFIGS)  # see that function
 _valid, _ = plan.rules(CONFIGS, arrays=1)
 
 
