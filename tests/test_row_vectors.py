@@ -156,7 +156,7 @@ def test_narrow_rows_take_their_measured_picks():
 
 
 def test_short_rows_take_their_measured_tiles():
-    """Rows of a few hundred to about 1500 elements run in the short-row tiles of 4, 8 or 16 rows
+    """Rows of a few hundred to 2000 elements run in the short-row tiles of 2, 4, 8 or 16 rows
     per CTA (docs/benchmarks.md, "Short rows"), not in a 2048-4096-element tile of idle lanes."""
     def tile(op, n, vec_bytes, **extra):
         t = _cute(op)
