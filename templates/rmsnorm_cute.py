@@ -120,13 +120,13 @@ def _short(config) -> bool:
 # replays). rmsnorm_add reads two inputs again and lost there (159.9 against 108.6 us), so it
 # keeps the covering tile. Taken for a rest of at most a quarter of the row.
 SCALAR_REST = 4
+SCALAR_STREAMED_TILE = plan.config(128, 4, 1, 32)   # one warp per row, 1024 elements
 
 
-def _scalar_streamed_tile(configs, n):
-    """The 1024-element one-warp scalar tile for a row at most 1 / SCALAR_REST past it, else None."""
-    tile = next(c for c in configs if c["vec"] == 1 and _short(c) and c["rows_per_block"] == 4
-                and plan.RowTile.of(c).row_k == 1024)
-    return tile if 1024 < n and (n - 1024) * SCALAR_REST <= n else None
+def _scalar_streamed_tile(n):
+    """SCALAR_STREAMED_TILE for a row at most 1 / SCALAR_REST past it, else None."""
+    tile_k = plan.RowTile.of(SCALAR_STREAMED_TILE).row_k
+    return SCALAR_STREAMED_TILE if tile_k < n and (n - tile_k) * SCALAR_REST <= n else None
 
 
 def _heuristic(target, sig, problem, residual: bool = False):
@@ -136,7 +136,7 @@ def _heuristic(target, sig, problem, residual: bool = False):
     if streamed is not None:
         return streamed
     if limits.one_element(sig):
-        streamed = None if residual else _scalar_streamed_tile(configs, n)
+        streamed = None if residual else _scalar_streamed_tile(n)
         if streamed is not None:
             return streamed
         scalar = [c for c in configs if c["vec"] == 1]

@@ -65,7 +65,8 @@ _valid, _ = plan.rules(CONFIGS, arrays=2)
 # bf16, CUDA-graph replays, one run; with the old cluster barrier the cap had been faster).
 # A row at most 1/8 past a single CTA's tile takes it and reads the rest twice
 # (plan.streamed_rest): 28700 x 1056 71.7 us in the 1024 tile (128 x 4 rows) against 77.9,
-# 98950 x 1084 (rows of 8-byte accesses) 225.7 against 253.9. Not a cluster's tile: its CTAs
+# 98950 x 1084 (rows of 8-byte accesses) 225.7 against 253.9; such rows now take the 2-row 2048
+# tile in one pass, which beat both (plan.quant_streamed_rest_configs). Not a cluster's tile: its CTAs
 # stream the rest slowly (35055 x 15340, 8-byte rows: the 14336 cluster with the rest 1375 us,
 # the 16384 cluster holding the row 704 us). H200, bf16, CUDA-graph replays, docs/benchmarks.md
 # "Rows of 8-byte accesses".

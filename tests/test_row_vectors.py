@@ -163,6 +163,7 @@ def test_short_rows_take_their_measured_tiles():
         sig = {"dtype": "bfloat16", "vec_bytes": vec_bytes, **extra}
         problem = {"M": 100000, "N": n, "K": n}
         c = t.heuristic("sm90a", sig, problem)
+        assert c in t.all_configs() and t.valid(c, "sm90a", sig), (op, n, c)
         return (c["threads"], c["rows_per_block"], c["chunks"], c["vec"])
 
     for op in ("rmsnorm", "rmsnorm_add"):
