@@ -12,6 +12,8 @@ the tensor get a vector count of 0, so they load and store nothing but still tak
 block-wide barriers.
 """
 
+from dataclasses import dataclass
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
@@ -235,6 +237,129 @@ def load_tile(srcs, frags, first: Int32, step: cutlass.Constexpr[int], count: In
 
 
 # ----------------------------------------------------------------------------------------------
+# Phased rows: one-element rows with an aligned middle.
+#
+# A row of an odd number of 16-bit elements admits one element per access as a whole, but from
+# its first 16-byte boundary on it is plain 128-bit vectors: a head of fewer than 8 elements, a
+# middle of whole vectors, a tail of fewer than 8. When every [M, K] tensor of a call sits at the
+# same offset from such a boundary ("congruent": same row length, bases equal modulo 16 bytes in
+# elements; e.g. a strided input beside a fresh output is not), every row of every tensor splits
+# at the same columns, and the one-element kernels run the middle as the vector kernels do and
+# only the edges one element at a time (``plan.phased_tile``; ``edge_slots`` per lane). The
+# test is made once per kernel on the base addresses, so every CTA takes the same path and the
+# row reductions' barriers stay uniform; a call that is not congruent runs one element per access.
+
+
+def _phase(t: cute.Tensor, row, vec: int) -> Int32:
+    """Elements from the start of row ``row`` of ``t`` to the first address a ``vec``-element
+    vector of ``t`` may start on (at most 16 bytes of alignment)."""
+    esize = t.element_type.width // 8
+    align = min(vec * esize, 16)
+    addr = t[row, None].iterator.toint()
+    return Int32(((align - addr % align) % align) // esize)
+
+
+def congruent(tensors, vec: int):
+    """Whether the [M, K] ``tensors`` (one row length) start at one phase (see above): then
+    every row of each shares it. A dynamic Boolean, the same in every thread."""
+    first = _phase(tensors[0], 0, vec)
+    mismatches = Int32(0)
+    for t in tensors[1:]:
+        mismatches = mismatches + Int32(_phase(t, 0, vec) != first)
+    return mismatches == 0
+
+
+@dataclass(frozen=True)   # frozen: the DSL passes it into dynamic ifs and loops as a read-only value
+class PhasedRow:
+    """Row ``row`` of congruent [M, k] tensors as a head of ``head`` elements, ``nmid`` aligned
+    ``vec``-element vectors and a tail; ``nedge`` = head + tail elements, at most 2 (vec - 1).
+    Made by ``phased_row``."""
+    row: Int32
+    vec: int
+    head: Int32
+    nmid: Int32
+    nedge: Int32
+
+    def middle(self, t: cute.Tensor) -> cute.Tensor:
+        """The row's aligned vectors in ``t`` as a ``row_vectors`` view: ``v[None, j]`` is elements
+        [head + j*vec, head + (j+1)*vec), on a pointer whose alignment the vector accesses see."""
+        start = (t[self.row, None].iterator + self.head).toint()
+        esize = t.element_type.width // 8
+        ptr = cute.make_ptr(t.element_type, start, cute.AddressSpace.gmem, assumed_align=min(self.vec * esize, 16))
+        return cute.make_tensor(ptr, cute.make_layout((self.vec, self.nmid), stride=(1, self.vec)))
+
+    def elements(self, t: cute.Tensor) -> cute.Tensor:
+        """The row of ``t`` one element per vector (for the edges)."""
+        return row_vectors(t, self.row, 1)
+
+
+def phased_row(first: cute.Tensor, row, k, vec: int, live) -> PhasedRow:
+    """Row ``row`` of the congruent tensors whose first is ``first``, rows of ``k`` elements;
+    ``live`` False (a row past the end) gives no vectors and no edges."""
+    head = cutlass.min(_phase(first, row, vec), k)
+    nmid = (k - head) // vec
+    live = Int32(live)
+    return PhasedRow(row, vec, head, nmid * live, (k - nmid * vec) * live)
+
+
+def edge_fragments(tile, dtypes):
+    """Zero-filled register tiles (1, edge_slots) for the edges of a row, one per dtype."""
+    from mslk_dsl.templates import _rowwise_plan as plan
+
+    frags = []
+    for dt in dtypes:
+        f = cute.make_rmem_tensor((1, plan.edge_slots(tile)), dt)
+        f.fill(0)
+        frags.append(f)
+    return frags
+
+
+@cute.jit
+def copy_edges(src: cute.Tensor, dst: cute.Tensor, pr: PhasedRow, lane: Int32, tpr: cutlass.Constexpr[int],
+               load: cutlass.Constexpr[bool], evict: cutlass.Constexpr = KEEP):
+    """One-element copies between an ``elements`` view and a (1, slots) register tile: slot s of
+    lane l is edge e = l + s*tpr, column e of the row in the head (e < head), else column
+    e + nmid*vec in the tail; edges past ``nedge`` are left alone."""
+    regs, view = (dst, src) if const_expr(load) else (src, dst)
+    atom = _atom(load, view.element_type, 1, evict if const_expr(load) else KEEP)
+    for s in cutlass.range_constexpr(cute.size(regs, mode=[1])):
+        e = lane + s * tpr
+        if e < pr.nedge:
+            col = e
+            if e >= pr.head:
+                col = e + pr.nmid * pr.vec
+            if const_expr(load):
+                cute.copy(atom, src[None, col], dst[None, s])
+            else:
+                cute.copy(atom, src[None, s], dst[None, col])
+
+
+@cute.jit
+def store_edges(values, dst: cute.Tensor, pr: PhasedRow, lane: Int32, tpr: cutlass.Constexpr[int]):
+    """A ``copy_edges`` store of the edges' values (a TensorSSA of shape (1, slots))."""
+    frag = cute.make_rmem_tensor(values.shape, dst.element_type)
+    frag.store(values)
+    copy_edges(frag, dst, pr, lane, tpr, load=False)
+
+
+@cute.jit
+def map_row_phased(tensors, combine: cutlass.Constexpr, out: cute.Tensor, tile: cutlass.Constexpr,
+                   pr: PhasedRow, lane: Int32, first_tile: Int32, tile_step: Int32):
+    """``map_row`` of a phased row (``tile`` the phased tile): the middle over tiles
+    first_tile, first_tile + tile_step, ...; the edges by the CTAs of the first tile, their
+    loads issued ahead of the middle's so that both are in flight at once (a CTA of one tile
+    would otherwise wait for memory twice)."""
+    ins = edge_fragments(tile, [t.element_type for t in tensors])
+    if first_tile == 0:
+        for t, f in zip(tensors, ins):
+            copy_edges(pr.elements(t), f, pr, lane, tile.tpr, load=True)
+    map_row(tuple(pr.middle(t) for t in tensors), combine, pr.middle(out), tile, lane, pr.nmid, first_tile,
+            tile_step)
+    if first_tile == 0:
+        store_edges(combine(*ins), pr.elements(out), pr, lane, tile.tpr)
+
+
+# ----------------------------------------------------------------------------------------------
 # Reductions.
 
 
@@ -370,7 +495,7 @@ def map_row(srcs, combine: cutlass.Constexpr, dst: cute.Tensor, tile: cutlass.Co
 @cute.jit
 def quantize_row(srcs, combine: cutlass.Constexpr, dst: cute.Tensor, tile: cutlass.Constexpr, lane: Int32,
                  nvec: Int32, row_in_cta: Int32, buf, scale_ub, eps: cutlass.Constexpr[float],
-                 fp8_max: cutlass.Constexpr[float], base: Int32 = 0, cslots=None) -> Float32:
+                 fp8_max: cutlass.Constexpr[float], base: Int32 = 0, cslots=None, edges=None) -> Float32:
     """Row-wise FP8 quantization of the row values combine(*srcs) into ``dst``; returns the row's
     dequant scale (the same in every thread of the row).
 
@@ -380,15 +505,25 @@ def quantize_row(srcs, combine: cutlass.Constexpr, dst: cute.Tensor, tile: cutla
     so a row of up to ``tile.row_k`` elements is read from DRAM once. Longer rows stream the
     other tiles twice (absmax, then quantize); the second read mostly hits L2. Every thread of
     the CTA must call this (one barrier when a row spans several warps, a cluster reduction
-    when it spans several CTAs)."""
+    when it spans several CTAs). ``edges`` (a phased row: ``srcs`` and ``dst`` are its middle):
+    (the inputs' and dst's ``elements`` views, the PhasedRow); the edges are read with the first
+    tile and stay in registers too."""
     tpr, tv = tile.tpr, tile.tile_vecs
     once = NO_ALLOCATE if const_expr(tile.l1 == "stream") else KEEP   # L1 policy of single-use loads
     bounded = scale_ub is None
     dtypes = [s.element_type for s in srcs]
     ins = tile_fragments(tile, dtypes)
     load_tile(srcs, ins, base + lane, tpr, nvec, once)
+    if const_expr(edges is not None):
+        edge_srcs, edge_dst, pr = edges
+        edge_ins = edge_fragments(tile, dtypes)
+        for s, f in zip(edge_srcs, edge_ins):
+            copy_edges(s, f, pr, lane, tpr, load=True, evict=once)
     held = combine(*ins)  # an SSA value: lives in registers until the quantize pass
     amax = absmax(held, Float32(0.0))
+    if const_expr(edges is not None):
+        edge_held = combine(*edge_ins)
+        amax = absmax(edge_held, amax)
 
     ntiles = cute.ceil_div(nvec - base, tv)
     for t in cutlass.range(1, ntiles):
@@ -403,6 +538,9 @@ def quantize_row(srcs, combine: cutlass.Constexpr, dst: cute.Tensor, tile: cutla
     scale, rcp = fp8_row_scale(amax, eps, fp8_max, scale_ub)
     store_tile(fp8_quantize_tile(held, scale, rcp, fp8_max, dst.element_type, bounded), dst, base + lane, tpr,
                nvec)
+    if const_expr(edges is not None):
+        store_edges(fp8_quantize_tile(edge_held, scale, rcp, fp8_max, dst.element_type, bounded), edge_dst, pr,
+                    lane, tpr)
     for t in cutlass.range(1, ntiles):
         part = tile_fragments(tile, dtypes)
         load_tile(srcs, part, base + t * tv + lane, tpr, nvec, once)
@@ -483,6 +621,18 @@ def cluster_row_allreduce(val: Float32, op: cutlass.Constexpr, init: cutlass.Con
 
 
 @cute.jit
+def _quantize_vectors(inputs, combine: cutlass.Constexpr, mQ: cute.Tensor, mS: cute.Tensor, tile: cutlass.Constexpr,
+                      row: Int32, row_in_cta: Int32, lane: Int32, nvec: Int32, buf, ub,
+                      eps: cutlass.Constexpr[float], fp8_max: cutlass.Constexpr[float]):
+    """``quantize_row`` of this thread's row of a single-CTA tile, in the tile's own vectors."""
+    srcs = tuple(row_vectors(t, row, tile.vec) for t in inputs)
+    scale = quantize_row(srcs, combine, row_vectors(mQ, row, tile.vec), tile, lane, nvec, row_in_cta, buf,
+                         ub, eps, fp8_max)
+    if lane == 0 and nvec > 0:
+        mS[row] = scale
+
+
+@cute.jit
 def quantize_rows(inputs, combine: cutlass.Constexpr, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor,
                   tile: cutlass.Constexpr, has_ub: cutlass.Constexpr, eps: cutlass.Constexpr[float],
                   fp8_max: cutlass.Constexpr[float], rows=None):
@@ -498,11 +648,23 @@ def quantize_rows(inputs, combine: cutlass.Constexpr, mUB: cute.Tensor, mQ: cute
     if const_expr(tile.cluster == 1):
         buf = reduction_buffer(smem, tile)
         row, row_in_cta, lane, nvec = cta_row(tile, rows, mQ.shape[1])
-        srcs = tuple(row_vectors(t, row, tile.vec) for t in inputs)
-        scale = quantize_row(srcs, combine, row_vectors(mQ, row, tile.vec), tile, lane, nvec, row_in_cta, buf,
-                             ub, eps, fp8_max)
-        if lane == 0 and nvec > 0:
-            mS[row] = scale
+        if const_expr(tile.vec == 1):
+            # One element per access: phased rows where the tensors agree (see PhasedRow).
+            from mslk_dsl.templates import _rowwise_plan as plan
+
+            phased = plan.phased_tile(tile, inputs[0].element_type.width // 8)
+            if congruent((*inputs, mQ), phased.vec):
+                pr = phased_row(inputs[0], row, mQ.shape[1], phased.vec, nvec > 0)
+                scale = quantize_row(tuple(pr.middle(t) for t in inputs), combine, pr.middle(mQ), phased, lane,
+                                     pr.nmid, row_in_cta, buf, ub, eps, fp8_max,
+                                     edges=(tuple(pr.elements(t) for t in inputs), pr.elements(mQ), pr))
+                if lane == 0 and nvec > 0:
+                    mS[row] = scale
+            else:
+                _quantize_vectors(inputs, combine, mQ, mS, tile, row, row_in_cta, lane, nvec, buf, ub, eps,
+                                  fp8_max)
+        else:
+            _quantize_vectors(inputs, combine, mQ, mS, tile, row, row_in_cta, lane, nvec, buf, ub, eps, fp8_max)
     else:
         cslots = ClusterSlots(smem, tile)
         cluster_reduction_start(cslots)

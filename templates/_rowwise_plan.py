@@ -152,6 +152,21 @@ def access_tile(config: dict, sig: dict) -> RowTile:
     return dataclasses.replace(tile, vec=tile.vec // cut, chunks=tile.chunks * cut)
 
 
+def phased_tile(tile: RowTile, elem_bytes: int) -> RowTile:
+    """The tile a one-element config runs on phased rows (every tensor of the call at the same
+    offset from a 16-byte boundary; ``_cute_rowwise.PhasedRow``): the row's aligned middle in
+    vectors of up to 16 bytes, the same elements per thread (``chunks`` single elements become
+    chunks / vec vectors) and the same ``tile_k``."""
+    vec = min(VECTOR_BYTES // elem_bytes, tile.chunks)
+    return dataclasses.replace(tile, vec=vec, chunks=tile.chunks // vec)
+
+
+def edge_slots(tile: RowTile) -> int:
+    """Edge elements (a phased row's head and tail: fewer than ``tile.vec`` each) per lane of a
+    row group: enough that the group's ``tpr`` lanes hold 2 * (vec - 1) of them."""
+    return -(-2 * (tile.vec - 1) // tile.tpr)
+
+
 def cut_into_words(config: dict, sig: dict) -> bool:
     """Whether the kernel of ``config`` on rows of ``sig`` runs its 128-bit vectors as several
     8- or 4-byte accesses (``access_tile``). Those kernels hold the same data in registers but

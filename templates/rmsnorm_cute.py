@@ -161,153 +161,208 @@ def _build(config, target, sig, residual):
     from mslk_dsl.templates import _cute_rowwise as rw
 
     tile = plan.access_tile(config, sig)
-    tpr, vec, chunks = tile.tpr, tile.vec, tile.chunks
     dtype = rw.dsl_dtype(sig["dtype"])
     wdtype = Float32 if sig.get("fp32_weight") else dtype
-    # The weight under a vector of x, in ``wparts`` accesses of ``wvec`` elements (at most 16
-    # bytes: two for an fp32 weight under 8 bf16 / fp16 values).
-    wvec = min(vec, 16 // (wdtype.width // 8))
-    wparts = vec // wvec
-
-    # Where the weight under the row's first tile waits for pass 2 (see the kernel):
-    #  "smem":      vector rows: cp.async at the start into shared memory, a slot per thread;
-    #               no registers held, so the kernel keeps the occupancy of x alone (a 1024-
-    #               thread CTA takes 64 KB, 128 KB for an fp32 weight: still one CTA per SM);
-    #  "registers": one element per access (cp.async moves 4-16 bytes, not one 16-bit element):
-    #               loaded before the row reduction into registers of its own (their configs
-    #               have at most 512 threads, with no register cap).
-    weight_mode = "registers" if limits.one_element(sig) else "smem"
-
-    def load_weight(vW, wraw, col, j):
-        """Issue the loads of the weight under vector j of x into columns col * wparts.. of wraw."""
-        for p in range(wparts):
-            cute.copy(rw.weight_atom(wdtype, wvec), vW[None, j * wparts + p], wraw[None, col * wparts + p])
-
-    def smem_weight_values(sW, wf, tidx, col):
-        """The weight of column ``col`` of this thread's shared-memory slots, as fp32 (vec,) values."""
-        if const_expr(wparts == 1):
-            return sW[None, tidx, col].load().to(Float32)
-        for e in range(vec):
-            wf[e, 0] = Float32(sW[e % wvec, tidx, col * wparts + e // wvec])
-        return wf.load()
-
-    def weight_values(wraw, wf, col, ss=None):
-        """The weight loaded into column ``col`` of wraw (load_weight), as fp32 (vec,) values;
-        with ``ss`` (the row's sum of squares) converted only once that is known: a 16-bit weight
-        loaded ahead of the reduction then stays packed through it (see red.after)."""
-        if const_expr(wparts == 1):
-            packed = wraw[None, col].load()
-            if const_expr(ss is not None):
-                packed = red.after(packed, ss)
-            return packed.to(Float32)
-        for e in range(vec):
-            wf[e, 0] = Float32(wraw[e % wvec, col * wparts + e // wvec])
-        return wf.load()
 
     def add_rounded(a, b):
         return (a.load().to(Float32) + b.load().to(Float32)).to(dtype)
 
+    def row_body(t, phased: bool):
+        """The kernel body for tile ``t``; ``phased``: t is the phased tile of a one-element
+        config and the rows are congruent (rw.PhasedRow): the row's aligned middle in t's
+        vectors, its edges one element at a time."""
+        tpr, vec, chunks = t.tpr, t.vec, t.chunks
+        # The weight under a vector of x, in ``wparts`` accesses of ``wvec`` elements (at most 16
+        # bytes: two for an fp32 weight under 8 bf16 / fp16 values). A phased row's middle is
+        # aligned in x, not in the weight (the weight's columns start at the row's head): one
+        # element per access there.
+        wvec = 1 if phased else min(vec, 16 // (wdtype.width // 8))
+        wparts = vec // wvec
+
+        # Where the weight under the row's first tile waits for pass 2 (see the kernel):
+        #  "smem":      vector rows: cp.async at the start into shared memory, a slot per thread;
+        #               no registers held, so the kernel keeps the occupancy of x alone (a 1024-
+        #               thread CTA takes 64 KB, 128 KB for an fp32 weight: still one CTA per SM);
+        #  "registers": one element per access (cp.async moves 4-16 bytes, not one 16-bit
+        #               element): loaded before the row reduction into registers of its own
+        #               (their configs have at most 512 threads, with no register cap).
+        weight_mode = "registers" if wvec == 1 else "smem"
+
+        def load_weight(vW, wraw, col, j):
+            """Issue the loads of the weight under vector j of x into columns col * wparts.. of wraw."""
+            for p in range(wparts):
+                cute.copy(rw.weight_atom(wdtype, wvec), vW[None, j * wparts + p], wraw[None, col * wparts + p])
+
+        def smem_weight_values(sW, wf, tidx, col):
+            """The weight of column ``col`` of this thread's shared-memory slots, as fp32 (vec,) values."""
+            if const_expr(wparts == 1):
+                return sW[None, tidx, col].load().to(Float32)
+            for e in range(vec):
+                wf[e, 0] = Float32(sW[e % wvec, tidx, col * wparts + e // wvec])
+            return wf.load()
+
+        def weight_values(wraw, wf, col, ss=None):
+            """The weight loaded into column ``col`` of wraw (load_weight), as fp32 (vec,) values;
+            with ``ss`` (the row's sum of squares) converted only once that is known: a 16-bit
+            weight loaded ahead of the reduction then stays packed through it (see red.after)."""
+            if const_expr(wparts == 1):
+                packed = wraw[None, col].load()
+                if const_expr(ss is not None):
+                    packed = red.after(packed, ss)
+                return packed.to(Float32)
+            for e in range(vec):
+                wf[e, 0] = Float32(wraw[e % wvec, col * wparts + e // wvec])
+            return wf.load()
+
+        @cute.jit
+        def body(mX: cute.Tensor, mR, mW: cute.Tensor, mY: cute.Tensor, mRO, eps: Float32):
+            n = mX.shape[1]
+            smem = cutlass.memory.SmemAllocator()
+            tidx, _, _ = cute.arch.thread_idx()
+            # This thread's row and the row's vectors [base, nvec) its CTA holds: all of them, or
+            # the CTA's share when a cluster splits the row. None past the last row (those
+            # threads still join the barriers).
+            if const_expr(t.cluster == 1):
+                row, row_in_cta, lane, nvec = rw.cta_row(tile, mX.shape[0], n)
+                base = Int32(0)
+            else:
+                row_in_cta, lane = Int32(0), tidx
+                row, base, nvec = rw.cluster_row(t, mX.shape[0], n)
+                row = cutlass.min(row, mX.shape[0] - 1)
+                cslots = rw.ClusterSlots(smem, t)
+                rw.cluster_reduction_start(cslots)
+            if const_expr(phased):
+                pr = rw.phased_row(mX, row, n, vec, nvec > 0)
+                nvec = pr.nmid
+                vX, vY = pr.middle(mX), pr.middle(mY)
+                vW = cute.zipped_divide(cute.make_tensor(mW.iterator + pr.head, mW.layout), (1,))
+            else:
+                vX, vY = rw.row_vectors(mX, row, vec), rw.row_vectors(mY, row, vec)
+                vW = cute.zipped_divide(mW, (wvec,))
+            first = base + lane
+            wraw = cute.make_rmem_tensor((wvec, wparts), wdtype)
+            wf = cute.make_rmem_tensor((vec, 1), Float32)
+            srcs = (vX,)
+            if const_expr(residual):
+                if const_expr(phased):
+                    vRO = pr.middle(mRO)
+                    srcs = (vX, pr.middle(mR))
+                else:
+                    vRO = rw.row_vectors(mRO, row, vec)
+                    srcs = (vX, rw.row_vectors(mR, row, vec))
+            buf = rw.reduction_buffer(smem, t) if const_expr(t.cluster == 1) else None
+
+            # Pass 1, first tile: every load in flight before the first use. `held` becomes the
+            # row to normalize: x, or the new residual rounded to dtype (stored right away).
+            ins = rw.tile_fragments(t, [dtype] * len(srcs))
+            rw.load_tile(srcs, ins, first, tpr, nvec)
+            held = ins[0]
+            if const_expr(phased):
+                # The row's edges, one element per lane, read with the first tile and kept as it is.
+                row_tensors = (mX, mR) if const_expr(residual) else (mX,)
+                edge_ins = rw.edge_fragments(t, [dtype] * len(row_tensors))
+                for rt, f in zip(row_tensors, edge_ins):
+                    rw.copy_edges(pr.elements(rt), f, pr, lane, tpr, load=True)
+                edge_held = edge_ins[0]
+            if const_expr(weight_mode == "smem"):
+                # The first tile's weight, behind x: it lands in shared memory while x is
+                # reduced. Column c of thread t at [:, t, c]: a warp's 16-byte accesses of one
+                # column are contiguous (no bank conflicts).
+                sW = smem.allocate_tensor(wdtype, cute.make_layout((wvec, t.threads, wparts * chunks),
+                                                                   stride=(1, wvec, wvec * t.threads)),
+                                          byte_alignment=16)
+                w_async = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.ALWAYS), wdtype,
+                                              num_bits_per_copy=wvec * wdtype.width)
+                for i in cutlass.range_constexpr(chunks):
+                    jw = first + i * tpr
+                    if jw < nvec:
+                        for p in cutlass.range_constexpr(wparts):
+                            cute.copy(w_async, vW[None, jw * wparts + p], sW[None, tidx, i * wparts + p])
+                cute.arch.cp_async_commit_group()
+            if const_expr(residual):
+                held.store(add_rounded(ins[0], ins[1]))
+                rw.copy_vectors(held, vRO, first, tpr, nvec, load=False)
+                if const_expr(phased):
+                    edge_held.store(add_rounded(edge_ins[0], edge_ins[1]))
+                    rw.copy_edges(edge_held, pr.elements(mRO), pr, lane, tpr, load=False)
+            ss = red.sum_squares(held)
+            if const_expr(phased):
+                ss = ss + red.sum_squares(edge_held)
+            # Rest of a row longer than the tile, one vector per thread per step (the compiler
+            # unrolls and batches the loads); nothing is kept.
+            a = cute.make_rmem_tensor((vec, 1), dtype)
+            b = cute.make_rmem_tensor((vec, 1), dtype)
+            for j in cutlass.range(first + t.tile_vecs, nvec, tpr):
+                rw.copy_vectors(vX, a, j, tpr, nvec, load=True)
+                if const_expr(residual):
+                    rw.copy_vectors(srcs[1], b, j, tpr, nvec, load=True)
+                    a.store(add_rounded(a, b))
+                    rw.copy_vectors(a, vRO, j, tpr, nvec, load=False)
+                ss = ss + red.sum_squares(a)
+
+            # One element per access: the first tile's weight, issued now: its loads overlap the
+            # row reduction. Loaded in pass 2 instead, a vector at a time between the stores of
+            # y, each load waited for the store before it (the compiler cannot tell y from the
+            # weight): one round trip per vector, which is what a short call (few rows, a cold
+            # L2) is made of. Not earlier: held through the loop above, the weight would cost
+            # that loop's registers.
+            if const_expr(weight_mode == "registers"):
+                # The weight under the first tile, zero-filled as the x tile (see rw.tile_fragments).
+                wtile = cute.make_rmem_tensor((wvec, wparts * chunks), wdtype)
+                wtile.fill(0)
+                for i in cutlass.range_constexpr(chunks):
+                    jr = first + i * tpr
+                    if jr < nvec:
+                        load_weight(vW, wtile, i, jr)
+                if const_expr(phased):
+                    edge_w = rw.edge_fragments(t, [wdtype])[0]
+                    rw.copy_edges(cute.zipped_divide(mW, (1,)), edge_w, pr, lane, tpr, load=True)
+            if const_expr(t.cluster > 1):
+                ss = rw.cluster_row_allreduce(ss, operator.add, 0.0, cslots)
+            else:
+                ss = rw.row_allreduce(ss, operator.add, tpr, buf, row_in_cta, lane)
+            rstd = cute.math.rsqrt(ss / Float32(n) + eps, fastmath=True)
+
+            # Pass 2: y = (h * rstd) * w, rounded once, into the registers of the row (held);
+            # the tile is stored once all of it is computed.
+            if const_expr(weight_mode == "smem"):
+                cute.arch.cp_async_wait_group(0)
+            for i in cutlass.range_constexpr(chunks):
+                h = red.after(held[None, i].load(), ss).to(Float32)
+                if const_expr(weight_mode == "smem"):
+                    held[None, i].store((h * rstd * smem_weight_values(sW, wf, tidx, i)).to(dtype))
+                else:
+                    held[None, i].store((h * rstd * weight_values(wtile, wf, i, ss)).to(dtype))
+            rw.copy_vectors(held, vY, first, tpr, nvec, load=False)
+            if const_expr(phased):
+                y_edges = edge_held.load().to(Float32) * rstd * edge_w.load().to(Float32)
+                rw.store_edges(y_edges.to(dtype), pr.elements(mY), pr, lane, tpr)
+            # The streamed rest: read back what pass 1 read (x) or wrote (new_residual).
+            vH = vRO if const_expr(residual) else vX
+            for j in cutlass.range(first + t.tile_vecs, nvec, tpr):
+                rw.copy_vectors(vH, a, j, tpr, nvec, load=True, evict=rw.KEEP)
+                load_weight(vW, wraw, 0, j)
+                a.store((a.load().to(Float32) * rstd * weight_values(wraw, wf, 0)).to(dtype))
+                rw.copy_vectors(a, vY, j, tpr, nvec, load=False)
+
+        return body
+
+    plain = row_body(tile, phased=False)
+    # Rows of one element per access (single CTAs) run their aligned middle in vectors where the
+    # row tensors are congruent (rw.PhasedRow).
+    phased_tile = plan.phased_tile(tile, limits.ELEM_BYTES[sig["dtype"]])
+    phased = row_body(phased_tile, phased=True) if tile.vec == 1 and tile.cluster == 1 else None
+
     @cute.kernel
     def kernel(mX: cute.Tensor, mR, mW: cute.Tensor, mY: cute.Tensor, mRO, eps: Float32):
-        n = mX.shape[1]
-        smem = cutlass.memory.SmemAllocator()
-        tidx, _, _ = cute.arch.thread_idx()
-        # This thread's row and the row's vectors [base, nvec) its CTA holds: all of them, or the
-        # CTA's share when a cluster splits the row. None past the last row (those threads still
-        # join the barriers).
-        if const_expr(tile.cluster == 1):
-            row, row_in_cta, lane, nvec = rw.cta_row(tile, mX.shape[0], n)
-            base = Int32(0)
-        else:
-            row_in_cta, lane = Int32(0), tidx
-            row, base, nvec = rw.cluster_row(tile, mX.shape[0], n)
-            row = cutlass.min(row, mX.shape[0] - 1)
-            cslots = rw.ClusterSlots(smem, tile)
-            rw.cluster_reduction_start(cslots)
-        first = base + lane
-        vX, vY = rw.row_vectors(mX, row, vec), rw.row_vectors(mY, row, vec)
-        vW = cute.zipped_divide(mW, (wvec,))
-        wraw = cute.make_rmem_tensor((wvec, wparts), wdtype)
-        wf = cute.make_rmem_tensor((vec, 1), Float32)
-        srcs = (vX,)
-        if const_expr(residual):
-            vRO = rw.row_vectors(mRO, row, vec)
-            srcs = (vX, rw.row_vectors(mR, row, vec))
-        buf = rw.reduction_buffer(smem, tile) if const_expr(tile.cluster == 1) else None
-
-        # Pass 1, first tile: every load in flight before the first use. `held` becomes the row
-        # to normalize: x, or the new residual rounded to dtype (stored right away).
-        ins = rw.tile_fragments(tile, [dtype] * len(srcs))
-        rw.load_tile(srcs, ins, first, tpr, nvec)
-        held = ins[0]
-        if const_expr(weight_mode == "smem"):
-            # The first tile's weight, behind x: it lands in shared memory while x is reduced.
-            # Column c of thread t at [:, t, c]: a warp's 16-byte accesses of one column are
-            # contiguous (no bank conflicts).
-            sW = smem.allocate_tensor(wdtype, cute.make_layout((wvec, tile.threads, wparts * chunks),
-                                                               stride=(1, wvec, wvec * tile.threads)),
-                                      byte_alignment=16)
-            w_async = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.ALWAYS), wdtype,
-                                          num_bits_per_copy=wvec * wdtype.width)
-            for i in cutlass.range_constexpr(chunks):
-                jw = first + i * tpr
-                if jw < nvec:
-                    for p in cutlass.range_constexpr(wparts):
-                        cute.copy(w_async, vW[None, jw * wparts + p], sW[None, tidx, i * wparts + p])
-            cute.arch.cp_async_commit_group()
-        if const_expr(residual):
-            held.store(add_rounded(ins[0], ins[1]))
-            rw.copy_vectors(held, vRO, first, tpr, nvec, load=False)
-        ss = red.sum_squares(held)
-        # Rest of a row longer than the tile, one vector per thread per step (the compiler
-        # unrolls and batches the loads); nothing is kept.
-        a = cute.make_rmem_tensor((vec, 1), dtype)
-        b = cute.make_rmem_tensor((vec, 1), dtype)
-        for j in cutlass.range(first + tile.tile_vecs, nvec, tpr):
-            rw.copy_vectors(vX, a, j, tpr, nvec, load=True)
-            if const_expr(residual):
-                rw.copy_vectors(srcs[1], b, j, tpr, nvec, load=True)
-                a.store(add_rounded(a, b))
-                rw.copy_vectors(a, vRO, j, tpr, nvec, load=False)
-            ss = ss + red.sum_squares(a)
-
-        # One element per access: the first tile's weight, issued now: its loads overlap the row
-        # reduction. Loaded in pass 2 instead, a vector at a time between the stores of y, each
-        # load waited for the store before it (the compiler cannot tell y from the weight): one
-        # round trip per vector, which is what a short call (few rows, a cold L2) is made of.
-        # Not earlier: held through the loop above, the weight would cost that loop's registers.
-        if const_expr(weight_mode == "registers"):
-            # The weight under the first tile, zero-filled as the x tile (see rw.tile_fragments).
-            wtile = cute.make_rmem_tensor((wvec, wparts * chunks), wdtype)
-            wtile.fill(0)
-            for i in cutlass.range_constexpr(chunks):
-                jr = first + i * tpr
-                if jr < nvec:
-                    load_weight(vW, wtile, i, jr)
-        if const_expr(tile.cluster > 1):
-            ss = rw.cluster_row_allreduce(ss, operator.add, 0.0, cslots)
-        else:
-            ss = rw.row_allreduce(ss, operator.add, tpr, buf, row_in_cta, lane)
-        rstd = cute.math.rsqrt(ss / Float32(n) + eps, fastmath=True)
-
-        # Pass 2: y = (h * rstd) * w, rounded once, into the registers of the row (held); the
-        # tile is stored once all of it is computed.
-        if const_expr(weight_mode == "smem"):
-            cute.arch.cp_async_wait_group(0)
-        for i in cutlass.range_constexpr(chunks):
-            h = red.after(held[None, i].load(), ss).to(Float32)
-            if const_expr(weight_mode == "smem"):
-                held[None, i].store((h * rstd * smem_weight_values(sW, wf, tidx, i)).to(dtype))
+        if const_expr(phased is not None):
+            rows = (mX, mY, mR, mRO) if const_expr(residual) else (mX, mY)
+            if rw.congruent(rows, phased_tile.vec):
+                phased(mX, mR, mW, mY, mRO, eps)
             else:
-                held[None, i].store((h * rstd * weight_values(wtile, wf, i, ss)).to(dtype))
-        rw.copy_vectors(held, vY, first, tpr, nvec, load=False)
-        # The streamed rest: read back what pass 1 read (x) or wrote (new_residual).
-        vH = vRO if const_expr(residual) else vX
-        for j in cutlass.range(first + tile.tile_vecs, nvec, tpr):
-            rw.copy_vectors(vH, a, j, tpr, nvec, load=True, evict=rw.KEEP)
-            load_weight(vW, wraw, 0, j)
-            a.store((a.load().to(Float32) * rstd * weight_values(wraw, wf, 0)).to(dtype))
-            rw.copy_vectors(a, vY, j, tpr, nvec, load=False)
+                plain(mX, mR, mW, mY, mRO, eps)
+        else:
+            plain(mX, mR, mW, mY, mRO, eps)
 
     # A 1024-thread CTA must fit the SM's register file: cap ptxas at LONG_ROW_REGS. A tile cut
     # into 8- or 4-byte accesses holds 2-4 times the addresses and predicates: capped at NARROW_REGS,

@@ -44,6 +44,7 @@ _valid, _heuristic = plan.rules(CONFIGS, arrays=2)
 
 def build(config, target, sig):
     import cutlass.cute as cute
+    from cutlass import const_expr
 
     from mslk_dsl.templates import _cute_rowwise as rw
 
@@ -53,11 +54,26 @@ def build(config, target, sig):
     def values(a, b):
         return rw.silu_mul_tile(a, b, dtype)
 
+    # Rows of one element per access run their aligned middle in vectors where the three
+    # tensors are congruent (rw.PhasedRow), in this tile.
+    phased = plan.phased_tile(tile, limits.ELEM_BYTES[sig["dtype"]])
+
     @cute.kernel
     def kernel(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, mCount: cute.Tensor):
         row, _, lane, nvec = rw.cta_row(tile, rw.rows_to_write(mO, mCount), mO.shape[1])
         _, bidy, _ = cute.arch.block_idx()
         _, gdimy, _ = cute.arch.grid_dim()
+        if const_expr(tile.vec == 1):
+            if rw.congruent((mX0, mX1, mO), phased.vec):
+                pr = rw.phased_row(mX0, row, mO.shape[1], phased.vec, nvec > 0)
+                rw.map_row_phased((mX0, mX1), values, mO, phased, pr, lane, bidy, gdimy)
+            else:
+                _plain(mX0, mX1, mO, row, lane, nvec, bidy, gdimy)
+        else:
+            _plain(mX0, mX1, mO, row, lane, nvec, bidy, gdimy)
+
+    @cute.jit
+    def _plain(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, row, lane, nvec, bidy, gdimy):
         rw.map_row((rw.row_vectors(mX0, row, tile.vec), rw.row_vectors(mX1, row, tile.vec)), values,
                    rw.row_vectors(mO, row, tile.vec), tile, lane, nvec, bidy, gdimy)
 

@@ -89,6 +89,29 @@ def test_a_128_bit_config_runs_on_8_and_4_byte_rows_in_more_narrower_accesses():
     assert not plan.valid(plan.config(256, 1, 4, 4), {"dtype": "float32", "vec_bytes": 4})
 
 
+@pytest.mark.parametrize("op", ["silu_mul", "quantize_fp8_row", "silu_mul_quant", "rmsnorm", "rmsnorm_add"])
+def test_one_element_configs_run_phased_rows_in_16_byte_vectors(op):
+    """Every single-CTA one-element config of the CuTe templates that take phased rows
+    (_cute_rowwise.PhasedRow) runs their middle in the same tile as vectors of at most 16 bytes,
+    and its row groups hold a row's edges (at most 2 (vec - 1) elements)."""
+    template = _cute(op)
+    for dtype in ("bfloat16", "float16", "float32"):
+        esize = limits.ELEM_BYTES[dtype]
+        sig = {**template.all_signatures()[0], "dtype": dtype, "vec_bytes": esize}
+        configs = [c for c in template.all_configs() if template.valid(c, "sm90a", sig) and "cluster" not in c]
+        assert configs, (op, dtype)
+        for c in configs:
+            tile = plan.access_tile(c, sig)
+            phased = plan.phased_tile(tile, esize)
+            assert phased.tile_k == tile.tile_k and phased.tpr == tile.tpr, (op, c)
+            assert phased.vec * phased.chunks == tile.chunks and 1 < phased.vec * esize <= 16, (op, c)
+            assert plan.edge_slots(phased) * phased.tpr >= 2 * (phased.vec - 1), (op, c)
+    full = plan.phased_tile(plan.RowTile.of(plan.config(128, 4, 1, 16)), 2)
+    assert (full.vec, full.chunks, plan.edge_slots(full)) == (8, 2, 1)
+    short = plan.phased_tile(plan.RowTile.of(plan.config(128, 16, 1, 4)), 2)
+    assert (short.vec, short.chunks, plan.edge_slots(short)) == (4, 1, 1)
+
+
 def test_flydsl_row_configs_take_the_rows_widest_vector_or_one_element():
     def ok(vec, vec_bytes, dtype="bfloat16"):
         return rowwise_space.valid({"threads": 256, "rows_per_block": 1, "vec": vec}, "gfx942",

@@ -258,6 +258,64 @@ def test_heuristic_shapes(op, dtype):
 
 
 # ---------------------------------------------------------------------------------------------
+# Rows of one element per access at every offset from a 16-byte boundary.
+
+# Odd-length rows whose tensors all sit at one offset from a 16-byte boundary (the FP8 output at
+# the same offset in its own elements) run their aligned middle in 128-bit vectors and the edges
+# one element at a time (_cute_rowwise.PhasedRow); tensors at different offsets run one element
+# at a time throughout. (inputs' offset, outputs' offset) in elements: row r of a tensor at
+# offset o starts o + r K elements past a boundary, so 9 or more rows meet every head length.
+PHASE_OFFSETS = [(0, 0), (3, 3), (7, 7), (5, 0), (0, 1)]
+PHASE_SHAPES = [(9, 1), (9, 7), (17, 13), (11, 1037), (3, 4097), (40, 379), (9, 2047), (2, 16383)]
+
+
+def _at_offset(m, k, dtype, offset, values=None):
+    """(a compact [m, k] tensor ``offset`` elements into a buffer of guard bytes 0x7F, the
+    buffer as bytes)."""
+    esize = torch.empty(0, dtype=dtype).element_size()
+    buf = torch.full(((offset + m * k + 16) * esize,), 0x7F, device="cuda", dtype=torch.uint8)
+    t = buf.view(dtype)[offset:offset + m * k].view(m, k)
+    if values is not None:
+        t.copy_(values)
+    return t, buf
+
+
+def _guards_intact(buf, t):
+    start = t.data_ptr() - buf.data_ptr()
+    end = start + t.numel() * t.element_size()
+    return bool((buf[:start] == 0x7F).all() and (buf[end:] == 0x7F).all())
+
+
+@SM90
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+def test_one_element_rows_at_every_offset(op, dtype):
+    for m, k in PHASE_SHAPES:
+        a0, b0 = _randn(m, k, dtype, 5), _randn(m, k, dtype, 6)
+        for x_off, out_off in PHASE_OFFSETS:
+            what = f"{op} {_name(dtype)} {m}x{k} offsets {x_off}/{out_off}"
+            x0, _ = _at_offset(m, k, dtype, x_off, a0)
+            x1, _ = _at_offset(m, k, dtype, x_off, b0)
+            if op == "silu_mul":
+                y, y_buf = _at_offset(m, k, dtype, out_off)
+                ops.silu_mul(x0, x1, out=y)
+                assert_silu_close(y, ref_silu_mul(x0, x1), what)
+                assert _guards_intact(y_buf, y), f"{what}: written out of bounds"
+                continue
+            xq, q_buf = _at_offset(m, k, FP8, out_off)
+            scale = torch.empty(m, device="cuda")
+            if op == "quantize_fp8_row":
+                ops.quantize_fp8_row(x0, out=(xq, scale))
+                want_q, want_s = ref_quantize(x0)
+            else:
+                ops.silu_mul_quant(x0, x1, out=(xq, scale))
+                want_q, want_s = ref_quantize(ops.silu_mul(x0, x1))
+            assert_same_bits(scale, want_s, what + " scale")
+            assert_same_bits(xq, want_q, what + " xq")
+            assert _guards_intact(q_buf, xq), f"{what}: xq written out of bounds"
+
+
+# ---------------------------------------------------------------------------------------------
 # Special values (quantize_fp8_row; silu_mul_quant shares the quantize code).
 
 

@@ -204,6 +204,56 @@ def test_special_values(op):
     assert y[3].isnan().all()
 
 
+# Rows of one element per access (odd N) whose tensors all sit at one offset from a 16-byte
+# boundary run their aligned middle in 128-bit vectors and the edges (head and tail) one element
+# at a time (_cute_rowwise.PhasedRow); tensors at different offsets run one element at a time
+# throughout. (inputs' offset, outputs' offset) in elements: row r of a tensor at offset o starts
+# o + r N elements past a boundary, so the 9 or more rows below meet every head length.
+PHASE_OFFSETS = [(0, 0), (3, 3), (7, 7), (5, 0), (0, 1)]
+PHASE_SHAPES = [(9, 1), (9, 7), (17, 13), (11, 1037), (3, 4097), (40, 379), (9, 2047), (2, 16383)]
+
+
+def _at_offset(m, n, dtype, offset, values=None):
+    """(a compact [m, n] tensor ``offset`` elements into a buffer, the buffer); the buffer's
+    other elements are NaN guards."""
+    buf = torch.full((offset + m * n + 8,), float("nan"), device="cuda", dtype=dtype)
+    t = buf[offset:offset + m * n].view(m, n)
+    if values is not None:
+        t.copy_(values)
+    return t, buf
+
+
+def _guards_intact(buf, offset, count):
+    return bool(buf[:offset].isnan().all() and buf[offset + count:].isnan().all())
+
+
+@SM90
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("fp32_weight", [False, True], ids=["weight_as_x", "fp32_weight"])
+def test_one_element_rows_at_every_offset(op, dtype, fp32_weight):
+    for m, n in PHASE_SHAPES:
+        x0, r0, w = _inputs(m, n, dtype, seed=3)
+        if fp32_weight:
+            w = torch.rand(n, device="cuda") + 0.5
+        for x_off, out_off in PHASE_OFFSETS:
+            what = f"{op} {dtype} {m}x{n} offsets {x_off}/{out_off} fp32_weight={fp32_weight}"
+            x, _ = _at_offset(m, n, dtype, x_off, x0)
+            r, _ = _at_offset(m, n, dtype, x_off, r0)
+            y, y_buf = _at_offset(m, n, dtype, out_off)
+            if op == "rmsnorm":
+                ops.rmsnorm(x, w, EPS, out=y)
+                want = ref_rmsnorm(x, w, EPS)
+            else:
+                new_residual, r_buf = _at_offset(m, n, dtype, out_off)
+                ops.rmsnorm_add(x, r, w, EPS, out=(y, new_residual))
+                want, want_residual = ref_rmsnorm_add(x, r, w, EPS)
+                assert torch.equal(new_residual, want_residual), f"{what}: new_residual is not bit-exact"
+                assert _guards_intact(r_buf, out_off, m * n), f"{what}: new_residual written out of bounds"
+            assert _guards_intact(y_buf, out_off, m * n), f"{what}: y written out of bounds"
+            assert_within_one_ulp(y, want, what)
+
+
 def test_configs_cover_every_signature():
     # Runs on the CPU too: every signature has a config and the heuristic picks a valid one.
     for op in OPS:
