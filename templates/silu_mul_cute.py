@@ -34,6 +34,13 @@ REGS, REGS_LONG = 64, 80
 # 82344 x 379 (one element per access) 61 against 154.
 SHORT_ROWS = [(128, 16, 2), (128, 8, 2), (128, 4, 3), (128, 4, 4), (128, 2, 3), (128, 2, 4)]
 SHORT_SCALAR_ROWS = [(128, 4, 8), (128, 4, 16), (128, 2, 16)]
+# Phased rows (one element per access, every tensor at one offset from a 16-byte boundary;
+# rw.PhasedRow) take 128-bit vectors only in tiles of at least this many vectors per thread. In
+# one-vector tiles they lost to one element per access (H200, bf16, same run, % of copy:
+# 33600 x 1389 75.7 against 84.9, 33132 x 1309 73.1 / 83.4, 109392 x 129 55.8 / 81.1; a thread's
+# single vector is fewer loads in flight than its 8 elements were), and won in two-vector tiles
+# (52376 x 771 93.2 / 86.7, 7680 x 887 95.5 / 91.6; docs/benchmarks.md, "Phased rows").
+PHASED_MIN_VECTORS = 2
 CONFIGS = plan.expand(
     vector_shapes=[(128, 4, 2), (128, 1, 4), (256, 1, 4), (128, 1, 7), (256, 1, 7),
                    (96, 1, 4), (160, 1, 4), (192, 1, 4), (224, 1, 4), *SHORT_ROWS],
@@ -55,15 +62,16 @@ def build(config, target, sig):
         return rw.silu_mul_tile(a, b, dtype)
 
     # Rows of one element per access run their aligned middle in vectors where the three
-    # tensors are congruent (rw.PhasedRow), in this tile.
+    # tensors are congruent (rw.PhasedRow), in this tile, if it holds PHASED_MIN_VECTORS per thread.
     phased = plan.phased_tile(tile, limits.ELEM_BYTES[sig["dtype"]])
+    take_phased = tile.vec == 1 and phased.chunks >= PHASED_MIN_VECTORS
 
     @cute.kernel
     def kernel(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, mCount: cute.Tensor):
         row, _, lane, nvec = rw.cta_row(tile, rw.rows_to_write(mO, mCount), mO.shape[1])
         _, bidy, _ = cute.arch.block_idx()
         _, gdimy, _ = cute.arch.grid_dim()
-        if const_expr(tile.vec == 1):
+        if const_expr(take_phased):
             if rw.congruent((mX0, mX1, mO), phased.vec):
                 pr = rw.phased_row(mX0, row, mO.shape[1], phased.vec, nvec > 0)
                 rw.map_row_phased((mX0, mX1), values, mO, phased, pr, lane, bidy, gdimy)
