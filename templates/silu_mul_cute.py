@@ -63,8 +63,8 @@ def build(config, target, sig):
 
     # Rows of one element per access run their aligned middle in vectors where the three
     # tensors are congruent (rw.PhasedRow), in this tile, if it holds PHASED_MIN_VECTORS per thread.
-    phased = plan.phased_tile(tile, limits.ELEM_BYTES[sig["dtype"]])
-    take_phased = tile.vec == 1 and phased.chunks >= PHASED_MIN_VECTORS
+    phased = plan.phased_tile(tile, limits.ELEM_BYTES[sig["dtype"]]) if tile.vec == 1 else None
+    take_phased = phased is not None and phased.chunks >= PHASED_MIN_VECTORS
 
     @cute.kernel
     def kernel(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, mCount: cute.Tensor):

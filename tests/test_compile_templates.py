@@ -35,6 +35,8 @@ from mslk_dsl.env import overridden
 from mslk_dsl.cache import KernelCache
 from mslk_dsl.keys import KernelKey
 from mslk_dsl.template import config_name
+from mslk_dsl.templates import _rowwise_plan as plan
+from mslk_dsl.templates import silu_mul_cute
 
 # What each kernel's code must contain is declared by its template (Template.instructions:
 # "ptx", "sass" for sm90a; "isa" for gfx942, kept with MSLK_DSL_KEEP_ISA=1).
@@ -226,11 +228,28 @@ def _narrow_bytes_of_16_bit(key: dict) -> int | None:
     return None
 
 
+# The CuTe row-wise ops whose one-element kernels run phased rows (_cute_rowwise.PhasedRow): the
+# row's middle in 16-byte accesses where the call's tensors sit at one offset from a boundary.
+PHASED_ROW_OPS = ("rmsnorm", "rmsnorm_add", "quantize_fp8_row", "silu_mul_quant", "silu_mul")
+
+
+def _runs_phased_rows(key: dict) -> bool:
+    """Whether ``key`` is a single-CTA one-element CuTe kernel of PHASED_ROW_OPS with a phased
+    path (silu_mul: in tiles of at least PHASED_MIN_VECTORS vectors per thread)."""
+    sig, config = key["signature"], key["config"]
+    esize = ELEMENT_BYTES.get(sig.get("dtype"))
+    if (key["op"] not in PHASED_ROW_OPS or registry.get_template(key["template"]).backend != "cute"
+            or sig.get("vec_bytes") != esize or config.get("vec") != 1 or "cluster" in config):
+        return False
+    phased = plan.phased_tile(plan.RowTile.of(config), esize)
+    return key["op"] != "silu_mul" or phased.chunks >= silu_mul_cute.PHASED_MIN_VECTORS
+
+
 def _patterns(key: dict, kind: str, vector_pattern: str = "") -> list[str]:
     """The regexes ``key``'s code of ``kind`` must match: its template's, and the 16-byte vector
-    accesses of configs that move 16 bytes per access."""
+    accesses of configs that move 16 bytes per access (the middle of phased rows included)."""
     patterns = list(registry.get_template(key["template"]).instructions.get(kind, []))
-    if vector_pattern and _moves_16_bytes(key):
+    if vector_pattern and (_moves_16_bytes(key) or _runs_phased_rows(key)):
         patterns.append(vector_pattern)
     return patterns
 
