@@ -1,10 +1,20 @@
 """FlyDSL device helpers for row-wise memory-bound kernels on CDNA (gfx942, gfx950; wave64).
 
-A block is split into ``rows_per_block`` groups of whole waves; each group owns one row of a
-[M, K] tensor (M and K are dynamic). A row is reached through its own AMD buffer descriptor whose
-size is exactly the row's bytes (zero for a row past M): loads past the end return zeros and
-stores past it are dropped by the hardware, so K and M tails need no branches. The descriptor is
-built from the row's 64-bit address, so tensors may exceed 4 GiB; only a row must fit in 2 GiB.
+A block is split into ``rows_per_block`` groups; each group owns one row of a [M, K] tensor (M
+and K are dynamic). A group is whole waves, or for short rows 16 or 32 lanes of one (2-4 rows per
+wave, so rows of a few hundred elements do not leave most lanes idle).
+
+A row of a whole-wave group is reached through its own AMD buffer descriptor whose size is exactly
+the row's bytes (zero for a row past M): loads past the end return zeros and stores past it are
+dropped by the hardware, so K and M tails need no branches. The descriptor is built from the
+row's 64-bit address, so tensors may exceed 4 GiB; only a row must fit in 2 GiB.
+
+A descriptor must be wave-uniform (it lives in scalar registers; a per-lane one would make the
+compiler loop over the lanes' values), so the rows of a wave's sub-wave groups share one,
+starting at the wave's first row (see WaveRows). Each lane then bounds its own accesses: a
+vector past its row's end or of a row past M gets an offset past the descriptor (zeros read,
+stores dropped). Those rows are consecutive rows of one tensor, so sub-wave groups serve
+row-wise ops, not gathers; the wave's rows must fit in 1 GiB (rows up to 256 MiB).
 
 Row statistics (absmax here, sums for norms) reduce inside each wave with DPP and across the
 waves of a group through one LDS slot per wave, so every lane of a group gets the same value.
@@ -22,8 +32,9 @@ from flydsl.expr.utils.arith import fastmath
 
 from mslk_dsl.errors import ConfigError
 from mslk_dsl.targets import get_target
+from mslk_dsl.templates import _rowwise_space as space
 
-WAVE = 64
+WAVE = space.WAVE
 LOG2E = 1.4426950408889634
 # A byte offset past the end of the row-scale descriptor (M * 4 bytes, for M < 2^28) that
 # stays a positive i32 and cannot wrap around 2^32 when the access size is added.
@@ -60,20 +71,29 @@ class Fp8Format:
 class RowGroups:
     """Thread coordinates of a block of ``threads`` threads holding ``rows`` rows.
 
-    Call inside a kernel. ``group`` (the block's row slot) is made wave-uniform with
-    readfirstlane, so rows and their descriptors stay in scalar registers."""
+    Call inside a kernel. A group of whole waves: ``group`` (the block's row slot) is made
+    wave-uniform with readfirstlane, so rows and their descriptors stay in scalar registers. A
+    sub-wave group (``shared``: 16 or 32 lanes, several rows per wave): ``group`` differs
+    between the lanes of a wave, and ``view`` gives the wave one descriptor over its rows."""
 
     def __init__(self, threads: int, rows: int):
-        if threads % (rows * WAVE):
-            raise ConfigError(f"FlyDSL row-wise config threads={threads}, rows_per_block={rows}: a block of {threads} "
-                              f"threads cannot give {rows} rows whole waves of {WAVE}")
+        if not space.whole_groups({"threads": threads, "rows_per_block": rows}):
+            raise ConfigError(f"FlyDSL row-wise config threads={threads}, rows_per_block={rows}: a row needs whole "
+                              f"waves of {WAVE} or {' or '.join(map(str, space.SUBWAVE_WIDTHS))} lanes of one")
         self.threads = threads
-        self.width = threads // rows  # threads per row
-        self.waves = self.width // WAVE  # waves per row
+        self.width = width = threads // rows  # threads per row
+        self.shared = width < WAVE  # several rows per wave
+        self.waves = max(1, width // WAVE)  # waves per row
         tid = fx.thread_idx.x
         self.wave = fx.Int32(fx.rocdl.readfirstlane(T.i32, tid // WAVE))
-        self.group = self.wave // self.waves
-        self.lane = tid % self.width
+        self.group = tid // width if self.shared else self.wave // self.waves
+        self.lane = tid % width
+
+    def view(self, tensor, row, vec: int):
+        """Row ``row`` of ``tensor`` as a bounds-checked view of ``vec``-element vectors for
+        ``load`` / ``store``: the row's own descriptor (:func:`row_view`), or the wave's shared one
+        (:class:`WaveRows`) in sub-wave groups."""
+        return WaveRows(tensor, row, vec) if self.shared else row_view(tensor, row, vec)
 
 
 def counted_row(row, tensor, count):
@@ -97,12 +117,55 @@ def row_view(tensor, row, vec: int):
     return fx.logical_divide(fx.make_view(buf, fx.make_layout(cols, 1)), fx.make_layout(vec, 1))
 
 
+class WaveRows:
+    """The rows of a wave's sub-wave groups (consecutive rows of one [M, K] tensor, unit column
+    stride) behind one buffer descriptor, for ``load`` / ``store``.
+
+    The descriptor starts at the wave's first row (lane 0's ``row``: rows grow with the lane, and
+    a row past M, also one past a valid_token_count, is given as M) and runs to the end of the
+    tensor, at most OOB_BYTES. Vector ``j`` of a lane's row is at (row - first) * stride + j *
+    vec elements; a vector past the row's end, or any of a row at or past M, is sent to OOB_BYTES
+    instead, past the descriptor: its load gives zeros, its store is dropped (so a lane never
+    reads or writes its neighbour row's columns)."""
+
+    def __init__(self, tensor, row, vec: int):
+        rows, cols = tensor.shape.unpack()
+        row_stride, _ = tensor.stride.unpack()
+        elem_bytes = tensor.element_type.width // 8
+        first = fx.Int32(fx.rocdl.readfirstlane(T.i32, row))
+        base = fx.get_iter(tensor) + fx.Int64(first) * fx.Int64(row_stride)
+        # Bytes from the wave's first row to the end of the last row (none past M).
+        span = (fx.Int64(rows - first - 1) * fx.Int64(row_stride) + fx.Int64(cols)) * elem_bytes
+        span = (first < rows).select(span, fx.Int64(0))
+        span = (span < fx.Int64(OOB_BYTES)).select(span, fx.Int64(OOB_BYTES))
+        buf = fx.rocdl.make_buffer_ptr(base, num_records_bytes=span)
+        self.vectors = fx.logical_divide(fx.make_view(buf, fx.make_layout(OOB_BYTES // elem_bytes, 1)),
+                                         fx.make_layout(vec, 1))
+        self.live = row < rows
+        self.start = (row - first) * (row_stride // vec)  # the row's first vector in the view
+        self.row_vectors = cols // vec
+        self.outside = fx.Int32(OOB_BYTES // (vec * elem_bytes))
+
+    def index(self, j):
+        """The view index of vector ``j`` of this lane's row (``outside`` when it is not there)."""
+        inside = self.live & (j < self.row_vectors)
+        return inside.select(self.start + j, self.outside)
+
+
+def _located(view, j):
+    """(view, index) of vector ``j``: sub-wave rows (WaveRows) map it into the wave's view."""
+    if isinstance(view, WaveRows):
+        return view.vectors, view.index(j)
+    return view, j
+
+
 def _atom(vec: int, dtype):
     return fx.make_copy_atom(fx.rocdl.BufferCopy(vec * dtype.width), dtype.width)
 
 
 def load(view, j, vec: int):
     """Vector ``j`` of a row view (zeros past the row end)."""
+    view, j = _located(view, j)
     dtype = view.element_type
     r = fx.make_rmem_tensor(vec, dtype)
     fx.copy(_atom(vec, dtype), fx.slice(view, (None, j)), r)
@@ -111,6 +174,7 @@ def load(view, j, vec: int):
 
 def store(view, j, value, vec: int):
     """Write vector ``j`` of a row view (dropped past the row end)."""
+    view, j = _located(view, j)
     dtype = view.element_type
     r = fx.make_rmem_tensor(vec, dtype)
     fx.memref_store_vec(value, r)
@@ -188,13 +252,15 @@ def _dpp(value, neutral, ctrl, row_mask):
     return value.dtype(moved)
 
 
-def wave_reduce(value, op):
-    """Reduce a 32-bit scalar (Int32 or Float32) over a wave of 64 lanes; every lane gets it.
+def wave_reduce(value, op, width: int = WAVE):
+    """Reduce a 32-bit scalar (Int32 or Float32) over each group of ``width`` lanes of a wave (64,
+    or 16 / 32 for sub-wave groups); every lane of a group gets its group's value.
 
-    Four row_shr steps fold each 16-lane row into its last lane, two row_bcast steps fold the
-    rows into lane 63, and v_readlane_b32 broadcasts it; the moves fuse into the combining
-    instruction (v_max_i32_dpp, v_add_f32_dpp). The fold order is fixed, so sums are
-    deterministic."""
+    Four row_shr steps fold each 16-lane row into its last lane (a 16-lane group stops there),
+    row_bcast:15 folds pairs of rows into lanes 31 and 63 (a 32-lane group stops there),
+    row_bcast:31 folds the two halves into lane 63; v_readlane_b32 then broadcasts the last lane
+    of each group. The moves fuse into the combining instruction (v_max_i32_dpp, v_add_f32_dpp).
+    The fold order is fixed, so sums are deterministic."""
     dtype = value.dtype
     if op is ReductionOp.ADD:
         neutral = dtype(0)
@@ -203,9 +269,18 @@ def wave_reduce(value, op):
     acc = value
     for ctrl in _ROW_SHR:
         acc = _combine(op, acc, _dpp(acc, neutral, ctrl, 0xF))
-    acc = _combine(op, acc, _dpp(acc, neutral, _ROW_BCAST15, 0xA))
-    acc = _combine(op, acc, _dpp(acc, neutral, _ROW_BCAST31, 0xC))
-    return dtype(fx.rocdl.readlane(dtype.ir_type, acc, 63))
+    if width >= 32:
+        acc = _combine(op, acc, _dpp(acc, neutral, _ROW_BCAST15, 0xA))
+    if width >= WAVE:
+        acc = _combine(op, acc, _dpp(acc, neutral, _ROW_BCAST31, 0xC))
+        return dtype(fx.rocdl.readlane(dtype.ir_type, acc, WAVE - 1))
+    # Sub-wave groups: group g's value is in its last lane, (g + 1) * width - 1.
+    lane = fx.thread_idx.x % WAVE
+    total = dtype(fx.rocdl.readlane(dtype.ir_type, acc, width - 1))
+    for g in range_constexpr(1, WAVE // width):
+        other = dtype(fx.rocdl.readlane(dtype.ir_type, acc, (g + 1) * width - 1))
+        total = (lane >= g * width).select(other, total)
+    return total
 
 
 def reduce_storage(threads: int, dtype=fx.Float32):
@@ -221,11 +296,12 @@ def reduce_storage(threads: int, dtype=fx.Float32):
 
 def group_reduce(value, op, groups: RowGroups, storage=None):
     """Reduce a 32-bit scalar over each row group (ReductionOp.MAX or ADD); every lane of the
-    group gets the result. Waves reduce with DPP (row_shr, row_bcast, readlane); wider groups
-    add one LDS round: each wave writes its slot, then each lane folds its group's slots in
-    order (no branch, one barrier; call once per kernel unless the caller adds a barrier)."""
-    value = wave_reduce(value, op)
-    if groups.waves == 1:
+    group gets the result. Waves and sub-wave groups reduce with DPP (row_shr, row_bcast,
+    readlane); wider groups add one LDS round: each wave writes its slot, then each lane folds
+    its group's slots in order (no branch, one barrier; call once per kernel unless the caller
+    adds a barrier)."""
+    value = wave_reduce(value, op, min(groups.width, WAVE))
+    if groups.width <= WAVE:
         return value
     smem = fx.SharedAllocator().allocate(storage).peek()
     slots = smem.slots.view(fx.make_layout(groups.threads // WAVE, 1))
@@ -337,7 +413,7 @@ def quantize_row(values, groups, row, cols, vec, per_thread, dtype, xq, scale_ou
     scale, inverse = fp8_row_scale(bits_to_float(amax, dtype), scale_ub, fp8)
     store_row_scalar(scale_out, row, scale, groups)
     bounded = scale_ub is None
-    out = row_view(xq, row, vec)
+    out = groups.view(xq, row, vec)
     for u in range_constexpr(per_thread):
         q = to_fp8(cached[u].to(fx.Float32), scale, inverse, fp8, bounded)
         store(out, groups.lane + u * groups.width, q, vec)
@@ -353,8 +429,6 @@ def quantize_setup(template: str, config, target: str, sig):
     (threads, rows per block, vec, dtype, Fp8Format, has scale_ub, vectors per thread, LDS of
     the row reductions). Plain values on purpose: the kernels' closures hold them, and FlyDSL's
     compile cache key covers a closure's scalars (not an object's fields)."""
-    from mslk_dsl.templates import _rowwise_space as space
-
     space.check(template, config, sig)
     threads = config["threads"]
     return (threads, config["rows_per_block"], config["vec"], elem_type(sig["dtype"]), Fp8Format(target),

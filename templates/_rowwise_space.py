@@ -2,15 +2,22 @@
 
 DSL-free on purpose: the registry evaluates validity and heuristics in processes that must not
 import a DSL. A config is ``threads`` per block, ``rows_per_block`` (each row gets
-threads / rows_per_block threads, whole waves of 64) and ``vec``, the elements one load moves:
-at most the signature's ``vec_bytes`` (the widest access every row admits: 16, 8 or 4 bytes, else
-one element).
+threads / rows_per_block threads: whole waves of 64, or 16 / 32 lanes of one for short rows) and
+``vec``, the elements one load moves: at most the signature's ``vec_bytes`` (the widest access
+every row admits: 16, 8 or 4 bytes, else one element).
 """
 from mslk_dsl.errors import ConfigError
 from mslk_dsl.templates._kernel_limits import (ELEM_BYTES, ROWWISE_OCCUPANCY_FLOOR, VECTOR_WIDTHS, vector_elems,
                                                vector_signature)
 
-SPACE = {"threads": (256, 512), "rows_per_block": (1, 4), "vec": (8, 4, 2, 1)}
+# 16 rows per block are sub-wave groups: 16 lanes a row at 256 threads, 32 at 512 (several rows
+# share a wave's buffer descriptor: consecutive rows only, see _flydsl_rowwise.WaveRows).
+SPACE = {"threads": (256, 512), "rows_per_block": (1, 4, 16), "vec": (8, 4, 2, 1)}
+# Gathered rows (gather_scale_quant) are not consecutive: whole waves per row only.
+GATHER_SPACE = {**SPACE, "rows_per_block": (1, 4)}
+# Lanes of a row in a group smaller than a wave: DPP folds the wave's 16-lane rows, and a
+# row_bcast step joins pairs of them (_flydsl_rowwise.wave_reduce).
+SUBWAVE_WIDTHS = (16, 32)
 # The row signature part every FlyDSL row-wise template declares (see _kernel_limits).
 ROW_SIGNATURE = {"vec_bytes": VECTOR_WIDTHS}
 WAVE = 64
@@ -21,15 +28,22 @@ QUANT_REGISTER_BYTES = 64
 
 def valid(config, target, sig) -> bool:
     # The widest vector the rows admit, or one element.
-    return (vector_signature(sig) and config["vec"] in (vector_elems(sig), 1)
-            and config["threads"] % (config["rows_per_block"] * WAVE) == 0)
+    return vector_signature(sig) and config["vec"] in (vector_elems(sig), 1) and whole_groups(config)
+
+
+def whole_groups(config) -> bool:
+    """Every row gets whole waves of 64 lanes, or 16 / 32 lanes of one."""
+    threads, rows = config["threads"], config["rows_per_block"]
+    width = threads // rows
+    return threads % rows == 0 and (width % WAVE == 0 or width in SUBWAVE_WIDTHS)
 
 
 def check(template: str, config, sig) -> None:
     """Raise ConfigError (a ValueError), naming the template and the config, unless ``valid``."""
     if not valid(config, None, sig):
         raise ConfigError(f"{template}: config {dict(config)} does not serve signature {dict(sig)}: vectors "
-                          f"of the rows' vec_bytes or one element, whole waves of {WAVE} per row")
+                          f"of the rows' vec_bytes or one element, whole waves of {WAVE} per row or "
+                          f"{' or '.join(map(str, SUBWAVE_WIDTHS))} lanes of one")
 
 
 def quant_heuristic(target, sig, problem) -> dict:
@@ -69,13 +83,15 @@ def vectors_per_thread(config, sig, register_bytes: int) -> int:
     return max(1, register_bytes // max(4, vec_bytes))
 
 
-def smallest_covering(sig, cols: int, register_bytes: int) -> dict:
+def smallest_covering(sig, cols: int, register_bytes: int, shared_waves: bool = True) -> dict:
     """The config with the fewest threads per row that covers ``cols`` columns in one go, each
     thread holding ``register_bytes`` of registers of the widest vectors (else the widest
-    config): short rows pack 4 rows per block, long rows get a whole block."""
+    config): short rows pack 16 rows per block (16 or 32 lanes a row) or 4 (a wave a row), long
+    rows get a whole block. ``shared_waves=False`` (gathered rows) keeps whole waves per row."""
     vec = widest_vec(sig)
     cols_per_thread = vectors_per_thread({"vec": vec}, sig, register_bytes) * vec
-    for threads, rows in ((256, 4), (256, 1), (512, 1)):
+    shapes = ((256, 16), (512, 16)) if shared_waves else ()
+    for threads, rows in shapes + ((256, 4), (256, 1), (512, 1)):
         if (threads // rows) * cols_per_thread >= cols:
             break
     return {"threads": threads, "rows_per_block": rows, "vec": vec}

@@ -19,7 +19,7 @@ from mslk_dsl.templates import _rowwise_space as space
 
 
 def _heuristic(target, sig, problem):
-    return space.smallest_covering(sig, int(problem.get("D", 4096)), space.QUANT_REGISTER_BYTES)
+    return space.smallest_covering(sig, int(problem.get("D", 4096)), space.QUANT_REGISTER_BYTES, shared_waves=False)
 
 
 def build(config, target, sig):
@@ -76,5 +76,5 @@ def build(config, target, sig):
 TEMPLATE = Template(
     op="gather_scale_quant_dense_tokens", backend="flydsl", targets=("gfx942", "gfx950"),
     signatures={"dtype": ("bfloat16", "float16"), **space.ROW_SIGNATURE, "score_dtype": limits.SCORE_DTYPES},
-    signature_valid=limits.vector_signature, space=space.SPACE, valid=space.valid, heuristic=_heuristic, build=build,
+    signature_valid=limits.vector_signature, space=space.GATHER_SPACE, valid=space.valid, heuristic=_heuristic, build=build,
     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

@@ -32,7 +32,7 @@ def build(config, target, sig):
     def quantize_fp8_row_kernel(x: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor, scale: fx.Tensor):
         groups = rw.RowGroups(threads, rows)
         row = fx.block_idx.x * rows + groups.group
-        src = rw.row_view(x, row, vec)
+        src = groups.view(x, row, vec)
         _, cols = x.shape.unpack()
         ub = fx.get_iter(scale_ub).load() if has_ub else None
 

@@ -10,8 +10,9 @@ M and N are dynamic: one artifact serves every shape. Each element is read, then
 thread only, so new_residual may alias x or residual and y may alias x (the op layer allocates
 fresh outputs, so this is not exercised).
 
-A block holds ``rows`` rows, each owned by ``threads // rows`` threads (whole waves; rows and
-their bounds-checked buffer descriptors come from _flydsl_rowwise). The group walks its row in
+A block holds ``rows`` rows, each owned by ``threads // rows`` threads (whole waves, or 16 / 32
+lanes of one for short rows; rows and their bounds-checked buffer descriptors come from
+_flydsl_rowwise). The group walks its row in
 chunks of ``group * vec * tiles`` elements, each thread holding ``tiles`` vectors of ``vec``
 elements. The last chunk stays in registers across the reduction; earlier chunks (rows longer
 than one chunk) are read again afterwards, so every config is correct for every N, while the
@@ -29,8 +30,12 @@ from mslk_dsl.templates import _kernel_limits as limits
 DTYPES = ("bfloat16", "float16", "float32")
 TARGETS = ("gfx942", "gfx950")
 
-# (threads, rows per block, elements per access, vectors per thread per chunk)
+# (threads, rows per block, elements per access, vectors per thread per chunk). 16 rows per
+# block are sub-wave groups (16 lanes a row at 256 threads, 32 at 512): short rows such as
+# per-head q / k norms (64-256 elements) without most lanes idle.
 _CONFIGS = [
+    (256, 16, 8, 1),    # 16 lanes per row, chunk 128
+    (256, 16, 8, 2),    # 16 lanes per row, chunk 256
     (256, 4, 8, 1),     # a wave per row, chunk 512
     (256, 4, 8, 2),     # a wave per row, chunk 1024
     (256, 1, 8, 1),     # chunk 2048
@@ -38,12 +43,16 @@ _CONFIGS = [
     (256, 1, 8, 4),     # chunk 8192 (5120, 7168, 8192)
     (512, 1, 8, 4),     # chunk 16384
     (1024, 1, 8, 2),    # chunk 16384, more waves per row
+    (256, 16, 4, 1),    # fp32: 16 lanes per row, chunk 64
+    (256, 16, 4, 2),    # fp32: 16 lanes per row, chunk 128
     (256, 4, 4, 1),     # fp32: a wave per row, chunk 256
     (256, 4, 4, 2),     # fp32: a wave per row, chunk 512
     (256, 1, 4, 2),     # fp32: chunk 2048
     (256, 1, 4, 4),     # fp32: chunk 4096
     (512, 1, 4, 4),     # fp32: chunk 8192
     (1024, 1, 4, 4),    # fp32: chunk 16384
+    (256, 16, 1, 16),   # any N: 16 lanes per row, chunk 256
+    (512, 16, 1, 16),   # any N: 32 lanes per row, chunk 512
     (256, 4, 1, 16),    # any N: a wave per row, chunk 1024
     (512, 1, 1, 16),    # any N: chunk 8192
     (1024, 1, 1, 16),   # any N: chunk 16384
@@ -122,10 +131,10 @@ def _make_launcher(config, sig, fused_add: bool):
         groups = rw.RowGroups(THREADS, ROWS)
         row = fx.block_idx.x * ROWS + groups.group
         N = X.shape.unpack()[1]
-        xv, yv, wv = rw.row_view(X, row, VEC), rw.row_view(Y, row, VEC), red.vector_view(W, WVEC)
+        xv, yv, wv = groups.view(X, row, VEC), groups.view(Y, row, VEC), red.vector_view(W, WVEC)
         again = xv                    # where pass 2 reads a row again
         if const_expr(FUSED):
-            rv, hv = rw.row_view(R, row, VEC), rw.row_view(H, row, VEC)
+            rv, hv = groups.view(R, row, VEC), groups.view(H, row, VEC)
             again = hv
         last = ((N + VEC - 1) // VEC + CHUNK_V - 1) // CHUNK_V - 1   # chunks before the last
 

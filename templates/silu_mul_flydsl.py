@@ -38,7 +38,7 @@ def build(config, target, sig):
     def silu_mul_kernel(x0: fx.Tensor, x1: fx.Tensor, out: fx.Tensor, count: fx.Tensor):
         groups = rw.RowGroups(threads, rows)
         row = rw.counted_row(fx.block_idx.x * rows + groups.group, out, count)
-        a_view, b_view, out_view = rw.row_view(x0, row, vec), rw.row_view(x1, row, vec), rw.row_view(out, row, vec)
+        a_view, b_view, out_view = groups.view(x0, row, vec), groups.view(x1, row, vec), groups.view(out, row, vec)
         first = fx.block_idx.y * (groups.width * per_thread) + groups.lane
         js = [first + u * groups.width for u in range_constexpr(per_thread)]
         a = [rw.load(a_view, j, vec) for j in js]

@@ -28,7 +28,7 @@ def build(config, target, sig):
                               scale: fx.Tensor, count: fx.Tensor):
         groups = rw.RowGroups(threads, rows)
         row = rw.counted_row(fx.block_idx.x * rows + groups.group, xq, count)
-        a_view, b_view = rw.row_view(x0, row, vec), rw.row_view(x1, row, vec)
+        a_view, b_view = groups.view(x0, row, vec), groups.view(x1, row, vec)
         _, cols = x0.shape.unpack()
         ub = fx.get_iter(scale_ub).load() if has_ub else None
 

@@ -341,6 +341,8 @@ def test_flydsl_template_compiles(flydsl_case, flydsl_built):
         _check_sorted_scatter_isa(key, isa)
     if key["op"] in ("gather_scale_dense_tokens", "scatter_add_dense_tokens"):
         _check_run_time_block_sizes(key, isa)
+    if key["template"] in ROW_GROUP_TEMPLATES:
+        _check_row_groups_isa(key, isa)
 
 
 def test_flydsl_kernels_are_found_by_a_fresh_process(flydsl_built):
@@ -356,6 +358,34 @@ def _check_run_time_block_sizes(key, isa):
                  re.findall(r"\.max_flat_workgroup_size:\s+(\d+)\s*\n\s*\.name:\s+(\S+)", isa))
     rows = {name: n for name, n in sizes.items() if re.search(r"_(gather|scatter|reduce)$", name)}
     assert rows and set(rows.values()) == {1024}, f"{key['template']} {key['config']}: {sizes}"
+
+
+# FlyDSL templates whose rows are owned by _flydsl_rowwise.RowGroups, by whether they reduce over
+# a row (norms, FP8 row scales).
+ROW_GROUP_TEMPLATES = {"silu_mul_flydsl": False, "quantize_fp8_row_flydsl": True, "silu_mul_quant_flydsl": True,
+                       "gather_scale_quant_flydsl": True, "rmsnorm_flydsl.rmsnorm": True,
+                       "rmsnorm_flydsl.rmsnorm_add": True}
+
+
+def _check_row_groups_isa(key, isa):
+    """Row-wise kernels keep every buffer descriptor wave-uniform: a descriptor that differs
+    between lanes (as a sub-wave group's own row would) makes the compiler loop over the lanes'
+    values (a waterfall loop, closed by s_cbranch_execnz). Their row reductions stop at the
+    group's width: a 16-lane group reads each sum from lane 15 of its 16-lane row (no row_bcast),
+    a 32-lane group joins pairs of rows (row_bcast:15) and reads lanes 31 and 63, and only whole
+    waves fold into lane 63 (row_bcast:31); a wider fold would mix rows."""
+    what = f"{key['template']} {key['config']} {key['signature']}"
+    assert "s_cbranch_execnz" not in isa, f"{what}: a buffer descriptor differs between lanes (waterfall loop)"
+    if not ROW_GROUP_TEMPLATES[key["template"]]:
+        return
+    config = key["config"]
+    width = config["threads"] // config.get("rows_per_block", config.get("rows"))
+    if width >= 64:
+        assert "row_bcast:31" in isa, f"{what}: no whole-wave reduction"
+        return
+    assert "row_bcast:31" not in isa and ("row_bcast:15" in isa) == (width == 32), f"{what}: reduction wider than {width} lanes"
+    for last in range(width - 1, 64, width):
+        assert re.search(rf"v_readlane_b32 \w+, \w+, {last}\b", isa), f"{what}: no group total read from lane {last}"
 
 
 def _isa_kernels(isa: str) -> dict[str, str]:

@@ -216,3 +216,43 @@ def test_short_rows_take_their_measured_tiles():
         assert quant(887, 2) == (128, 4, 32, 1)
         assert quant(1987, 2) == (128, 2, 32, 1)
         assert quant(1104, 16) == (128, 2, 4, 8)     # one pass, not the 1024 tile and its rest
+
+
+def _flydsl(op):
+    (template,) = registry.get_templates(op=op, backend="flydsl")
+    return template
+
+
+def _lanes_per_row(config) -> int:
+    return config["threads"] // config.get("rows_per_block", config.get("rows"))
+
+
+@pytest.mark.parametrize("op", ["silu_mul", "quantize_fp8_row", "silu_mul_quant", "rmsnorm", "rmsnorm_add"])
+def test_flydsl_short_rows_take_sub_wave_groups(op):
+    """Rows of a few hundred elements get 16 or 32 lanes of a wave each (several rows per wave),
+    not a whole wave with most lanes idle; rows of 2048 elements and more keep whole waves."""
+    template = _flydsl(op)
+    for sig in template.all_signatures():
+        lanes_per_vector = limits.vector_elems(sig)
+        for n in (64, 96, 128, 200, 256, 300, 512, 1024, 2048, 4096):
+            for target in template.targets:
+                config = template.heuristic(target, sig, {"M": 4096, "K": n, "N": n})
+                assert template.valid(config, target, sig), (op, sig, n, config)
+                lanes = _lanes_per_row(config)
+                if n >= 2048:
+                    assert lanes >= 64, (op, sig, n, config)
+                elif n <= 128 and lanes_per_vector > 1:
+                    assert lanes == 16, (op, sig, n, config)   # 16 lanes of 4-8 elements per vector cover 128
+
+
+def test_gathered_rows_keep_whole_waves():
+    """A wave's sub-wave groups share one buffer descriptor over consecutive rows, so the gather
+    quantizer, whose rows are token rows picked by index, never takes them."""
+    template = _flydsl("gather_scale_quant_dense_tokens")
+    assert all(_lanes_per_row(c) >= 64 for c in template.all_configs())
+    for sig in template.all_signatures():
+        for d in (64, 128, 300, 4096):
+            config = template.heuristic("gfx942", sig, {"D": d})
+            assert _lanes_per_row(config) >= 64 and template.valid(config, "gfx942", sig), (sig, d, config)
+    assert not rowwise_space.whole_groups({"threads": 256, "rows_per_block": 8 * 4})   # 8 lanes a row
+    assert rowwise_space.whole_groups({"threads": 512, "rows_per_block": 16})          # 32 lanes a row
