@@ -223,6 +223,8 @@ def _build(config, target, sig, residual):
             # the CTA's share when a cluster splits the row. None past the last row (those
             # threads still join the barriers).
             if const_expr(t.cluster == 1):
+                # The config's tile, not the phased one: its nvec counts single elements, so
+                # nvec > 0 marks a live row even one shorter than a phased vector.
                 row, row_in_cta, lane, nvec = rw.cta_row(tile, mX.shape[0], n)
                 base = Int32(0)
             else:
