@@ -32,6 +32,7 @@ from flydsl.expr.utils.arith import fastmath
 
 from mslk_dsl.errors import ConfigError
 from mslk_dsl.targets import get_target
+from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _rowwise_space as space
 
 WAVE = space.WAVE
@@ -122,11 +123,11 @@ class WaveRows:
     stride) behind one buffer descriptor, for ``load`` / ``store``.
 
     The descriptor starts at the wave's first row (lane 0's ``row``: rows grow with the lane, and
-    a row past M, also one past a valid_token_count, is given as M) and runs to the end of the
-    tensor, at most OOB_BYTES. Vector ``j`` of a lane's row is at (row - first) * stride + j *
-    vec elements; a vector past the row's end, or any of a row at or past M, is sent to OOB_BYTES
-    instead, past the descriptor: its load gives zeros, its store is dropped (so a lane never
-    reads or writes its neighbour row's columns)."""
+    a row past M, also one past a valid_token_count, is given as M) and is OOB_BYTES long. Vector
+    ``j`` of a lane's row is at (row - first) * stride + j * vec elements; a vector past the
+    row's end, or any of a row at or past M, is sent to OOB_BYTES instead, past the descriptor:
+    its load gives zeros, its store is dropped (so a lane never reads or writes its neighbour
+    row's columns, nor anything past the tensor)."""
 
     def __init__(self, tensor, row, vec: int):
         rows, cols = tensor.shape.unpack()
@@ -134,11 +135,9 @@ class WaveRows:
         elem_bytes = tensor.element_type.width // 8
         first = fx.Int32(fx.rocdl.readfirstlane(T.i32, row))
         base = fx.get_iter(tensor) + fx.Int64(first) * fx.Int64(row_stride)
-        # Bytes from the wave's first row to the end of the last row (none past M).
-        span = (fx.Int64(rows - first - 1) * fx.Int64(row_stride) + fx.Int64(cols)) * elem_bytes
-        span = (first < rows).select(span, fx.Int64(0))
-        span = (span < fx.Int64(OOB_BYTES)).select(span, fx.Int64(OOB_BYTES))
-        buf = fx.rocdl.make_buffer_ptr(base, num_records_bytes=span)
+        # Every lane bounds its own accesses (index), so the descriptor needs no bound of the
+        # tensor's: its size is OOB_BYTES, which also spares the scalar registers of one.
+        buf = fx.rocdl.make_buffer_ptr(base, num_records_bytes=fx.Int64(OOB_BYTES))
         self.vectors = fx.logical_divide(fx.make_view(buf, fx.make_layout(OOB_BYTES // elem_bytes, 1)),
                                          fx.make_layout(vec, 1))
         self.live = row < rows
@@ -153,8 +152,9 @@ class WaveRows:
 
 
 def _located(view, j):
-    """(view, index) of vector ``j``: sub-wave rows (WaveRows) map it into the wave's view."""
-    if isinstance(view, WaveRows):
+    """(view, index) of vector ``j``: sub-wave rows (WaveRows) and phased rows (PhasedView) map
+    it into their descriptor's view."""
+    if isinstance(view, (WaveRows, PhasedView)):
         return view.vectors, view.index(j)
     return view, j
 
@@ -179,6 +179,116 @@ def store(view, j, value, vec: int):
     r = fx.make_rmem_tensor(vec, dtype)
     fx.memref_store_vec(value, r)
     fx.copy(_atom(vec, dtype), r, fx.slice(view, (None, j)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Phased rows: one-element rows with an aligned middle.
+#
+# A row of an odd number of 16-bit elements admits one element per access as a whole, but from
+# its first 16-byte boundary on it is plain 16-byte vectors: a head of fewer than 8 elements, a
+# middle of whole vectors, a tail of fewer than 8 (as the CuTe templates' phased rows,
+# _cute_rowwise.PhasedRow). When every [M, K] tensor of a call (compact rows, as the op layer
+# passes them) starts at the same phase, the phase of row r is (phase - r * K) mod vec in every
+# tensor, so all tensors split each row at the same columns. The one-element kernels then load
+# and store the middle in 16-byte vectors and only the edges (head and tail, at most
+# 2 * (vec - 1) elements, at most one per lane of a group of 16 or more) one element at a time.
+# The test is made once per kernel from the base addresses (kernel arguments, so it is the same
+# in every wave and the LDS reductions' barriers stay uniform); a call whose tensors are not
+# congruent runs one element per access.
+
+
+def phase_vec(sig) -> int:
+    """Elements of a phased row's middle vectors: 16 bytes of the signature's dtype."""
+    return limits.VECTOR_BYTES // limits.ELEM_BYTES[sig["dtype"]]
+
+
+def _phase(tensor, vec: int):
+    """Elements from the start of ``tensor`` to the first address a ``vec``-element vector of it
+    may start on (at most 16 bytes of alignment); an Int32 the same in every lane."""
+    low = fx.Int32(fx.Int64(fx.ptrtoint(fx.get_iter(tensor))) & fx.Int64(limits.VECTOR_BYTES - 1))
+    return space.phase_of(low, vec, tensor.element_type.width // 8)
+
+
+def congruent(tensors, vec: int):
+    """Whether the [M, K] ``tensors`` (one row length, compact rows) start at one phase, and with
+    it the phase of the first. A wave-uniform Boolean."""
+    first = _phase(tensors[0], vec)
+    same = [_phase(t, vec) == first for t in tensors[1:]]
+    for other in same[1:]:
+        same[0] = same[0] & other
+    return same[0], first
+
+
+def _where(cond, a, b):
+    return cond.select(a, b)
+
+
+class PhasedRow:
+    """Row ``row`` of congruent [M, K] tensors (compact rows) of which ``tensor`` is one, the first
+    starting at ``phase``: a head of ``head`` elements, ``nmid`` aligned ``vec``-element vectors
+    and a tail (``_rowwise_space.phased_split``). The head and tail, at most 2 * (vec - 1)
+    elements, go one to a lane of the row's group: ``edge_col`` is this lane's (K for the lanes
+    without one; none at all where ``with_edges`` is False, e.g. in the column tiles after a
+    row's first). ``view`` gives a tensor's row in these terms."""
+
+    def __init__(self, groups: RowGroups, tensor, row, phase, vec: int, with_edges=None):
+        if groups.width < 2 * (vec - 1):
+            raise ConfigError(f"phased rows of {vec}-element vectors need groups of at least {2 * (vec - 1)} lanes")
+        rows, cols = tensor.shape.unpack()
+        self.groups, self.row, self.cols, self.vec, self.phase = groups, row, cols, vec, phase
+        self.live = row < rows
+        self.head, self.nmid, edge_col = space.phased_split(phase, row, cols, vec, groups.lane, _where)
+        if with_edges is not None:
+            edge_col = with_edges.select(edge_col, cols)
+        self.edge_col = edge_col
+
+    def view(self, tensor):
+        """``tensor``'s row as a :class:`PhasedView`."""
+        return PhasedView(tensor, self)
+
+
+class PhasedView:
+    """A phased row of one tensor behind one buffer descriptor, for ``load`` / ``store`` of its
+    middle vectors (vector ``j`` is columns [head + j*vec, head + (j+1)*vec)) and
+    ``load_edge`` / ``store_edge`` of this lane's edge element.
+
+    The descriptor starts at the 16-byte boundary at or before the start of the wave's first row
+    (the group's row in whole-wave groups; several consecutive rows in sub-wave groups, as
+    :class:`WaveRows`): every middle vector of every row of the wave is then a whole number of
+    vectors past it, and the edges' elements are inside it too, so middle and edges share it.
+    Each lane bounds its own accesses: one past its row's middle or edges, or of a row at or past
+    M, goes to OOB_BYTES (zeros read, stores dropped), so the descriptor's size is OOB_BYTES,
+    whatever the tensor's (its base may also precede the tensor: nothing outside a row is
+    accessed). Rows of a wave span at most OOB_BYTES."""
+
+    def __init__(self, tensor, pr: PhasedRow):
+        elem_bytes = tensor.element_type.width // 8
+        vec, cols = pr.vec, pr.cols
+        first = fx.Int32(fx.rocdl.readfirstlane(T.i32, pr.row))
+        lead, offset, self.start = space.phased_offsets(pr.phase, first, pr.row, pr.head, cols, vec)
+        base = fx.get_iter(tensor) + (fx.Int64(first) * fx.Int64(cols) - fx.Int64(lead))
+        buf = fx.rocdl.make_buffer_ptr(base, num_records_bytes=fx.Int64(OOB_BYTES))
+        whole = fx.make_view(buf, fx.make_layout(OOB_BYTES // elem_bytes, 1))
+        self.vectors = fx.logical_divide(whole, fx.make_layout(vec, 1))
+        self.elements = fx.logical_divide(whole, fx.make_layout(1, 1))
+        self.live, self.nmid = pr.live, pr.nmid
+        self.outside = fx.Int32(OOB_BYTES // (vec * elem_bytes))
+        has_edge = pr.live & (pr.edge_col < cols)
+        self.edge = has_edge.select(offset + pr.edge_col, fx.Int32(OOB_BYTES // elem_bytes))
+
+    def index(self, j):
+        """The view index of middle vector ``j`` of this lane's row (past the descriptor when it is
+        not there)."""
+        inside = self.live & (j < self.nmid)
+        return inside.select(self.start + j, self.outside)
+
+    def load_edge(self):
+        """This lane's edge element (a 1-element vector; zero for a lane without one)."""
+        return load(self.elements, self.edge, 1)
+
+    def store_edge(self, value):
+        """Write this lane's edge element (a 1-element vector; dropped without one)."""
+        store(self.elements, self.edge, value, 1)
 
 
 def silu_mul(a, b):
@@ -294,17 +404,25 @@ def reduce_storage(threads: int, dtype=fx.Float32):
     return Partials
 
 
-def group_reduce(value, op, groups: RowGroups, storage=None):
+def reduction_slots(storage, groups: RowGroups):
+    """The LDS slots of :func:`group_reduce` (``storage`` from :func:`reduce_storage`), or None
+    for groups of one wave or less (DPP alone). Call once, at the top of the kernel: a kernel
+    has one shared-memory allocator, and both paths of a phased kernel reduce."""
+    if groups.width <= WAVE:
+        return None
+    smem = fx.SharedAllocator().allocate(storage).peek()
+    return smem.slots.view(fx.make_layout(groups.threads // WAVE, 1))
+
+
+def group_reduce(value, op, groups: RowGroups, slots=None):
     """Reduce a 32-bit scalar over each row group (ReductionOp.MAX or ADD); every lane of the
     group gets the result. Waves and sub-wave groups reduce with DPP (row_shr, row_bcast,
-    readlane); wider groups add one LDS round: each wave writes its slot, then each lane folds
-    its group's slots in order (no branch, one barrier; call once per kernel unless the caller
-    adds a barrier)."""
+    readlane); wider groups add one LDS round through ``slots`` (:func:`reduction_slots`): each
+    wave writes its slot, then each lane folds its group's slots in order (no branch, one
+    barrier; call once per kernel unless the caller adds a barrier)."""
     value = wave_reduce(value, op, min(groups.width, WAVE))
     if groups.width <= WAVE:
         return value
-    smem = fx.SharedAllocator().allocate(storage).peek()
-    slots = smem.slots.view(fx.make_layout(groups.threads // WAVE, 1))
     # After the wave reduce every lane holds the same value; all of them store it.
     fx.memref_store(value, slots, groups.wave)
     gpu.barrier()
@@ -385,13 +503,17 @@ def store_row_scalar(tensor, row, value, groups: RowGroups):
 
 
 @flyc.jit
-def quantize_row(values, groups, row, cols, vec, per_thread, dtype, xq, scale_out, scale_ub, fp8, storage):
+def quantize_row(values, groups, row, cols, vec, per_thread, dtype, out, scale_out, scale_ub, fp8, slots,
+                 edge=None):
     """Quantize one row per group to FP8 with its dequant scale (see fp8_row_scale, to_fp8).
 
-    ``values(j)`` returns column-vector ``j`` of the row in ``dtype`` (zeros past the row end).
-    The first ``groups.width * per_thread`` vectors stay in registers between the absmax pass and
-    the quantize pass, so rows up to that length are read once; longer rows read the rest twice
-    (the second time mostly from L2 / Infinity Cache)."""
+    ``values(j)`` returns column-vector ``j`` of the row in ``dtype`` (zeros past the row end),
+    ``out`` is the row of xq as a view of ``vec``-element vectors (``RowGroups.view``), ``cols``
+    bounds the row's length, ``slots`` are the row reduction's (:func:`reduction_slots`). The
+    first ``groups.width * per_thread`` vectors stay in registers between the absmax pass and the
+    quantize pass, so rows up to that length are read once; longer rows read the rest twice (the
+    second time mostly from L2 / Infinity Cache). A phased row gives its middle as ``values`` and
+    ``out`` (a :class:`PhasedView` of xq) and this lane's edge element as ``edge`` (in ``dtype``)."""
     chunk = groups.width * per_thread  # vectors per chunk
     width = dtype.width
 
@@ -409,11 +531,15 @@ def quantize_row(values, groups, row, cols, vec, per_thread, dtype, xq, scale_ou
         vals = chunk_values(c)
         for u in range_constexpr(per_thread):
             acc = absmax_update(acc, vals[u])
-    amax = group_reduce(absmax_finish(acc, width), ReductionOp.MAX, groups, storage)
+    bits = absmax_finish(acc, width)
+    if edge is not None:
+        bits = fx.max(bits, absmax_finish(absmax_start(edge), width))
+    amax = group_reduce(bits, ReductionOp.MAX, groups, slots)
     scale, inverse = fp8_row_scale(bits_to_float(amax, dtype), scale_ub, fp8)
     store_row_scalar(scale_out, row, scale, groups)
     bounded = scale_ub is None
-    out = groups.view(xq, row, vec)
+    if edge is not None:
+        out.store_edge(to_fp8(edge.to(fx.Float32), scale, inverse, fp8, bounded))
     for u in range_constexpr(per_thread):
         q = to_fp8(cached[u].to(fx.Float32), scale, inverse, fp8, bounded)
         store(out, groups.lane + u * groups.width, q, vec)
@@ -427,10 +553,13 @@ def quantize_row(values, groups, row, cols, vec, per_thread, dtype, xq, scale_ou
 def quantize_setup(template: str, config, target: str, sig):
     """What the row-wise FP8 quantizers (quantize_fp8_row, silu_mul_quant) build alike:
     (threads, rows per block, vec, dtype, Fp8Format, has scale_ub, vectors per thread, LDS of
-    the row reductions). Plain values on purpose: the kernels' closures hold them, and FlyDSL's
-    compile cache key covers a closure's scalars (not an object's fields)."""
+    the row reductions, phased: vectors per thread of phased rows or 0 for a config that has
+    none). Plain values on purpose: the kernels' closures hold them, and FlyDSL's compile cache
+    key covers a closure's scalars (not an object's fields)."""
     space.check(template, config, sig)
     threads = config["threads"]
+    per_thread = space.vectors_per_thread(config, sig, space.QUANT_REGISTER_BYTES)
+    # One-element configs run congruent rows phased: the same elements per thread, in vectors.
+    phased_per_thread = max(1, per_thread // phase_vec(sig)) if space.phased_rows(config, sig) else 0
     return (threads, config["rows_per_block"], config["vec"], elem_type(sig["dtype"]), Fp8Format(target),
-            sig["has_scale_ub"], space.vectors_per_thread(config, sig, space.QUANT_REGISTER_BYTES),
-            reduce_storage(threads, fx.Int32))
+            sig["has_scale_ub"], per_thread, reduce_storage(threads, fx.Int32), phased_per_thread)

@@ -7,8 +7,8 @@ threads / rows_per_block threads: whole waves of 64, or 16 / 32 lanes of one for
 every row admits: 16, 8 or 4 bytes, else one element).
 """
 from mslk_dsl.errors import ConfigError
-from mslk_dsl.templates._kernel_limits import (ELEM_BYTES, ROWWISE_OCCUPANCY_FLOOR, VECTOR_WIDTHS, vector_elems,
-                                               vector_signature)
+from mslk_dsl.templates._kernel_limits import (ELEM_BYTES, ROWWISE_OCCUPANCY_FLOOR, VECTOR_BYTES, VECTOR_WIDTHS,
+                                               one_element, vector_elems, vector_signature)
 
 # 16 rows per block are sub-wave groups: 16 lanes a row at 256 threads, 32 at 512 (several rows
 # share a wave's buffer descriptor: consecutive rows only, see _flydsl_rowwise.WaveRows).
@@ -57,6 +57,48 @@ def quant_template_rules() -> dict:
     occupancy floor."""
     return dict(signatures={"dtype": tuple(ELEM_BYTES), **ROW_SIGNATURE, "has_scale_ub": (True, False)},
                 signature_valid=vector_signature, space=SPACE, valid=valid, heuristic=quant_heuristic, occupancy_floor=ROWWISE_OCCUPANCY_FLOOR)
+
+
+def phased_rows(config, sig) -> bool:
+    """Whether the kernel of ``config`` runs congruent rows phased: one-element configs on rows
+    that admit no wider access (_flydsl_rowwise.PhasedRow)."""
+    return config["vec"] == 1 and one_element(sig)
+
+
+# Phased rows' index arithmetic, written once for the kernels (FlyDSL Int32 values, ``where`` a
+# select) and for the tests (Python ints): see _flydsl_rowwise.PhasedRow / PhasedView.
+
+
+def phase_of(address, vec: int, elem_bytes: int):
+    """Elements from ``address`` to the first address a ``vec``-element vector of
+    ``elem_bytes``-byte elements may start on (at most 16 bytes of alignment). Only the low bits
+    of ``address`` matter."""
+    align = min(vec * elem_bytes, VECTOR_BYTES)
+    return ((align - (address & (align - 1))) & (align - 1)) // elem_bytes
+
+
+def phased_split(phase, row, cols: int, vec: int, lane, where):
+    """Row ``row`` of compact [M, cols] tensors, the first of which starts ``phase`` elements
+    before a vector boundary: (head, nmid, edge_col). Columns [0, head) are the head, then
+    ``nmid`` whole ``vec``-element vectors, then the tail; the edges (head and tail, fewer than
+    2 * vec elements) go one to a lane: lane ``lane``'s column is ``edge_col``, or ``cols``
+    for a lane without one. ``where(cond, a, b)`` picks a or b."""
+    head = (phase - row * cols) & (vec - 1)  # row r starts r * cols elements after row 0
+    head = where(head < cols, head, cols)
+    nmid = (cols - head) // vec
+    nedge = cols - nmid * vec
+    col = where(lane < head, lane, lane + nmid * vec)
+    return head, nmid, where(lane < nedge, col, cols)
+
+
+def phased_offsets(phase, first, row, head, cols: int, vec: int):
+    """Where a phased row sits behind a descriptor shared by the wave's rows: (lead, offset,
+    start). The descriptor starts ``lead`` elements before the wave's first row ``first``, at
+    the vector boundary at or before it; row ``row`` (its head ``head``) starts ``offset``
+    elements past the descriptor and its middle ``start`` whole vectors past it."""
+    lead = (first * cols - phase) & (vec - 1)
+    offset = (row - first) * cols + lead
+    return lead, offset, (offset + head) // vec
 
 
 def placeholder_cols(sig) -> int:

@@ -29,13 +29,14 @@ def build(config, target, sig):
 
     from mslk_dsl.templates import _flydsl_rowwise as rw
 
-    threads, rows, vec, dtype, fp8, _, per_thread, storage = rw.quantize_setup(
+    threads, rows, vec, dtype, fp8, _, per_thread, storage, _ = rw.quantize_setup(
         "gather_scale_quant_flydsl", {**config}, target, {**sig, "has_scale_ub": True})
 
     @flyc.kernel(known_block_size=[threads, 1, 1])
     def gather_scale_quant_kernel(x: fx.Tensor, tok: fx.Tensor, exp: fx.Tensor, scores: fx.Tensor,
                                   valid_count: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor, scale: fx.Tensor):
         groups = rw.RowGroups(threads, rows)
+        slots = rw.reduction_slots(storage, groups)
         row = fx.block_idx.x * rows + groups.group
         a, cols = xq.shape.unpack()
         n = fx.get_iter(valid_count).load()
@@ -54,8 +55,11 @@ def build(config, target, sig):
         def values(j):
             return (rw.load(src, j, vec).to(fx.Float32) * s).to(dtype)
 
-        rw.quantize_row(values, groups, live.select(row, a), cols, vec, per_thread, dtype, xq, scale, ub, fp8,
-                        storage)
+        # Gathered rows keep one element per access on rows that admit no wider one: a source
+        # row and its destination row sit at different phases.
+        out_row = live.select(row, a)
+        rw.quantize_row(values, groups, out_row, cols, vec, per_thread, dtype, rw.row_view(xq, out_row, vec), scale,
+                        ub, fp8, slots)
 
     @flyc.jit
     def gather_scale_quant(x: fx.Tensor, tok: fx.Tensor, exp: fx.Tensor, scores: fx.Tensor,

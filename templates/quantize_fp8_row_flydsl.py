@@ -13,6 +13,9 @@ result is bit-identical to torch doing the same tensor ops (see _flydsl_rowwise.
 One row per group of ``threads / rows_per_block`` threads; 64 register bytes of the row per
 thread (four 16-byte vectors, or 16 scalars) stay in registers between the absmax pass and the
 quantize pass (see _flydsl_rowwise.quantize_row).
+One-element configs run a call whose tensors start at one offset from a 16-byte boundary as
+phased rows (_flydsl_rowwise.PhasedRow): the same columns per thread as 16-byte vectors of each
+row's aligned middle (8-byte FP8 stores), the head and tail one element to a lane.
 """
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _rowwise_space as space
@@ -22,24 +25,49 @@ def build(config, target, sig):
     import torch
     import flydsl.compiler as flyc
     import flydsl.expr as fx
+    from flydsl.expr import const_expr
 
     from mslk_dsl.templates import _flydsl_rowwise as rw
 
-    threads, rows, vec, dtype, fp8, has_ub, per_thread, storage = rw.quantize_setup(
+    threads, rows, vec, dtype, fp8, has_ub, per_thread, storage, phased_per_thread = rw.quantize_setup(
         "quantize_fp8_row_flydsl", config, target, sig)
+    pvec = rw.phase_vec(sig)
 
-    @flyc.kernel(known_block_size=[threads, 1, 1])
-    def quantize_fp8_row_kernel(x: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor, scale: fx.Tensor):
-        groups = rw.RowGroups(threads, rows)
-        row = fx.block_idx.x * rows + groups.group
+    def plain_row(x, xq, scale, ub, groups, slots, row, cols):
         src = groups.view(x, row, vec)
-        _, cols = x.shape.unpack()
-        ub = fx.get_iter(scale_ub).load() if has_ub else None
 
         def values(j):
             return rw.load(src, j, vec)
 
-        rw.quantize_row(values, groups, row, cols, vec, per_thread, dtype, xq, scale, ub, fp8, storage)
+        rw.quantize_row(values, groups, row, cols, vec, per_thread, dtype, groups.view(xq, row, vec), scale, ub,
+                        fp8, slots)
+
+    def phased_row(x, xq, scale, ub, groups, slots, row, cols, phase):
+        pr = rw.PhasedRow(groups, x, row, phase, pvec)
+        src = pr.view(x)
+        edge = src.load_edge()   # issued ahead of the middle's loads
+
+        def values(j):
+            return rw.load(src, j, pvec)
+
+        rw.quantize_row(values, groups, row, cols, pvec, phased_per_thread, dtype, pr.view(xq), scale, ub, fp8,
+                        slots, edge)
+
+    @flyc.kernel(known_block_size=[threads, 1, 1])
+    def quantize_fp8_row_kernel(x: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor, scale: fx.Tensor):
+        groups = rw.RowGroups(threads, rows)
+        slots = rw.reduction_slots(storage, groups)
+        row = fx.block_idx.x * rows + groups.group
+        _, cols = x.shape.unpack()
+        ub = fx.get_iter(scale_ub).load() if has_ub else None
+        if const_expr(phased_per_thread > 0):
+            congruent, phase = rw.congruent((x, xq), pvec)
+            if congruent:
+                phased_row(x, xq, scale, ub, groups, slots, row, cols, phase)
+            else:
+                plain_row(x, xq, scale, ub, groups, slots, row, cols)
+        else:
+            plain_row(x, xq, scale, ub, groups, slots, row, cols)
 
     @flyc.jit
     def quantize_fp8_row(x: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor, scale: fx.Tensor,

@@ -20,12 +20,17 @@ heuristic picks one whose chunk covers N (x is read once). ``vec`` 8 (16-bit dty
 (fp32) are 16-byte accesses; rows that admit only 8- or 4-byte ones (the signature's
 ``vec_bytes``) run the same chunk in narrower accesses; ``vec`` 1 serves any N. Rows past 16K elements
 take a 16K-element chunk (512 threads for aligned 16-bit rows, the fewest that hold it; 1024 for
-fp32 and unaligned rows): the re-read of the earlier chunks then mostly hits L2 / MALL. Every
+fp32 and unaligned rows): the re-read of the earlier chunks then mostly hits L2 / MALL. One-element
+configs run a call whose row tensors start at one offset from a 16-byte boundary as phased rows
+(_flydsl_rowwise.PhasedRow; not rmsnorm_add in sub-wave groups, see phased_rows): the same
+chunk as 16-byte vectors of each row's aligned middle, the head and tail one element to a lane,
+the weight one element at a time (its columns start at the row's head). Every
 chunk issues all its loads before its first store: a store in between would make each load wait
 for the previous one (vmcnt counts both).
 """
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
+from mslk_dsl.templates import _rowwise_space as rw_space
 
 DTYPES = ("bfloat16", "float16", "float32")
 TARGETS = ("gfx942", "gfx950")
@@ -88,6 +93,16 @@ def _access(config, sig) -> tuple[int, int]:
     return vec, tiles
 
 
+def phased_rows(config, sig, fused_add: bool) -> bool:
+    """Whether the kernel of a one-element config runs congruent rows phased (the row's middle
+    in 16-byte vectors, _flydsl_rowwise.PhasedRow). Not rmsnorm_add in sub-wave groups: its four
+    row tensors' descriptors in both paths of one kernel exceed the scalar registers (SGPR
+    spills), and rows of a few hundred elements with a residual stream are rare."""
+    if config["vec"] != 1 or not limits.one_element(sig):
+        return False
+    return not (fused_add and config["threads"] // config["rows"] < rw_space.WAVE)
+
+
 def _heuristic(target, sig, problem):
     # The smallest chunk that holds the whole row (one read of x, fewest idle lanes), then the
     # fewest threads; rows longer than every chunk take the largest.
@@ -119,51 +134,50 @@ def _make_launcher(config, sig, fused_add: bool):
     WVEC = min(VEC, 4) if W32 else VEC
     WPARTS = VEC // WVEC
     GROUP = THREADS // ROWS           # threads per row
-    CHUNK_V = GROUP * TILES           # vectors per chunk of a row
+    # One-element configs run congruent rows phased (_flydsl_rowwise.PhasedRow): the same
+    # elements per thread and chunk, PTILES vectors of PVEC elements.
+    PHASED = phased_rows(config, sig, fused_add)
+    PVEC = rw.phase_vec(sig)
+    PTILES = max(1, TILES // PVEC)
     NAME = (f"mslk_{'rmsnorm_add' if FUSED else 'rmsnorm'}_{DTYPE}{'_w32' if W32 else ''}"
             f"_t{THREADS}r{ROWS}v{VEC}x{TILES}")
     storage = rw.reduce_storage(THREADS)
 
-    @flyc.kernel(name=NAME, known_block_size=[THREADS, 1, 1])
-    def rmsnorm_kernel(X: fx.Tensor, R: fx.Tensor, W: fx.Tensor, Y: fx.Tensor, H: fx.Tensor,
-                       eps: fx.Float32):
+    @flyc.jit
+    def normalize_row(views, groups, slots, N, eps, vec, tiles, weight_of, edge_weight=None):
+        """The row of ``views`` = (x, residual, y, new_residual) (residual and new_residual None
+        unless FUSED), its vectors of ``vec`` elements, ``tiles`` of them per thread per chunk;
+        ``weight_of(j)`` gives the weight under vector j as a vector of ``vec``. The views are
+        RowGroups views, or PhasedViews of a phased row: then each lane also normalizes its
+        edge element, under the weight ``edge_weight()``."""
         elem = rw.elem_type(DTYPE)
-        groups = rw.RowGroups(THREADS, ROWS)
-        row = fx.block_idx.x * ROWS + groups.group
-        N = X.shape.unpack()[1]
-        xv, yv, wv = groups.view(X, row, VEC), groups.view(Y, row, VEC), red.vector_view(W, WVEC)
-        again = xv                    # where pass 2 reads a row again
-        if const_expr(FUSED):
-            rv, hv = groups.view(R, row, VEC), groups.view(H, row, VEC)
-            again = hv
-        last = ((N + VEC - 1) // VEC + CHUNK_V - 1) // CHUNK_V - 1   # chunks before the last
+        xv, rv, yv, hv = views
+        again = hv if const_expr(FUSED) else xv      # where pass 2 reads a row again
+        chunk_v = GROUP * tiles                      # vectors per chunk of a row
+        last = ((N + vec - 1) // vec + chunk_v - 1) // chunk_v - 1   # chunks before the last
 
         def columns(c):
             # This thread's vectors of chunk c: contiguous across the group's lanes.
-            return [c * CHUNK_V + t * GROUP + groups.lane for t in range_constexpr(TILES)]
+            return [c * chunk_v + t * GROUP + groups.lane for t in range_constexpr(tiles)]
 
         def load_chunk(c):
             # Issue the loads of chunk c: x, and the residual when fused.
             js = columns(c)
-            xs = [rw.load(xv, j, VEC) for j in js]
-            rs = [rw.load(rv, j, VEC) for j in js] if const_expr(FUSED) else None
+            xs = [rw.load(xv, j, vec) for j in js]
+            rs = [rw.load(rv, j, vec) for j in js] if const_expr(FUSED) else None
             return js, xs, rs
 
-        def row_values(js, xs, rs):
+        def row_values(js, xs, rs, store):
             # The row's values: x, or h = x + residual rounded to dtype (stored to new_residual).
             if const_expr(not FUSED):
                 return xs
             hs = [(a.to(fx.Float32) + b.to(fx.Float32)).to(elem) for a, b in zip(xs, rs)]
-            for t in range_constexpr(TILES):
-                rw.store(hv, js[t], hs[t], VEC)
+            for t in range_constexpr(len(js)):
+                store(js[t], hs[t])
             return hs
 
-        def load_weight(j):
-            # The weight under vector j of x, as one vector of VEC elements.
-            parts = [rw.load(wv, j * WPARTS + p, WVEC) for p in range_constexpr(WPARTS)]
-            if const_expr(WPARTS == 1):
-                return parts[0]
-            return parts[0].shuffle(parts[1], list(range(VEC)))
+        def store_h(j, h):
+            rw.store(hv, j, h, vec)
 
         def sum_sq(vs):
             total = fx.Float32(0.0)
@@ -172,30 +186,97 @@ def _make_launcher(config, sig, fused_add: bool):
                 total = total + (f * f).reduce(ReductionOp.ADD)
             return total
 
+        def normalized(v, w, rstd):
+            return ((v.to(fx.Float32) * rstd) * w.to(fx.Float32)).to(elem)
+
         def write_y(c, vs, ws, rstd):
             js = columns(c)
-            for t in range_constexpr(TILES):
-                y = (vs[t].to(fx.Float32) * rstd) * ws[t].to(fx.Float32)
-                rw.store(yv, js[t], y.to(elem), VEC)
+            for t in range_constexpr(tiles):
+                rw.store(yv, js[t], normalized(vs[t], ws[t], rstd), vec)
 
+        if const_expr(edge_weight is not None):
+            # The edge element's loads go first, ahead of the middle's.
+            edge_in = [xv.load_edge()] + ([rv.load_edge()] if const_expr(FUSED) else [])
+            edge_w = edge_weight()
         # Pass 1: chunks before the last only feed the sum (rows longer than one chunk).
         acc = fx.Float32(0.0)
         for c in range(last):
-            acc = acc + sum_sq(row_values(*load_chunk(c)))
+            js, xs, rs = load_chunk(c)
+            acc = acc + sum_sq(row_values(js, xs, rs, store_h))
         js, xs, rs = load_chunk(last)
-        weights = [load_weight(j) for j in js]   # in flight across the reduction
-        cached = row_values(js, xs, rs)
+        weights = [weight_of(j) for j in js]   # in flight across the reduction
+        cached = row_values(js, xs, rs, store_h)
         acc = acc + sum_sq(cached)
-        total = rw.group_reduce(acc, ReductionOp.ADD, groups, storage)
+        if const_expr(edge_weight is not None):
+            edge = row_values([0], edge_in[:1], edge_in[1:], lambda _, h: hv.store_edge(h))[0]
+            acc = acc + sum_sq([edge])
+        total = rw.group_reduce(acc, ReductionOp.ADD, groups, slots)
         rstd = fmath.rsqrt(total / fx.Float32(N) + eps, fastmath=arith.FastMathFlags.fast)
         # Pass 2: the last chunk from registers, then earlier chunks read again (h from
         # new_residual, which this same thread wrote in pass 1).
         write_y(last, cached, weights, rstd)
+        if const_expr(edge_weight is not None):
+            yv.store_edge(normalized(edge, edge_w, rstd))
         for c in range(last):
             js = columns(c)
-            vs = [rw.load(again, j, VEC) for j in js]
-            ws = [load_weight(j) for j in js]
+            vs = [rw.load(again, j, vec) for j in js]
+            ws = [weight_of(j) for j in js]
             write_y(c, vs, ws, rstd)
+
+    class PhasedWeight:
+        """The weight under a phased row: its middle vectors start at the row's head, at any
+        offset from the weight's own alignment, so they are read one element at a time (the
+        weight is small and stays in cache); likewise the lane's edge element."""
+
+        def __init__(self, W, pr):
+            self.view, self.pr = red.vector_view(W, 1), pr
+
+        def under(self, j):
+            first = self.pr.head + j * PVEC
+            parts = [rw.load(self.view, first + i, 1) for i in range_constexpr(PVEC)]
+            return fx.Vector.from_elements([p[0] for p in parts], parts[0].dtype)
+
+        def edge(self):
+            return rw.load(self.view, self.pr.edge_col, 1)
+
+    def plain_row(X, R, W, Y, H, eps, groups, slots, row, N):
+        views = [groups.view(X, row, VEC), None, groups.view(Y, row, VEC), None]
+        if const_expr(FUSED):
+            views[1], views[3] = groups.view(R, row, VEC), groups.view(H, row, VEC)
+        wv = red.vector_view(W, WVEC)
+
+        def weight_of(j):
+            # The weight under vector j of x, as one vector of VEC elements.
+            parts = [rw.load(wv, j * WPARTS + p, WVEC) for p in range_constexpr(WPARTS)]
+            if const_expr(WPARTS == 1):
+                return parts[0]
+            return parts[0].shuffle(parts[1], list(range(VEC)))
+
+        normalize_row(views, groups, slots, N, eps, VEC, TILES, weight_of)
+
+    def phased_row(X, R, W, Y, H, eps, groups, slots, row, N, phase):
+        pr = rw.PhasedRow(groups, X, row, phase, PVEC)
+        views = [pr.view(X), None, pr.view(Y), None]
+        if const_expr(FUSED):
+            views[1], views[3] = pr.view(R), pr.view(H)
+        weight = PhasedWeight(W, pr)
+        normalize_row(views, groups, slots, N, eps, PVEC, PTILES, weight.under, weight.edge)
+
+    @flyc.kernel(name=NAME, known_block_size=[THREADS, 1, 1])
+    def rmsnorm_kernel(X: fx.Tensor, R: fx.Tensor, W: fx.Tensor, Y: fx.Tensor, H: fx.Tensor,
+                       eps: fx.Float32):
+        groups = rw.RowGroups(THREADS, ROWS)
+        slots = rw.reduction_slots(storage, groups)
+        row = fx.block_idx.x * ROWS + groups.group
+        N = X.shape.unpack()[1]
+        if const_expr(PHASED):
+            congruent, phase = rw.congruent((X, R, Y, H) if FUSED else (X, Y), PVEC)
+            if congruent:
+                phased_row(X, R, W, Y, H, eps, groups, slots, row, N, phase)
+            else:
+                plain_row(X, R, W, Y, H, eps, groups, slots, row, N)
+        else:
+            plain_row(X, R, W, Y, H, eps, groups, slots, row, N)
 
     def launch_kernel(X, R, W, Y, H, eps, stream):
         M = X.shape.unpack()[0]

@@ -8,7 +8,10 @@ size needs padding.
 
 Grid: (row blocks, column blocks). A block holds ``rows_per_block`` rows; each of its threads
 loads 32 register bytes of each input (two 16-byte vectors, or eight scalars when vec is 1),
-all loads issued before any math.
+all loads issued before any math. One-element configs run a call whose tensors start at one
+offset from a 16-byte boundary as phased rows (_flydsl_rowwise.PhasedRow): the same eight
+columns per thread as one 16-byte vector of each row's aligned middle, the head and tail (under
+eight elements each) one element to a lane of the first column tile.
 """
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
@@ -25,7 +28,7 @@ def build(config, target, sig):
     import torch
     import flydsl.compiler as flyc
     import flydsl.expr as fx
-    from flydsl.expr import range_constexpr
+    from flydsl.expr import const_expr, range_constexpr
 
     from mslk_dsl.templates import _flydsl_rowwise as rw
 
@@ -33,19 +36,52 @@ def build(config, target, sig):
     dtype = rw.elem_type(sig["dtype"])
     per_thread = space.vectors_per_thread(config, sig, REGISTER_BYTES)
     cols_per_block = threads // rows * per_thread * vec
+    # One-element configs run congruent rows phased (_flydsl_rowwise.PhasedRow): the same columns
+    # per thread, as 16-byte vectors where the row's middle allows.
+    phased = space.phased_rows(config, sig)
+    pvec = rw.phase_vec(sig)
+    phased_per_thread = max(1, per_thread // pvec)
+
+    def silu_mul_columns(views, groups, vec, per_thread):
+        # Columns [j * vec, j * vec + vec) of this thread's vectors j of the block's column tile.
+        a_view, b_view = views[:2]
+        first = fx.block_idx.y * (groups.width * per_thread) + groups.lane
+        js = [first + u * groups.width for u in range_constexpr(per_thread)]
+        a = [rw.load(a_view, j, vec) for j in js]
+        b = [rw.load(b_view, j, vec) for j in js]
+        return js, a, b
+
+    def silu_mul_store(out_view, js, a, b, vec):
+        for u in range_constexpr(len(js)):
+            y = rw.silu_mul(a[u].to(fx.Float32), b[u].to(fx.Float32))
+            rw.store(out_view, js[u], y.to(dtype), vec)
+
+    def phased_rows(tensors, groups, row, phase):
+        # The edges go with the first column tile, their loads issued with its vectors'.
+        pr = rw.PhasedRow(groups, tensors[0], row, phase, pvec, with_edges=fx.block_idx.y == 0)
+        views = [pr.view(t) for t in tensors]
+        ea, eb = views[0].load_edge(), views[1].load_edge()
+        js, a, b = silu_mul_columns(views, groups, pvec, phased_per_thread)
+        silu_mul_store(views[2], js, a, b, pvec)
+        views[2].store_edge(rw.silu_mul(ea.to(fx.Float32), eb.to(fx.Float32)).to(dtype))
+
+    def plain_rows(tensors, groups, row):
+        views = [groups.view(t, row, vec) for t in tensors]
+        js, a, b = silu_mul_columns(views, groups, vec, per_thread)
+        silu_mul_store(views[2], js, a, b, vec)
 
     @flyc.kernel(known_block_size=[threads, 1, 1])
     def silu_mul_kernel(x0: fx.Tensor, x1: fx.Tensor, out: fx.Tensor, count: fx.Tensor):
         groups = rw.RowGroups(threads, rows)
         row = rw.counted_row(fx.block_idx.x * rows + groups.group, out, count)
-        a_view, b_view, out_view = groups.view(x0, row, vec), groups.view(x1, row, vec), groups.view(out, row, vec)
-        first = fx.block_idx.y * (groups.width * per_thread) + groups.lane
-        js = [first + u * groups.width for u in range_constexpr(per_thread)]
-        a = [rw.load(a_view, j, vec) for j in js]
-        b = [rw.load(b_view, j, vec) for j in js]
-        for u in range_constexpr(per_thread):
-            y = rw.silu_mul(a[u].to(fx.Float32), b[u].to(fx.Float32))
-            rw.store(out_view, js[u], y.to(dtype), vec)
+        if const_expr(phased):
+            congruent, phase = rw.congruent((x0, x1, out), pvec)
+            if congruent:
+                phased_rows((x0, x1, out), groups, row, phase)
+            else:
+                plain_rows((x0, x1, out), groups, row)
+        else:
+            plain_rows((x0, x1, out), groups, row)
 
     @flyc.jit
     def silu_mul(x0: fx.Tensor, x1: fx.Tensor, out: fx.Tensor, count: fx.Tensor,

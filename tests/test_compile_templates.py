@@ -36,7 +36,8 @@ from mslk_dsl.cache import KernelCache
 from mslk_dsl.keys import KernelKey
 from mslk_dsl.template import config_name
 from mslk_dsl.templates import _rowwise_plan as plan
-from mslk_dsl.templates import silu_mul_cute
+from mslk_dsl.templates import _rowwise_space as rowwise_space
+from mslk_dsl.templates import rmsnorm_flydsl, silu_mul_cute
 
 # What each kernel's code must contain is declared by its template (Template.instructions:
 # "ptx", "sass" for sm90a; "isa" for gfx942, kept with MSLK_DSL_KEEP_ISA=1).
@@ -229,18 +230,25 @@ def _narrow_bytes_of_16_bit(key: dict) -> int | None:
     return None
 
 
-# The CuTe row-wise ops whose one-element kernels run phased rows (_cute_rowwise.PhasedRow): the
-# row's middle in 16-byte accesses where the call's tensors sit at one offset from a boundary.
+# The row-wise ops whose one-element kernels run phased rows (CuTe: _cute_rowwise.PhasedRow,
+# FlyDSL: _flydsl_rowwise.PhasedRow): the row's middle in 16-byte accesses where the call's
+# tensors sit at one offset from a boundary.
 PHASED_ROW_OPS = ("rmsnorm", "rmsnorm_add", "quantize_fp8_row", "silu_mul_quant", "silu_mul")
 
 
 def _runs_phased_rows(key: dict) -> bool:
-    """Whether ``key`` is a single-CTA one-element CuTe kernel of PHASED_ROW_OPS with a phased
-    path (silu_mul: in tiles of at least PHASED_MIN_VECTORS vectors per thread)."""
+    """Whether ``key`` is a one-element kernel of PHASED_ROW_OPS with a phased path: CuTe's
+    single-CTA ones (silu_mul: in tiles of at least PHASED_MIN_VECTORS vectors per thread),
+    FlyDSL's as its templates say."""
     sig, config = key["signature"], key["config"]
     esize = ELEMENT_BYTES.get(sig.get("dtype"))
-    if (key["op"] not in PHASED_ROW_OPS or registry.get_template(key["template"]).backend != "cute"
-            or sig.get("vec_bytes") != esize or config.get("vec") != 1 or "cluster" in config):
+    if key["op"] not in PHASED_ROW_OPS or sig.get("vec_bytes") != esize or config.get("vec") != 1:
+        return False
+    if registry.get_template(key["template"]).backend == "flydsl":
+        if key["op"] in ("rmsnorm", "rmsnorm_add"):
+            return rmsnorm_flydsl.phased_rows(config, sig, key["op"] == "rmsnorm_add")
+        return rowwise_space.phased_rows(config, sig)
+    if "cluster" in config:
         return False
     phased = plan.phased_tile(plan.RowTile.of(config), esize)
     return key["op"] != "silu_mul" or phased.chunks >= silu_mul_cute.PHASED_MIN_VECTORS
@@ -369,15 +377,28 @@ ROW_GROUP_TEMPLATES = {"silu_mul_flydsl": False, "quantize_fp8_row_flydsl": True
                        "rmsnorm_flydsl.rmsnorm_add": True}
 
 
+def waterfall_loops(isa: str) -> list[str]:
+    """The labels that an ``s_cbranch_execnz`` jumps back to (a loop over the lanes' values)."""
+    seen, loops = set(), []
+    for line in isa.splitlines():
+        if m := re.match(r"^(\.\w+):", line):
+            seen.add(m.group(1))
+        elif m := re.search(r"s_cbranch_execnz\s+(\.\w+)", line):
+            if m.group(1) in seen:
+                loops.append(m.group(1))
+    return loops
+
+
 def _check_row_groups_isa(key, isa):
     """Row-wise kernels keep every buffer descriptor wave-uniform: a descriptor that differs
     between lanes (as a sub-wave group's own row would) makes the compiler loop over the lanes'
-    values (a waterfall loop, closed by s_cbranch_execnz). Their row reductions stop at the
+    values (a waterfall loop, closed by a backward s_cbranch_execnz; a forward one is only an
+    if / else on a uniform condition, e.g. the phased rows' test). Their row reductions stop at the
     group's width: a 16-lane group reads each sum from lane 15 of its 16-lane row (no row_bcast),
     a 32-lane group joins pairs of rows (row_bcast:15) and reads lanes 31 and 63, and only whole
     waves fold into lane 63 (row_bcast:31); a wider fold would mix rows."""
     what = f"{key['template']} {key['config']} {key['signature']}"
-    assert "s_cbranch_execnz" not in isa, f"{what}: a buffer descriptor differs between lanes (waterfall loop)"
+    assert not waterfall_loops(isa), f"{what}: a buffer descriptor differs between lanes (waterfall loop)"
     if not ROW_GROUP_TEMPLATES[key["template"]]:
         return
     config = key["config"]

@@ -2,6 +2,7 @@
 from the call's tensors, what the templates accept for it, and the tile a 128-bit config runs on
 rows that admit only 8- or 4-byte accesses. CPU only (nothing is launched)."""
 import functools
+import random
 
 import pytest
 import torch
@@ -256,3 +257,52 @@ def test_gathered_rows_keep_whole_waves():
             assert _lanes_per_row(config) >= 64 and template.valid(config, "gfx942", sig), (sig, d, config)
     assert not rowwise_space.whole_groups({"threads": 256, "rows_per_block": 8 * 4})   # 8 lanes a row
     assert rowwise_space.whole_groups({"threads": 512, "rows_per_block": 16})          # 32 lanes a row
+
+
+def _pick(cond, a, b):
+    return a if cond else b
+
+
+@pytest.mark.parametrize("in_bytes, out_bytes", [(2, 2), (2, 1), (4, 4), (4, 1)])
+@pytest.mark.parametrize("group", [16, 32, 64])
+def test_flydsl_phased_rows_cover_every_column_once_in_aligned_vectors(in_bytes, out_bytes, group):
+    """The FlyDSL phased rows' index arithmetic (``_rowwise_space.phased_split`` /
+    ``phased_offsets`` / ``phase_of``, which the kernels call on Int32 values), replayed on
+    Python ints for the waves of a grid: every column of every row is reached exactly once,
+    each middle vector at a 16-byte aligned address of its own row, each edge element at its own
+    column, with descriptors shared by a wave's rows and accesses only inside the rows. Inputs
+    and outputs of different element sizes (bf16 -> fp8) split each row at the same columns."""
+    rng = random.Random(in_bytes * 100 + out_bytes * 10 + group)
+    vec = limits.VECTOR_BYTES // in_bytes
+    for _ in range(60):
+        cols = rng.choice([1, 3, vec - 1, vec + 1, 2 * vec - 1, rng.randint(1, 700)])
+        rows = rng.randint(1, 9)
+        shift = rng.randrange(16 // in_bytes)  # elements past a 16-byte boundary: any phase
+        tensors = {"in": (4096 + shift * in_bytes, in_bytes), "out": (8192 + shift * out_bytes, out_bytes)}
+        phases = {name: rowwise_space.phase_of(addr, vec, size) for name, (addr, size) in tensors.items()}
+        assert len(set(phases.values())) == 1, phases   # fresh tensors at one offset are congruent
+        phase = phases["in"]
+        for name, (addr, size) in tensors.items():
+            seen = []
+            rows_per_wave = max(1, 64 // group)
+            for wave_first in range(0, rows, rows_per_wave):
+                wave_rows = range(wave_first, min(rows, wave_first + rows_per_wave))
+                for row in wave_rows:
+                    for lane in range(group):
+                        head, nmid, edge_col = rowwise_space.phased_split(phase, row, cols, vec, lane, _pick)
+                        lead, offset, start = rowwise_space.phased_offsets(phase, wave_first, row, head, cols, vec)
+                        base = addr + (wave_first * cols - lead) * size  # the wave's descriptor
+                        wave_start = addr + wave_first * cols * size
+                        assert base % min(vec * size, 16) == 0 and wave_start - 16 < base <= wave_start
+                        assert edge_col == cols or (edge_col < head or edge_col >= head + nmid * vec)
+                        if edge_col < cols:
+                            at = base + (offset + edge_col) * size
+                            assert at == addr + (row * cols + edge_col) * size
+                            seen.append((row, edge_col))
+                        for j in range(lane, nmid, group):   # this lane's middle vectors
+                            at = base + (start + j) * vec * size
+                            assert at % min(vec * size, 16) == 0
+                            col = (at - addr) // size - row * cols
+                            assert col == head + j * vec and col + vec <= cols
+                            seen.extend((row, col + i) for i in range(vec))
+            assert sorted(seen) == [(r, c) for r in range(rows) for c in range(cols)], (name, cols, phase)
