@@ -25,7 +25,7 @@ the quantizer's arithmetic is that of MSLK's Triton quantize_fp8_row, bit for bi
 """
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.expr import arith, gpu, range_constexpr
+from flydsl.expr import arith, const_expr, gpu, range_constexpr
 from flydsl.expr import math as fmath
 from flydsl.expr.typing import ReductionOp, T
 from flydsl.expr.utils.arith import fastmath
@@ -548,6 +548,50 @@ def quantize_row(values, groups, row, cols, vec, per_thread, dtype, out, scale_o
         for u in range_constexpr(per_thread):
             j = c * chunk + groups.lane + u * groups.width
             store(out, j, to_fp8(vals[u].to(fx.Float32), scale, inverse, fp8, bounded), vec)
+
+
+def _quantize_plain(tensors, combine, xq, scale_out, scale_ub, groups, slots, row, cols, vec, per_thread, dtype, fp8):
+    views = [groups.view(t, row, vec) for t in tensors]
+
+    def values(j):
+        return combine(*[load(v, j, vec) for v in views])
+
+    quantize_row(values, groups, row, cols, vec, per_thread, dtype, groups.view(xq, row, vec), scale_out, scale_ub,
+                 fp8, slots)
+
+
+def _quantize_phased(tensors, combine, xq, scale_out, scale_ub, groups, slots, row, cols, phase, vec, per_thread,
+                     dtype, fp8):
+    pr = PhasedRow(groups, tensors[0], row, phase, vec)
+    views = [pr.view(t) for t in tensors]
+    edge = combine(*[v.load_edge() for v in views])   # issued ahead of the middle's loads
+
+    def values(j):
+        return combine(*[load(v, j, vec) for v in views])
+
+    quantize_row(values, groups, row, cols, vec, per_thread, dtype, pr.view(xq), scale_out, scale_ub, fp8, slots,
+                 edge)
+
+
+@flyc.jit
+def quantize_rows(tensors, combine, xq, scale_out, scale_ub, groups, slots, row, vec, per_thread, phased_per_thread,
+                  dtype, fp8):
+    """Kernel body of the row-wise FP8 quantizers: row ``row`` of combine(*tensors) ([M, K]
+    tensors; ``combine`` maps their vectors to one of ``dtype``) quantized into xq, its scale into
+    scale_out (see quantize_row), in ``vec``-element vectors, ``per_thread`` of them per thread.
+    With ``phased_per_thread`` (one-element configs, see quantize_setup) a call whose tensors are
+    congruent runs phased rows (:class:`PhasedRow`), that many 16-byte vectors per thread."""
+    _, cols = tensors[0].shape.unpack()
+    args = (tensors, combine, xq, scale_out, scale_ub, groups, slots, row, cols)
+    if const_expr(phased_per_thread > 0):
+        pvec = limits.VECTOR_BYTES * 8 // dtype.width
+        same, phase = congruent((*tensors, xq), pvec)
+        if same:
+            _quantize_phased(*args, phase, pvec, phased_per_thread, dtype, fp8)
+        else:
+            _quantize_plain(*args, vec, per_thread, dtype, fp8)
+    else:
+        _quantize_plain(*args, vec, per_thread, dtype, fp8)
 
 
 def quantize_setup(template: str, config, target: str, sig):

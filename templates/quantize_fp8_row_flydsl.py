@@ -25,49 +25,23 @@ def build(config, target, sig):
     import torch
     import flydsl.compiler as flyc
     import flydsl.expr as fx
-    from flydsl.expr import const_expr
 
     from mslk_dsl.templates import _flydsl_rowwise as rw
 
     threads, rows, vec, dtype, fp8, has_ub, per_thread, storage, phased_per_thread = rw.quantize_setup(
         "quantize_fp8_row_flydsl", config, target, sig)
-    pvec = rw.phase_vec(sig)
 
-    def plain_row(x, xq, scale, ub, groups, slots, row, cols):
-        src = groups.view(x, row, vec)
-
-        def values(j):
-            return rw.load(src, j, vec)
-
-        rw.quantize_row(values, groups, row, cols, vec, per_thread, dtype, groups.view(xq, row, vec), scale, ub,
-                        fp8, slots)
-
-    def phased_row(x, xq, scale, ub, groups, slots, row, cols, phase):
-        pr = rw.PhasedRow(groups, x, row, phase, pvec)
-        src = pr.view(x)
-        edge = src.load_edge()   # issued ahead of the middle's loads
-
-        def values(j):
-            return rw.load(src, j, pvec)
-
-        rw.quantize_row(values, groups, row, cols, pvec, phased_per_thread, dtype, pr.view(xq), scale, ub, fp8,
-                        slots, edge)
+    def as_loaded(x):
+        return x
 
     @flyc.kernel(known_block_size=[threads, 1, 1])
     def quantize_fp8_row_kernel(x: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor, scale: fx.Tensor):
         groups = rw.RowGroups(threads, rows)
         slots = rw.reduction_slots(storage, groups)
         row = fx.block_idx.x * rows + groups.group
-        _, cols = x.shape.unpack()
         ub = fx.get_iter(scale_ub).load() if has_ub else None
-        if const_expr(phased_per_thread > 0):
-            congruent, phase = rw.congruent((x, xq), pvec)
-            if congruent:
-                phased_row(x, xq, scale, ub, groups, slots, row, cols, phase)
-            else:
-                plain_row(x, xq, scale, ub, groups, slots, row, cols)
-        else:
-            plain_row(x, xq, scale, ub, groups, slots, row, cols)
+        rw.quantize_rows((x,), as_loaded, xq, scale, ub, groups, slots, row, vec, per_thread, phased_per_thread,
+                         dtype, fp8)
 
     @flyc.jit
     def quantize_fp8_row(x: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor, scale: fx.Tensor,

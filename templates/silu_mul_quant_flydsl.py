@@ -20,36 +20,14 @@ def build(config, target, sig):
     import torch
     import flydsl.compiler as flyc
     import flydsl.expr as fx
-    from flydsl.expr import const_expr
 
     from mslk_dsl.templates import _flydsl_rowwise as rw
 
     threads, rows, vec, dtype, fp8, has_ub, per_thread, storage, phased_per_thread = rw.quantize_setup(
         "silu_mul_quant_flydsl", config, target, sig)
-    pvec = rw.phase_vec(sig)
 
     def swiglu(a, b):
         return rw.silu_mul(a.to(fx.Float32), b.to(fx.Float32)).to(dtype)
-
-    def plain_row(x0, x1, xq, scale, ub, groups, slots, row, cols):
-        a_view, b_view = groups.view(x0, row, vec), groups.view(x1, row, vec)
-
-        def values(j):
-            return swiglu(rw.load(a_view, j, vec), rw.load(b_view, j, vec))
-
-        rw.quantize_row(values, groups, row, cols, vec, per_thread, dtype, groups.view(xq, row, vec), scale, ub,
-                        fp8, slots)
-
-    def phased_row(x0, x1, xq, scale, ub, groups, slots, row, cols, phase):
-        pr = rw.PhasedRow(groups, x0, row, phase, pvec)
-        a_view, b_view = pr.view(x0), pr.view(x1)
-        edge = swiglu(a_view.load_edge(), b_view.load_edge())   # issued ahead of the middle's loads
-
-        def values(j):
-            return swiglu(rw.load(a_view, j, pvec), rw.load(b_view, j, pvec))
-
-        rw.quantize_row(values, groups, row, cols, pvec, phased_per_thread, dtype, pr.view(xq), scale, ub, fp8,
-                        slots, edge)
 
     @flyc.kernel(known_block_size=[threads, 1, 1])
     def silu_mul_quant_kernel(x0: fx.Tensor, x1: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor,
@@ -57,16 +35,9 @@ def build(config, target, sig):
         groups = rw.RowGroups(threads, rows)
         slots = rw.reduction_slots(storage, groups)
         row = rw.counted_row(fx.block_idx.x * rows + groups.group, xq, count)
-        _, cols = x0.shape.unpack()
         ub = fx.get_iter(scale_ub).load() if has_ub else None
-        if const_expr(phased_per_thread > 0):
-            congruent, phase = rw.congruent((x0, x1, xq), pvec)
-            if congruent:
-                phased_row(x0, x1, xq, scale, ub, groups, slots, row, cols, phase)
-            else:
-                plain_row(x0, x1, xq, scale, ub, groups, slots, row, cols)
-        else:
-            plain_row(x0, x1, xq, scale, ub, groups, slots, row, cols)
+        rw.quantize_rows((x0, x1), swiglu, xq, scale, ub, groups, slots, row, vec, per_thread, phased_per_thread,
+                         dtype, fp8)
 
     @flyc.jit
     def silu_mul_quant(x0: fx.Tensor, x1: fx.Tensor, scale_ub: fx.Tensor, xq: fx.Tensor, scale: fx.Tensor,
