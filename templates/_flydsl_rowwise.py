@@ -219,6 +219,21 @@ def congruent(tensors, vec: int):
     return same[0], first
 
 
+@flyc.jit
+def by_phase(phased, tensors, vec: int, phased_body, plain_body):
+    """The dispatch of a one-element row-wise kernel: ``phased_body(phase)`` when the kernel has
+    a phased path (``phased``, known at compile time) and ``tensors`` are congruent (a scalar
+    branch, the same in every wave), else ``plain_body()``."""
+    if const_expr(phased):
+        same, phase = congruent(tensors, vec)
+        if same:
+            phased_body(phase)
+        else:
+            plain_body()
+    else:
+        plain_body()
+
+
 def _where(cond, a, b):
     return cond.select(a, b)
 
@@ -573,7 +588,6 @@ def _quantize_phased(tensors, combine, xq, scale_out, scale_ub, groups, slots, r
                  edge)
 
 
-@flyc.jit
 def quantize_rows(tensors, combine, xq, scale_out, scale_ub, groups, slots, row, vec, per_thread, phased_per_thread,
                   dtype, fp8):
     """Kernel body of the row-wise FP8 quantizers: row ``row`` of combine(*tensors) ([M, K]
@@ -583,15 +597,10 @@ def quantize_rows(tensors, combine, xq, scale_out, scale_ub, groups, slots, row,
     congruent runs phased rows (:class:`PhasedRow`), that many 16-byte vectors per thread."""
     _, cols = tensors[0].shape.unpack()
     args = (tensors, combine, xq, scale_out, scale_ub, groups, slots, row, cols)
-    if const_expr(phased_per_thread > 0):
-        pvec = limits.VECTOR_BYTES * 8 // dtype.width
-        same, phase = congruent((*tensors, xq), pvec)
-        if same:
-            _quantize_phased(*args, phase, pvec, phased_per_thread, dtype, fp8)
-        else:
-            _quantize_plain(*args, vec, per_thread, dtype, fp8)
-    else:
-        _quantize_plain(*args, vec, per_thread, dtype, fp8)
+    pvec = limits.VECTOR_BYTES * 8 // dtype.width  # phase_vec: 16 bytes of the input dtype
+    by_phase(phased_per_thread > 0, (*tensors, xq), pvec,
+             lambda phase: _quantize_phased(*args, phase, pvec, phased_per_thread, dtype, fp8),
+             lambda: _quantize_plain(*args, vec, per_thread, dtype, fp8))
 
 
 def quantize_setup(template: str, config, target: str, sig):

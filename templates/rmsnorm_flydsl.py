@@ -98,9 +98,8 @@ def phased_rows(config, sig, fused_add: bool) -> bool:
     in 16-byte vectors, _flydsl_rowwise.PhasedRow). Not rmsnorm_add in sub-wave groups: its four
     row tensors' descriptors in both paths of one kernel exceed the scalar registers (SGPR
     spills), and rows of a few hundred elements with a residual stream are rare."""
-    if config["vec"] != 1 or not limits.one_element(sig):
-        return False
-    return not (fused_add and config["threads"] // config["rows"] < rw_space.WAVE)
+    sub_wave = config["threads"] // config["rows"] < rw_space.WAVE
+    return rw_space.phased_rows(config, sig) and not (fused_add and sub_wave)
 
 
 def _heuristic(target, sig, problem):
@@ -269,14 +268,9 @@ def _make_launcher(config, sig, fused_add: bool):
         slots = rw.reduction_slots(storage, groups)
         row = fx.block_idx.x * ROWS + groups.group
         N = X.shape.unpack()[1]
-        if const_expr(PHASED):
-            congruent, phase = rw.congruent((X, R, Y, H) if FUSED else (X, Y), PVEC)
-            if congruent:
-                phased_row(X, R, W, Y, H, eps, groups, slots, row, N, phase)
-            else:
-                plain_row(X, R, W, Y, H, eps, groups, slots, row, N)
-        else:
-            plain_row(X, R, W, Y, H, eps, groups, slots, row, N)
+        rw.by_phase(PHASED, (X, R, Y, H) if FUSED else (X, Y), PVEC,
+                    lambda phase: phased_row(X, R, W, Y, H, eps, groups, slots, row, N, phase),
+                    lambda: plain_row(X, R, W, Y, H, eps, groups, slots, row, N))
 
     def launch_kernel(X, R, W, Y, H, eps, stream):
         M = X.shape.unpack()[0]

@@ -28,7 +28,7 @@ def build(config, target, sig):
     import torch
     import flydsl.compiler as flyc
     import flydsl.expr as fx
-    from flydsl.expr import const_expr, range_constexpr
+    from flydsl.expr import range_constexpr
 
     from mslk_dsl.templates import _flydsl_rowwise as rw
 
@@ -74,14 +74,9 @@ def build(config, target, sig):
     def silu_mul_kernel(x0: fx.Tensor, x1: fx.Tensor, out: fx.Tensor, count: fx.Tensor):
         groups = rw.RowGroups(threads, rows)
         row = rw.counted_row(fx.block_idx.x * rows + groups.group, out, count)
-        if const_expr(phased):
-            congruent, phase = rw.congruent((x0, x1, out), pvec)
-            if congruent:
-                phased_rows((x0, x1, out), groups, row, phase)
-            else:
-                plain_rows((x0, x1, out), groups, row)
-        else:
-            plain_rows((x0, x1, out), groups, row)
+        tensors = (x0, x1, out)
+        rw.by_phase(phased, tensors, pvec, lambda phase: phased_rows(tensors, groups, row, phase),
+                    lambda: plain_rows(tensors, groups, row))
 
     @flyc.jit
     def silu_mul(x0: fx.Tensor, x1: fx.Tensor, out: fx.Tensor, count: fx.Tensor,
