@@ -210,11 +210,13 @@ def _make_case(op, rows, d, dtype, peers_wanted, torch, ops, weight_dtype=None):
 def _configs_near(op, d, dtype: str = "bfloat16", fp32_weight: bool = False):
     """The configs of ``op``'s CuTe template for ``dtype`` rows of ``d`` elements (128-bit
     accesses, or one element per access where a row is not a multiple of 16 bytes) whose tile
-    (the share of all the CTAs of a row) is 0.4-2.5x the row; for scatter_add, every method
+    (the share of all the CTAs of a row) is 0.4-2.5x the row (at most 2.5x for silu_mul, whose
+    tiles loop over a longer row, and for rows of one element per access); for scatter_add, every method
     (with and without programmatic dependent launch) at unroll 1, 2 and 4; for the gather, every
     unroll."""
     from mslk_dsl import registry
     from mslk_dsl.templates import _rowwise_plan as plan
+    from mslk_dsl.templates._kernel_limits import ELEM_BYTES
 
     name = {"gather_quant": "gather_scale_quant_dense_tokens", "scatter_add": "scatter_add_dense_tokens",
             "gather": "gather_scale_dense_tokens"}
@@ -231,6 +233,10 @@ def _configs_near(op, d, dtype: str = "bfloat16", fp32_weight: bool = False):
         return [c for c in valid if c["unroll"] in (1, 2, 4)]
     if base == "gather":
         return valid
+    if base == "silu_mul" or vec_bytes == ELEM_BYTES[dtype]:
+        # silu_mul's tiles loop over a longer row; rows of one element per access have few
+        # configs, and their tiles that read the rest again can win far below the row's length
+        return [c for c in valid if plan.RowTile.of(c).row_k <= 2.5 * d]
     return [c for c in valid if 0.4 * d <= plan.RowTile.of(c).row_k <= 2.5 * d]
 
 
