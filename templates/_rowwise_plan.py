@@ -229,6 +229,33 @@ def streamed_rest(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> di
     return best if (k - RowTile.of(best).row_k) * STREAMED_REST <= k else None
 
 
+# Rows of one element per access up to this long keep the short-row tiles' picks (scalar_tile).
+SCALAR_TABLE_FROM = 1024
+
+
+def scalar_tile(table, sig: dict, k: int) -> dict | None:
+    """For rows of one element per access longer than SCALAR_TABLE_FROM: the config of the first
+    entry of ``table`` ((config, the longest row it takes), shortest rows first) that takes a row
+    of ``k`` elements; else None. A row longer than its tile reads the rest again. The templates
+    that take it say where their tables were measured."""
+    if not one_element(sig) or k <= SCALAR_TABLE_FROM:
+        return None
+    return next((config for config, longest in table if k <= longest), None)
+
+
+def fewest_idle_lanes(configs: list[dict], k: int) -> dict:
+    """Of ``configs`` (tiles a row of ``k`` elements runs through in passes), the one with the
+    fewest idle lanes over its passes (ceil(k / row_k) * row_k - k), then the fewest passes:
+    14461 = 4 x 4096 - 1923 = 2 x 8192 - 1923 takes the 8192 tile, 8625 the 4096 one (3 x 4096
+    leaves 3663 lanes idle, 2 x 8192 7759)."""
+    def cost(c):
+        row_k = RowTile.of(c).row_k
+        passes = -(-k // row_k)
+        return passes * row_k - k, passes
+
+    return min(configs, key=cost)
+
+
 def pick_fitted(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict:
     """The valid config that reads a row of ``k`` elements in the fewest tiles (passes), then
     with the fewest idle lanes over them (ceil(k / row_k) * row_k - k); ties keep list order.

@@ -35,7 +35,7 @@ def _spills_at_64_registers(config, target, sig) -> bool:
 # fp32). The 3K and 5K tiles fit rows of 2880 and 5120 (94% and 100% of their lanes with data,
 # against 70% and 62% in 4K and 8K tiles): on the H200 (bf16, 1 GiB moved) 280 against 299 us at
 # 2880 and 272 against 296 us at 5120;
-# the scalar shapes (unaligned rows) hold 256 and 4096 elements.
+# the scalar shapes (unaligned rows) hold 256, 4096 and 8192 elements (see SCALAR_TILES).
 # Rows fitted with whole warps (one row per CTA): 96 x 4 chunks of 8 holds 3072 elements (2880 fills
 # 94% of its lanes), 160 x 4 5120, 224 x 4 7168 (14336 in two even tiles); split over a cluster of
 # 2 CTAs, 224 x 4 holds 14336 (the absmax meets over DSMEM). Every shape comes with both L1
@@ -43,7 +43,7 @@ def _spills_at_64_registers(config, target, sig) -> bool:
 SHAPES = plan.expand(
     vector_shapes=[(96, 1, 4), (160, 1, 4), (224, 1, 4), (128, 4, 4), (256, 2, 4), (256, 1, 4), (512, 1, 4),
                    (1024, 1, 2), (256, 2, 3), (256, 2, 5)],
-    scalar_shapes=[(128, 4, 8), (256, 1, 16)],
+    scalar_shapes=[(128, 4, 8), (256, 1, 16), (256, 1, 32)],
 ) + plan.clustered(plan.expand(vector_shapes=[(224, 1, 4), (256, 1, 4)], scalar_shapes=[]), 2)
 # Short rows (MoE expert widths of 700-2000, head-sized rows): the tiles of
 # plan.QUANT_SHORT_VECTOR_ROWS / QUANT_SHORT_SCALAR_ROWS, with the default L1 policy only (the one
@@ -71,9 +71,28 @@ STREAMED_REST_CONFIGS = plan.quant_streamed_rest_configs(HEURISTIC_CONFIGS)  # s
 _valid, _ = plan.rules(CONFIGS, arrays=1)
 
 
+# Rows of one element per access past 1024 elements take tiles of 512-2048 elements reading the
+# rest again, rather than a covering tile, up to 2.5x the 2048 tile; longer rows the 4096 or 8192
+# tile of 256 threads that leaves the fewest lanes idle over its passes, ties to the 8192 one
+# (plan.fewest_idle_lanes). H200, bf16, CUDA-graph replays (docs/benchmarks.md, "One-element
+# rows: the phased path in a kernel of its own"): the 512 tile of 4 rows at 79096 x 1085 82.0
+# against 96.1 us in the covering 2048 one (at 178728 x 1129 175.2 against 206.9); the one-warp
+# 1024 tile at 82721 x 1633 107.7 against 113.2; the 2-row 2048 tile at 35044 x 3631 100.1 against
+# 128.2 in the covering 4096 one, at 1343 x 4853 12.4 against 13.4 in the 8192 one; at 9984 x 8625
+# the 4096 tile 82.6 against 98.3 in the 8192 one, at 32045 x 5911 (a tie in idle lanes) the
+# 8192 tile 181.9 against 197.0.
+SCALAR_TILES = ((plan.config(128, 4, 1, 16) | {"l1": HEURISTIC_L1}, 1280),
+                (plan.config(128, 4, 1, 32) | {"l1": HEURISTIC_L1}, 2048),
+                (plan.config(128, 2, 1, 32) | {"l1": HEURISTIC_L1}, 5120))
+SCALAR_LONG_ROWS = [plan.config(256, 1, 1, 32) | {"l1": HEURISTIC_L1}, plan.config(256, 1, 1, 16) | {"l1": HEURISTIC_L1}]
+
+
 def _heuristic(target, sig, problem):
     k = problem["K"]
+    if limits.one_element(sig) and k > SCALAR_TILES[-1][1]:
+        return plan.fewest_idle_lanes(SCALAR_LONG_ROWS, k)
     return (plan.streamed_rest(STREAMED_REST_CONFIGS, sig, k, arrays=1)
+            or plan.scalar_tile(SCALAR_TILES, sig, k)
             or plan.pick_fitted(HEURISTIC_CONFIGS, sig, k, arrays=1))
 
 
@@ -87,15 +106,24 @@ def build(config, target, sig):
     def values(x):
         return x.load()
 
+    def body(mX, mUB, mQ, mS, phased):
+        rw.quantize_rows((mX,), values, mUB, mQ, mS, tile, sig["has_scale_ub"], plan.FP8_ROW_EPS,
+                         fp8.fp8_max, phased=phased)
+
+    # One-element rows: the phased path in a kernel of its own (rw.launch_rows).
     @cute.kernel
     def kernel(mX: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
-        rw.quantize_rows((mX,), values, mUB, mQ, mS, tile, sig["has_scale_ub"], plan.FP8_ROW_EPS,
-                         fp8.fp8_max)
+        body(mX, mUB, mQ, mS, False)
+
+    @cute.kernel
+    def phased_kernel(mX: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
+        body(mX, mUB, mQ, mS, True)
 
     @cute.jit
     def quantize_fp8_row(mX: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, stream):
-        kernel(mX, mUB, mQ, mS).launch(**rw.row_launch(tile, mX.shape[0]), stream=stream,
-                                       **rw.launch_hints(tile, REGS if config["chunks"] <= 4 else REGS_LONG))
+        rw.launch_rows((mX, mQ), rw.phased_vec(tile, dtype.width // 8), kernel, phased_kernel, (mX, mUB, mQ, mS),
+                       {**rw.row_launch(tile, mX.shape[0]), "stream": stream,
+                        **rw.launch_hints(tile, REGS if config["chunks"] <= 4 else REGS_LONG)})
 
     args = rw.fake_quantize_args(dtype, fp8_dtype, 1, sig)
     return quantize_fp8_row, args

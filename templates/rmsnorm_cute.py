@@ -37,8 +37,8 @@ from mslk_dsl.templates import _rowwise_plan as plan
 DTYPES = ("bfloat16", "float16", "float32")
 
 # (threads, rows_per_block, chunks) -> tile_k for 16-bit dtypes (half for fp32): 2048 (a warp
-# per row, 4 rows per CTA), 4096, 8192 and 16384 with 128-bit vectors; 4096 and 16384 with scalar
-# accesses (unaligned rows). Longer rows are split over a cluster, each CTA holding its share in
+# per row, 4 rows per CTA), 4096, 8192 and 16384 with 128-bit vectors; 4096, 8192 (256 threads)
+# and 16384 (512) with scalar accesses (unaligned rows; see SCALAR_STREAMED_TILES). Longer rows are split over a cluster, each CTA holding its share in
 # registers: 256 x 8 vectors (16K elements, 8K fp32) per CTA in clusters of 2, 4, 8 and 16
 # (32K-256K; fp32 16K-128K; 16 CTAs is a non-portable cluster size, which Hopper runs), 512 x 8
 # in clusters of 8 (256K; fp32 128K). One CTA of 1024 threads holding 32K
@@ -59,7 +59,7 @@ SHORT_ROWS = [(128, 16, 2), (128, 8, 2), (128, 8, 4), (128, 4, 4)]
 SHORT_SCALAR_ROWS = [(128, 4, 8), (128, 4, 16), (128, 4, 32), (128, 2, 32)]
 CONFIGS = tuple(
     plan.expand(vector_shapes=[(128, 4, 8), (128, 2, 8), (128, 1, 8), (256, 1, 8), *SHORT_ROWS],
-                scalar_shapes=[(256, 1, 16), (512, 1, 32), *SHORT_SCALAR_ROWS])
+                scalar_shapes=[(256, 1, 16), (256, 1, 32), (512, 1, 32), *SHORT_SCALAR_ROWS])
     + [c for n in (2, 4, 8, 16) for c in plan.clustered(plan.expand(vector_shapes=[(256, 1, 8)], scalar_shapes=[]), n)]
     + plan.clustered(plan.expand(vector_shapes=[(512, 1, 8)], scalar_shapes=[]), 8)
     + plan.expand(vector_shapes=[(1024, 1, 4)], scalar_shapes=[])
@@ -114,19 +114,23 @@ def _short(config) -> bool:
     return plan.has_shape(config, SHORT_ROWS, SHORT_SCALAR_ROWS)
 
 
-# rmsnorm (not rmsnorm_add) on rows of one element per access a little past 1024 elements: the
-# one-warp 1024 tile reading the rest again beat the two-warp 2048 tile, 75.6 against 91.7 us at
-# 33132 x 1309 and 79.1 against 94.7 at 34161 x 1313 (a rest of 22%; H200, bf16, CUDA-graph
-# replays). rmsnorm_add reads two inputs again and lost there (159.9 against 108.6 us), so it
-# keeps the covering tile. Taken for a rest of at most a quarter of the row.
-SCALAR_REST = 4
-SCALAR_STREAMED_TILE = plan.config(128, 4, 1, 32)   # one warp per row, 1024 elements
-
-
-def _scalar_streamed_tile(n):
-    """SCALAR_STREAMED_TILE for a row at most 1 / SCALAR_REST past it, else None."""
-    tile_k = plan.RowTile.of(SCALAR_STREAMED_TILE).row_k
-    return SCALAR_STREAMED_TILE if tile_k < n and (n - tile_k) * SCALAR_REST <= n else None
+# rmsnorm (not rmsnorm_add) on rows of one element per access past 1024 elements: tiles of
+# 1024-8192 elements in CTAs of at most 256 threads, a row longer than its tile reading the rest
+# again (from L2), rather than the smallest covering tile in a CTA of 512 threads. H200, bf16,
+# CUDA-graph replays of every config near the row (docs/benchmarks.md, "One-element rows: the
+# phased path in a kernel of its own"): the 2048 tile at 35044 x 3631 155.6 us against 166.0 in
+# the covering 4096 one, the 8192 tile at 32045 x 5911 221.0 against 327.7 in the covering
+# 512-thread 8192 tile (that config is gone), at 11092 x 15885 198.7 against 218.6 in the covering
+# 16384 tile (512 threads, 116 registers: one CTA per SM). The one-warp 1024 tile takes rows at
+# most a quarter past it (75.6 against 91.7 us at 33132 x 1309 when one kernel held both paths;
+# 61.8 against 59.9 since). rmsnorm_add reads two inputs again: it keeps the covering tiles
+# (its 2048 tile lost at 35044 x 3631, 278.7 against 256.7 us; the 8192 one at 11092 x 15885,
+# 369.2 against 353.7).
+SCALAR_STREAMED_TILES = (   # (tile, the longest row it takes)
+    (plan.config(128, 4, 1, 32), 1280),    # one warp per row: 1024 elements
+    (plan.config(128, 2, 1, 32), 4915),    # two warps per row: 2048
+    (plan.config(256, 1, 1, 32), 16384),   # 8192
+)
 
 
 def _heuristic(target, sig, problem, residual: bool = False):
@@ -136,7 +140,7 @@ def _heuristic(target, sig, problem, residual: bool = False):
     if streamed is not None:
         return streamed
     if limits.one_element(sig):
-        streamed = None if residual else _scalar_streamed_tile(n)
+        streamed = None if residual else plan.scalar_tile(SCALAR_STREAMED_TILES, sig, n)
         if streamed is not None:
             return streamed
         scalar = [c for c in configs if c["vec"] == 1]
@@ -349,22 +353,19 @@ def _build(config, target, sig, residual):
 
         return body
 
-    plain = row_body(tile, phased=False)
     # Rows of one element per access (single CTAs) run their aligned middle in vectors where the
-    # row tensors are congruent (rw.PhasedRow).
-    phased_tile = plan.phased_tile(tile, limits.ELEM_BYTES[sig["dtype"]])
-    phased = row_body(phased_tile, phased=True) if tile.vec == 1 and tile.cluster == 1 else None
+    # row tensors are congruent (rw.PhasedRow), in a kernel of its own (rw.launch_rows).
+    plain = row_body(tile, phased=False)
+    vec = rw.phased_vec(tile, limits.ELEM_BYTES[sig["dtype"]])
+    phased = row_body(plan.phased_tile(tile, limits.ELEM_BYTES[sig["dtype"]]), phased=True) if vec else None
 
     @cute.kernel
     def kernel(mX: cute.Tensor, mR, mW: cute.Tensor, mY: cute.Tensor, mRO, eps: Float32):
-        if const_expr(phased is not None):
-            rows = (mX, mY, mR, mRO) if const_expr(residual) else (mX, mY)
-            if rw.congruent(rows, phased_tile.vec):
-                phased(mX, mR, mW, mY, mRO, eps)
-            else:
-                plain(mX, mR, mW, mY, mRO, eps)
-        else:
-            plain(mX, mR, mW, mY, mRO, eps)
+        plain(mX, mR, mW, mY, mRO, eps)
+
+    @cute.kernel
+    def phased_kernel(mX: cute.Tensor, mR, mW: cute.Tensor, mY: cute.Tensor, mRO, eps: Float32):
+        phased(mX, mR, mW, mY, mRO, eps)
 
     # A 1024-thread CTA must fit the SM's register file: cap ptxas at LONG_ROW_REGS. A tile cut
     # into 8- or 4-byte accesses holds 2-4 times the addresses and predicates: capped at NARROW_REGS,
@@ -377,7 +378,9 @@ def _build(config, target, sig, residual):
         hints = {}
 
     def launch(mX, mR, mW, mY, mRO, eps, stream):
-        kernel(mX, mR, mW, mY, mRO, eps).launch(**rw.row_launch(tile, mX.shape[0]), stream=stream, **hints)
+        rows = (mX, mY, mR, mRO) if residual else (mX, mY)
+        rw.launch_rows(rows, vec, kernel, phased_kernel, (mX, mR, mW, mY, mRO, eps),
+                       {**rw.row_launch(tile, mX.shape[0]), "stream": stream, **hints})
 
     @cute.jit
     def rmsnorm(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, eps: Float32, stream):

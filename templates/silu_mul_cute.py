@@ -28,7 +28,8 @@ REGS, REGS_LONG = 64, 80
 # 22.9 / 69.5 us in 160 x 4 against 24.4 / 72.0 in 128 x 7; 5120 23.1 / 69.8 against 23.9 /
 # 71.2; 6144 23.1 / 69.7 (192 x 4) against 23.8 / 69.9 (docs/benchmarks.md).
 # Short rows (MoE expert widths such as 768 and 1408, head-sized rows): 2, 4, 8 or 16 rows per CTA
-# of 128 threads, tiles of 128-2048 elements (one element per access: 256-1024), so a row of a few
+# of 128 threads, tiles of 128-2048 elements (one element per access: 256-1024; longer rows: see
+# SCALAR_LONG_ROWS), so a row of a few
 # hundred elements does not leave most lanes of a 3072-element tile idle. H200, bf16
 # (docs/benchmarks.md, "Short rows"): 65536 x 768 76 against 113 us, 183700 x 722 192 against 322,
 # 82344 x 379 (one element per access) 61 against 154.
@@ -44,14 +45,31 @@ PHASED_MIN_VECTORS = 2
 CONFIGS = plan.expand(
     vector_shapes=[(128, 4, 2), (128, 1, 4), (256, 1, 4), (128, 1, 7), (256, 1, 7),
                    (96, 1, 4), (160, 1, 4), (192, 1, 4), (224, 1, 4), *SHORT_ROWS],
-    scalar_shapes=[(128, 4, 4), (256, 1, 8), *SHORT_SCALAR_ROWS],
+    scalar_shapes=[(128, 4, 4), (128, 1, 16), (256, 1, 8), (256, 1, 16), *SHORT_SCALAR_ROWS],
 )
-_valid, _heuristic = plan.rules(CONFIGS, arrays=2)
+_valid, _pick = plan.rules(CONFIGS, arrays=2)
+
+# Rows of one element per access: the tiles of one row per CTA holding two vectors per thread
+# (phased), 2048 elements in 128 threads or 4096 in 256. Rows up to 2048 take the smallest
+# covering tile (the 2048 one of 128 threads first: 151.0 against 170.8 us at 79096 x 1085 in
+# the one-vector 2048 tile of 256 threads); longer rows the one that leaves the fewest lanes idle
+# in the row's last column tile, ties to the 4096 one. H200, bf16, CUDA-graph replays
+# (docs/benchmarks.md, "One-element rows: the phased path in a kernel of its own"): 28384 x 4279
+# 205.5 against 232.6 us in the 2048 tile (3 column tiles, 1865 idle lanes, against 2 and 3913),
+# 9984 x 8625 138.5 / 146.7; 11092 x 15885 263.4 against 270.2 in the 4096 tile (a tie: 499
+# idle lanes in both).
+SCALAR_LONG_ROWS = [plan.config(256, 1, 1, 16), plan.config(128, 1, 1, 16)]
+
+
+def _heuristic(target, sig, problem):
+    k = problem["K"]
+    if limits.one_element(sig) and k > plan.RowTile.of(SCALAR_LONG_ROWS[1]).row_k:
+        return plan.fewest_idle_lanes(SCALAR_LONG_ROWS, k)
+    return _pick(target, sig, problem)
 
 
 def build(config, target, sig):
     import cutlass.cute as cute
-    from cutlass import const_expr
 
     from mslk_dsl.templates import _cute_rowwise as rw
 
@@ -62,7 +80,8 @@ def build(config, target, sig):
         return rw.silu_mul_tile(a, b, dtype)
 
     # Rows of one element per access run their aligned middle in vectors where the three
-    # tensors are congruent (rw.PhasedRow), in this tile, if it holds PHASED_MIN_VECTORS per thread.
+    # tensors are congruent (rw.PhasedRow), in this tile, if it holds PHASED_MIN_VECTORS per
+    # thread; in a kernel of its own (rw.launch_rows).
     phased = plan.phased_tile(tile, limits.ELEM_BYTES[sig["dtype"]]) if tile.vec == 1 else None
     take_phased = phased is not None and phased.chunks >= PHASED_MIN_VECTORS
 
@@ -71,26 +90,25 @@ def build(config, target, sig):
         row, _, lane, nvec = rw.cta_row(tile, rw.rows_to_write(mO, mCount), mO.shape[1])
         _, bidy, _ = cute.arch.block_idx()
         _, gdimy, _ = cute.arch.grid_dim()
-        if const_expr(take_phased):
-            if rw.congruent((mX0, mX1, mO), phased.vec):
-                pr = rw.phased_row(mX0, row, mO.shape[1], phased.vec, nvec > 0)
-                rw.map_row_phased((mX0, mX1), values, mO, phased, pr, lane, bidy, gdimy)
-            else:
-                _plain(mX0, mX1, mO, row, lane, nvec, bidy, gdimy)
-        else:
-            _plain(mX0, mX1, mO, row, lane, nvec, bidy, gdimy)
-
-    @cute.jit
-    def _plain(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, row, lane, nvec, bidy, gdimy):
         rw.map_row((rw.row_vectors(mX0, row, tile.vec), rw.row_vectors(mX1, row, tile.vec)), values,
                    rw.row_vectors(mO, row, tile.vec), tile, lane, nvec, bidy, gdimy)
+
+    @cute.kernel
+    def phased_kernel(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, mCount: cute.Tensor):
+        row, _, lane, nvec = rw.cta_row(tile, rw.rows_to_write(mO, mCount), mO.shape[1])
+        _, bidy, _ = cute.arch.block_idx()
+        _, gdimy, _ = cute.arch.grid_dim()
+        pr = rw.phased_row(mX0, row, mO.shape[1], phased.vec, nvec > 0)
+        rw.map_row_phased((mX0, mX1), values, mO, phased, pr, lane, bidy, gdimy)
 
     @cute.jit
     def silu_mul(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, mCount: cute.Tensor, stream):
         col_tiles = cute.ceil_div(mX0.shape[1], tile.tile_k)
         grid = (cute.ceil_div(mX0.shape[0], tile.rows_per_block), min(col_tiles, MAX_GRID_Y), 1)
-        kernel(mX0, mX1, mO, mCount).launch(grid=grid, block=(tile.threads, 1, 1), stream=stream,
-                                    **rw.launch_hints(tile, REGS if config["chunks"] <= 4 else REGS_LONG))
+        rw.launch_rows((mX0, mX1, mO), phased.vec if take_phased else None, kernel, phased_kernel,
+                       (mX0, mX1, mO, mCount),
+                       {"grid": grid, "block": (tile.threads, 1, 1), "stream": stream,
+                        **rw.launch_hints(tile, REGS if config["chunks"] <= 4 else REGS_LONG)})
 
     v, align = rw.row_alignment(sig)
     m, k = rw.dynamic_rows_cols(v)

@@ -27,11 +27,12 @@ REGS, REGS_LONG = 80, 104
 # at 18636 x 2880; H200, bf16), 160 x 4 5120, 224 x 4 7168; split over a cluster of 2 CTAs,
 # 224 x 4 holds 14336 and 256 x 4 16384, 160 x 2 5120 (the row resident in registers with no CTA
 # above 256 threads; the absmax meets over DSMEM).
+# The scalar shapes (unaligned rows) hold 256, 4096 and 8192 elements (see SCALAR_TILES).
 # Every shape comes with both L1 policies of its single-use loads (``l1``).
 SHAPES = plan.expand(
     vector_shapes=[(96, 1, 4), (160, 1, 4), (224, 1, 4), (128, 4, 4), (256, 2, 4), (256, 1, 4), (512, 1, 2), (1024, 1, 2),
                    (512, 1, 4), (256, 2, 5)],
-    scalar_shapes=[(128, 4, 8), (256, 1, 16)],
+    scalar_shapes=[(128, 4, 8), (256, 1, 16), (256, 1, 32)],
 ) + plan.clustered(plan.expand(vector_shapes=[(224, 1, 4), (256, 1, 4), (160, 1, 2)], scalar_shapes=[]), 2)
 # 224-thread CTAs with a lower register cap (``regs``): 72 registers instead of 80, 4 CTAs per SM
 # (28 warps, quantize_fp8_row's occupancy with the same tile at 64 registers) instead of 3; ptxas
@@ -75,9 +76,25 @@ HEURISTIC_CONFIGS = [c for c in CONFIGS if c["threads"] <= 256 and c["l1"] == HE
 STREAMED_REST_CONFIGS = plan.quant_streamed_rest_configs(HEURISTIC_CONFIGS)  # see that function
 
 
+# Rows of one element per access past 1024 elements: the 512 tile of 4 rows reading the rest
+# again up to 1280 elements (164.4 against 199.7 us in the covering 2-row 2048 tile at 79096 x
+# 1085, 358.4 / 430.1 at 178728 x 1129), the one-warp 1024 tile up to 2048 (226.3 / 242.8 at
+# 82721 x 1633, 150.0 / 152.4 at 47953 x 2043), the covering 4096 tile, then that tile reading the rest
+# again rather than the 8192 one (120 registers per thread in its phased kernel against 74: two
+# CTAs per SM instead of three): 356.4 against 366.6 us at 32045 x 5911, 128.3 / 139.9 at 10615 x
+# 6783, 194.6 / 211.9 at 15788 x 8113, 183.8 / 215.0 at 9984 x 8625 (within 2% the other way at
+# 14333 and 14461). H200, bf16, CUDA-graph replays (docs/benchmarks.md, "One-element rows: the
+# phased path in a kernel of its own").
+SCALAR_TILES = ((plan.config(128, 4, 1, 16) | {"l1": HEURISTIC_L1}, 1280),
+                (plan.config(128, 4, 1, 32) | {"l1": HEURISTIC_L1}, 2048),
+                (plan.config(256, 1, 1, 16) | {"l1": HEURISTIC_L1}, 1 << 31))
+
+
 def _heuristic(target, sig, problem):
     k = problem["K"]
-    return plan.streamed_rest(STREAMED_REST_CONFIGS, sig, k, arrays=2) or plan.pick_fitted(HEURISTIC_CONFIGS, sig, k, arrays=2)
+    return (plan.streamed_rest(STREAMED_REST_CONFIGS, sig, k, arrays=2)
+            or plan.scalar_tile(SCALAR_TILES, sig, k)
+            or plan.pick_fitted(HEURISTIC_CONFIGS, sig, k, arrays=2))
 
 
 def _registers(config, tile) -> int:
@@ -94,17 +111,28 @@ def build(config, target, sig):
     def values(a, b):
         return rw.silu_mul_tile(a, b, dtype)
 
+    def body(mX0, mX1, mUB, mQ, mS, mCount, phased):
+        rw.quantize_rows((mX0, mX1), values, mUB, mQ, mS, tile, sig["has_scale_ub"], plan.FP8_ROW_EPS,
+                         fp8.fp8_max, rows=rw.rows_to_write(mQ, mCount), phased=phased)
+
+    # One-element rows: the phased path in a kernel of its own (rw.launch_rows).
     @cute.kernel
     def kernel(mX0: cute.Tensor, mX1: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor,
                mCount: cute.Tensor):
-        rw.quantize_rows((mX0, mX1), values, mUB, mQ, mS, tile, sig["has_scale_ub"], plan.FP8_ROW_EPS,
-                         fp8.fp8_max, rows=rw.rows_to_write(mQ, mCount))
+        body(mX0, mX1, mUB, mQ, mS, mCount, False)
+
+    @cute.kernel
+    def phased_kernel(mX0: cute.Tensor, mX1: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor,
+                      mCount: cute.Tensor):
+        body(mX0, mX1, mUB, mQ, mS, mCount, True)
 
     @cute.jit
     def silu_mul_quant(mX0: cute.Tensor, mX1: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor,
                        mS: cute.Tensor, mCount: cute.Tensor, stream):
-        kernel(mX0, mX1, mUB, mQ, mS, mCount).launch(**rw.row_launch(tile, mX0.shape[0]), stream=stream,
-                                                     **rw.launch_hints(tile, _registers(config, tile)))
+        rw.launch_rows((mX0, mX1, mQ), rw.phased_vec(tile, dtype.width // 8), kernel, phased_kernel,
+                       (mX0, mX1, mUB, mQ, mS, mCount),
+                       {**rw.row_launch(tile, mX0.shape[0]), "stream": stream,
+                        **rw.launch_hints(tile, _registers(config, tile))})
 
     args = rw.fake_quantize_args(dtype, fp8_dtype, 2, sig)
     return silu_mul_quant, args[:-1] + [rw.fake_count(), args[-1]]

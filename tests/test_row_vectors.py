@@ -198,25 +198,70 @@ def test_short_rows_take_their_measured_tiles():
         assert norm(1538, 4) == (128, 4, 8, 8)       # the 2048 tile, not a 1536 one plus a rest
         assert norm(971, 2) == (128, 4, 32, 1)
         assert norm(2100, 16) == (128, 4, 8, 8)      # 2048 plus a streamed rest, as before
-    # One element per access a little past 1024: rmsnorm streams the rest, rmsnorm_add (two inputs
-    # read again) takes the 2048 tile.
-    assert tile("rmsnorm", 1309, 2, fp32_weight=False) == (128, 4, 32, 1)
-    assert tile("rmsnorm_add", 1309, 2, fp32_weight=False) == (128, 2, 32, 1)
+    # One element per access at most a quarter past 1024: rmsnorm streams the rest, rmsnorm_add
+    # (two inputs read again) takes the 2048 tile.
+    assert tile("rmsnorm", 1250, 2, fp32_weight=False) == (128, 4, 32, 1)
+    assert tile("rmsnorm", 1309, 2, fp32_weight=False) == (128, 2, 32, 1)
+    assert tile("rmsnorm_add", 1250, 2, fp32_weight=False) == (128, 2, 32, 1)
     assert tile("rmsnorm", 1500, 2, fp32_weight=False) == (128, 2, 32, 1)
     assert tile("silu_mul", 128, 16) == (128, 16, 2, 8)
     assert tile("silu_mul", 722, 4) == (128, 4, 3, 8)
     assert tile("silu_mul", 826, 4) == (128, 4, 4, 8)
     assert tile("silu_mul", 1408, 16) == (128, 2, 3, 8)
     assert tile("silu_mul", 379, 2) == (128, 4, 16, 1)
-    assert tile("silu_mul", 1309, 2) == (256, 1, 8, 1)
+    assert tile("silu_mul", 1309, 2) == (128, 1, 16, 1)
     for op in ("quantize_fp8_row", "silu_mul_quant"):
         quant = functools.partial(tile, op, has_scale_ub=False)
         assert quant(96, 16) == (128, 16, 2, 8)
         assert quant(250, 4) == (128, 8, 2, 8)
         assert quant(1826, 4) == (128, 2, 4, 8)     # one pass over a 2048 tile, not the 3072 one
         assert quant(887, 2) == (128, 4, 32, 1)
-        assert quant(1987, 2) == (128, 2, 32, 1)
+        assert quant(1987, 2) == (128, 4, 32, 1)     # one element per access: 1024 and the rest
         assert quant(1104, 16) == (128, 2, 4, 8)     # one pass, not the 1024 tile and its rest
+
+
+def test_one_element_rows_take_their_measured_tiles():
+    """Rows of one element per access past 1024 elements (docs/benchmarks.md, "One-element rows:
+    the phased path in a kernel of its own"): tiles of at most 256 threads, the rest of a longer
+    row read again, rather than the covering tile of a 512-thread CTA."""
+    def tile(op, n, **extra):
+        t = _cute(op)
+        sig = {"dtype": "bfloat16", "vec_bytes": 2, **extra}
+        c = t.heuristic("sm90a", sig, {"M": 10000, "N": n, "K": n})
+        assert c in t.all_configs() and t.valid(c, "sm90a", sig), (op, n, c)
+        return (c["threads"], c["rows_per_block"], c["chunks"])
+
+    norm = functools.partial(tile, "rmsnorm", fp32_weight=False)
+    assert norm(3631) == (128, 2, 32)        # 2048 and the rest, not the covering 4096 tile
+    assert norm(4853) == (128, 2, 32)
+    assert norm(5911) == (256, 1, 32)        # 8192 in 256 threads, not 512
+    assert norm(15885) == (256, 1, 32)       # 8192 and the rest, not 16384 in 512 threads
+    assert norm(20001) == (512, 1, 32)       # past 16384: the single CTA / cluster rule as before
+    add = functools.partial(tile, "rmsnorm_add", fp32_weight=False)
+    assert add(3631) == (256, 1, 16)         # two inputs read again: the covering tiles
+    assert add(5911) == (256, 1, 32)
+    assert add(15885) == (512, 1, 32)
+    assert tile("silu_mul", 4279) == (128, 1, 16)    # 3 x 2048 leaves 1865 lanes idle, 2 x 4096 3913
+    assert tile("silu_mul", 15885) == (256, 1, 16)   # 499 idle in both: the 4096 tile
+    quant = functools.partial(tile, "quantize_fp8_row", has_scale_ub=False)
+    assert quant(1085) == (128, 4, 16)
+    assert quant(1633) == (128, 4, 32)
+    assert quant(3631) == (128, 2, 32)
+    assert quant(8625) == (256, 1, 16)       # 3663 lanes idle over 3 x 4096, 7759 over 2 x 8192
+    assert quant(14461) == (256, 1, 32)      # 1923 idle either way: fewer passes
+    smq = functools.partial(tile, "silu_mul_quant", has_scale_ub=False)
+    assert smq(1129) == (128, 4, 16)
+    assert smq(2043) == (128, 4, 32)
+    assert smq(3631) == (256, 1, 16)
+    assert smq(14461) == (256, 1, 16)        # the 8192 tile's phased kernel: two CTAs per SM, not three
+
+
+def test_fewest_idle_lanes_counts_every_pass():
+    tiles = [plan.config(256, 1, 1, 32), plan.config(256, 1, 1, 16)]   # 8192, 4096
+    assert plan.fewest_idle_lanes(tiles, 8625) == tiles[1]
+    assert plan.fewest_idle_lanes(tiles, 14461) == tiles[0]          # a tie: the first listed
+    assert plan.fewest_idle_lanes(tiles, 8192) == tiles[0]
+    assert plan.fewest_idle_lanes(tiles, 4000) == tiles[1]
 
 
 def _flydsl(op):
