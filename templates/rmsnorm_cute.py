@@ -38,8 +38,8 @@ DTYPES = ("bfloat16", "float16", "float32")
 
 # (threads, rows_per_block, chunks) -> tile_k for 16-bit dtypes (half for fp32): 2048 (a warp
 # per row, 4 rows per CTA), 4096, 8192 and 16384 with 128-bit vectors; 4096, 8192 (256 threads)
-# and 16384 (512) with scalar accesses (unaligned rows; see SCALAR_STREAMED_TILES). Longer rows are split over a cluster, each CTA holding its share in
-# registers: 256 x 8 vectors (16K elements, 8K fp32) per CTA in clusters of 2, 4, 8 and 16
+# and 16384 (512) with scalar accesses (unaligned rows; see SCALAR_STREAMED_TILES). Longer rows
+# are split over a cluster, each CTA holding its share in registers: 256 x 8 vectors (16K elements, 8K fp32) per CTA in clusters of 2, 4, 8 and 16
 # (32K-256K; fp32 16K-128K; 16 CTAs is a non-portable cluster size, which Hopper runs), 512 x 8
 # in clusters of 8 (256K; fp32 128K). One CTA of 1024 threads holding 32K
 # (the rest of a longer row streamed and read again) is kept as a config, listed after the
