@@ -275,6 +275,11 @@ def test_cute_template_compiles(cute_case, cute_built):
             assert re.search(pattern, ptx), f"{cute_case.id}: no {pattern} in the PTX"
         if narrow := _narrow_bytes_of_16_bit(key):
             assert re.search(PTX_NARROW[narrow], ptx), f"{cute_case.id}: no {narrow}-byte load in the PTX"
+    if _runs_phased_rows(key):
+        # The phased path is a kernel of its own (_cute_rowwise.launch_rows): one kernel with both
+        # paths takes the registers of the one-element path.
+        entries = re.findall(r"\.entry\s+(\w+)", ptx)
+        assert len(entries) == 2 and sum("_phased_kernel_" in e for e in entries) == 1, (cute_case.id, entries)
     if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") in ("sorted", "linked"):
         # The sorted scatter counts with integer atomics, the linked one links rows with atomic
         # exchanges; both add the data without atomics.
