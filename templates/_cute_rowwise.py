@@ -246,11 +246,10 @@ def load_tile(srcs, frags, first: Int32, step: cutlass.Constexpr[int], count: In
 # elements; e.g. a strided input beside a fresh output is not), every row of every tensor splits
 # at the same columns, and the one-element kernels run the middle as the vector kernels do and
 # only the edges one element at a time (``plan.phased_tile``; ``edge_slots`` per lane). The
-# test is made once per kernel on the base addresses, so every CTA takes the same path and the
-# row reductions' barriers stay uniform; a call that is not congruent runs one element per access.
-# The test is made on the host side of the launch (``launch_rows``), which then launches one of
-# two kernels: a kernel holding both paths takes the registers of the larger (the one-element
-# path's addresses and predicates), 110 against 58 per thread for rmsnorm's 512 x 32 tile, one
+# test is made once per launch, on the host side, on the base addresses (``launch_rows``), which
+# then launches one of two kernels: the phased one, or the one-element one for a call that is not
+# congruent. A kernel holding both paths took the registers of the larger (the one-element
+# path's addresses and predicates): 110 against 58 per thread for rmsnorm's 512 x 32 tile, one
 # CTA per SM where the phased path alone fits two.
 
 

@@ -39,15 +39,15 @@ DTYPES = ("bfloat16", "float16", "float32")
 # (threads, rows_per_block, chunks) -> tile_k for 16-bit dtypes (half for fp32): 2048 (a warp
 # per row, 4 rows per CTA), 4096, 8192 and 16384 with 128-bit vectors; 4096, 8192 (256 threads)
 # and 16384 (512) with scalar accesses (unaligned rows; see SCALAR_STREAMED_TILES). Longer rows
-# are split over a cluster, each CTA holding its share in registers: 256 x 8 vectors (16K elements, 8K fp32) per CTA in clusters of 2, 4, 8 and 16
-# (32K-256K; fp32 16K-128K; 16 CTAs is a non-portable cluster size, which Hopper runs), 512 x 8
-# in clusters of 8 (256K; fp32 128K). One CTA of 1024 threads holding 32K
-# (the rest of a longer row streamed and read again) is kept as a config, listed after the
-# clusters so that the heuristic's tie-break takes the 2-CTA cluster at 16K-32K: measured on the
-# H200 (bf16, CUDA-graph replays, docs/benchmarks.md) 22.4 against 26.1 us at 512 x 32768, 6.8
-# against 7.6 us at one row of 32768 (rmsnorm_add 39.1 / 43.0 and 7.7 / 9.6 us); past 32K the
-# clusters win by more (2048 x 65536: 135.0 against 152.5 us). Unaligned rows (one element per
-# access, 512 x 32 per CTA) get clusters of 2 and 4 too (32K and 64K; see _heuristic).
+# are split over a cluster, each CTA holding its share in registers: 256 x 8 vectors (16K
+# elements, 8K fp32) per CTA in clusters of 2, 4, 8 and 16 (32K-256K; fp32 16K-128K; 16 CTAs is
+# a non-portable cluster size, which Hopper runs), 512 x 8 in clusters of 8 (256K; fp32 128K).
+# One CTA of 1024 threads holding 32K (the rest of a longer row streamed and read again) is kept as
+# a config, listed after the clusters so that the heuristic's tie-break takes the 2-CTA cluster at
+# 16K-32K: measured on the H200 (bf16, CUDA-graph replays, docs/benchmarks.md) 22.4 against 26.1 us
+# at 512 x 32768, 6.8 against 7.6 us at one row of 32768 (rmsnorm_add 39.1 / 43.0 and 7.7 / 9.6 us);
+# past 32K the clusters win by more (2048 x 65536: 135.0 against 152.5 us). Unaligned rows (one
+# element per access, 512 x 32 per CTA) get clusters of 2 and 4 too (32K and 64K; see _heuristic).
 # Short rows (per-head q / k norms of 64-256, MLA's latent norm of 512, MoE widths of 700-1000):
 # 4, 8 or 16 rows per CTA of 128 threads, tiles of 128-1024 elements (one element per access:
 # 256-2048), rather than 2048- or 4096-element tiles of mostly idle lanes. H200, bf16, CUDA-graph

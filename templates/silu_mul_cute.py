@@ -29,10 +29,9 @@ REGS, REGS_LONG = 64, 80
 # 71.2; 6144 23.1 / 69.7 (192 x 4) against 23.8 / 69.9 (docs/benchmarks.md).
 # Short rows (MoE expert widths such as 768 and 1408, head-sized rows): 2, 4, 8 or 16 rows per CTA
 # of 128 threads, tiles of 128-2048 elements (one element per access: 256-1024; longer rows: see
-# SCALAR_LONG_ROWS), so a row of a few
-# hundred elements does not leave most lanes of a 3072-element tile idle. H200, bf16
-# (docs/benchmarks.md, "Short rows"): 65536 x 768 76 against 113 us, 183700 x 722 192 against 322,
-# 82344 x 379 (one element per access) 61 against 154.
+# SCALAR_LONG_ROWS), so a row of a few hundred elements does not leave most lanes of a 3072-element
+# tile idle. H200, bf16 (docs/benchmarks.md, "Short rows"): 65536 x 768 76 against 113 us, 183700 x
+# 722 192 against 322, 82344 x 379 (one element per access) 61 against 154.
 SHORT_ROWS = [(128, 16, 2), (128, 8, 2), (128, 4, 3), (128, 4, 4), (128, 2, 3), (128, 2, 4)]
 SHORT_SCALAR_ROWS = [(128, 4, 8), (128, 4, 16), (128, 2, 16)]
 # Phased rows (one element per access, every tensor at one offset from a 16-byte boundary;
@@ -40,7 +39,9 @@ SHORT_SCALAR_ROWS = [(128, 4, 8), (128, 4, 16), (128, 2, 16)]
 # one-vector tiles they lost to one element per access (H200, bf16, same run, % of copy:
 # 33600 x 1389 75.7 against 84.9, 33132 x 1309 73.1 / 83.4, 109392 x 129 55.8 / 81.1; a thread's
 # single vector is fewer loads in flight than its 8 elements were), and won in two-vector tiles
-# (52376 x 771 93.2 / 86.7, 7680 x 887 95.5 / 91.6; docs/benchmarks.md, "Phased rows").
+# (52376 x 771 93.2 / 86.7, 7680 x 887 95.5 / 91.6; docs/benchmarks.md, "Phased rows"). Those
+# timings are from kernels that held both paths; the one-vector phased path in a kernel of its
+# own has not been timed.
 PHASED_MIN_VECTORS = 2
 CONFIGS = plan.expand(
     vector_shapes=[(128, 4, 2), (128, 1, 4), (256, 1, 4), (128, 1, 7), (256, 1, 7),

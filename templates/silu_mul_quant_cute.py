@@ -83,8 +83,8 @@ STREAMED_REST_CONFIGS = plan.quant_streamed_rest_configs(HEURISTIC_CONFIGS)  # s
 # again rather than the 8192 one (120 registers per thread in its phased kernel against 74: two
 # CTAs per SM instead of three): 356.4 against 366.6 us at 32045 x 5911, 128.3 / 139.9 at 10615 x
 # 6783, 194.6 / 211.9 at 15788 x 8113, 183.8 / 215.0 at 9984 x 8625 (within 2% the other way at
-# 14333 and 14461). H200, bf16, CUDA-graph replays (docs/benchmarks.md, "One-element rows: the
-# phased path in a kernel of its own").
+# 14333 and 14461, so the 8192 tile stays a config the tuner may take). H200, bf16, CUDA-graph
+# replays (docs/benchmarks.md, "One-element rows: the phased path in a kernel of its own").
 SCALAR_TILES = ((plan.config(128, 4, 1, 16) | {"l1": HEURISTIC_L1}, 1280),
                 (plan.config(128, 4, 1, 32) | {"l1": HEURISTIC_L1}, 2048),
                 (plan.config(256, 1, 1, 16) | {"l1": HEURISTIC_L1}, 1 << 31))
