@@ -117,10 +117,15 @@ def test_memory_bound_heuristics_take_the_measured_configs():
              "rmsnorm_add": ((2009, 16898, 1), (804, 21845, 1), (804, 21846, 2), (1524, 32771, 4),
                              (34, 16898, 2), (411, 50985, 4))}
     for op, shapes in cases.items():
-        for rows, k, cluster in shapes + ((2, 16383, 1),):
+        for rows, k, cluster in shapes:
             want = {**plan.config(512, 1, 1, 32), **({"cluster": cluster} if cluster > 1 else {})}
             assert pick(op, u, {"M": rows, "N": k}) == want, (op, rows, k)
-        assert pick(op, u, {"M": 5, "N": 4095}) == plan.config(256, 1, 1, 16)
+    # Up to 16K: rmsnorm streams the rest from 2048 / 8192 tiles of at most 256 threads, rmsnorm_add
+    # (two inputs read again) takes the covering tile (rmsnorm_cute.SCALAR_STREAMED_TILES).
+    assert pick("rmsnorm", u, {"M": 2, "N": 16383}) == plan.config(256, 1, 1, 32)
+    assert pick("rmsnorm", u, {"M": 5, "N": 4095}) == plan.config(128, 2, 1, 32)
+    assert pick("rmsnorm_add", u, {"M": 2, "N": 16383}) == plan.config(512, 1, 1, 32)
+    assert pick("rmsnorm_add", u, {"M": 5, "N": 4095}) == plan.config(256, 1, 1, 16)
     g = {"dtype": "bfloat16", "vec_bytes": 16, "score_dtype": "float32"}
     assert pick("gather_scale_quant_dense_tokens", g, {"A": 8, "D": 5120}) == {**plan.config(160, 1, 8, 4),
                                                                                 "l1": "keep"}
