@@ -264,7 +264,8 @@ def _phase(t: cute.Tensor, row, vec: int) -> Int32:
 
 def congruent(tensors, vec: int):
     """Whether the [M, K] ``tensors`` (one row length) start at one phase (see above): then
-    every row of each shares it. A dynamic Boolean, the same in every thread."""
+    every row of each shares it. A dynamic Boolean, computed on the host side of the launch
+    (``launch_rows``) from the base addresses."""
     first = _phase(tensors[0], 0, vec)
     mismatches = Int32(0)
     for t in tensors[1:]:
