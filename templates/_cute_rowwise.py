@@ -12,6 +12,7 @@ the tensor get a vector count of 0, so they load and store nothing but still tak
 block-wide barriers.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import cutlass
@@ -318,16 +319,19 @@ def phased_vec(tile, elem_bytes: int):
 
 @cute.jit
 def launch_rows(rows, vec: cutlass.Constexpr, plain: cutlass.Constexpr, phased: cutlass.Constexpr, args,
-                launch: cutlass.Constexpr):
+                launch: cutlass.Constexpr, plain_launch: cutlass.Constexpr = None):
     """Host side of a row-wise launch: ``phased(*args)`` where ``vec`` is not None and the [M, K]
-    ``rows`` tensors are congruent, else ``plain(*args)``, each launched with ``launch``."""
+    ``rows`` tensors are congruent, else ``plain(*args)``, each launched with ``launch`` (the
+    plain kernel with ``plain_launch`` where given: a tile of its own, e.g. ``plan.plain_tile``)."""
+    if const_expr(plain_launch is None):
+        plain_launch = launch
     if const_expr(vec is None):
-        plain(*args).launch(**launch)
+        plain(*args).launch(**plain_launch)
     else:
         if congruent(rows, vec):
             phased(*args).launch(**launch)
         else:
-            plain(*args).launch(**launch)
+            plain(*args).launch(**plain_launch)
 
 
 def edge_fragments(tile, dtypes):
@@ -520,60 +524,144 @@ def map_row(srcs, combine: cutlass.Constexpr, dst: cute.Tensor, tile: cutlass.Co
         store_tile(combine(*ins), dst, first, tile.tpr, nvec)
 
 
+def stage_buffers(smem, tile, dtypes):
+    """Shared memory of a staged tile (``tile.staged``), one tensor per input dtype: (vec, threads,
+    chunks), chunk c of thread t at [:, t, c], so a warp's vectors of one chunk are contiguous
+    (16-byte accesses without bank conflicts)."""
+    layout = cute.make_layout((tile.vec, tile.threads, tile.chunks), stride=(1, tile.vec, tile.vec * tile.threads))
+    return tuple(smem.allocate_tensor(dt, layout, byte_alignment=16) for dt in dtypes)
+
+
+@cute.jit
+def stage_tile(srcs, bufs, first: Int32, step: cutlass.Constexpr[int], count: Int32, slot: Int32,
+               stream: cutlass.Constexpr[bool]):
+    """cp.async of vectors first + c*step (every chunk c whose vector is below ``count``) of each
+    ``row_vectors`` view in ``srcs`` into slot [:, slot, c] of its buffer (``stage_buffers``), as
+    one commit group. ``stream``: 16-byte copies bypass L1 (cp.async.cg, the single-use loads'
+    "stream" policy); narrower ones cannot and keep the default."""
+    from cutlass.cute.nvgpu import cpasync
+
+    for src, buf in zip(srcs, bufs):
+        bits = cute.size(buf, mode=[0]) * src.element_type.width
+        mode = cpasync.LoadCacheMode.GLOBAL if const_expr(stream and bits == 128) else cpasync.LoadCacheMode.ALWAYS
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=mode), src.element_type, num_bits_per_copy=bits)
+        for c in cutlass.range_constexpr(cute.size(buf, mode=[2])):
+            j = first + c * step
+            if j < count:
+                cute.copy(atom, src[None, j], buf[None, slot, c])
+    cute.arch.cp_async_commit_group()
+
+
+@cute.jit
+def staged_absmax(combine: cutlass.Constexpr, bufs, first: Int32, step: cutlass.Constexpr[int], count: Int32,
+                  slot: Int32, amax: Float32) -> Float32:
+    """Pass 1 over a staged tile (its copies waited for): the row values combine(*inputs) of each
+    chunk, their absmax folded into ``amax``, written over the first input's slot (the values
+    have its dtype) for pass 2. One chunk at a time, so no register holds more than a vector."""
+    for c in cutlass.range_constexpr(cute.size(bufs[0], mode=[2])):
+        j = first + c * step
+        ins = []
+        for buf in bufs:
+            f = cute.make_rmem_tensor((cute.size(buf, mode=[0]), 1), buf.element_type)
+            f.fill(0)   # a vector past the row stays neutral for the absmax
+            if j < count:
+                f[None, 0].store(buf[None, slot, c].load())
+            ins.append(f)
+        vals = cute.make_rmem_tensor(ins[0].layout, bufs[0].element_type)
+        vals.store(combine(*ins))
+        amax = absmax(vals.load(), amax)
+        if j < count:
+            bufs[0][None, slot, c].store(vals[None, 0].load())
+    return amax
+
+
 @cute.jit
 def quantize_row(srcs, combine: cutlass.Constexpr, dst: cute.Tensor, tile: cutlass.Constexpr, lane: Int32,
                  nvec: Int32, row_in_cta: Int32, buf, scale_ub, eps: cutlass.Constexpr[float],
-                 fp8_max: cutlass.Constexpr[float], base: Int32 = 0, cslots=None, edges=None) -> Float32:
+                 fp8_max: cutlass.Constexpr[float], base: Int32 = 0, cslots=None, edges=None,
+                 bufs=None) -> Float32:
     """Row-wise FP8 quantization of the row values combine(*srcs) into ``dst``; returns the row's
     dequant scale (the same in every thread of the row).
 
     The CTA handles the row's vectors [base, nvec) (all of them unless the row is split over a
     cluster: then the absmax meets in ``cslots``, a ``ClusterSlots`` already started).
-    The first tile of that range stays in registers from the absmax pass to the quantize pass,
-    so a row of up to ``tile.row_k`` elements is read from DRAM once. Longer rows stream the
-    other tiles twice (absmax, then quantize); the second read mostly hits L2. Every thread of
-    the CTA must call this (one barrier when a row spans several warps, a cluster reduction
-    when it spans several CTAs). ``edges`` (a phased row: ``srcs`` and ``dst`` are its middle):
-    (the inputs' and dst's ``elements`` views, the PhasedRow); the edges are read with the first
-    tile and stay in registers too."""
+    The first tile of that range stays on chip from the absmax pass to the quantize pass, so a
+    row of up to ``tile.row_k`` elements is read from DRAM once: in registers, or for a staged
+    tile (``tile.staged``; one row per CTA, ``lane`` its thread) in ``bufs`` (``stage_buffers``),
+    loaded by cp.async. Longer rows stream the other vectors twice (absmax, then quantize); the
+    second read mostly hits L2. Every thread of the CTA must call this (one barrier when a row
+    spans several warps, a cluster reduction when it spans several CTAs). ``edges`` (a phased
+    row: ``srcs`` and ``dst`` are its middle): (the inputs' and dst's ``elements`` views, the
+    PhasedRow); the edges are read with the first tile and stay in registers."""
     tpr, tv = tile.tpr, tile.tile_vecs
     once = NO_ALLOCATE if const_expr(tile.l1 == "stream") else KEEP   # L1 policy of single-use loads
     bounded = scale_ub is None
     dtypes = [s.element_type for s in srcs]
-    ins = tile_fragments(tile, dtypes)
-    load_tile(srcs, ins, base + lane, tpr, nvec, once)
+    if const_expr(tile.staged):
+        stage_tile(srcs, bufs, base + lane, tpr, nvec, lane, tile.l1 == "stream")
+    else:
+        ins = tile_fragments(tile, dtypes)
+        load_tile(srcs, ins, base + lane, tpr, nvec, once)
     if const_expr(edges is not None):
         edge_srcs, edge_dst, pr = edges
         edge_ins = edge_fragments(tile, dtypes)
         for s, f in zip(edge_srcs, edge_ins):
             copy_edges(s, f, pr, lane, tpr, load=True, evict=once)
-    held = combine(*ins)  # an SSA value: lives in registers until the quantize pass
-    amax = absmax(held, Float32(0.0))
+    if const_expr(tile.staged):
+        cute.arch.cp_async_wait_group(0)
+        amax = staged_absmax(combine, bufs, base + lane, tpr, nvec, lane, Float32(0.0))
+    else:
+        held = combine(*ins)  # an SSA value: lives in registers until the quantize pass
+        amax = absmax(held, Float32(0.0))
     if const_expr(edges is not None):
         edge_held = combine(*edge_ins)
         amax = absmax(edge_held, amax)
 
+    # The rest of a longer row: a tile at a time, or one vector per thread after a staged tile
+    # (whose chunks are shared memory, not registers).
+    rest = dataclasses.replace(tile, chunks=1, stage="registers")
     ntiles = cute.ceil_div(nvec - base, tv)
-    for t in cutlass.range(1, ntiles):
-        part = tile_fragments(tile, dtypes)
-        load_tile(srcs, part, base + t * tv + lane, tpr, nvec, KEEP)
-        amax = absmax(combine(*part), amax)
+    if const_expr(tile.staged):
+        for j in cutlass.range(base + tv + lane, nvec, tpr):
+            part = tile_fragments(rest, dtypes)
+            load_tile(srcs, part, j, tpr, nvec, KEEP)
+            amax = absmax(combine(*part), amax)
+    else:
+        for t in cutlass.range(1, ntiles):
+            part = tile_fragments(tile, dtypes)
+            load_tile(srcs, part, base + t * tv + lane, tpr, nvec, KEEP)
+            amax = absmax(combine(*part), amax)
 
     if const_expr(tile.cluster > 1):
         amax = cluster_row_allreduce(amax, nan_max, 0.0, cslots)
     else:
         amax = row_allreduce(amax, nan_max, tpr, buf, row_in_cta, lane)
     scale, rcp = fp8_row_scale(amax, eps, fp8_max, scale_ub)
-    store_tile(fp8_quantize_tile(held, scale, rcp, fp8_max, dst.element_type, bounded), dst, base + lane, tpr,
-               nvec)
+    if const_expr(tile.staged):
+        # a vector past the row quantizes stale shared memory; its store is predicated off
+        for c in cutlass.range_constexpr(tile.chunks):
+            staged_q = cute.make_rmem_tensor((tile.vec, 1), dst.element_type)
+            staged_q[None, 0].store(fp8_quantize_tile(bufs[0][None, lane, c].load(), scale, rcp, fp8_max,
+                                                      dst.element_type, bounded))
+            copy_vectors(staged_q, dst, base + lane + c * tpr, tpr, nvec, load=False)
+    else:
+        store_tile(fp8_quantize_tile(held, scale, rcp, fp8_max, dst.element_type, bounded), dst, base + lane, tpr,
+                   nvec)
     if const_expr(edges is not None):
         store_edges(fp8_quantize_tile(edge_held, scale, rcp, fp8_max, dst.element_type, bounded), edge_dst, pr,
                     lane, tpr)
-    for t in cutlass.range(1, ntiles):
-        part = tile_fragments(tile, dtypes)
-        load_tile(srcs, part, base + t * tv + lane, tpr, nvec, once)
-        q = fp8_quantize_tile(combine(*part), scale, rcp, fp8_max, dst.element_type, bounded)
-        store_tile(q, dst, base + t * tv + lane, tpr, nvec)
+    if const_expr(tile.staged):
+        for j in cutlass.range(base + tv + lane, nvec, tpr):
+            part = tile_fragments(rest, dtypes)
+            load_tile(srcs, part, j, tpr, nvec, once)
+            store_tile(fp8_quantize_tile(combine(*part), scale, rcp, fp8_max, dst.element_type, bounded), dst, j,
+                       tpr, nvec)
+    else:
+        for t in cutlass.range(1, ntiles):
+            part = tile_fragments(tile, dtypes)
+            load_tile(srcs, part, base + t * tv + lane, tpr, nvec, once)
+            q = fp8_quantize_tile(combine(*part), scale, rcp, fp8_max, dst.element_type, bounded)
+            store_tile(q, dst, base + t * tv + lane, tpr, nvec)
     return scale
 
 
@@ -651,11 +739,11 @@ def cluster_row_allreduce(val: Float32, op: cutlass.Constexpr, init: cutlass.Con
 @cute.jit
 def _quantize_vectors(inputs, combine: cutlass.Constexpr, mQ: cute.Tensor, mS: cute.Tensor, tile: cutlass.Constexpr,
                       row: Int32, row_in_cta: Int32, lane: Int32, nvec: Int32, buf, ub,
-                      eps: cutlass.Constexpr[float], fp8_max: cutlass.Constexpr[float]):
+                      eps: cutlass.Constexpr[float], fp8_max: cutlass.Constexpr[float], bufs):
     """``quantize_row`` of this thread's row of a single-CTA tile, in the tile's own vectors."""
     srcs = tuple(row_vectors(t, row, tile.vec) for t in inputs)
     scale = quantize_row(srcs, combine, row_vectors(mQ, row, tile.vec), tile, lane, nvec, row_in_cta, buf,
-                         ub, eps, fp8_max)
+                         ub, eps, fp8_max, bufs=bufs)
     if lane == 0 and nvec > 0:
         mS[row] = scale
 
@@ -669,26 +757,33 @@ def quantize_rows(inputs, combine: cutlass.Constexpr, mUB: cute.Tensor, mQ: cute
     ``has_ub``. ``rows``: how many rows to compute (default all of mQ's); the others are
     neither read nor written. A clustered tile (``tile.cluster`` CTAs per row, the grid's x
     being rows * cluster) gives CTA rank r of a row the vectors [r * share, (r + 1) * share).
-    ``phased``: the tensors are congruent one-element rows (``launch_rows``), run as a PhasedRow."""
+    ``phased``: the tensors are congruent one-element rows (``launch_rows``), run as a PhasedRow.
+    A staged tile (``tile.staged``) holds its first tile in shared memory; a one-element one
+    stages the phased middle, and runs its register tile (``plan.plain_tile``) otherwise."""
+    from mslk_dsl.templates import _rowwise_plan as plan
+
     if const_expr(rows is None):
         rows = mQ.shape[0]
     ub = mUB[0] if const_expr(has_ub) else None
-    smem = cutlass.utils.SmemAllocator()
+    smem = cutlass.memory.SmemAllocator()
+    dtypes = [t.element_type for t in inputs]
     if const_expr(tile.cluster == 1):
         buf = reduction_buffer(smem, tile)
         row, row_in_cta, lane, nvec = cta_row(tile, rows, mQ.shape[1])
         if const_expr(phased):
-            from mslk_dsl.templates import _rowwise_plan as plan
-
             ptile = plan.phased_tile(tile, inputs[0].element_type.width // 8)
+            bufs = stage_buffers(smem, ptile, dtypes) if const_expr(ptile.staged) else None
             pr = phased_row(inputs[0], row, mQ.shape[1], ptile.vec, nvec > 0)
             scale = quantize_row(tuple(pr.middle(t) for t in inputs), combine, pr.middle(mQ), ptile, lane,
                                  pr.nmid, row_in_cta, buf, ub, eps, fp8_max,
-                                 edges=(tuple(pr.elements(t) for t in inputs), pr.elements(mQ), pr))
+                                 edges=(tuple(pr.elements(t) for t in inputs), pr.elements(mQ), pr), bufs=bufs)
             if lane == 0 and nvec > 0:
                 mS[row] = scale
         else:
-            _quantize_vectors(inputs, combine, mQ, mS, tile, row, row_in_cta, lane, nvec, buf, ub, eps, fp8_max)
+            vtile = plan.plain_tile(tile)
+            bufs = stage_buffers(smem, vtile, dtypes) if const_expr(vtile.staged) else None
+            _quantize_vectors(inputs, combine, mQ, mS, vtile, row, row_in_cta, lane, nvec, buf, ub, eps, fp8_max,
+                              bufs)
     else:
         cslots = ClusterSlots(smem, tile)
         cluster_reduction_start(cslots)

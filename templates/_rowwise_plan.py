@@ -21,7 +21,13 @@ A config is ``{"threads", "rows_per_block", "vec", "chunks"}``, and for the FP8 
     or L1::no_allocate (absent: "keep");
   * ``cluster`` (absent: 1): a row is split over that many CTAs of a thread-block cluster, each
     holding ``tile_k`` of it (its share, ``row_k`` = tile_k * cluster in all); the row reduction
-    meets over distributed shared memory. Only with ``rows_per_block == 1``; 2, 4, 8 or 16 CTAs.
+    meets over distributed shared memory. Only with ``rows_per_block == 1``; 2, 4, 8 or 16 CTAs;
+  * ``stage`` (absent: registers; the FP8 row quantizers): "smem" holds the row's first tile in
+    shared memory instead of registers, loaded by cp.async, so no register is held by the data in
+    flight or across the row reduction and a CTA of 256 threads holds a row of up to 16K
+    elements (``STAGED_SMEM_BYTES``); one CTA per row. On one-element rows it applies to the
+    phased kernel (its aligned middle); the other kernel of such a config (rows that are not
+    congruent) runs ``plain_tile``.
 """
 from __future__ import annotations
 
@@ -40,6 +46,16 @@ FP8_ROW_EPS = 1.0 / 512.0
 # Register budget for the data one thread holds per tile, in bytes (inputs in flight or the
 # resident row): 64 registers leaves room for addresses and the fp32 math at 512 threads.
 MAX_TILE_BYTES_PER_THREAD = 256
+# Shared-memory budget of a staged tile (the ``stage`` key), all its inputs together: 64 KiB
+# keeps three CTAs per SM (227 KiB of shared memory on sm_90).
+STAGED_SMEM_BYTES = 64 * 1024
+# Shared memory of an SM (sm_90; 1 KiB of it per CTA is reserved by the system), and the CTAs per
+# SM a staged tile's register budget aims at (staged_registers).
+SM_SMEM_BYTES = 228 * 1024
+STAGED_CTAS = 4
+# The register tile of a staged one-element config's kernel for rows that are not congruent:
+# at most this many single elements per thread and input (the quantizers' 4096 tile).
+UNSTAGED_SCALAR_CHUNKS = 16
 
 
 @dataclass(frozen=True)
@@ -50,11 +66,17 @@ class RowTile:
     chunks: int
     l1: str = "keep"
     cluster: int = 1
+    stage: str = "registers"
 
     @classmethod
     def of(cls, config) -> RowTile:
         return cls(config["threads"], config["rows_per_block"], config["vec"], config["chunks"],
-                   config.get("l1", "keep"), config.get("cluster", 1))
+                   config.get("l1", "keep"), config.get("cluster", 1), config.get("stage", "registers"))
+
+    @property
+    def staged(self) -> bool:
+        """The first tile of a row waits in shared memory (the ``stage`` key)."""
+        return self.stage == "smem"
 
     @property
     def tpr(self) -> int:
@@ -99,6 +121,7 @@ def has_shape(config: dict, vector_shapes, scalar_shapes) -> bool:
 
 
 L1_POLICIES = ("keep", "stream")
+STAGES = ("registers", "smem")
 
 
 def with_l1(configs, policies=L1_POLICIES) -> list[dict]:
@@ -109,6 +132,30 @@ def with_l1(configs, policies=L1_POLICIES) -> list[dict]:
 def clustered(configs, cluster: int) -> list[dict]:
     """The configs with a row split over ``cluster`` CTAs (the ``cluster`` key)."""
     return [{**c, "cluster": cluster} for c in configs]
+
+
+def staged(configs) -> list[dict]:
+    """The configs with the first tile of a row held in shared memory (the ``stage`` key)."""
+    return [{**c, "stage": "smem"} for c in configs]
+
+
+def plain_tile(tile: RowTile) -> RowTile:
+    """The tile of a config's plain kernel (not the phased one): a staged one-element config's
+    register tile (cp.async moves 4-16 bytes, not one 16-bit element), at most
+    UNSTAGED_SCALAR_CHUNKS elements per thread and input (the rest of a longer row is read again,
+    as any tile's); any other config's own tile."""
+    if not (tile.staged and tile.vec == 1):
+        return tile
+    return dataclasses.replace(tile, stage="registers", chunks=min(tile.chunks, UNSTAGED_SCALAR_CHUNKS))
+
+
+def staged_registers(tile: RowTile, arrays: int, elem_bytes: int) -> int:
+    """Registers per thread for a staged tile: as many as the CTAs per SM its shared memory
+    allows (at most STAGED_CTAS) leave room for, at most 128 (a multiple of 8). A 64 KiB tile
+    of 256 threads gets 80 (three CTAs), a 32 KiB one 64 (four)."""
+    smem = arrays * tile.tile_k * elem_bytes + 2048   # the tile, the reduction slots, the system's 1 KiB
+    ctas = max(1, min(STAGED_CTAS, SM_SMEM_BYTES // smem))
+    return min(128, 65536 // (tile.threads * ctas) // 8 * 8)
 
 
 def valid(config: dict, sig: dict, arrays: int = 1) -> bool:
@@ -130,12 +177,18 @@ def valid(config: dict, sig: dict, arrays: int = 1) -> bool:
         return False
     if tile.cluster != 1 and (tile.rows_per_block != 1 or tile.cluster not in (2, 4, 8, 16)):
         return False
-    if tile.l1 not in L1_POLICIES:
+    if tile.l1 not in L1_POLICIES or tile.stage not in STAGES:
         return False
     # Rows cut into 8- or 4-byte accesses take the default L1 policy only: the policies were timed on
     # 128-bit vectors, and a second set of kernels for rare rows would not pay for itself.
     if tile.l1 != L1_POLICIES[0] and not one_element(sig) and sig["vec_bytes"] != VECTOR_BYTES:
         return False
+    if tile.staged:
+        # one CTA per row, the tile within the shared-memory budget; its register tile (one-element
+        # rows that are not congruent) within the register budget
+        if tile.cluster != 1 or tile.rows_per_block != 1 or arrays * tile.tile_k * elem > STAGED_SMEM_BYTES:
+            return False
+        tile = plain_tile(tile) if tile.vec == 1 else dataclasses.replace(tile, chunks=1)
     return arrays * tile.chunks * tile.vec * elem <= MAX_TILE_BYTES_PER_THREAD
 
 
@@ -227,6 +280,16 @@ def streamed_rest(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> di
         return None
     best = max(fits, key=lambda c: RowTile.of(c).row_k)
     return best if (k - RowTile.of(best).row_k) * STREAMED_REST <= k else None
+
+
+def staged_pick(configs: list[dict], sig: dict, k: int, arrays: int, from_bytes: int) -> dict | None:
+    """For a row of ``k`` elements of at least ``from_bytes`` per input that a staged config among
+    ``configs`` covers in one pass: the one of those (``pick_fitted``: fewest idle lanes, ties in
+    list order); else None. The templates that take it say where it was measured."""
+    if k * ELEM_BYTES[sig["dtype"]] < from_bytes:
+        return None
+    covering = [c for c in configs if valid(c, sig, arrays) and RowTile.of(c).row_k >= k]
+    return pick_fitted(covering, sig, k, arrays) if covering else None
 
 
 # Rows of one element per access up to this long keep the short-row tiles' picks (scalar_tile).

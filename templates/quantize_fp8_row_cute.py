@@ -9,9 +9,9 @@ xq = fp8(clamp(x / scale, -fp8_max, fp8_max)) with a correctly rounded quotient 
 xq NaN (as torch's amax; MSLK's Triton max skips NaNs).
 
 One group of threads per row, several rows per CTA for short rows; the first ``tile_k`` elements
-of a row stay in registers between the absmax and the quantize pass (one DRAM read), the rest of
-a longer row is read twice (the second read mostly hits L2). The heuristic picks the smallest
-tile that holds the whole row.
+of a row stay on chip between the absmax and the quantize pass (one DRAM read): in registers, or
+for a staged tile (``stage``: "smem", rows of 7K-16K elements) in shared memory, loaded by
+cp.async; the rest of a longer row is read twice (the second read mostly hits L2).
 """
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
@@ -50,9 +50,16 @@ SHAPES = plan.expand(
 # the heuristic takes). H200, bf16 (docs/benchmarks.md, "Short rows"): 701538 x 250 152 against 371 us,
 # 65536 x 96 11.5 against 35.2, 7680 x 887 (one element per access) 16.6 against 29.2.
 SHORT_ROWS = plan.expand(vector_shapes=plan.QUANT_SHORT_VECTOR_ROWS, scalar_shapes=plan.QUANT_SHORT_SCALAR_ROWS)
-CONFIGS = plan.with_l1(SHAPES) + plan.with_l1(SHORT_ROWS, ("keep",))
+# Staged tiles (plan's ``stage`` key): the first tile of a row in shared memory, loaded by
+# cp.async, one row per CTA: 7168-32768 elements of a 16-bit dtype (half for fp32; 64 KiB of
+# shared memory at most), one-element rows 8192-32768.
+STAGED = plan.staged(plan.expand(vector_shapes=[(224, 1, 4), (224, 1, 8), (256, 1, 8), (256, 1, 16)],
+                                 scalar_shapes=[(256, 1, 32), (256, 1, 64), (256, 1, 128)]))
+CONFIGS = plan.with_l1(SHAPES + STAGED) + plan.with_l1(SHORT_ROWS, ("keep",))
 
-# The heuristic (H200, bf16, 1 GiB moved unless noted; docs/benchmarks.md): the default L1 policy
+# Rows of 7168-16384 elements (and one-element rows of 4097-16384) take a staged tile first
+# (STAGED_PICKS, below). For the others the heuristic (H200, bf16, 1 GiB moved unless noted;
+# docs/benchmarks.md): the default L1 policy
 # (no_allocate: 266 against 251 us at 124218 x 2880, 265 against 252 us at 69887 x 5120; level at
 # 14336), CTAs of at most 256 threads and no cluster, the tile that reads the row in the fewest,
 # most evenly filled passes (plan.pick_fitted; the fitted shapes first, so they win ties):
@@ -66,7 +73,8 @@ CONFIGS = plan.with_l1(SHAPES) + plan.with_l1(SHORT_ROWS, ("keep",))
 # 2-row 2048 tile in one pass, which beat the 1024 tile and its rest: the rule's candidates are
 # plan.quant_streamed_rest_configs.
 HEURISTIC_L1 = "keep"
-HEURISTIC_CONFIGS = [c for c in CONFIGS if c["l1"] == HEURISTIC_L1 and "cluster" not in c and c["threads"] <= 256]
+HEURISTIC_CONFIGS = [c for c in CONFIGS if c["l1"] == HEURISTIC_L1 and "cluster" not in c and c["threads"] <= 256
+                     and "stage" not in c]
 STREAMED_REST_CONFIGS = plan.quant_streamed_rest_configs(HEURISTIC_CONFIGS)  # see that function
 _valid, _ = plan.rules(CONFIGS, arrays=1)
 
@@ -87,13 +95,39 @@ SCALAR_TILES = ((plan.config(128, 4, 1, 16) | {"l1": HEURISTIC_L1}, 1280),
 SCALAR_LONG_ROWS = [plan.config(256, 1, 1, 32) | {"l1": HEURISTIC_L1}, plan.config(256, 1, 1, 16) | {"l1": HEURISTIC_L1}]
 
 
+# Rows of 7168-16384 16-bit elements (14-32 KiB per row; fp32 half as many) and rows of one element
+# per access of 4097-16384 take the staged tile (the first tile of the row in shared memory: no
+# register holds it) that covers the row with the fewest idle lanes (plan.staged_pick), with
+# .ca copies (.cg level or slower); CTAs of 224 or 256 threads (the 32768 tile was slower at 16384
+# than the 16384 one and is a config for the tuner only). H200, bf16, CUDA-graph replays
+# (docs/benchmarks.md, "Staged tiles"): 3745 x 14336 47.7 -> 44.7 us (224 x 8), 4876 x 11008 52.2
+# -> 44.8, 3276 x 16384 55.5 -> 44.7 (256 x 8), 7489 x 7168 45.8 -> 43.9 (224 x 4), 6553 x 8192
+# level (45.5 / 45.2); rows of 8-byte accesses 9123 x 7628 82.0 -> 66.2, of 4-byte accesses 3721 x
+# 10054 54.7 -> 44.4; one element per access 10246 x 8467 87.0 -> 76.6 (256 x 64), 9885 x 5711
+# 61.6 -> 53.6 (256 x 32). At 5120 the register tile stayed ahead (45.7 against 48.0).
+STAGED_FROM_BYTES, STAGED_SCALAR_FROM_BYTES = 7168 * 2, 4097 * 2
+STAGED_PICKS = ([{**c, "l1": "keep"} for c in STAGED if c["vec"] > 1 and c["chunks"] <= 8]
+                + [plan.config(256, 1, 1, 32) | {"stage": "smem", "l1": "keep"},
+                   plan.config(256, 1, 1, 64) | {"stage": "smem", "l1": "keep"}])
+
+
 def _heuristic(target, sig, problem):
     k = problem["K"]
+    from_bytes = STAGED_SCALAR_FROM_BYTES if limits.one_element(sig) else STAGED_FROM_BYTES
+    staged = plan.staged_pick(STAGED_PICKS, sig, k, 1, from_bytes)
+    if staged:
+        return staged
     if limits.one_element(sig) and k > SCALAR_TILES[-1][1]:
         return plan.fewest_idle_lanes(SCALAR_LONG_ROWS, k)
     return (plan.streamed_rest(STREAMED_REST_CONFIGS, sig, k, arrays=1)
             or plan.scalar_tile(SCALAR_TILES, sig, k)
             or plan.pick_fitted(HEURISTIC_CONFIGS, sig, k, arrays=1))
+
+
+def _registers(config, tile, sig) -> int:
+    if tile.staged:   # no data held in registers across the row: as many as its CTAs per SM allow
+        return plan.staged_registers(tile, 1, limits.ELEM_BYTES[sig["dtype"]])
+    return REGS if config["chunks"] <= 4 else REGS_LONG
 
 
 def build(config, target, sig):
@@ -121,9 +155,10 @@ def build(config, target, sig):
 
     @cute.jit
     def quantize_fp8_row(mX: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, stream):
+        launch = {**rw.row_launch(tile, mX.shape[0]), "stream": stream}
         rw.launch_rows((mX, mQ), rw.phased_vec(tile, dtype.width // 8), kernel, phased_kernel, (mX, mUB, mQ, mS),
-                       {**rw.row_launch(tile, mX.shape[0]), "stream": stream,
-                        **rw.launch_hints(tile, REGS if config["chunks"] <= 4 else REGS_LONG)})
+                       {**launch, **rw.launch_hints(tile, _registers(config, tile, sig))},
+                       {**launch, **rw.launch_hints(tile, _registers(config, plan.plain_tile(tile), sig))})
 
     args = rw.fake_quantize_args(dtype, fp8_dtype, 1, sig)
     return quantize_fp8_row, args

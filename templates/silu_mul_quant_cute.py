@@ -6,8 +6,9 @@ only when sig["has_scale_ub"]; xq [M, K] FP8 of the target's flavour; scale [M] 
 scales; count [1] int32: rows from count[0] on are neither read nor written, their xq and scale
 left untouched (MSLK's valid_token_count; the op passes 2^31 - 1 without one).
 The silu_mul values come from the same device code as silu_mul_cute, so they are the same bits.
-Same structure as quantize_fp8_row_cute: the first ``tile_k`` silu_mul values of a row stay in
-registers (x0 and x1 read once); the rest of a longer row recomputes them from a second read.
+Same structure as quantize_fp8_row_cute: the first ``tile_k`` silu_mul values of a row stay on
+chip (x0 and x1 read once), in registers or, for a staged tile, in shared memory; the rest of a
+longer row recomputes them from a second read.
 """
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
@@ -46,10 +47,17 @@ TRIMMED = [{**c, "regs": TRIMMED_REGS} for c in SHAPES if c["threads"] == 224 an
 # the heuristic takes). H200, bf16 (docs/benchmarks.md, "Short rows"): 701538 x 250 246 against 614 us,
 # 65536 x 96 17.1 against 58.1, 7680 x 887 (one element per access) 25.6 against 58.6.
 SHORT_ROWS = plan.expand(vector_shapes=plan.QUANT_SHORT_VECTOR_ROWS, scalar_shapes=plan.QUANT_SHORT_SCALAR_ROWS)
-CONFIGS = plan.with_l1(TRIMMED + SHAPES) + plan.with_l1(SHORT_ROWS, ("keep",))
+# Staged tiles (plan's ``stage`` key): the first tile of a row in shared memory, loaded by
+# cp.async, one row per CTA: 7168-16384 elements of a 16-bit dtype in CTAs of 160-256 threads
+# (half for fp32; 64 KiB of shared memory at most), one-element rows 8192-16384.
+STAGED = plan.staged(plan.expand(vector_shapes=[(224, 1, 4), (256, 1, 4), (160, 1, 8), (256, 1, 6), (224, 1, 8),
+                                                (256, 1, 8)],
+                                 scalar_shapes=[(256, 1, 32), (256, 1, 48), (256, 1, 64)]))
+CONFIGS = plan.with_l1(TRIMMED + SHAPES + STAGED) + plan.with_l1(SHORT_ROWS, ("keep",))
 _valid, _ = plan.rules(CONFIGS, arrays=2)
 
-# The heuristic takes CTAs of at most 256 threads: each row ends in a CTA-wide barrier (its
+# Rows of 7168-16384 elements (and one-element rows of 4097-16384) take a staged tile first
+# (STAGED_PICKS, below); for the others: the heuristic takes CTAs of at most 256 threads: each row ends in a CTA-wide barrier (its
 # absmax), and a CTA of 512 or 1024 threads is one or two per SM at these register counts, so
 # each row's barrier leaves the SM with no loads in flight (14979 x 14336, H200, bf16: 256 x 4
 # 306 us, 512 x 4 361 us, 1024 x 2 with the row resident 373 us). Among those it takes the tile
@@ -72,7 +80,8 @@ _valid, _ = plan.rules(CONFIGS, arrays=2)
 # the 16384 cluster holding the row 704 us). H200, bf16, CUDA-graph replays, docs/benchmarks.md
 # "Rows of 8-byte accesses".
 HEURISTIC_L1 = "keep"
-HEURISTIC_CONFIGS = [c for c in CONFIGS if c["threads"] <= 256 and c["l1"] == HEURISTIC_L1 and "regs" not in c]
+HEURISTIC_CONFIGS = [c for c in CONFIGS if c["threads"] <= 256 and c["l1"] == HEURISTIC_L1 and "regs" not in c
+                     and "stage" not in c]
 STREAMED_REST_CONFIGS = plan.quant_streamed_rest_configs(HEURISTIC_CONFIGS)  # see that function
 
 
@@ -90,14 +99,36 @@ SCALAR_TILES = ((plan.config(128, 4, 1, 16) | {"l1": HEURISTIC_L1}, 1280),
                 (plan.config(256, 1, 1, 16) | {"l1": HEURISTIC_L1}, 1 << 31))
 
 
+# Rows of 7168-16384 16-bit elements (14-32 KiB per input row; fp32 half as many) and rows of one
+# element per access of 4097-16384 take the staged tile (the first tile of the row in shared
+# memory: no register holds it) that covers the row with the fewest idle lanes
+# (plan.staged_pick), 16-byte accesses with cp.async.cg ("stream"; 3-15% faster than .ca at
+# 6-8 chunks, level at 4), others with .ca (cg moves only 16 bytes); CTAs of 224 or 256 threads
+# (160 x 8 was slower at every row timed). H200, bf16, CUDA-graph replays (docs/benchmarks.md,
+# "Staged tiles"): 3745 x 14336 86.2 -> 76.1 us (224 x 8), 14979 x 14336 293.4 -> 265.7,
+# 4876 x 11008 97.6 -> 72.9 (256 x 6), 3883 x 13824 86.9 -> 75.8, 3276 x 16384 82.7 -> 75.6
+# (256 x 8); 8192 and 7168 level (71.2 / 71.5, 71.9 / 71.5); rows of 8-byte accesses 9123 x 7628
+# 166.1 -> 94.0 (256 x 4); one element per access 10246 x 8467 213.8 -> 128.2 (256 x 48 stream),
+# 11566 x 6421 169.5 -> 98.8, 9885 x 5711 143.6 -> 81.0 (256 x 32).
+STAGED_FROM_BYTES, STAGED_SCALAR_FROM_BYTES = 7168 * 2, 4097 * 2
+STAGED_PICKS = ([{**c, "l1": l1} for l1 in ("stream", "keep") for c in STAGED if c["vec"] > 1 and c["threads"] >= 224]
+                + [plan.config(256, 1, 1, 32) | {"stage": "smem", "l1": "keep"},
+                   plan.config(256, 1, 1, 48) | {"stage": "smem", "l1": "stream"},
+                   plan.config(256, 1, 1, 64) | {"stage": "smem", "l1": "stream"}])
+
+
 def _heuristic(target, sig, problem):
     k = problem["K"]
-    return (plan.streamed_rest(STREAMED_REST_CONFIGS, sig, k, arrays=2)
+    from_bytes = STAGED_SCALAR_FROM_BYTES if limits.one_element(sig) else STAGED_FROM_BYTES
+    return (plan.staged_pick(STAGED_PICKS, sig, k, 2, from_bytes)
+            or plan.streamed_rest(STREAMED_REST_CONFIGS, sig, k, arrays=2)
             or plan.scalar_tile(SCALAR_TILES, sig, k)
             or plan.pick_fitted(HEURISTIC_CONFIGS, sig, k, arrays=2))
 
 
-def _registers(config, tile) -> int:
+def _registers(config, tile, sig) -> int:
+    if tile.staged:   # no data held in registers across the row: as many as its CTAs per SM allow
+        return plan.staged_registers(tile, 2, limits.ELEM_BYTES[sig["dtype"]])
     return config.get("regs", REGS if config["chunks"] <= 4 else REGS_LONG)
 
 
@@ -129,10 +160,10 @@ def build(config, target, sig):
     @cute.jit
     def silu_mul_quant(mX0: cute.Tensor, mX1: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor,
                        mS: cute.Tensor, mCount: cute.Tensor, stream):
+        launch = {**rw.row_launch(tile, mX0.shape[0]), "stream": stream}
         rw.launch_rows((mX0, mX1, mQ), rw.phased_vec(tile, dtype.width // 8), kernel, phased_kernel,
-                       (mX0, mX1, mUB, mQ, mS, mCount),
-                       {**rw.row_launch(tile, mX0.shape[0]), "stream": stream,
-                        **rw.launch_hints(tile, _registers(config, tile))})
+                       (mX0, mX1, mUB, mQ, mS, mCount), {**launch, **rw.launch_hints(tile, _registers(config, tile, sig))},
+                       {**launch, **rw.launch_hints(tile, _registers(config, plan.plain_tile(tile), sig))})
 
     args = rw.fake_quantize_args(dtype, fp8_dtype, 2, sig)
     return silu_mul_quant, args[:-1] + [rw.fake_count(), args[-1]]
@@ -143,10 +174,12 @@ def _may_spill(config, target, sig) -> bool:
     its row resident (vec 8 x 4 chunks; resource reports); sm90a does not, except in CTAs of 160
     threads (5 per SM at 80 registers: 72 and 8 bytes of local memory, which stays in L1), the
     224-thread CTAs capped at 72 registers (8 bytes) and the short-row tiles of 32 single
-    elements per input (48 bytes at 104 registers)."""
+    elements per input (48 bytes at 104 registers). sm100a's ptxas also spills 16 bytes in some
+    staged fp32 tiles at their register budget (plan.staged_registers); sm90a's does not."""
     resident = config["vec"] * config["chunks"] >= 32
+    staged_sm100 = target == "sm100a" and config.get("stage") == "smem"
     return (resident and (target == "sm100a" or config["threads"] == 160 or "regs" in config
-                          or config["vec"] == 1)) or plan.cut_into_words(config, sig)
+                          or config["vec"] == 1)) or plan.cut_into_words(config, sig) or staged_sm100
 
 
 TEMPLATE = Template(op="silu_mul_quant", backend="cute", targets=("sm90a", "sm100a"),

@@ -49,6 +49,9 @@ PTX_NARROW = {8: r"ld\.global(\.[\w:]+)*\.v2\.(b32|u32|f32)\s", 4: r"ld\.global(
 ISA_VECTOR = r"(global|buffer)_(load|store)_dwordx4"
 ISA_NARROW = {8: r"\b(global|buffer)_load_dwordx2\s", 4: r"\b(global|buffer)_load_dword\s"}
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# The copies of a staged tile into shared memory (the FP8 quantizers' ``stage`` configs), with the
+# L1 policy and the bytes of each copy.
+PTX_STAGED = r"cp\.async\.(ca|cg)\.shared\.global\s+\[[^\]]+\],\s*\[[^\]]+\],\s*(\d+)"
 DEFAULT_PROBLEM = {"M": 4096, "N": 4096, "K": 4096, "T": 4096}
 # Problems at the edges of the ops' coverage, whose heuristic picks are compiled beside the
 # default's: long rows (clusters, streamed rests), short rows (per-head q / k norms: the
@@ -280,6 +283,8 @@ def test_cute_template_compiles(cute_case, cute_built):
         # paths takes the registers of the one-element path.
         entries = re.findall(r"\.entry\s+(\w+)", ptx)
         assert len(entries) == 2 and sum("_phased_kernel_" in e for e in entries) == 1, (cute_case.id, entries)
+    if key["op"] in ("quantize_fp8_row", "silu_mul_quant"):
+        _check_staged_copies(cute_case.id, key, ptx)
     if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") in ("sorted", "linked"):
         # The sorted scatter counts with integer atomics, the linked one links rows with atomic
         # exchanges; both add the data without atomics.
@@ -292,6 +297,23 @@ def test_cute_template_compiles(cute_case, cute_built):
                               check=True).stdout
         for pattern in _patterns(key, "sass"):
             assert re.search(pattern, sass), f"{cute_case.id}: no {pattern} in the SASS"
+
+
+def _check_staged_copies(case_id: str, key: dict, ptx: str) -> None:
+    """A staged tile's kernel copies the row's first tile into shared memory by cp.async, .cg
+    for the "stream" policy's 16-byte copies, .ca otherwise, each copy a whole access; a one-element
+    config stages only in its phased kernel; the register tiles use no cp.async."""
+    config, sig = key["config"], key["signature"]
+    for body in re.split(r"\.entry\s+", ptx)[1:]:
+        copies = re.findall(PTX_STAGED, body)
+        phased = body.split("(", 1)[0].find("_phased_kernel_") >= 0
+        if config.get("stage") != "smem" or (config["vec"] == 1 and not phased):
+            assert not copies, f"{case_id}: cp.async in a kernel that holds its tile in registers"
+            continue
+        assert copies, f"{case_id}: a staged tile without cp.async"
+        access = 16 if config["vec"] == 1 else sig["vec_bytes"]
+        policy = "cg" if config["l1"] == "stream" and access == 16 else "ca"
+        assert set(copies) == {(policy, str(access))}, (case_id, set(copies))
 
 
 def test_cute_kernels_are_found_by_a_fresh_process(cute_built):

@@ -247,13 +247,18 @@ def test_one_element_rows_take_their_measured_tiles():
     assert quant(1085) == (128, 4, 16)
     assert quant(1633) == (128, 4, 32)
     assert quant(3631) == (128, 2, 32)
-    assert quant(8625) == (256, 1, 16)       # 3663 lanes idle over 3 x 4096, 7759 over 2 x 8192
-    assert quant(14461) == (256, 1, 32)      # 1923 idle either way: fewer passes
     smq = functools.partial(tile, "silu_mul_quant", has_scale_ub=False)
     assert smq(1129) == (128, 4, 16)
     assert smq(2043) == (128, 4, 32)
     assert smq(3631) == (256, 1, 16)
-    assert smq(14461) == (256, 1, 16)        # the 8192 tile's phased kernel: two CTAs per SM, not three
+    # 4097-16384: the staged tile covering the row with the fewest idle lanes (docs/benchmarks.md,
+    # "Staged tiles"); past that the register tiles as before
+    assert quant(5711) == smq(5711) == (256, 1, 32)
+    assert quant(8625) == (256, 1, 64)
+    assert smq(8625) == (256, 1, 48)
+    assert quant(14461) == smq(14461) == (256, 1, 64)
+    assert quant(20001) == (256, 1, 16)      # 5 x 4096 leaves 479 lanes idle, 3 x 8192 4575
+    assert smq(20001) == (256, 1, 16)
 
 
 def test_fewest_idle_lanes_counts_every_pass():
@@ -351,3 +356,31 @@ def test_flydsl_phased_rows_cover_every_column_once_in_aligned_vectors(in_bytes,
                             assert col == head + j * vec and col + vec <= cols
                             seen.extend((row, col + i) for i in range(vec))
             assert sorted(seen) == [(r, c) for r in range(rows) for c in range(cols)], (name, cols, phase)
+
+
+def test_staged_tiles_hold_a_row_in_shared_memory_within_the_budget():
+    """A staged tile (the ``stage`` key): one CTA per row, not a cluster, its inputs within
+    STAGED_SMEM_BYTES; its registers are those its CTAs per SM leave; a one-element staged
+    config's kernel for rows that are not congruent runs a register tile of at most 16 elements."""
+    bf16, fp32 = {"dtype": "bfloat16", "vec_bytes": 16}, {"dtype": "float32", "vec_bytes": 16}
+    c = {**plan.config(256, 1, 8, 8), "stage": "smem"}
+    assert plan.valid(c, bf16, arrays=2)                   # 16384 x 2 inputs x 2 bytes = 64 KiB
+    assert plan.valid({**plan.config(256, 1, 4, 8), "stage": "smem"}, fp32, arrays=2)    # 8192 fp32: 64 KiB
+    assert not plan.valid({**plan.config(256, 1, 4, 16), "stage": "smem"}, fp32, arrays=2)   # 128 KiB
+    assert not plan.valid({**c, "cluster": 2}, bf16, arrays=2)
+    assert not plan.valid({**plan.config(256, 2, 8, 4), "stage": "smem"}, bf16, arrays=2)
+    assert not plan.valid({**c, "stage": "tmem"}, bf16, arrays=2)
+    tile = plan.RowTile.of(c)
+    assert tile.staged and plan.plain_tile(tile) == tile
+    assert plan.staged_registers(tile, 2, 2) == 80          # 64 KiB: three CTAs of 256 per SM
+    assert plan.staged_registers(plan.RowTile.of({**plan.config(256, 1, 8, 4), "stage": "smem"}), 2, 2) == 64
+    scalar = plan.RowTile.of({**plan.config(256, 1, 1, 64), "stage": "smem"})
+    assert plan.plain_tile(scalar) == plan.RowTile(256, 1, 1, 16)
+    assert plan.phased_tile(scalar, 2).staged and plan.phased_tile(scalar, 2).tile_k == 16384
+    one = {"dtype": "bfloat16", "vec_bytes": 2}
+    picks = [{**plan.config(256, 1, 1, 32), "stage": "smem"}, {**plan.config(256, 1, 1, 64), "stage": "smem"}]
+    assert plan.staged_pick(picks, one, 4096, 1, 4097 * 2) is None       # below the threshold
+    assert plan.staged_pick(picks, one, 5000, 1, 4097 * 2) == picks[0]
+    assert plan.staged_pick(picks, one, 9000, 1, 4097 * 2) == picks[1]
+    assert plan.staged_pick(picks, one, 16385, 1, 4097 * 2) is None      # no staged tile covers it
+

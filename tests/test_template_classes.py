@@ -75,22 +75,31 @@ def test_pick_fitted_reads_a_row_in_the_fewest_most_even_passes():
 
 def test_memory_bound_heuristics_take_the_measured_configs():
     """The configs docs/benchmarks.md measured fastest (H200, bf16): the default L1 policy, the
-    fitted one-row CTAs, silu_mul_quant's 2-CTA cluster at 14336 (80 registers), rmsnorm's
+    fitted one-row CTAs, the quantizers' staged tiles from 7168 to 16384, silu_mul_quant's 2-CTA
+    cluster past them (80 registers), rmsnorm's
     clusters of 256-thread CTAs for rows past 16K, the linked scatter with pdl."""
     def pick(op, sig, problem):
         (t,) = registry.get_templates(op=op, backend="cute")
         return t.heuristic("sm90a", sig, problem)
 
     q = {"dtype": "bfloat16", "vec_bytes": 16, "has_scale_ub": False}
-    for k, threads in ((2880, 96), (5120, 160), (14336, 224)):
-        assert pick("quantize_fp8_row", q, {"M": 8, "K": k}) == {**plan.config(threads, 1, 8, 4), "l1": "keep"}
-    for k, threads in ((2880, 96), (5120, 160), (7168, 224)):
-        assert pick("silu_mul_quant", q, {"M": 8, "K": k}) == {**plan.config(threads, 1, 8, 4), "l1": "keep"}
+    for op in ("quantize_fp8_row", "silu_mul_quant"):
+        for k, threads in ((2880, 96), (5120, 160)):
+            assert pick(op, q, {"M": 8, "K": k}) == {**plan.config(threads, 1, 8, 4), "l1": "keep"}
+    # rows of 7168-16384: staged tiles (the first tile in shared memory), silu_mul_quant's with
+    # cp.async.cg ("stream")
+    staged = {"stage": "smem"}
+    for k, threads, chunks in ((7168, 224, 4), (14336, 224, 8), (16384, 256, 8)):
+        assert pick("quantize_fp8_row", q, {"M": 8, "K": k}) == {**plan.config(threads, 1, 8, chunks), **staged,
+                                                                 "l1": "keep"}
+    for k, threads, chunks in ((7168, 224, 4), (11008, 256, 6), (14336, 224, 8)):
+        assert pick("silu_mul_quant", q, {"M": 8, "K": k}) == {**plan.config(threads, 1, 8, chunks), **staged,
+                                                               "l1": "stream"}
     e = {"dtype": "bfloat16", "vec_bytes": 16}
     for k, threads, chunks in ((2880, 96, 4), (4608, 160, 4), (5120, 160, 4), (6144, 192, 4), (7168, 128, 7),
                                (14336, 256, 7)):
         assert pick("silu_mul", e, {"M": 8, "K": k}) == plan.config(threads, 1, 8, chunks), k
-    assert pick("silu_mul_quant", q, {"M": 8, "K": 14336}) == {**plan.config(224, 1, 8, 4), "cluster": 2, "l1": "keep"}
+    assert pick("silu_mul_quant", q, {"M": 8, "K": 16392}) == {**plan.config(224, 1, 8, 4), "cluster": 2, "l1": "keep"}
     for op in ("rmsnorm", "rmsnorm_add"):
         for dtype, k, cluster in (("bfloat16", 21184, 2), ("bfloat16", 32768, 2), ("bfloat16", 65536, 4),
                                   ("bfloat16", 131072, 8), ("bfloat16", 262144, 16), ("float32", 16384, 2),

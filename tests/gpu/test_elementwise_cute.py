@@ -315,6 +315,41 @@ def test_one_element_rows_at_every_offset(op, dtype):
             assert _guards_intact(q_buf, xq), f"{what}: xq written out of bounds"
 
 
+def _staged_cases():
+    """The quantizers' staged configs (first tile in shared memory) of one-element rows, with
+    every dtype they serve."""
+    return [(op, dtype, c) for op in ("quantize_fp8_row", "silu_mul_quant") for dtype in DTYPES
+            for c in _template(op).all_configs()
+            if c.get("stage") == "smem" and c["vec"] == 1 and _template(op).valid(c, TARGET, _sig(op, 17, dtype))]
+
+
+@SM90
+@pytest.mark.parametrize("case", _staged_cases(), ids=_case_id)
+def test_staged_one_element_configs_at_every_offset(case):
+    """A staged one-element config stages the phased middle of congruent rows (cp.async), and runs
+    a register tile of its own for rows at different offsets: both kernels, rows shorter and
+    longer than the staged tile, every head length."""
+    op, dtype, config = case
+    tile_k = RowTile.of(config).tile_k
+    for m, k in ((9, 771), (3, tile_k - 1), (2, tile_k + 9), (1, 2 * tile_k + 5)):
+        a0, b0 = _randn(m, k, dtype, 7), _randn(m, k, dtype, 8)
+        for x_off, out_off in PHASE_OFFSETS:
+            what = f"{op} {_name(dtype)} {m}x{k} {config_name(config)} offsets {x_off}/{out_off}"
+            x0, _ = _at_offset(m, k, dtype, x_off, a0)
+            x1, _ = _at_offset(m, k, dtype, x_off, b0)
+            xq, q_buf = _at_offset(m, k, FP8, out_off)
+            scale = torch.empty(m, device="cuda")
+            if op == "quantize_fp8_row":
+                ops.quantize_fp8_row(x0, out=(xq, scale), config=config)
+                want_q, want_s = ref_quantize(x0)
+            else:
+                ops.silu_mul_quant(x0, x1, out=(xq, scale), config=config)
+                want_q, want_s = ref_quantize(ops.silu_mul(x0, x1))
+            assert_same_bits(scale, want_s, what + " scale")
+            assert_same_bits(xq, want_q, what + " xq")
+            assert _guards_intact(q_buf, xq), f"{what}: xq written out of bounds"
+
+
 # ---------------------------------------------------------------------------------------------
 # Special values (quantize_fp8_row; silu_mul_quant shares the quantize code).
 
