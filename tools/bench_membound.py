@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from bench_common import graph_timed as graph_replay_timed, parse_shapes, parse_with_gpu, row_vec_bytes, rowwise_label, table
@@ -271,6 +272,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sizes", help="ROWSxHIDDEN,... instead of the sweep's sizes")
     parser.add_argument("--configs", action="store_true",
                         help="also time the configs near each row's width (and the heuristic's) in CUDA graphs")
+    parser.add_argument("--configs-matching", metavar="REGEX",
+                        help="with --configs: only the configs whose name matches (e.g. stagesmem)")
     found = parse_with_gpu(parser, argv, "bench_membound")
     if found is None:
         return 1
@@ -312,6 +315,9 @@ def main(argv: list[str]) -> int:
                     continue
                 near = _configs_near(op, d, args.dtype, weight_dtype is not None and dtype != weight_dtype
                                      and op.startswith("rmsnorm")) if args.configs else []
+                if args.configs_matching:
+                    from mslk_dsl.template import config_name
+                    near = [c for c in near if re.search(args.configs_matching, config_name(c))]
                 for config in near:
                     case.ours(config)
                 torch.cuda.synchronize()
