@@ -141,7 +141,7 @@ def staged(configs) -> list[dict]:
 
 def plain_tile(tile: RowTile) -> RowTile:
     """The tile of a config's plain kernel (not the phased one): a staged one-element config's
-    register tile (cp.async moves 4-16 bytes, not one 16-bit element), at most
+    register tile (tensors that are not congruent have no common aligned middle to copy), at most
     UNSTAGED_SCALAR_CHUNKS elements per thread and input (the rest of a longer row is read again,
     as any tile's); any other config's own tile."""
     if not (tile.staged and tile.vec == 1):
@@ -282,14 +282,23 @@ def streamed_rest(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> di
     return best if (k - RowTile.of(best).row_k) * STREAMED_REST <= k else None
 
 
-def staged_pick(configs: list[dict], sig: dict, k: int, arrays: int, from_bytes: int) -> dict | None:
-    """For a row of ``k`` elements of at least ``from_bytes`` per input that a staged config among
-    ``configs`` covers in one pass: the one of those (``pick_fitted``: fewest idle lanes, ties in
-    list order); else None. The templates that take it say where it was measured."""
-    if k * ELEM_BYTES[sig["dtype"]] < from_bytes:
+def staged_pick(configs: list[dict], sig: dict, k: int, arrays: int, from_k: int) -> dict | None:
+    """For a row of ``k`` >= ``from_k`` elements that a staged config among ``configs`` covers in
+    one pass: the one of those (``pick_fitted``: fewest idle lanes, ties in list order); else None.
+    The templates that take it say where it was measured."""
+    if k < from_k:
         return None
     covering = [c for c in configs if valid(c, sig, arrays) and RowTile.of(c).row_k >= k]
     return pick_fitted(covering, sig, k, arrays) if covering else None
+
+
+def staged_from(sig: dict, vector_rows: int, scalar_rows: int) -> int:
+    """The shortest row (elements) a template stages: ``scalar_rows`` elements for rows of one
+    element per access (their tiles count elements), else ``vector_rows`` 16-bit elements' bytes
+    (an fp32 row of half as many elements)."""
+    if one_element(sig):
+        return scalar_rows
+    return -(-vector_rows * 2 // ELEM_BYTES[sig["dtype"]])
 
 
 # Rows of one element per access up to this long keep the short-row tiles' picks (scalar_tile).

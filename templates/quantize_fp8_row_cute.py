@@ -96,7 +96,7 @@ SCALAR_LONG_ROWS = [plan.config(256, 1, 1, 32) | {"l1": HEURISTIC_L1}, plan.conf
 
 
 # Rows of 7168-16384 16-bit elements (14-32 KiB per row; fp32 half as many) and rows of one element
-# per access of 4097-16384 take the staged tile (the first tile of the row in shared memory: no
+# per access of 4097-16384 elements (any dtype) take the staged tile (the first tile of the row in shared memory: no
 # register holds it) that covers the row with the fewest idle lanes (plan.staged_pick), with
 # .ca copies (.cg level or slower); CTAs of 224 or 256 threads (the 32768 tile was slower at 16384
 # than the 16384 one and is a config for the tuner only). H200, bf16, CUDA-graph replays
@@ -105,7 +105,7 @@ SCALAR_LONG_ROWS = [plan.config(256, 1, 1, 32) | {"l1": HEURISTIC_L1}, plan.conf
 # level (45.5 / 45.2); rows of 8-byte accesses 9123 x 7628 82.0 -> 66.2, of 4-byte accesses 3721 x
 # 10054 54.7 -> 44.4; one element per access 10246 x 8467 87.0 -> 76.6 (256 x 64), 9885 x 5711
 # 61.6 -> 53.6 (256 x 32). At 5120 the register tile stayed ahead (45.7 against 48.0).
-STAGED_FROM_BYTES, STAGED_SCALAR_FROM_BYTES = 7168 * 2, 4097 * 2
+STAGED_FROM, STAGED_SCALAR_FROM = 7168, 4097   # plan.staged_from
 STAGED_PICKS = ([{**c, "l1": "keep"} for c in STAGED if c["vec"] > 1 and c["chunks"] <= 8]
                 + [plan.config(256, 1, 1, 32) | {"stage": "smem", "l1": "keep"},
                    plan.config(256, 1, 1, 64) | {"stage": "smem", "l1": "keep"}])
@@ -113,8 +113,7 @@ STAGED_PICKS = ([{**c, "l1": "keep"} for c in STAGED if c["vec"] > 1 and c["chun
 
 def _heuristic(target, sig, problem):
     k = problem["K"]
-    from_bytes = STAGED_SCALAR_FROM_BYTES if limits.one_element(sig) else STAGED_FROM_BYTES
-    staged = plan.staged_pick(STAGED_PICKS, sig, k, 1, from_bytes)
+    staged = plan.staged_pick(STAGED_PICKS, sig, k, 1, plan.staged_from(sig, STAGED_FROM, STAGED_SCALAR_FROM))
     if staged:
         return staged
     if limits.one_element(sig) and k > SCALAR_TILES[-1][1]:

@@ -99,18 +99,20 @@ SCALAR_TILES = ((plan.config(128, 4, 1, 16) | {"l1": HEURISTIC_L1}, 1280),
                 (plan.config(256, 1, 1, 16) | {"l1": HEURISTIC_L1}, 1 << 31))
 
 
-# Rows of 7168-16384 16-bit elements (14-32 KiB per input row; fp32 half as many) and rows of one
-# element per access of 4097-16384 take the staged tile (the first tile of the row in shared
-# memory: no register holds it) that covers the row with the fewest idle lanes
-# (plan.staged_pick), 16-byte accesses with cp.async.cg ("stream"; 3-15% faster than .ca at
-# 6-8 chunks, level at 4), others with .ca (cg moves only 16 bytes); CTAs of 224 or 256 threads
-# (160 x 8 was slower at every row timed). H200, bf16, CUDA-graph replays (docs/benchmarks.md,
-# "Staged tiles"): 3745 x 14336 86.2 -> 76.1 us (224 x 8), 14979 x 14336 293.4 -> 265.7,
-# 4876 x 11008 97.6 -> 72.9 (256 x 6), 3883 x 13824 86.9 -> 75.8, 3276 x 16384 82.7 -> 75.6
-# (256 x 8); 8192 and 7168 level (71.2 / 71.5, 71.9 / 71.5); rows of 8-byte accesses 9123 x 7628
-# 166.1 -> 94.0 (256 x 4); one element per access 10246 x 8467 213.8 -> 128.2 (256 x 48 stream),
-# 11566 x 6421 169.5 -> 98.8, 9885 x 5711 143.6 -> 81.0 (256 x 32).
-STAGED_FROM_BYTES, STAGED_SCALAR_FROM_BYTES = 7168 * 2, 4097 * 2
+# Rows of 8193-16384 16-bit elements in 16-byte accesses (16-32 KiB per input row; fp32 half as
+# many), of 7168-16384 in 8- or 4-byte accesses, and of 4097-16384 elements of one element per
+# access take the staged tile (the first tile of the row in shared memory: no register holds it)
+# that covers the row with the fewest idle lanes (plan.staged_pick), 16-byte accesses with
+# cp.async.cg ("stream"; 3-15% faster than .ca at 6-8 chunks, level at 4), others with .ca (cg
+# moves only 16 bytes); CTAs of 224 or 256 threads (160 x 8 was slower at every row timed).
+# H200, bf16, CUDA-graph replays (docs/benchmarks.md, "Staged tiles"): 3745 x 14336 86.2 -> 76.1
+# us (224 x 8), 14979 x 14336 293.4 -> 265.7, 4876 x 11008 97.6 -> 72.9 (256 x 6), 3883 x 13824
+# 86.9 -> 75.8, 3276 x 16384 82.7 -> 75.6 (256 x 8); rows of 8-byte accesses 9123 x 7628 166.1 ->
+# 94.0 (256 x 4); one element per access 10246 x 8467 213.8 -> 128.2 (256 x 48 stream), 11566 x
+# 6421 169.5 -> 98.8, 9885 x 5711 143.6 -> 81.0 (256 x 32). At 7168 and 8192 in 16-byte accesses
+# the register tiles were as fast (71.9 against 72.0 us, 71.2 against 71.8).
+STAGED_FROM = {16: 8193, 8: 7168, 4: 7168}   # by the rows' access width; plan.staged_from
+STAGED_SCALAR_FROM = 4097
 STAGED_PICKS = ([{**c, "l1": l1} for l1 in ("stream", "keep") for c in STAGED if c["vec"] > 1 and c["threads"] >= 224]
                 + [plan.config(256, 1, 1, 32) | {"stage": "smem", "l1": "keep"},
                    plan.config(256, 1, 1, 48) | {"stage": "smem", "l1": "stream"},
@@ -119,8 +121,8 @@ STAGED_PICKS = ([{**c, "l1": l1} for l1 in ("stream", "keep") for c in STAGED if
 
 def _heuristic(target, sig, problem):
     k = problem["K"]
-    from_bytes = STAGED_SCALAR_FROM_BYTES if limits.one_element(sig) else STAGED_FROM_BYTES
-    return (plan.staged_pick(STAGED_PICKS, sig, k, 2, from_bytes)
+    from_k = plan.staged_from(sig, STAGED_FROM.get(sig["vec_bytes"], 0), STAGED_SCALAR_FROM)
+    return (plan.staged_pick(STAGED_PICKS, sig, k, 2, from_k)
             or plan.streamed_rest(STREAMED_REST_CONFIGS, sig, k, arrays=2)
             or plan.scalar_tile(SCALAR_TILES, sig, k)
             or plan.pick_fitted(HEURISTIC_CONFIGS, sig, k, arrays=2))

@@ -314,6 +314,11 @@ def _check_staged_copies(case_id: str, key: dict, ptx: str) -> None:
         access = 16 if config["vec"] == 1 else sig["vec_bytes"]
         policy = "cg" if config["l1"] == "stream" and access == 16 else "ca"
         assert set(copies) == {(policy, str(access))}, (case_id, set(copies))
+        # one commit group, waited for before the first read of shared memory
+        commit = body.find("cp.async.commit_group")
+        wait = re.search(r"cp\.async\.wait_group\s+0;", body)
+        first_read = re.search(r"ld\.shared", body)
+        assert commit >= 0 and wait and first_read and commit < wait.start() < first_read.start(), case_id
 
 
 def test_cute_kernels_are_found_by_a_fresh_process(cute_built):

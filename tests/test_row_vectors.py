@@ -379,8 +379,12 @@ def test_staged_tiles_hold_a_row_in_shared_memory_within_the_budget():
     assert plan.phased_tile(scalar, 2).staged and plan.phased_tile(scalar, 2).tile_k == 16384
     one = {"dtype": "bfloat16", "vec_bytes": 2}
     picks = [{**plan.config(256, 1, 1, 32), "stage": "smem"}, {**plan.config(256, 1, 1, 64), "stage": "smem"}]
-    assert plan.staged_pick(picks, one, 4096, 1, 4097 * 2) is None       # below the threshold
-    assert plan.staged_pick(picks, one, 5000, 1, 4097 * 2) == picks[0]
-    assert plan.staged_pick(picks, one, 9000, 1, 4097 * 2) == picks[1]
-    assert plan.staged_pick(picks, one, 16385, 1, 4097 * 2) is None      # no staged tile covers it
+    assert plan.staged_pick(picks, one, 4096, 1, 4097) is None       # below the threshold
+    assert plan.staged_pick(picks, one, 5000, 1, 4097) == picks[0]
+    assert plan.staged_pick(picks, one, 9000, 1, 4097) == picks[1]
+    assert plan.staged_pick(picks, one, 16385, 1, 4097) is None      # no staged tile covers it
+    # thresholds: vector rows by their bytes (fp32: half the elements), one-element rows by elements
+    assert plan.staged_from(bf16, 7168, 4097) == 7168 and plan.staged_from(fp32, 7168, 4097) == 3584
+    assert plan.staged_from(fp32, 8193, 4097) == 4097
+    assert plan.staged_from(one, 7168, 4097) == plan.staged_from({"dtype": "float32", "vec_bytes": 4}, 7168, 4097) == 4097
 

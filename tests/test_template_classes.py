@@ -75,7 +75,7 @@ def test_pick_fitted_reads_a_row_in_the_fewest_most_even_passes():
 
 def test_memory_bound_heuristics_take_the_measured_configs():
     """The configs docs/benchmarks.md measured fastest (H200, bf16): the default L1 policy, the
-    fitted one-row CTAs, the quantizers' staged tiles from 7168 to 16384, silu_mul_quant's 2-CTA
+    fitted one-row CTAs, the quantizers' staged tiles up to 16384, silu_mul_quant's 2-CTA
     cluster past them (80 registers), rmsnorm's
     clusters of 256-thread CTAs for rows past 16K, the linked scatter with pdl."""
     def pick(op, sig, problem):
@@ -86,15 +86,18 @@ def test_memory_bound_heuristics_take_the_measured_configs():
     for op in ("quantize_fp8_row", "silu_mul_quant"):
         for k, threads in ((2880, 96), (5120, 160)):
             assert pick(op, q, {"M": 8, "K": k}) == {**plan.config(threads, 1, 8, 4), "l1": "keep"}
-    # rows of 7168-16384: staged tiles (the first tile in shared memory), silu_mul_quant's with
-    # cp.async.cg ("stream")
+    assert pick("silu_mul_quant", q, {"M": 8, "K": 7168}) == {**plan.config(224, 1, 8, 4), "l1": "keep"}
+    # longer rows: staged tiles (the first tile in shared memory; quantize_fp8_row's from 7168,
+    # silu_mul_quant's past 8192 in 16-byte accesses, with cp.async.cg: "stream")
     staged = {"stage": "smem"}
     for k, threads, chunks in ((7168, 224, 4), (14336, 224, 8), (16384, 256, 8)):
         assert pick("quantize_fp8_row", q, {"M": 8, "K": k}) == {**plan.config(threads, 1, 8, chunks), **staged,
                                                                  "l1": "keep"}
-    for k, threads, chunks in ((7168, 224, 4), (11008, 256, 6), (14336, 224, 8)):
+    for k, threads, chunks in ((11008, 256, 6), (14336, 224, 8)):
         assert pick("silu_mul_quant", q, {"M": 8, "K": k}) == {**plan.config(threads, 1, 8, chunks), **staged,
                                                                "l1": "stream"}
+    words = {**q, "vec_bytes": 8}   # rows of 8-byte accesses: staged from 7168, with .ca copies
+    assert pick("silu_mul_quant", words, {"M": 8, "K": 7628}) == {**plan.config(256, 1, 8, 4), **staged, "l1": "keep"}
     e = {"dtype": "bfloat16", "vec_bytes": 16}
     for k, threads, chunks in ((2880, 96, 4), (4608, 160, 4), (5120, 160, 4), (6144, 192, 4), (7168, 128, 7),
                                (14336, 256, 7)):

@@ -328,7 +328,7 @@ def _staged_cases():
 def test_staged_one_element_configs_at_every_offset(case):
     """A staged one-element config stages the phased middle of congruent rows (cp.async), and runs
     a register tile of its own for rows at different offsets: both kernels, rows shorter and
-    longer than the staged tile, every head length."""
+    longer than the staged tile, every head length, with and without scale_ub; inputs untouched."""
     op, dtype, config = case
     tile_k = RowTile.of(config).tile_k
     for m, k in ((9, 771), (3, tile_k - 1), (2, tile_k + 9), (1, 2 * tile_k + 5)):
@@ -337,17 +337,19 @@ def test_staged_one_element_configs_at_every_offset(case):
             what = f"{op} {_name(dtype)} {m}x{k} {config_name(config)} offsets {x_off}/{out_off}"
             x0, _ = _at_offset(m, k, dtype, x_off, a0)
             x1, _ = _at_offset(m, k, dtype, x_off, b0)
-            xq, q_buf = _at_offset(m, k, FP8, out_off)
-            scale = torch.empty(m, device="cuda")
-            if op == "quantize_fp8_row":
-                ops.quantize_fp8_row(x0, out=(xq, scale), config=config)
-                want_q, want_s = ref_quantize(x0)
-            else:
-                ops.silu_mul_quant(x0, x1, out=(xq, scale), config=config)
-                want_q, want_s = ref_quantize(ops.silu_mul(x0, x1))
-            assert_same_bits(scale, want_s, what + " scale")
-            assert_same_bits(xq, want_q, what + " xq")
-            assert _guards_intact(q_buf, xq), f"{what}: xq written out of bounds"
+            for ub in (None, _scale_ub(0.5)):
+                xq, q_buf = _at_offset(m, k, FP8, out_off)
+                scale = torch.empty(m, device="cuda")
+                if op == "quantize_fp8_row":
+                    ops.quantize_fp8_row(x0, ub, out=(xq, scale), config=config)
+                    want_q, want_s = ref_quantize(x0, ub)
+                else:
+                    ops.silu_mul_quant(x0, x1, ub, out=(xq, scale), config=config)
+                    want_q, want_s = ref_quantize(ops.silu_mul(x0, x1), ub)
+                assert_same_bits(scale, want_s, what + " scale")
+                assert_same_bits(xq, want_q, what + " xq")
+                assert _guards_intact(q_buf, xq), f"{what}: xq written out of bounds"
+            assert torch.equal(x0, a0) and torch.equal(x1, b0), f"{what}: an input was modified"
 
 
 # ---------------------------------------------------------------------------------------------
