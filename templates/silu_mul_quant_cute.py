@@ -179,7 +179,7 @@ def _may_spill(config, target, sig) -> bool:
     elements per input (48 bytes at 104 registers). sm100a's ptxas also spills 16 bytes in some
     staged fp32 tiles at their register budget (plan.staged_registers); sm90a's does not."""
     resident = config["vec"] * config["chunks"] >= 32
-    staged_sm100 = target == "sm100a" and config.get("stage") == "smem"
+    staged_sm100 = target == "sm100a" and config.get("stage") == "smem" and sig["dtype"] == "float32"
     return (resident and (target == "sm100a" or config["threads"] == 160 or "regs" in config
                           or config["vec"] == 1)) or plan.cut_into_words(config, sig) or staged_sm100
 
