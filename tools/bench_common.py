@@ -44,8 +44,8 @@ def row_vec_bytes(n: int, dtype: str) -> int:
 
 def rowwise_label(config: dict) -> str:
     """A short name for a row-wise kernel config (threads, rows per block, vector, chunks; the
-    cluster, register cap and L1 policy where given), or for a scatter config (method, unroll,
-    pdl)."""
+    cluster, register cap, staging in shared memory and L1 policy where given), or for a
+    scatter config (method, unroll, pdl)."""
     if "threads" not in config:
         return f"{config.get('method', '')}{'+pdl' if config.get('pdl') else ''} u{config.get('unroll')}"
     label = f"t{config['threads']}r{config['rows_per_block']}v{config['vec']}c{config['chunks']}"
@@ -53,6 +53,8 @@ def rowwise_label(config: dict) -> str:
         label += f"x{config['cluster']}"
     if "regs" in config:
         label += f"@{config['regs']}"
+    if config.get("stage") == "smem":
+        label += "s"
     if "l1" in config:
         label += f" {config['l1']}"
     return label
