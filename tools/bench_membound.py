@@ -3,7 +3,8 @@ copy roofline, over sizes from 4 MiB to 4 GiB moved.
 
   python tools/bench.py membound --sweep [--ops silu_mul,rmsnorm,...] [--peers liger,quack,eager,compile]
                                  [--dtype bfloat16|float16|float32] [--weight-dtype float32]
-                                 [--quick] [--warm-only] [--json PATH] [--sizes ROWSxHIDDEN,...] [--configs]
+                                 [--quick] [--warm-only] [--json PATH] [--sizes ROWSxHIDDEN,...]
+                                 [--random N --seed S] [--configs [--configs-matching REGEX]]
 
 For each op and hidden size the rows are chosen so that the op moves about 4, 16, 64, 256, 1024
 and 4096 MiB (rows clamped to 1..131072); rmsnorm also runs rows of 64K, 128K and 256K elements.
@@ -27,7 +28,12 @@ and torch.compile of the same composite (``--peers`` picks them; compile costs a
 and shape family). The table gives ours and the best peer at each size; the JSON has every
 timing. Times: medians of triton.testing.do_bench (CUDA events; L2 flushed between runs).
 ``--warm-only`` calls each op once per size and times nothing (for tools/prebuild_kernels.py).
-``--sizes`` replaces the sweep's sizes; ``--configs`` also times, at each size, every config of
+``--sizes`` replaces the sweep's sizes; ``--random N --seed S`` replaces them with N drawn shapes
+(``random_shapes``: hidden sizes log-uniform over 64..16384 in each class of access width, 16-,
+8-, 4-byte vectors or one element, bytes moved log-uniform over 4 MiB..4 GiB; the same draw for
+every op, whose rows follow from its bytes per row), and a summary per op closes the run (% of
+copy and the ratio to the best peer: geometric mean, minimum, the worst shapes). ``--configs``
+also times, at each size, every config of
 the op's CuTe template for 128-bit rows whose tile is within 0.4-2.5x the row (row-wise ops; the
 JSON's "configs" maps each config's name to its time).
 """
@@ -258,6 +264,61 @@ def sizes(op, mibs, elem: int = 2):
     return out
 
 
+# Access classes of a drawn hidden size (random_shapes): the widest access of a 16-bit row.
+ACCESS_CLASSES = (16, 8, 4, 2)
+RANDOM_HIDDEN = (64, 16384)
+RANDOM_MIB = (4, 4096)
+
+
+def random_shapes(n: int, seed: int) -> list[tuple[int, float]]:
+    """``n`` drawn (hidden, MiB moved) pairs: an access class of 16-bit rows (16-, 8-, 4-byte
+    vectors or one element, in turn), a hidden size log-uniform over RANDOM_HIDDEN put in that
+    class (a multiple of 8 / of 4 but not 8 / of 2 but not 4 / odd), and the bytes moved
+    log-uniform over RANDOM_MIB. Rows come from each op's bytes per row (``shape_rows``)."""
+    import math
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        width = ACCESS_CLASSES[i % len(ACCESS_CLASSES)]
+        d = round(math.exp(rng.uniform(*(math.log(v) for v in RANDOM_HIDDEN))))
+        elems = width // 2
+        d = max(elems, d - d % elems)
+        if width < 16 and d % (2 * elems) == 0:   # not of the wider class
+            d += elems
+        mib = math.exp(rng.uniform(*(math.log(v) for v in RANDOM_MIB)))
+        out.append((d, mib))
+    return out
+
+
+def shape_rows(op: str, d: int, mib: float, elem: int = 2) -> int:
+    """The rows of ``op`` at hidden size ``d`` that move about ``mib`` MiB (1..MAX_ROWS)."""
+    return max(1, min(MAX_ROWS, round(mib * 2**20 / _bytes_per_row(op, d, elem))))
+
+
+def summary(results: list[dict], worst: int = 5) -> list[str]:
+    """Per op: the points measured, % of copy (geometric mean, minimum) and, where a peer ran,
+    ours against the best peer (geometric mean, minimum), then the ``worst`` shapes by % of copy."""
+    import math
+
+    lines = []
+    for op in dict.fromkeys(r["op"] for r in results):
+        rows = [r for r in results if r["op"] == op]
+        pct = [r["% copy"] for r in rows]
+        line = (f"{op}: {len(rows)} shapes, % of copy geomean {math.exp(sum(map(math.log, pct)) / len(pct)):.1f}, "
+                f"min {min(pct):.1f}")
+        vs = [r["vs peer"] for r in rows if r["vs peer"]]
+        if vs:
+            line += (f"; vs best peer geomean {math.exp(sum(map(math.log, vs)) / len(vs)):.3f}, min {min(vs):.3f}, "
+                     f"behind at {sum(v < 1 for v in vs)} of {len(vs)}")
+        lines.append(line)
+        for r in sorted(rows, key=lambda r: r["% copy"])[:worst]:
+            lines.append(f"    {r['rows']} x {r['hidden']} ({r['MiB']:.0f} MiB): {r['% copy']:.1f}% of copy"
+                         + (f", {r['vs peer']:.3f}x {r['best peer']}" if r["vs peer"] else ""))
+    return lines
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", action="store_true", help="the size sweep (the only mode)")
@@ -270,6 +331,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warm-only", action="store_true", help="call each op once per size; time nothing")
     parser.add_argument("--rep-ms", type=float, default=40.0)
     parser.add_argument("--sizes", help="ROWSxHIDDEN,... instead of the sweep's sizes")
+    parser.add_argument("--random", type=int, metavar="N", help="N drawn shapes instead of the sweep's sizes")
+    parser.add_argument("--seed", type=int, default=0, help="the draw's seed (with --random; use a fresh one)")
     parser.add_argument("--configs", action="store_true",
                         help="also time the configs near each row's width (and the heuristic's) in CUDA graphs")
     parser.add_argument("--configs-matching", metavar="REGEX",
@@ -302,8 +365,12 @@ def main(argv: list[str]) -> int:
 
     results = []
     for op in args.ops.split(","):
-        points = parse_shapes(args.sizes) if args.sizes else sizes(op, QUICK_MIB if args.quick else TARGET_MIB,
-                                                                   dtype.itemsize)
+        if args.random:
+            points = [(shape_rows(op, d, mib, dtype.itemsize), d) for d, mib in random_shapes(args.random, args.seed)]
+        elif args.sizes:
+            points = parse_shapes(args.sizes)
+        else:
+            points = sizes(op, QUICK_MIB if args.quick else TARGET_MIB, dtype.itemsize)
         for rows, d in points:
             with torch.no_grad():
                 try:
@@ -360,6 +427,8 @@ def main(argv: list[str]) -> int:
                 json.dump({"dtype": args.dtype, "weight_dtype": args.weight_dtype, "results": results}, f, indent=1)
     if not args.warm_only:
         table(results, ["op", "rows", "hidden", "MiB", "us", "% copy", "best peer", "peer % copy", "vs peer"])
+        if results:
+            print("\n".join(summary(results)))
     return 0
 
 
