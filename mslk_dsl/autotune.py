@@ -1,8 +1,11 @@
 """The autotuner: time every valid config of an op on this GPU and store the winner.
 
 Timing uses CUDA events with the L2 cache flushed before each run (triton.testing.do_bench), on
-N(0, 1) inputs. Winners go to the tuning DB (tuning.py) under the current GPU name and toolchain
-versions, per (op, signature, shape bucket); the op layer then prefers them over the heuristic.
+N(0, 1) inputs. Before a config is timed its results are checked against the op's plain-torch
+reference (``OpDecl.mismatch``, the test the GPU tests apply to every op): a config that computes
+something else is skipped, loudly, and can never become a stored winner. Winners go to the tuning
+DB (tuning.py) under the current GPU name and toolchain versions, per (op, signature, shape
+bucket); the op layer then prefers them over the heuristic.
 """
 from __future__ import annotations
 
@@ -55,12 +58,19 @@ def tune(op: str, problems: list[dict], sig: dict | None = None, store: bool = T
                              f"{template.all_signatures()}")
         args = inputs_for(op, problem, full_sig)
         fn = getattr(ops, op)
+        default = template.heuristic(target, full_sig, problem)
+        judge = ResultCheck(op, args, default=lambda a: fn(*a, config=default))
         timings = []
         for config in _candidates(template, target, full_sig, problem):
             try:
-                ms = do_bench(lambda: fn(*args, config=config), warmup=10, rep=50)
+                wrong = judge(lambda a: fn(*a, config=config))
+                if wrong is None:
+                    ms = do_bench(lambda: fn(*args, config=config), warmup=10, rep=50)
             except Exception as e:  # a config that fails to build or run here is skipped, loudly
                 print(f"  skip {config}: {type(e).__name__}: {e}")
+                continue
+            if wrong is not None:
+                print(f"  skip {config}: wrong results: {wrong}")
                 continue
             timings.append((ms, config))
         if not timings:
@@ -70,6 +80,46 @@ def tune(op: str, problems: list[dict], sig: dict | None = None, store: bool = T
         if store:
             _store(op, target, full_sig, problem, best, ms)
     return results
+
+
+class ResultCheck:
+    """Judges a config's results on the tuner's inputs (``check(run)``: ``run(args)`` is called on
+    fresh copies of them; an in-place op's result is its updated first argument). A config passes
+    where its results match the op's reference by ``OpDecl.mismatch``, or where they are no
+    further from it (``OpDecl.max_error``) than ERROR_SLACK times the heuristic's default config's
+    (``default``, the config the GPU tests check): at the tuner's sizes rounding may outgrow the
+    declared tolerance (long FP8 sums), but a config that computes something else misses by far
+    more. Returns None, or why the results are wrong."""
+
+    ERROR_SLACK = 2.0
+
+    def __init__(self, op: str, args: tuple, default):
+        from mslk_dsl.ops import declaration
+
+        self.decl = declaration.get(op)
+        self.args = args
+        self.in_place = not self.decl.outputs(*args)
+        self.want = None
+        if self.decl.reference is not None:
+            self.want = self._results(lambda a: self.decl.reference(*a))
+            self.default_error = self.decl.max_error(self._results(default), self.want)
+
+    def _results(self, run):
+        fresh = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in self.args)
+        out = run(fresh)
+        return fresh[0] if self.in_place else out
+
+    def __call__(self, run) -> str | None:
+        if self.want is None:
+            return None
+        got = self._results(run)
+        why = self.decl.mismatch(got, self.want)
+        if why is None:
+            return None
+        error = self.decl.max_error(got, self.want)
+        if error <= self.ERROR_SLACK * self.default_error:
+            return None
+        return f"{why} (largest error {error:.4g}; the default config's {self.default_error:.4g})"
 
 
 # GEMM split-K configs: the decode tiles (64 rows) are timed only up to SPLIT_K_MAX_M, past which

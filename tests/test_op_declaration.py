@@ -62,6 +62,20 @@ assert "scale_copy(Tensor x, float factor=2.0) -> Tensor" in text.getvalue(), te
 assert "scale_copy" in autotune.tunable_ops()
 args = autotune.inputs_for("scale_copy", {"M": 11}, {"factor": 2.0}, device="cpu")
 assert args[0].shape == (11,) and args[1] == 2.0
+# the autotuner judges each config's results against the reference before timing it: a config
+# that computes something else is refused, one whose rounding is no worse than the default's passes
+kernels = {"right": kernel, "wrong": lambda x, out: out.copy_(x * 3.0),
+           "rounded": lambda x, out: out.copy_((x * 2.0).to(torch.float8_e4m3fn).float())}
+declaration.get("scale_copy").kernels.selection = lambda device, sig, problem, config: (
+    kernels[(config or {}).get("k", "right")], {})
+big = (torch.randn(1000),)
+judge = autotune.ResultCheck("scale_copy", big, default=lambda a: scale_copy(*a, config={"k": "rounded"}))
+assert judge(lambda a: scale_copy(*a, config={"k": "right"})) is None
+assert judge(lambda a: scale_copy(*a, config={"k": "rounded"})) is None   # past the tolerance, as the default
+why = judge(lambda a: scale_copy(*a, config={"k": "wrong"}))
+assert why is not None and "scale_copy: result 0" in why and "the default config's" in why, why
+strict = autotune.ResultCheck("scale_copy", big, default=lambda a: scale_copy(*a, config={"k": "right"}))
+assert strict(lambda a: scale_copy(*a, config={"k": "rounded"})) is not None
 # mslk_dsl.ops names it and lists it
 import mslk_dsl.ops
 assert mslk_dsl.ops.scale_copy is scale_copy

@@ -150,3 +150,27 @@ def test_compile_chain_is_one_graph():
     for op in ("rmsnorm_add", "bf16_gemm", "silu_mul_quant", "quantize_fp8_row", "f8f8bf16_rowwise"):
         assert f"mslk_dsl.{op}" in called, called
     assert out.shape == (8, 64) and out.dtype == bf16 and res.shape == (8, 64)
+
+
+@pytest.mark.parametrize("name", DECLARED)
+def test_the_result_check_passes_the_reference_and_catches_a_changed_result(name):
+    """``OpDecl.mismatch`` / ``max_error`` (what the GPU tests and the autotuner judge kernels by)
+    on each op's CPU reference: it matches itself, and a result changed by far more than rounding
+    (a float result scaled, an integer one shifted, within the defined parts) is reported."""
+    decl = declarations()[name]
+    args = _small_args(decl, "cpu")
+
+    def reference():
+        fresh = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+        out = decl.reference(*fresh)
+        return fresh[0] if not decl.outputs(*args) else out
+
+    want = reference()
+    assert decl.mismatch(reference(), want) is None and decl.max_error(reference(), want) == 0.0
+    changed = list(reference()) if isinstance(want, tuple) else [reference()]
+    i = next(i for i, t in enumerate(decl.defined_results(want)) if t.numel())   # a result with defined parts
+    t = changed[i]
+    changed[i] = (t.float() * 3 + 1).to(t.dtype) if t.is_floating_point() else t + 1
+    got = tuple(changed) if isinstance(want, tuple) else changed[0]
+    assert decl.mismatch(got, want) is not None
+    assert decl.max_error(got, want) > 0

@@ -14,6 +14,7 @@ launch arguments; it may also finish the call itself (empty sizes, a copy) and r
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, NamedTuple
 from collections.abc import Callable
 
@@ -79,7 +80,10 @@ class OpDecl:
       ``problem``, ``signature`` a subset of the template's signature parts.
     - ``reference(*args)``: the op in plain torch (fp32 math), the semantics the kernels match.
     - ``tolerance``: (rtol, atol) within which the kernels' floating-point results match
-      ``reference`` on ``example`` inputs (FP8 results are compared after dequantization).
+      ``reference`` on ``example`` inputs (FP8 results are compared after dequantization);
+      ``mismatch`` applies it.
+    - ``defined(results)``: the parts of the results the op defines (index_shuffling leaves the
+      slots past its routed count unspecified); by default all of them.
     - ``plan_when``: a Python expression over the argument names that must hold for a launch plan
       to serve a call: the plans match layouts (dtype, shape, strides, alignment, scalar types),
       not values, so a value the checks restrict (a negative eps) must keep the checked path.
@@ -104,6 +108,7 @@ class OpDecl:
     example: Callable[[dict, dict, torch.device], tuple] | None = None
     reference: Callable[..., Any] | None = None
     tolerance: tuple[float, float] = (2e-2, 2e-2)
+    defined: Callable[[tuple], tuple] | None = None
     plan_when: str = "True"
     plan_values: tuple[str, ...] = ()
     plannable: bool = True
@@ -116,6 +121,50 @@ class OpDecl:
         if self.composite is None and any(hook is _not_declared for hook in hooks):
             raise MslkDslError(f"op {self.name}: a kernel op declares check, outputs and prepare "
                                f"(or is a composite)")
+
+    def defined_results(self, results) -> tuple:
+        """The op's results (one tensor or a tuple) as a tuple of their ``defined`` parts."""
+        results = results if isinstance(results, tuple) else (results,)
+        return self.defined(results) if self.defined is not None else results
+
+    def mismatch(self, got, want) -> str | None:
+        """Why the results ``got`` do not match ``want`` (the reference's on the same inputs), or
+        None where they match: integers exactly, FP8 values within one step of their grid (rtol
+        0.07), other floats within ``tolerance``; only the ``defined`` parts. The GPU tests and
+        the autotuner judge a kernel by it."""
+        got, want = self.defined_results(got), self.defined_results(want)
+        if len(got) != len(want):
+            return f"{self.name}: {len(got)} results, expected {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            if g.shape != w.shape or g.dtype != w.dtype:
+                return (f"{self.name}: result {i} is {tuple(g.shape)} {g.dtype}, "
+                        f"expected {tuple(w.shape)} {w.dtype}")
+            if not g.is_floating_point():
+                if not torch.equal(g, w):
+                    return f"{self.name}: result {i} differs in {int((g != w).sum())} of {g.numel()} entries"
+                continue
+            rtol, atol = (0.07, 1e-3) if g.element_size() == 1 else self.tolerance
+            try:
+                torch.testing.assert_close(g.float(), w.float(), rtol=rtol, atol=atol)
+            except AssertionError as e:
+                return f"{self.name}: result {i}: {e}"
+        return None
+
+    def max_error(self, got, want) -> float:
+        """The largest absolute difference between the ``defined`` floating-point results ``got``
+        and ``want``; infinite where their shapes or dtypes or any integer result differ."""
+        got, want = self.defined_results(got), self.defined_results(want)
+        worst = 0.0
+        if len(got) != len(want):
+            return math.inf
+        for g, w in zip(got, want):
+            if g.shape != w.shape or g.dtype != w.dtype or (not g.is_floating_point() and not torch.equal(g, w)):
+                return math.inf
+            if g.is_floating_point() and g.numel():
+                gf, wf = g.float(), w.float()
+                diff = torch.where(gf == wf, 0.0, (gf - wf).abs())   # equal infinities differ by nothing
+                worst = max(worst, float(diff.nan_to_num(math.inf).max()))
+        return worst
 
     @property
     def kernels(self) -> KernelOp:

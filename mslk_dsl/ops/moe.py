@@ -136,6 +136,13 @@ def _index_shuffling_reference(scores, expert_index_start=None, expert_index_end
     return torch.cat([counts, routed]), expert_indices, token_indices
 
 
+def _routed_prefix(results: tuple) -> tuple:
+    """index_shuffling's defined results: the counts, and the first counts[E + 1] routed pairs."""
+    counts, experts, tokens = results
+    routed = int(counts[-1])
+    return counts, experts[:routed], tokens[:routed]
+
+
 index_shuffling = declare(OpDecl(
     name="index_shuffling",
     schema="(Tensor scores, int? expert_index_start=None, int? expert_index_end=None, "
@@ -146,8 +153,8 @@ index_shuffling = declare(OpDecl(
     token_indices [T * top_k] int32). Only the first counts[E + 1] entries are meaningful.""",
     check=_check_index_shuffling, outputs=_index_shuffling_outputs, prepare=_prepare_index_shuffling,
     signature=("has_valid_count", "score_dtype"), problem=("T", "E"), example=_routing_example,
-    reference=_index_shuffling_reference, plan_values=("expert_index_start", "expert_index_end", "top_k"),
-    small_problem={"T": 5, "E": 16}))
+    reference=_index_shuffling_reference, defined=_routed_prefix,
+    plan_values=("expert_index_start", "expert_index_end", "top_k"), small_problem={"T": 5, "E": 16}))
 
 
 # -- gather_scale_dense_tokens --------------------------------------------------------------------------------
