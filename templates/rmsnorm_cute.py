@@ -64,6 +64,13 @@ CONFIGS = tuple(
     + plan.clustered(plan.expand(vector_shapes=[(512, 1, 8)], scalar_shapes=[]), 8)
     + plan.expand(vector_shapes=[(1024, 1, 4)], scalar_shapes=[])
     + [c for n in (2, 4) for c in plan.clustered(plan.expand(vector_shapes=[], scalar_shapes=[(512, 1, 32)]), n)])
+# The single-CTA one-element tiles again with the phased middle's weight read as aligned 16-byte
+# loads moved into place in registers (``"weight": "vectors"``) rather than one element per load:
+# a warp's one-element weight loads touch as many cache lines per instruction as its 16-byte x
+# loads, eight instructions per vector of x, two per vector this way. Not yet timed on a GPU: the
+# heuristic does not take them (the tuner may; it checks their results first).
+WEIGHT_VECTOR_CONFIGS = tuple({**c, "weight": "vectors"} for c in CONFIGS if c["vec"] == 1 and "cluster" not in c)
+CONFIGS = CONFIGS + WEIGHT_VECTOR_CONFIGS
 # Registers per thread for the 1024-thread CTAs (the most a CTA of 1024 threads may use), and
 # for tiles cut into 8- or 4-byte accesses (512 threads per SM: the occupancy floor).
 LONG_ROW_REGS = 64
@@ -75,6 +82,12 @@ ARRAYS = 2
 
 
 def _valid(config, target, sig):
+    # "weight": "vectors" changes the phased kernel of single-CTA one-element tiles of 16-bit rows
+    # only (fp32 rows read their weight in 4-byte accesses already; holding twice the words cost
+    # them 8-38 registers per thread, spilling in some, for half the gain).
+    if "weight" in config and (config["weight"] != "vectors" or config["vec"] != 1 or "cluster" in config
+                               or limits.ELEM_BYTES[sig["dtype"]] != 2):
+        return False
     return plan.valid(config, sig, arrays=ARRAYS)
 
 
@@ -135,7 +148,7 @@ SCALAR_STREAMED_TILES = (   # (tile, the longest row it takes)
 
 def _heuristic(target, sig, problem, residual: bool = False):
     n = problem["N"]
-    configs = list(CONFIGS)
+    configs = [c for c in CONFIGS if "weight" not in c]   # WEIGHT_VECTOR_CONFIGS: not timed yet
     streamed = _streamed_rest_tile(configs, sig, n)
     if streamed is not None:
         return streamed
@@ -155,6 +168,24 @@ def _heuristic(target, sig, problem, residual: bool = False):
     return plan.pick(configs, sig, n, arrays=ARRAYS)
 
 
+def shifted_weight_words(words, offset, count: int, select, funnel=None) -> list:
+    """The ``count`` 32-bit words that start ``offset`` bytes (0-15, a multiple of the element
+    size) into ``words``: the little-endian 32-bit words of consecutive 16-byte loads, at least
+    count + 4 of them. A run-time offset cannot index registers (that goes to local memory), so
+    word m is built from selects and a funnel shift: words[m + offset // 4] by two selects on the
+    offset's bits 2 and 3, then, where the offset is not a multiple of 4 (16-bit elements;
+    ``funnel(lo, hi, bits)`` given), the pair (that word, the next) shifted right by 8 * (offset %
+    4) bits. Plain Python over the given ``select(cond, a, b)`` and ``funnel``, so the same code
+    builds the kernel's instructions and, on integers, checks itself in a CPU test."""
+    odd, two = (offset & 4) != 0, (offset & 8) != 0
+    near = [select(odd, words[k + 1], words[k]) for k in range(count + 3)]
+    word = [select(two, near[m + 2], near[m]) for m in range(count + 1)]
+    if funnel is None:
+        return word[:count]
+    bits = (offset & 3) * 8
+    return [funnel(word[m], word[m + 1], bits) for m in range(count)]
+
+
 def _build(config, target, sig, residual):
     import cutlass
     import cutlass.cute as cute
@@ -167,6 +198,13 @@ def _build(config, target, sig, residual):
     tile = plan.access_tile(config, sig)
     dtype = rw.dsl_dtype(sig["dtype"])
     wdtype = Float32 if sig.get("fp32_weight") else dtype
+
+    def select(cond, a, b):
+        return Int32(cutlass.select_(cond, a, b))
+
+    def funnel_right(lo, hi, bits):
+        """The low word of (hi:lo) >> bits (PTX shf.r: its first operand is the low word)."""
+        return cute.arch.shf(lo, hi, bits, "r")
 
     def add_rounded(a, b):
         return (a.load().to(Float32) + b.load().to(Float32)).to(dtype)
@@ -182,6 +220,11 @@ def _build(config, target, sig, residual):
         # element per access there.
         wvec = 1 if phased else min(vec, 16 // (wdtype.width // 8))
         wparts = vec // wvec
+        # The phased middle's weight read as aligned 16-byte words and shifted into place
+        # (config key "weight": "vectors"; see shifted_weight_words).
+        shifted = phased and config.get("weight") == "vectors"
+        w_bytes = vec * wdtype.width // 8          # weight bytes under one vector of x: 16 or 32
+        w_loads = w_bytes // 16 + 1                # 16-byte loads that cover them at any offset
 
         # Where the weight under the row's first tile waits for pass 2 (see the kernel):
         #  "smem":      vector rows: cp.async at the start into shared memory, a slot per thread;
@@ -190,7 +233,10 @@ def _build(config, target, sig, residual):
         #  "registers": one element per access (cp.async moves 4-16 bytes, not one 16-bit
         #               element): loaded before the row reduction into registers of its own
         #               (their configs have at most 512 threads, with no register cap).
-        weight_mode = "registers" if wvec == 1 else "smem"
+        #  "shifted":   the phased middle with the "vectors" weight key: each vector's weight
+        #               from the 16-byte loads around it, moved into place in registers (the
+        #               offset is the same for every vector of the row: w_bytes is a multiple of 16).
+        weight_mode = "shifted" if shifted else ("registers" if wvec == 1 else "smem")
 
         def load_weight(vW, wraw, col, j):
             """Issue the loads of the weight under vector j of x into columns col * wparts.. of wraw."""
@@ -219,6 +265,35 @@ def _build(config, target, sig, residual):
             return wf.load()
 
         @cute.jit
+        def load_shifted(wbase, woff: Int32, words: cute.Tensor, col: cutlass.Constexpr[int], j: Int32):
+            """Issue the 16-byte loads around the weight of middle vector ``j`` into column ``col``
+            of ``words``: the last one only where the weight starts past a 16-byte boundary (then
+            it holds some of the vector's weight; else it may lie wholly past the weight's end)."""
+            w128 = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Int32, num_bits_per_copy=128,
+                                       l1c_evict_priority=rw.KEEP)
+            for k in cutlass.range_constexpr(w_loads):
+                ptr = cute.make_ptr(Int32, wbase + j * w_bytes + 16 * k, cute.AddressSpace.gmem, assumed_align=16)
+                src = cute.make_tensor(ptr, cute.make_layout(4))
+                if const_expr(k < w_loads - 1):
+                    cute.copy(w128, src, words[None, k, col])
+                else:
+                    if woff != 0:
+                        cute.copy(w128, src, words[None, k, col])
+
+        def shifted_values(words, col, woff, ss=None):
+            """The weight of column ``col`` of ``words`` (load_shifted), as fp32 (vec,) values; with
+            ``ss`` converted only once that is known (see weight_values)."""
+            flat = [words[e % 4, e // 4, col] for e in range(4 * w_loads)]
+            packed = cute.make_rmem_tensor(w_bytes // 4, Int32)
+            funnel = funnel_right if const_expr(wdtype.width == 16) else None   # an fp32 weight: whole words
+            for m, word in enumerate(shifted_weight_words(flat, woff, w_bytes // 4, select, funnel)):
+                packed[m] = word
+            values = cute.recast_tensor(packed, wdtype).load()
+            if const_expr(ss is not None):
+                values = red.after(values, ss)
+            return values.to(Float32)
+
+        @cute.jit
         def body(mX: cute.Tensor, mR, mW: cute.Tensor, mY: cute.Tensor, mRO, eps: Float32):
             n = mX.shape[1]
             smem = cutlass.memory.SmemAllocator()
@@ -242,6 +317,11 @@ def _build(config, target, sig, residual):
                 nvec = pr.nmid
                 vX, vY = pr.middle(mX), pr.middle(mY)
                 vW = cute.zipped_divide(cute.make_tensor(mW.iterator + pr.head, mW.layout), (1,))
+                if const_expr(shifted):
+                    # The weight of middle vector j starts woff bytes past wbase + j * w_bytes.
+                    waddr = (mW.iterator + pr.head).toint()
+                    woff = Int32(waddr % 16)
+                    wbase = waddr - woff
             else:
                 vX, vY = rw.row_vectors(mX, row, vec), rw.row_vectors(mY, row, vec)
                 vW = cute.zipped_divide(mW, (wvec,))
@@ -320,9 +400,16 @@ def _build(config, target, sig, residual):
                     jr = first + i * tpr
                     if jr < nvec:
                         load_weight(vW, wtile, i, jr)
-                if const_expr(phased):
-                    edge_w = rw.edge_fragments(t, [wdtype])[0]
-                    rw.copy_edges(cute.zipped_divide(mW, (1,)), edge_w, pr, lane, tpr, load=True)
+            if const_expr(weight_mode == "shifted"):
+                wwords = cute.make_rmem_tensor((4, w_loads, chunks), Int32)
+                wwords.fill(0)
+                for i in cutlass.range_constexpr(chunks):
+                    jr = first + i * tpr
+                    if jr < nvec:
+                        load_shifted(wbase, woff, wwords, i, jr)
+            if const_expr(phased):
+                edge_w = rw.edge_fragments(t, [wdtype])[0]
+                rw.copy_edges(cute.zipped_divide(mW, (1,)), edge_w, pr, lane, tpr, load=True)
             if const_expr(t.cluster > 1):
                 ss = rw.cluster_row_allreduce(ss, operator.add, 0.0, cslots)
             else:
@@ -337,6 +424,8 @@ def _build(config, target, sig, residual):
                 h = red.after(held[None, i].load(), ss).to(Float32)
                 if const_expr(weight_mode == "smem"):
                     held[None, i].store((h * rstd * smem_weight_values(sW, wf, tidx, i)).to(dtype))
+                elif const_expr(weight_mode == "shifted"):
+                    held[None, i].store((h * rstd * shifted_values(wwords, i, woff, ss)).to(dtype))
                 else:
                     held[None, i].store((h * rstd * weight_values(wtile, wf, i, ss)).to(dtype))
             rw.copy_vectors(held, vY, first, tpr, nvec, load=False)
@@ -345,10 +434,17 @@ def _build(config, target, sig, residual):
                 rw.store_edges(y_edges.to(dtype), pr.elements(mY), pr, lane, tpr)
             # The streamed rest: read back what pass 1 read (x) or wrote (new_residual).
             vH = vRO if const_expr(residual) else vX
+            if const_expr(shifted):
+                rest_words = cute.make_rmem_tensor((4, w_loads, 1), Int32)
+                rest_words.fill(0)   # the last load's words, where it is not issued (woff == 0)
             for j in cutlass.range(first + t.tile_vecs, nvec, tpr):
                 rw.copy_vectors(vH, a, j, tpr, nvec, load=True, evict=rw.KEEP)
-                load_weight(vW, wraw, 0, j)
-                a.store((a.load().to(Float32) * rstd * weight_values(wraw, wf, 0)).to(dtype))
+                if const_expr(shifted):
+                    load_shifted(wbase, woff, rest_words, 0, j)
+                    a.store((a.load().to(Float32) * rstd * shifted_values(rest_words, 0, woff)).to(dtype))
+                else:
+                    load_weight(vW, wraw, 0, j)
+                    a.store((a.load().to(Float32) * rstd * weight_values(wraw, wf, 0)).to(dtype))
                 rw.copy_vectors(a, vY, j, tpr, nvec, load=False)
 
         return body

@@ -285,6 +285,8 @@ def test_cute_template_compiles(cute_case, cute_built):
         assert len(entries) == 2 and sum("_phased_kernel_" in e for e in entries) == 1, (cute_case.id, entries)
     if key["op"] in ("quantize_fp8_row", "silu_mul_quant"):
         _check_staged_copies(cute_case.id, key, ptx)
+    if key["op"] in ("rmsnorm", "rmsnorm_add") and _runs_phased_rows(key):
+        _check_phased_weight_loads(cute_case.id, key, ptx)
     if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") in ("sorted", "linked"):
         # The sorted scatter counts with integer atomics, the linked one links rows with atomic
         # exchanges; both add the data without atomics.
@@ -297,6 +299,23 @@ def test_cute_template_compiles(cute_case, cute_built):
                               check=True).stdout
         for pattern in _patterns(key, "sass"):
             assert re.search(pattern, sass), f"{cute_case.id}: no {pattern} in the SASS"
+
+
+def _check_phased_weight_loads(case_id: str, key: dict, ptx: str) -> None:
+    """A norm's phased kernel reads the weight of its aligned middle one element per load, or,
+    with the "vectors" weight key, in 16-byte loads moved into place (funnel shifts for a 16-bit
+    weight): then the only single-element loads of the weight's width are the row's edges (x,
+    residual and weight: at most 3 per lane)."""
+    phased = next(b for b in re.split(r"\.entry\s+", ptx)[1:] if "_phased_kernel_" in b.split("(", 1)[0])
+    sig = key["signature"]
+    width = "32" if sig["fp32_weight"] or ELEMENT_BYTES[sig["dtype"]] == 4 else "16"   # the weight's
+    scalar = [op for op in re.findall(r"ld\.global[\w.:]*", phased)
+              if ".v" not in op and re.search(rf"\.[bfu]{width}$", op)]
+    if key["config"].get("weight") == "vectors":
+        assert len(scalar) <= 3, (case_id, scalar)
+        assert ("shf.r.wrap.b32" in phased) == (width == "16"), case_id
+    else:
+        assert len(scalar) > 3 and "shf.r.wrap.b32" not in phased, (case_id, scalar)
 
 
 def _check_staged_copies(case_id: str, key: dict, ptx: str) -> None:

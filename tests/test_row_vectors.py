@@ -388,3 +388,48 @@ def test_staged_tiles_hold_a_row_in_shared_memory_within_the_budget():
     assert plan.staged_from(fp32, 8193, 4097) == 4097
     assert plan.staged_from(one, 7168, 4097) == plan.staged_from({"dtype": "float32", "vec_bytes": 4}, 7168, 4097) == 4097
 
+
+
+@pytest.mark.parametrize("element_bytes, weight_bytes", [(2, 16), (2, 32), (4, 32)])
+def test_shifted_weight_words_move_any_offset_into_place(element_bytes, weight_bytes):
+    """rmsnorm's "vectors" weight (a phased row's weight read as 16-byte loads and moved into
+    place; ``rmsnorm_cute.shifted_weight_words``), run on integers with the kernel's select and
+    funnel shift: for every offset an element can start at, the words are the weight bytes from
+    that offset. 16-byte loads of 2-byte elements (bf16 x, same-dtype weight: 16 bytes under a
+    vector of 8) and of 4-byte ones (an fp32 weight: 32 bytes under 8 bf16 values)."""
+    from mslk_dsl.templates.rmsnorm_cute import shifted_weight_words
+
+    def select(cond, a, b):
+        return a if cond else b
+
+    def funnel_right(lo, hi, bits):   # PTX shf.r.wrap.b32 d, lo, hi, bits
+        return ((hi << 32 | lo) >> bits) & 0xFFFFFFFF
+
+    rng = random.Random(7)
+    loads = weight_bytes // 16 + 1
+    for _ in range(20):
+        data = bytes(rng.randrange(256) for _ in range(16 * loads))
+        words = [int.from_bytes(data[4 * i:4 * i + 4], "little") for i in range(4 * loads)]
+        for offset in range(0, 16, element_bytes):
+            got = shifted_weight_words(words, offset, weight_bytes // 4, select,
+                                       funnel_right if element_bytes == 2 else None)
+            want = [int.from_bytes(data[offset + 4 * m:offset + 4 * m + 4], "little")
+                    for m in range(weight_bytes // 4)]
+            assert got == want, (offset, got, want)
+
+
+def test_weight_vector_configs_are_offered_but_not_picked():
+    """The "vectors" weight configs (rmsnorm, rmsnorm_add: single-CTA one-element tiles of 16-bit
+    rows) are valid where their plain twins are, and the heuristic, not yet timed on them, never
+    takes one."""
+    for op in ("rmsnorm", "rmsnorm_add"):
+        (t,) = registry.get_templates(op=op, backend="cute")
+        vectors = [c for c in t.all_configs() if c.get("weight") == "vectors"]
+        assert vectors and all(c["vec"] == 1 and "cluster" not in c for c in vectors)
+        for sig in t.all_signatures():
+            for c in vectors:
+                plain = {k: v for k, v in c.items() if k != "weight"}
+                assert t.valid(c, "sm90a", sig) == (t.valid(plain, "sm90a", sig)
+                                                    and limits.ELEM_BYTES[sig["dtype"]] == 2), (op, sig, c)
+            for n in (1, 9, 771, 1037, 4097, 6001, 12289, 16383, 33001):
+                assert "weight" not in t.heuristic("sm90a", sig, {"M": 100, "N": n}), (op, sig, n)

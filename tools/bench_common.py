@@ -44,7 +44,8 @@ def row_vec_bytes(n: int, dtype: str) -> int:
 
 def rowwise_label(config: dict) -> str:
     """A short name for a row-wise kernel config (threads, rows per block, vector, chunks; the
-    cluster, register cap, staging in shared memory and L1 policy where given), or for a
+    cluster, register cap, staging in shared memory ("s"), a norm's weight read in 16-byte loads
+    ("w") and L1 policy where given), or for a
     scatter config (method, unroll, pdl)."""
     if "threads" not in config:
         return f"{config.get('method', '')}{'+pdl' if config.get('pdl') else ''} u{config.get('unroll')}"
@@ -55,6 +56,8 @@ def rowwise_label(config: dict) -> str:
         label += f"@{config['regs']}"
     if config.get("stage") == "smem":
         label += "s"
+    if config.get("weight") == "vectors":
+        label += "w"
     if "l1" in config:
         label += f" {config['l1']}"
     return label

@@ -254,6 +254,42 @@ def test_one_element_rows_at_every_offset(op, dtype, fp32_weight):
             assert_within_one_ulp(y, want, what)
 
 
+WEIGHT_VECTOR_SHAPES = [(9, 7), (17, 13), (40, 379), (11, 1037), (9, 2047), (3, 4097), (5, 6001), (2, 16383),
+                        (3, 20011)]   # the last longer than every tile: the weight of the streamed rest too
+
+
+@SM90
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("fp32_weight", [False, True], ids=["weight_as_x", "fp32_weight"])
+def test_weight_vector_configs_at_every_offset(op, dtype, fp32_weight):
+    """The "vectors" weight configs (a phased row's weight read in 16-byte loads and moved into
+    place in registers) at every offset of x from a 16-byte boundary and every offset of the
+    weight (its own, independent of x's: 0-7 elements), each config forced."""
+    configs = [c for c in _template(op).all_configs() if c.get("weight") == "vectors"]
+    assert configs
+    for config, (m, n) in itertools.product(configs, WEIGHT_VECTOR_SHAPES):
+        x0, r0, w0 = _inputs(m, n, dtype, seed=5)
+        wdtype = torch.float32 if fp32_weight else dtype
+        for x_off, w_off in ((0, 0), (3, 0), (0, 5), (7, 1), (5, 7), (2, 2), (1, 6), (6, 3), (4, 4)):
+            what = f"{op} {dtype} {m}x{n} {config_name(config)} x offset {x_off} weight offset {w_off}"
+            x, _ = _at_offset(m, n, dtype, x_off, x0)
+            r, _ = _at_offset(m, n, dtype, x_off, r0)
+            w, _ = _at_offset(1, n, wdtype, w_off, w0.to(wdtype).view(1, n))
+            w = w.view(n)
+            y, y_buf = _at_offset(m, n, dtype, x_off)
+            if op == "rmsnorm":
+                ops.rmsnorm(x, w, EPS, out=y, config=config)
+                want = ref_rmsnorm(x, w, EPS)
+            else:
+                new_residual, _ = _at_offset(m, n, dtype, x_off)
+                ops.rmsnorm_add(x, r, w, EPS, out=(y, new_residual), config=config)
+                want, want_residual = ref_rmsnorm_add(x, r, w, EPS)
+                assert torch.equal(new_residual, want_residual), f"{what}: new_residual is not bit-exact"
+            assert _guards_intact(y_buf, x_off, m * n), f"{what}: y written out of bounds"
+            assert_within_one_ulp(y, want, what)
+
+
 def test_configs_cover_every_signature():
     # Runs on the CPU too: every signature has a config and the heuristic picks a valid one.
     for op in OPS:
