@@ -25,7 +25,11 @@ usually) for the normalize pass; the heuristic picks the smallest tile that cove
 An fp32 weight with 16-bit x is read as two 128-bit vectors per vector of x. The weight under
 the first tile is loaded ahead of pass 2 (cp.async into shared memory on vector rows, registers
 for one element per access; see ``weight_mode``), so pass 2 computes the tile and stores it with no load between
-its stores: read there, each weight vector was a round trip after the store before it.
+its stores: read there, each weight vector was a round trip after the store before it. On
+phased rows (odd hidden sizes) the weight under the aligned middle of x sits at another offset
+from a 16-byte boundary in every row: it is read one element per load, or, with the config key
+``"weight": "vectors"``, in the aligned 16-byte loads around it, moved into place in registers
+(``shifted_weight_words``).
 """
 import functools
 import operator
