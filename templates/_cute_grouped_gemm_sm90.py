@@ -92,10 +92,10 @@ class GroupedHopperGemm(HopperGemm):
     The epilogue hook's prefetch sees m0 = the tile's first row of x / out and n0 = its first
     row of w viewed as [G * N, K] (so per-group column data, e.g. scales [G, N], flattens)."""
 
-    def __init__(self, tile_mn, cluster_m=1, raster_m=True, promote_every=0, epilogue=None,
+    def __init__(self, tile_mn, cluster_m=1, raster_m=True, promote_every=0, pingpong=False, epilogue=None,
                  template="GroupedHopperGemm"):
         super().__init__(tile_mn, cluster_m=cluster_m, raster_m=raster_m, group=0, promote_every=promote_every,
-                         epilogue=epilogue, template=template)
+                         pingpong=pingpong, epilogue=epilogue, template=template)
         self.unit_m = self.tile_m * self.cluster_m  # rows of a group one unit of work covers
 
     # ---------------------------------------------------------------- host side
@@ -228,19 +228,35 @@ class GroupedHopperGemm(HopperGemm):
     @cute.jit
     def _consume_groups(self, ab_pipeline, tiled_mma, tiled_mma_zero, sA, sB, sD, sEpi, tma_d, mD, k_tiles,
                         mma_tidx, warp_idx, cta_m, m_sizes, total_m, n_size, n_tiles, epi_args):
-        """Consumer warpgroups: HopperGemm's main loop and epilogue over the group tiles."""
+        """Consumer warpgroups: HopperGemm's main loop and epilogue over the group tiles. Under
+        ping-pong each warpgroup takes every other tile of the CTA's sequence (its own walk over
+        the group list) and steps its pipeline states over the other's tiles, in the dense
+        kernel's order (HopperGemm._consume): every unit has all K's k-tiles."""
         c, read_state, release_state = self._consumer_setup(tiled_mma, tiled_mma_zero, sA, sB, sD, mma_tidx)
         tiles_done = Int32(0)
         work = cute.arch.block_idx()[2]
+        if const_expr(self.pingpong):
+            # Group 1 starts at the CTA's second tile: past the first one's k-tiles.
+            work += c.group * cute.arch.grid_dim()[2]
+            read_state.advance(c.group * k_tiles)
+            release_state.advance(c.group * k_tiles)
+            if c.group == 0:  # group 0's first mainloop waits for no one
+                cute.arch.barrier_arrive(barrier_id=sm90._MMA_ORDER_BARRIER, number_of_threads=2 * self.tile_threads)
         walk = self._walk_start(m_sizes, n_tiles, work)
         while walk[0] < m_sizes.shape[0]:
             group, first_row, group_rows, unit_m, tile_n = self._find_tile(work, walk, n_tiles)
             tile_m = unit_m * self.cluster_m + cta_m
             if const_expr(self.epilogue is not None):
                 self.epilogue.prefetch(c.epi_regs, epi_args, first_row + tile_m * self.tile_m,
-                                       group * n_size + tile_n * self.tile_n, mma_tidx)
+                                       group * n_size + tile_n * self.tile_n, c.tidx)
+            if const_expr(self.pingpong):  # the other group has issued its mainloop
+                cute.arch.barrier(barrier_id=sm90._MMA_ORDER_BARRIER + c.group,
+                                  number_of_threads=2 * self.tile_threads)
             read_state, release_state = self._accumulate_tile(ab_pipeline, read_state, release_state, tiled_mma,
                                                               tiled_mma_zero, c, k_tiles, mma_tidx)
+            if const_expr(self.pingpong):  # the other group's next tile
+                read_state.advance(k_tiles)
+                release_state.advance(k_tiles)
             # The TMA stores clip at the group's last row (and at total_M).
             self._stage_epilogue(c, sEpi)
             length = cutlass.max(cutlass.min(group_rows, total_m - first_row), Int32(0))
@@ -249,6 +265,6 @@ class GroupedHopperGemm(HopperGemm):
                                              (tile_m, tile_n)),
                              tiles_done, warp_idx)
             tiles_done += 1
-            work += cute.arch.grid_dim()[2]
+            work += cute.arch.grid_dim()[2] * self.tile_groups
             walk = self._walk_to(m_sizes, n_tiles, work, walk)
         c.store_pipeline.producer_tail()

@@ -36,7 +36,15 @@ def _tiles(**extra):
             + tuple({"tile_m": m, "tile_n": n, "cluster_m": 2, **extra} for m, n in _CLUSTER_TILES))
 
 
-BF16_CONFIGS = _tiles()
+# 16-bit ping-pong tiles (``pingpong``: the two consumer warpgroups take alternate 128-row units,
+# so one's epilogue runs under the other's mainloop; HopperGemm's KernelTmaWarpSpecializedPingpong
+# form), single CTAs and 2x1 clusters, 128 or 192 columns (a warpgroup holds a whole 128 x tile_n
+# fp32 tile). Groups of short K (DeepSeek-V3 down: 16 k-tiles a unit) spend the largest share of a
+# unit in its epilogue. Not yet timed on a GPU: the heuristic does not take them (the tuner may).
+PINGPONG_TILES = ((128, 192), (128, 128))
+BF16_PINGPONG_CONFIGS = tuple({"tile_m": m, "tile_n": n, "pingpong": True, **cluster}
+                              for cluster in ({}, {"cluster_m": 2}) for m, n in PINGPONG_TILES)
+BF16_CONFIGS = _tiles() + BF16_PINGPONG_CONFIGS
 FP8_PROMOTE = 4
 FP8_CONFIGS = _tiles(promote=0) + tuple(c for c in _tiles(promote=FP8_PROMOTE) if c["tile_n"] <= 128)
 
@@ -88,7 +96,8 @@ def heuristic(problem, fp8):
     the error of unpromoted FP8 accumulation grows with K); ties go to the larger tile, then
     the single CTA. A promoted FP8 128-row tile then runs in a 2x1 cluster where K >=
     CLUSTER_K_MIN and the expected rows per non-empty group reach CLUSTER_GROUP_ROWS."""
-    configs = [c for c in (FP8_CONFIGS if fp8 else BF16_CONFIGS) if not fp8 or c["promote"] == FP8_PROMOTE]
+    configs = [c for c in (FP8_CONFIGS if fp8 else BF16_CONFIGS)
+               if (not fp8 or c["promote"] == FP8_PROMOTE) and not c.get("pingpong")]
     pick = dict(min(configs, key=lambda c: (cost(c, problem), -c["tile_m"] * c["tile_n"], c.get("cluster_m", 1))))
     m = problem["M"]
     busy = active_groups(m, problem.get("G", 1))

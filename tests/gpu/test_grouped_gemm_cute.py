@@ -116,6 +116,17 @@ def test_fp8_every_config(config):
     _check_fp8(xq, wq, xs, ws, sizes, out, f"config {config}", promoted=config["promote"] > 0)
 
 
+@pytest.mark.parametrize("config", [c for c in _configs("bf16bf16bf16_grouped_stacked") if c.get("pingpong")],
+                         ids=config_name)
+def test_bf16_pingpong_warpgroups_alternate_over_many_tiles(config):
+    """Ping-pong tiles with several units per CTA, so both consumer warpgroups take tiles and
+    step over each other's k-tiles (K past the ring of stages: 32 k-tiles), over odd and empty
+    groups; the every-config case above gives most CTAs one unit or none."""
+    sizes = _sizes(24000, 16, seed=3, empty_every=5, dtype=torch.int32)
+    x, w = _bf16_case(sizes, 1000, 2048, seed=4)
+    _check_bf16(x, w, sizes, ops.bf16bf16bf16_grouped_stacked(x, w, sizes, config=config), f"config {config}")
+
+
 # ------------------------------------------------------------------ default config
 GROUP_CASES = [  # (total rows, G, every n-th group empty)
     (1, 1, 0), (300, 1, 0), (1000, 8, 0), (777, 8, 3), (4099, 16, 0), (333, 16, 2), (16 * 8, 128, 0),
