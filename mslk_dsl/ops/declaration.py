@@ -147,7 +147,7 @@ class OpDecl:
             try:
                 torch.testing.assert_close(g.float(), w.float(), rtol=rtol, atol=atol)
             except AssertionError as e:
-                return f"{self.name}: result {i}: {e}"
+                return f"{self.name}: result {i}: " + " ".join(str(e).split())   # one line
         return None
 
     def max_error(self, got, want) -> float:
