@@ -74,7 +74,15 @@ CONFIGS = tuple(
 # loads, eight instructions per vector of x, two per vector this way. Not yet timed on a GPU: the
 # heuristic does not take them (the tuner may; it checks their results first).
 WEIGHT_VECTOR_CONFIGS = tuple({**c, "weight": "vectors"} for c in CONFIGS if c["vec"] == 1 and "cluster" not in c)
-CONFIGS = CONFIGS + WEIGHT_VECTOR_CONFIGS
+# Holding the weight's 16-byte words takes the phased kernels of the 8192 and 16384 tiles 77 and
+# 74 registers per thread (bf16) where the one-element weight's take 62 and 58: three CTAs of 256
+# threads per SM instead of four, one of 512 instead of two. These two again with the phased
+# kernel capped at WEIGHT_VECTOR_REGS (``regs``), the twin's occupancy, for a same-dtype weight
+# (an fp32 weight's words spill 28-38 bytes per thread under the cap).
+WEIGHT_VECTOR_REGS = 64
+WEIGHT_VECTOR_CAPPED = tuple({**c, "regs": WEIGHT_VECTOR_REGS} for c in WEIGHT_VECTOR_CONFIGS
+                             if c["rows_per_block"] == 1 and c["chunks"] == 32)
+CONFIGS = CONFIGS + WEIGHT_VECTOR_CONFIGS + WEIGHT_VECTOR_CAPPED
 # Registers per thread for the 1024-thread CTAs (the most a CTA of 1024 threads may use), and
 # for tiles cut into 8- or 4-byte accesses (512 threads per SM: the occupancy floor).
 LONG_ROW_REGS = 64
@@ -91,6 +99,8 @@ def _valid(config, target, sig):
     # them 8-38 registers per thread, spilling in some, for half the gain).
     if "weight" in config and (config["weight"] != "vectors" or config["vec"] != 1 or "cluster" in config
                                or limits.ELEM_BYTES[sig["dtype"]] != 2):
+        return False
+    if "regs" in config and ("weight" not in config or sig.get("fp32_weight")):
         return False
     return plan.valid(config, sig, arrays=ARRAYS)
 
@@ -193,8 +203,10 @@ def shifted_weight_words(words, offset, count: int, select, funnel=None) -> list
 def _build(config, target, sig, residual):
     import cutlass
     import cutlass.cute as cute
-    from cutlass import Float32, Int32, const_expr
+    from cutlass import Float32, Int32, Uint32, const_expr
+    from cutlass._mlir.dialects import llvm
     from cutlass.cute.nvgpu import cpasync
+    from cutlass.cutlass_dsl import T
 
     from mslk_dsl.templates import _cute_reduce as red
     from mslk_dsl.templates import _cute_rowwise as rw
@@ -287,6 +299,11 @@ def _build(config, target, sig, residual):
         def shifted_values(words, col, woff, ss=None):
             """The weight of column ``col`` of ``words`` (load_shifted), as fp32 (vec,) values; with
             ``ss`` converted only once that is known (see weight_values)."""
+            if const_expr(ss is not None):
+                # The shifts read the sum of squares (its sign bit: 0), so ptxas cannot move them
+                # above the row reduction, where the raw and the shifted words would both be held
+                # (rmsnorm_add, bf16, 256 x 32: 118 registers per thread without this, 74 with it).
+                woff = woff | Int32(Uint32(llvm.bitcast(T.i32(), ss.ir_value())) >> 31)
             flat = [words[e % 4, e // 4, col] for e in range(4 * w_loads)]
             packed = cute.make_rmem_tensor(w_bytes // 4, Int32)
             funnel = funnel_right if const_expr(wdtype.width == 16) else None   # an fp32 weight: whole words
@@ -479,8 +496,12 @@ def _build(config, target, sig, residual):
 
     def launch(mX, mR, mW, mY, mRO, eps, stream):
         rows = (mX, mY, mR, mRO) if residual else (mX, mY)
-        rw.launch_rows(rows, vec, kernel, phased_kernel, (mX, mR, mW, mY, mRO, eps),
-                       {**rw.row_launch(tile, mX.shape[0]), "stream": stream, **hints})
+        grid = {**rw.row_launch(tile, mX.shape[0]), "stream": stream}
+        if const_expr("regs" in config):   # the phased kernel capped (WEIGHT_VECTOR_CAPPED)
+            rw.launch_rows(rows, vec, kernel, phased_kernel, (mX, mR, mW, mY, mRO, eps),
+                           {**grid, **rw.launch_hints(tile, config["regs"])}, plain_launch={**grid, **hints})
+        else:
+            rw.launch_rows(rows, vec, kernel, phased_kernel, (mX, mR, mW, mY, mRO, eps), {**grid, **hints})
 
     @cute.jit
     def rmsnorm(mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, eps: Float32, stream):

@@ -420,16 +420,18 @@ def test_shifted_weight_words_move_any_offset_into_place(element_bytes, weight_b
 
 def test_weight_vector_configs_are_offered_but_not_picked():
     """The "vectors" weight configs (rmsnorm, rmsnorm_add: single-CTA one-element tiles of 16-bit
-    rows) are valid where their plain twins are, and the heuristic, not yet timed on them, never
-    takes one."""
+    rows; the 8192 and 16384 tiles also with a register cap, same-dtype weight only) are valid
+    where their plain twins are, and the heuristic, not yet timed on them, never takes one."""
     for op in ("rmsnorm", "rmsnorm_add"):
         (t,) = registry.get_templates(op=op, backend="cute")
         vectors = [c for c in t.all_configs() if c.get("weight") == "vectors"]
         assert vectors and all(c["vec"] == 1 and "cluster" not in c for c in vectors)
         for sig in t.all_signatures():
             for c in vectors:
-                plain = {k: v for k, v in c.items() if k != "weight"}
+                plain = {k: v for k, v in c.items() if k not in ("weight", "regs")}
                 assert t.valid(c, "sm90a", sig) == (t.valid(plain, "sm90a", sig)
-                                                    and limits.ELEM_BYTES[sig["dtype"]] == 2), (op, sig, c)
+                                                    and limits.ELEM_BYTES[sig["dtype"]] == 2
+                                                    and not ("regs" in c and sig["fp32_weight"])), (op, sig, c)
+                assert t.valid(plain | {"regs": 64}, "sm90a", sig) is False   # a cap only with the key
             for n in (1, 9, 771, 1037, 4097, 6001, 12289, 16383, 33001):
                 assert "weight" not in t.heuristic("sm90a", sig, {"M": 100, "N": n}), (op, sig, n)

@@ -264,9 +264,12 @@ WEIGHT_VECTOR_SHAPES = [(9, 7), (17, 13), (40, 379), (11, 1037), (9, 2047), (3, 
 @pytest.mark.parametrize("fp32_weight", [False, True], ids=["weight_as_x", "fp32_weight"])
 def test_weight_vector_configs_at_every_offset(op, dtype, fp32_weight):
     """The "vectors" weight configs (a phased row's weight read in 16-byte loads and moved into
-    place in registers) at every offset of x from a 16-byte boundary and every offset of the
-    weight (its own, independent of x's: 0-7 elements), each config forced."""
-    configs = [c for c in _template(op).all_configs() if c.get("weight") == "vectors"]
+    place in registers; some with the phased kernel's registers capped) at every offset of x from
+    a 16-byte boundary and every offset of the weight (its own, independent of x's: 0-7
+    elements), each config forced."""
+    t = _template(op)
+    sig = {"dtype": str(dtype).removeprefix("torch."), "vec_bytes": dtype.itemsize, "fp32_weight": fp32_weight}
+    configs = [c for c in t.all_configs() if c.get("weight") == "vectors" and t.valid(c, "sm90a", sig)]
     assert configs
     for config, (m, n) in itertools.product(configs, WEIGHT_VECTOR_SHAPES):
         x0, r0, w0 = _inputs(m, n, dtype, seed=5)
