@@ -76,6 +76,18 @@ why = judge(lambda a: scale_copy(*a, config={"k": "wrong"}))
 assert why is not None and "scale_copy: result 0" in why and "the default config's" in why, why
 strict = autotune.ResultCheck("scale_copy", big, default=lambda a: scale_copy(*a, config={"k": "right"}))
 assert strict(lambda a: scale_copy(*a, config={"k": "rounded"})) is not None
+# a reference too large for the memory at the tuner's size: the default config's results stand in
+import dataclasses
+def no_memory(*args):
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+original = declaration.get("scale_copy")
+declaration._declared["scale_copy"] = dataclasses.replace(original, reference=no_memory)
+with contextlib.redirect_stdout(io.StringIO()) as said:
+    judge = autotune.ResultCheck("scale_copy", big, default=lambda a: scale_copy(*a, config={"k": "right"}))
+assert "does not fit in memory" in said.getvalue()
+assert judge(lambda a: scale_copy(*a, config={"k": "right"})) is None
+assert judge(lambda a: scale_copy(*a, config={"k": "wrong"})) is not None
+declaration._declared["scale_copy"] = original
 # mslk_dsl.ops names it and lists it
 import mslk_dsl.ops
 assert mslk_dsl.ops.scale_copy is scale_copy
