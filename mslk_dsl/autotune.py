@@ -107,7 +107,6 @@ class ResultCheck:
                 self.want = self._results(lambda a: self.decl.reference(*a))
                 self.default_error = self.decl.max_error(self._results(default), self.want)
             except torch.cuda.OutOfMemoryError:
-                self.want = None
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
                 print(f"  {op}: the reference does not fit in memory at this size; each config is "
