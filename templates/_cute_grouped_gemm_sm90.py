@@ -84,8 +84,8 @@ def fake_args(ab_dtype, k_multiple: int, index_dtype: str, scales: bool) -> list
 
 
 class GroupedHopperGemm(HopperGemm):
-    """One grouped GEMM configuration: HopperGemm's tile, cluster, FP8 promotion and epilogue
-    hook; no split-K, stream-K or x_rows (each tile's unit of work is one whole group tile).
+    """One grouped GEMM configuration: HopperGemm's tile, cluster, FP8 promotion, ping-pong and
+    epilogue hook; no split-K, stream-K or x_rows (each tile's unit of work is one whole group tile).
     With a 2x1 cluster the unit of work is a pair of M tiles of one group with the same N tile:
     the weight tile is TMA-multicast to both CTAs (each loads half), and a CTA whose M tile lies
     past the group's rows computes rows that are never stored (its store clips to nothing).
