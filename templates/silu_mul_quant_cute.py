@@ -49,10 +49,12 @@ TRIMMED = [{**c, "regs": TRIMMED_REGS} for c in SHAPES if c["threads"] == 224 an
 SHORT_ROWS = plan.expand(vector_shapes=plan.QUANT_SHORT_VECTOR_ROWS, scalar_shapes=plan.QUANT_SHORT_SCALAR_ROWS)
 # Staged tiles (plan's ``stage`` key): the first tile of a row in shared memory, loaded by
 # cp.async, one row per CTA: 7168-16384 elements of a 16-bit dtype in CTAs of 160-256 threads
-# (half for fp32; 64 KiB of shared memory at most), one-element rows 8192-16384.
+# (half for fp32; 64 KiB of shared memory at most), one-element rows 8192-16384, and 4096 for the
+# tuner (rows of 2049-4096 one-element accesses take the register tile, 80-85% of copy; its staged
+# twin, four CTAs per SM against three, is not yet timed).
 STAGED = plan.staged(plan.expand(vector_shapes=[(224, 1, 4), (256, 1, 4), (160, 1, 8), (256, 1, 6), (224, 1, 8),
                                                 (256, 1, 8)],
-                                 scalar_shapes=[(256, 1, 32), (256, 1, 48), (256, 1, 64)]))
+                                 scalar_shapes=[(256, 1, 16), (256, 1, 32), (256, 1, 48), (256, 1, 64)]))
 CONFIGS = plan.with_l1(TRIMMED + SHAPES + STAGED) + plan.with_l1(SHORT_ROWS, ("keep",))
 _valid, _ = plan.rules(CONFIGS, arrays=2)
 
@@ -175,13 +177,18 @@ def _may_spill(config, target, sig) -> bool:
     """sm100a's ptxas spills 8 bytes per thread at 80 registers when a thread keeps 32 values of
     its row resident (vec 8 x 4 chunks; resource reports); sm90a does not, except in CTAs of 160
     threads (5 per SM at 80 registers: 72 and 8 bytes of local memory, which stays in L1), the
-    224-thread CTAs capped at 72 registers (8 bytes) and the short-row tiles of 32 single
-    elements per input (48 bytes at 104 registers). sm100a's ptxas also spills 16 bytes in some
-    staged fp32 tiles at their register budget (plan.staged_registers); sm90a's does not."""
+    224-thread CTAs capped at 72 registers (8 bytes), the short-row tiles of 32 single
+    elements per input (48 bytes at 104 registers) and the short-row tile of 8 rows of 4 16-bit
+    vectors per thread in 128 threads (40-48 bytes at 80 registers, 16-bit rows; so since it was
+    added, its timings in docs/benchmarks.md "Short rows" included). sm100a's ptxas also spills
+    16 bytes in some staged fp32 tiles at their register budget (plan.staged_registers); sm90a's
+    does not."""
     resident = config["vec"] * config["chunks"] >= 32
     staged_sm100 = target == "sm100a" and config.get("stage") == "smem" and sig["dtype"] == "float32"
+    short_8_rows = config["threads"] == 128 and config["rows_per_block"] == 8
     return (resident and (target == "sm100a" or config["threads"] == 160 or "regs" in config
-                          or config["vec"] == 1)) or plan.cut_into_words(config, sig) or staged_sm100
+                          or config["vec"] == 1 or short_8_rows)) or plan.cut_into_words(config, sig) \
+        or staged_sm100
 
 
 TEMPLATE = Template(op="silu_mul_quant", backend="cute", targets=("sm90a", "sm100a"),
