@@ -1,5 +1,6 @@
 # The two set-up commands of the README. Each creates .venv if missing, installs, and runs.
-#   make aot   compile every registered kernel config for sm90a, gfx942 and gfx950 into the cache
+#   make aot   compile every registered kernel config for sm90a, gfx942 and gfx950 into the cache, and
+#              check each one's resources (spills, occupancy) against its template's declarations
 #   make test  lint (ruff, mypy), then run the whole test suite (GPU tests skip with a reason where there is no GPU);
 #              the compile tests build a sample of the configs, MSLK_DSL_TEST_ALL_CONFIGS=1 builds them all
 PYTHON ?= python3
@@ -30,7 +31,7 @@ lld:
 	fi
 
 aot: setup
-	$(BIN)/mslk-dsl aot build
+	$(BIN)/mslk-dsl aot build --check-resources
 
 lint: setup
 	$(BIN)/ruff check .

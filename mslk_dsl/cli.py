@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--shard", help="build only shard i of n (i/n, 1-based)")
     s.add_argument("--dry-run", action="store_true", help="list the jobs, compile nothing")
     s.add_argument("--progress", choices=["auto", "bar", "lines"], default="auto")
+    s.add_argument("--check-resources", action="store_true",
+                   help="exit 1 if a kernel of the build breaks a limit or its template's declarations "
+                        "(spills, occupancy floor: as `mslk-dsl resources --check`, over exactly these kernels)")
     s.set_defaults(func=cmd_aot_build)
     s = aot.add_parser("merge", help="merge bundles (e.g. shards) into one")
     s.add_argument("out")
@@ -273,7 +276,27 @@ def cmd_aot_build(args) -> int:
           f"in {report.seconds:.1f}s")
     for error in report.failed.values():
         print(f"FAILED: {error}", file=sys.stderr)
-    return 0 if report.ok else 1
+    broken = _resource_problems(jobs, out) if args.check_resources else []
+    for problem in broken:
+        print(f"RESOURCES: {problem}", file=sys.stderr)
+    if args.check_resources:
+        print(f"resources: {len(broken)} problems in the {len(jobs)} kernels")
+    return 0 if report.ok and not broken else 1
+
+
+def _resource_problems(jobs, out: str) -> list[str]:
+    """The resource problems (mslk_dsl.resources.entry_problems) of the built kernels of ``jobs``
+    in ``out``: the whole config matrix's check, which the compile tests make on a sample."""
+    from mslk_dsl import resources
+    from mslk_dsl.cache import KernelCache
+
+    store = KernelCache(out)
+    found = []
+    for job in jobs:
+        entry = store.lookup(job.key)
+        if entry is not None:
+            found += resources.entry_problems(entry)
+    return found
 
 
 def cmd_aot_merge(args) -> int:

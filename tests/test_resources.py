@@ -161,6 +161,21 @@ def test_a_spilling_config_is_reported_and_rejected(tmp_path, resource_templates
     assert resources.problems(capped.meta["resources"], get_target("sm90a"), spills_allowed=True) == []
 
 
+def test_aot_build_checks_the_resources_of_exactly_its_kernels(tmp_path, resource_templates, capsys):
+    """`mslk-dsl aot build --check-resources` (what `make aot` runs): the build fails on a kernel
+    that spills without its template allowing it, and passes where its kernels keep the
+    declarations; the check covers the build's kernels only, not others in the same directory."""
+    from mslk_dsl.cli import main
+
+    out = str(tmp_path / "bundle")
+    build = ["aot", "build", "--op", "resource_spill", "--target", "sm90a", "--workers", "1", "--out", out,
+             "--progress", "lines", "--check-resources"]
+    assert main(build + ["--config", "cappedTrue"]) == 1
+    assert "RESOURCES: spill_cute {'capped': True}" in capsys.readouterr().err
+    assert main(build + ["--config", "cappedFalse"]) == 0   # the capped kernel is still in out
+    assert "resources: 0 problems in the 1 kernels" in capsys.readouterr().out
+
+
 # -- where reports show ---------------------------------------------------------------------------
 def test_reports_reach_meta_json_explain_the_resources_command_and_bundles(cache_dir, capsys):
     from mslk_dsl.aot import bundle
