@@ -49,9 +49,7 @@ MAX_TILE_BYTES_PER_THREAD = 256
 # Shared-memory budget of a staged tile (the ``stage`` key), all its inputs together: 64 KiB
 # keeps three CTAs per SM (227 KiB of shared memory on sm_90).
 STAGED_SMEM_BYTES = 64 * 1024
-# Shared memory of an SM (sm_90; 1 KiB of it per CTA is reserved by the system), and the CTAs per
-# SM a staged tile's register budget aims at (staged_registers).
-SM_SMEM_BYTES = 228 * 1024
+# The CTAs per SM a staged tile's register budget aims at (staged_registers).
 STAGED_CTAS = 4
 # The register tile of a staged one-element config's kernel for rows that are not congruent:
 # at most this many single elements per thread and input (the quantizers' 4096 tile).
@@ -149,13 +147,15 @@ def plain_tile(tile: RowTile) -> RowTile:
     return dataclasses.replace(tile, stage="registers", chunks=min(tile.chunks, UNSTAGED_SCALAR_CHUNKS))
 
 
-def staged_registers(tile: RowTile, arrays: int, elem_bytes: int) -> int:
+def staged_registers(tile: RowTile, arrays: int, elem_bytes: int, limits: dict) -> int:
     """Registers per thread for a staged tile: as many as the CTAs per SM its shared memory
-    allows (at most STAGED_CTAS) leave room for, at most 128 (a multiple of 8). A 64 KiB tile
-    of 256 threads gets 80 (three CTAs), a 32 KiB one 64 (four)."""
-    smem = arrays * tile.tile_k * elem_bytes + 2048   # the tile, the reduction slots, the system's 1 KiB
-    ctas = max(1, min(STAGED_CTAS, SM_SMEM_BYTES // smem))
-    return min(128, 65536 // (tile.threads * ctas) // 8 * 8)
+    allows (at most STAGED_CTAS) leave room for, at most 128 (a multiple of 8). ``limits``: the
+    target's (arch/*.toml ``[limits]``, ``mslk_dsl.targets``). On sm_90 a 64 KiB tile of 256
+    threads gets 80 (three CTAs), a 32 KiB one 64 (four)."""
+    # the tile, 1 KiB of reduction slots, the shared memory the system reserves per CTA
+    smem = arrays * tile.tile_k * elem_bytes + 1024 + limits["shared_memory_reserved_per_block"]
+    ctas = max(1, min(STAGED_CTAS, limits["shared_memory_per_sm"] // smem))
+    return min(128, limits["registers_per_sm"] // (tile.threads * ctas) // 8 * 8)
 
 
 def valid(config: dict, sig: dict, arrays: int = 1) -> bool:

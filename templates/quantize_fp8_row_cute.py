@@ -13,6 +13,7 @@ of a row stay on chip between the absmax and the quantize pass (one DRAM read): 
 for a staged tile (``stage``: "smem", rows of 7K-16K elements) in shared memory, loaded by
 cp.async; the rest of a longer row is read twice (the second read mostly hits L2).
 """
+from mslk_dsl.targets import get_target
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _rowwise_plan as plan
@@ -124,9 +125,9 @@ def _heuristic(target, sig, problem):
             or plan.pick_fitted(HEURISTIC_CONFIGS, sig, k, arrays=1))
 
 
-def _registers(config, tile, sig) -> int:
+def _registers(config, tile, target, sig) -> int:
     if tile.staged:   # no data held in registers across the row: as many as its CTAs per SM allow
-        return plan.staged_registers(tile, 1, limits.ELEM_BYTES[sig["dtype"]])
+        return plan.staged_registers(tile, 1, limits.ELEM_BYTES[sig["dtype"]], get_target(target).limits)
     return REGS if config["chunks"] <= 4 else REGS_LONG
 
 
@@ -157,8 +158,8 @@ def build(config, target, sig):
     def quantize_fp8_row(mX: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, stream):
         launch = {**rw.row_launch(tile, mX.shape[0]), "stream": stream}
         rw.launch_rows((mX, mQ), rw.phased_vec(tile, dtype.width // 8), kernel, phased_kernel, (mX, mUB, mQ, mS),
-                       {**launch, **rw.launch_hints(tile, _registers(config, tile, sig))},
-                       {**launch, **rw.launch_hints(tile, _registers(config, plan.plain_tile(tile), sig))})
+                       {**launch, **rw.launch_hints(tile, _registers(config, tile, target, sig))},
+                       {**launch, **rw.launch_hints(tile, _registers(config, plan.plain_tile(tile), target, sig))})
 
     args = rw.fake_quantize_args(dtype, fp8_dtype, 1, sig)
     return quantize_fp8_row, args

@@ -10,6 +10,7 @@ Same structure as quantize_fp8_row_cute: the first ``tile_k`` silu_mul values of
 chip (x0 and x1 read once), in registers or, for a staged tile, in shared memory; the rest of a
 longer row recomputes them from a second read.
 """
+from mslk_dsl.targets import get_target
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _rowwise_plan as plan
@@ -130,9 +131,9 @@ def _heuristic(target, sig, problem):
             or plan.pick_fitted(HEURISTIC_CONFIGS, sig, k, arrays=2))
 
 
-def _registers(config, tile, sig) -> int:
+def _registers(config, tile, target, sig) -> int:
     if tile.staged:   # no data held in registers across the row: as many as its CTAs per SM allow
-        return plan.staged_registers(tile, 2, limits.ELEM_BYTES[sig["dtype"]])
+        return plan.staged_registers(tile, 2, limits.ELEM_BYTES[sig["dtype"]], get_target(target).limits)
     return config.get("regs", REGS if config["chunks"] <= 4 else REGS_LONG)
 
 
@@ -166,8 +167,8 @@ def build(config, target, sig):
                        mS: cute.Tensor, mCount: cute.Tensor, stream):
         launch = {**rw.row_launch(tile, mX0.shape[0]), "stream": stream}
         rw.launch_rows((mX0, mX1, mQ), rw.phased_vec(tile, dtype.width // 8), kernel, phased_kernel,
-                       (mX0, mX1, mUB, mQ, mS, mCount), {**launch, **rw.launch_hints(tile, _registers(config, tile, sig))},
-                       {**launch, **rw.launch_hints(tile, _registers(config, plan.plain_tile(tile), sig))})
+                       (mX0, mX1, mUB, mQ, mS, mCount), {**launch, **rw.launch_hints(tile, _registers(config, tile, target, sig))},
+                       {**launch, **rw.launch_hints(tile, _registers(config, plan.plain_tile(tile), target, sig))})
 
     args = rw.fake_quantize_args(dtype, fp8_dtype, 2, sig)
     return silu_mul_quant, args[:-1] + [rw.fake_count(), args[-1]]

@@ -9,6 +9,7 @@ import torch
 
 from mslk_dsl import registry
 from mslk_dsl.ops import validate as check
+from mslk_dsl.targets import get_target
 from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _rowwise_plan as plan
 from mslk_dsl.templates import _rowwise_space as rowwise_space
@@ -372,8 +373,9 @@ def test_staged_tiles_hold_a_row_in_shared_memory_within_the_budget():
     assert not plan.valid({**c, "stage": "tmem"}, bf16, arrays=2)
     tile = plan.RowTile.of(c)
     assert tile.staged and plan.plain_tile(tile) == tile
-    assert plan.staged_registers(tile, 2, 2) == 80          # 64 KiB: three CTAs of 256 per SM
-    assert plan.staged_registers(plan.RowTile.of({**plan.config(256, 1, 8, 4), "stage": "smem"}), 2, 2) == 64
+    sm90 = get_target("sm90a").limits
+    assert plan.staged_registers(tile, 2, 2, sm90) == 80          # 64 KiB: three CTAs of 256 per SM
+    assert plan.staged_registers(plan.RowTile.of({**plan.config(256, 1, 8, 4), "stage": "smem"}), 2, 2, sm90) == 64
     scalar = plan.RowTile.of({**plan.config(256, 1, 1, 64), "stage": "smem"})
     assert plan.plain_tile(scalar) == plan.RowTile(256, 1, 1, 16)
     assert plan.phased_tile(scalar, 2).staged and plan.phased_tile(scalar, 2).tile_k == 16384
