@@ -28,6 +28,14 @@ Rows of a group start anywhere in x and out, so tiles are addressed from the gro
     for a group of ``length`` rows, the coordinates (BIG - length + r, n, start + length) address
     row start + r and every r >= length is out of bounds. A tile never writes another group's
     rows, and no store path needs a predicate.
+Swapped tiles (``swap_ab``, for decode: a few rows per group) run the same list with the
+operands exchanged, as the dense GEMMs' swapped tiles do: the kernel's A is the group's weight
+rows (tile_m of them along wgmma's M), its B the group's tokens (tile_n, a multiple of 16 from
+32, along wgmma's N, which is where a handful of rows wastes least), and D the output's
+transpose. A unit is then one (weight tile, token tile) pair of a group, token tiles fastest;
+the store clips at the group's last row through the same ragged descriptor with the token mode
+second (``ragged_rows_t``); the FP8 scale epilogue reads x_scale along the kernel's n.
+
 Rows past sum(M_sizes) are neither read into any stored result nor written. If sum(M_sizes)
 exceeds total_M (a caller error that cannot be checked without a host sync), groups are cut at
 total_M: nothing outside x and out is touched.
@@ -43,6 +51,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Int32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
+from mslk_dsl.errors import ConfigError
 from mslk_dsl.templates import _cute_gemm_sm90 as sm90
 from mslk_dsl.templates._cute_gemm_sm90 import HopperGemm
 
@@ -63,6 +72,20 @@ def ragged_group(t: cute.Tensor, start: Int32, length: Int32) -> cute.Tensor:
     """The [length, N] rows from ``start`` of a ragged_rows view (coordinates of a TMA tensor):
     rows >= length are out of bounds."""
     return cute.domain_offset((_BIG - length, None), t[None, None, start + length])
+
+
+def ragged_rows_t(t: cute.Tensor) -> cute.Tensor:
+    """[rows, N] -> the TMA-store view of its transpose with the rows ragged: [N, BIG, MAX_INT]
+    (ragged_rows with the two first modes exchanged; an M-major D^T for swapped tiles)."""
+    shifted = cute.domain_offset((-_BIG, None), t).iterator
+    return cute.make_tensor(shifted, cute.make_layout((t.shape[1], _BIG, _MAX_INT),
+                                                      stride=(t.stride[1], t.stride[0], t.stride[0])))
+
+
+def ragged_group_t(t: cute.Tensor, start: Int32, length: Int32) -> cute.Tensor:
+    """The [N, length] columns from ``start`` of a ragged_rows_t view: columns >= length are out
+    of bounds."""
+    return cute.domain_offset((None, _BIG - length), t[None, None, start + length])
 
 
 def fake_args(ab_dtype, k_multiple: int, index_dtype: str, scales: bool) -> list:
@@ -90,25 +113,33 @@ class GroupedHopperGemm(HopperGemm):
     the weight tile is TMA-multicast to both CTAs (each loads half), and a CTA whose M tile lies
     past the group's rows computes rows that are never stored (its store clips to nothing).
     The epilogue hook's prefetch sees m0 = the tile's first row of x / out and n0 = its first
-    row of w viewed as [G * N, K] (so per-group column data, e.g. scales [G, N], flattens)."""
+    row of w viewed as [G * N, K] (so per-group column data, e.g. scales [G, N], flattens); under
+    ``swap_ab`` (single CTAs only) the two are exchanged, as the kernel's m and n are."""
 
-    def __init__(self, tile_mn, cluster_m=1, raster_m=True, promote_every=0, pingpong=False, epilogue=None,
-                 template="GroupedHopperGemm"):
+    def __init__(self, tile_mn, cluster_m=1, raster_m=True, promote_every=0, swap_ab=False, pingpong=False,
+                 epilogue=None, template="GroupedHopperGemm"):
+        if swap_ab and cluster_m != 1:
+            raise ConfigError(f"{template}: swapped tiles run in single CTAs (cluster_m 1), not {cluster_m}")
         super().__init__(tile_mn, cluster_m=cluster_m, raster_m=raster_m, group=0, promote_every=promote_every,
-                         pingpong=pingpong, epilogue=epilogue, template=template)
-        self.unit_m = self.tile_m * self.cluster_m  # rows of a group one unit of work covers
+                         swap_ab=swap_ab, pingpong=pingpong, epilogue=epilogue, template=template)
+        # A unit of work covers unit_rows rows of a group (x / out rows) and unit_cols of its
+        # weight rows (out columns): the kernel's m and n, exchanged under swap_ab.
+        self.unit_rows = self.tile_n if swap_ab else self.tile_m * self.cluster_m
+        self.unit_cols = self.tile_m if swap_ab else self.tile_n
 
     # ---------------------------------------------------------------- host side
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, m_sizes: cute.Tensor, epi_args, stream):
         """a [total_M, K], b [G * N, K], d [total_M, N], m_sizes [G] (int32 or int64)."""
-        self._setup(a.element_type, b.element_type, d.element_type)
-        tma_a, gA, tma_b, gB, tma_d, gD = self._make_tma_atoms(a, b, ragged_rows(d))
+        # The kernel's operands: under swap_ab the weights are A, x is B and the store view D^T.
+        mA, mB, mD = (b, a, ragged_rows_t(d)) if const_expr(self.swap_ab) else (a, b, ragged_rows(d))
+        self._setup(mA.element_type, mB.element_type, mD.element_type)
+        tma_a, gA, tma_b, gB, tma_d, gD = self._make_tma_atoms(mA, mB, mD)
 
         groups = m_sizes.shape[0]
         total_m = d.shape[0]
-        n_tiles = cute.ceil_div(d.shape[1], self.tile_n)
-        units_bound = (total_m // self.unit_m + cutlass.min(groups, total_m)) * n_tiles
+        n_tiles = cute.ceil_div(d.shape[1], self.unit_cols)
+        units_bound = (total_m // self.unit_rows + cutlass.min(groups, total_m)) * n_tiles
         num_clusters = cutlass.max(cutlass.min(units_bound, NUM_SMS // self.cluster_m), 1)
         self._define_shared_storage()
         self.grouped_kernel(tma_a, gA, tma_b, gB, tma_d, gD, self.tiled_mma, self.tiled_mma_zero,
@@ -121,16 +152,16 @@ class GroupedHopperGemm(HopperGemm):
     @cute.jit
     def _load_chunk(self, m_sizes: cute.Tensor, chunk: Int32, n_tiles: Int32):
         """Groups [chunk, chunk + 32), one per lane: (the lane's rows, units of work ("tiles":
-        one per output tile, or per cluster_m M tiles), and inclusive prefix sums of both over the
-        chunk, the chunk's total rows and units). Past the last group the chunk's unit total is
-        BIG, which stops every search there."""
+        one per output tile, or per cluster_m M tiles; ``n_tiles`` per unit_rows rows), and
+        inclusive prefix sums of both over the chunk, the chunk's total rows and units). Past the
+        last group the chunk's unit total is BIG, which stops every search there."""
         lane = cute.arch.lane_idx()
         g = chunk + lane
         rows = Int32(0)
         if g < m_sizes.shape[0]:
             rows = Int32(m_sizes[g])
         rows = cutlass.max(rows, Int32(0))
-        tiles = (rows + self.unit_m - 1) // self.unit_m * n_tiles
+        tiles = (rows + self.unit_rows - 1) // self.unit_rows * n_tiles
         incl_rows, incl_tiles = rows, tiles
         for d in cutlass.range_constexpr(5):
             up_rows = cute.arch.shuffle_sync_up(incl_rows, 1 << d)
@@ -167,8 +198,9 @@ class GroupedHopperGemm(HopperGemm):
 
     @cute.jit
     def _find_tile(self, work: Int32, walk, n_tiles: Int32):
-        """Work index (inside the walk's chunk) -> (group, its first row, its rows, M unit, N tile):
-        the M unit's cluster_m M tiles from M tile unit * cluster_m.
+        """Work index (inside the walk's chunk) -> (group, its first row, its rows, row unit, column
+        unit): the row unit's unit_rows rows of the group (cluster_m M tiles from M tile unit *
+        cluster_m; swapped, one N tile), the column unit's unit_cols weight rows.
         The group is the lane whose inclusive tile sum first exceeds the index: the count of
         lanes at or below it (prefix sums only grow), by ballot."""
         chunk, tiles_base, rows_base, rows, tiles, incl_rows, incl_tiles, _, _ = walk
@@ -178,9 +210,9 @@ class GroupedHopperGemm(HopperGemm):
         first_row = rows_base + cute.arch.shuffle_sync(incl_rows - rows, lane)
         group_rows = cute.arch.shuffle_sync(rows, lane)
         t = local - first_tile
-        m_tiles = (group_rows + self.unit_m - 1) // self.unit_m
-        tile_n = t // m_tiles
-        return chunk + lane, first_row, group_rows, t - tile_n * m_tiles, tile_n
+        m_units = (group_rows + self.unit_rows - 1) // self.unit_rows
+        n_unit = t // m_units
+        return chunk + lane, first_row, group_rows, t - n_unit * m_units, n_unit
 
     @cute.kernel
     def grouped_kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
@@ -196,7 +228,7 @@ class GroupedHopperGemm(HopperGemm):
 
         ab_pipeline, sA, sB, sD, sEpi, _ = self._allocate_shared(a_smem, b_smem, d_smem)
         k_tiles = cute.ceil_div(mA.shape[1], self.tile_k)
-        n_tiles = (n_size + self.tile_n - 1) // self.tile_n
+        n_tiles = (n_size + self.unit_cols - 1) // self.unit_cols
         pipeline.pipeline_init_wait(cluster_shape_mn=(self.cluster_m, 1))
 
         if cute.arch.make_warp_uniform(tidx // 128) == 0:
@@ -206,11 +238,17 @@ class GroupedHopperGemm(HopperGemm):
                 work = cute.arch.block_idx()[2]
                 walk = self._walk_start(m_sizes, n_tiles, work)
                 while walk[0] < m_sizes.shape[0]:
-                    group, first_row, _, unit_m, tile_n = self._find_tile(work, walk, n_tiles)
-                    gA = cute.local_tile(cute.domain_offset((first_row, None), mA),
-                                         (self.tile_m, self.tile_k), (unit_m * self.cluster_m + cta_m, None))
-                    gB = cute.local_tile(cute.domain_offset((group * n_size, None), mB),
-                                         (self.tile_n, self.tile_k), (tile_n, None))
+                    group, first_row, _, m_unit, n_unit = self._find_tile(work, walk, n_tiles)
+                    if const_expr(self.swap_ab):  # A: the group's weight rows; B: its rows of x
+                        gA = cute.local_tile(cute.domain_offset((group * n_size, None), mA),
+                                             (self.tile_m, self.tile_k), (n_unit, None))
+                        gB = cute.local_tile(cute.domain_offset((first_row, None), mB),
+                                             (self.tile_n, self.tile_k), (m_unit, None))
+                    else:
+                        gA = cute.local_tile(cute.domain_offset((first_row, None), mA),
+                                             (self.tile_m, self.tile_k), (m_unit * self.cluster_m + cta_m, None))
+                        gB = cute.local_tile(cute.domain_offset((group * n_size, None), mB),
+                                             (self.tile_n, self.tile_k), (n_unit, None))
                     tAsA, tAgA = cpasync.tma_partition(tma_a, 0, cute.make_layout(1),
                                                        cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
                     tBsB, tBgB = cpasync.tma_partition(tma_b, cta_m, cute.make_layout(self.cluster_m),
@@ -244,11 +282,17 @@ class GroupedHopperGemm(HopperGemm):
                 cute.arch.barrier_arrive(barrier_id=sm90._MMA_ORDER_BARRIER, number_of_threads=2 * self.tile_threads)
         walk = self._walk_start(m_sizes, n_tiles, work)
         while walk[0] < m_sizes.shape[0]:
-            group, first_row, group_rows, unit_m, tile_n = self._find_tile(work, walk, n_tiles)
-            tile_m = unit_m * self.cluster_m + cta_m
+            group, first_row, group_rows, m_unit, n_unit = self._find_tile(work, walk, n_tiles)
+            # The output tile in the kernel's (m, n) tiles of the store view, and its origin as
+            # the epilogue hook indexes it (x rows / flattened weight rows; exchanged when swapped).
+            if const_expr(self.swap_ab):
+                tile_mn = (n_unit, m_unit)
+                origin = (group * n_size + n_unit * self.tile_m, first_row + m_unit * self.tile_n)
+            else:
+                tile_mn = (m_unit * self.cluster_m + cta_m, n_unit)
+                origin = (first_row + tile_mn[0] * self.tile_m, group * n_size + n_unit * self.tile_n)
             if const_expr(self.epilogue is not None):
-                self.epilogue.prefetch(c.epi_regs, epi_args, first_row + tile_m * self.tile_m,
-                                       group * n_size + tile_n * self.tile_n, c.tidx)
+                self.epilogue.prefetch(c.epi_regs, epi_args, origin[0], origin[1], c.tidx)
             if const_expr(self.pingpong):  # the other group has issued its mainloop
                 cute.arch.barrier(barrier_id=sm90._MMA_ORDER_BARRIER + c.group,
                                   number_of_threads=2 * self.tile_threads)
@@ -260,9 +304,8 @@ class GroupedHopperGemm(HopperGemm):
             # The TMA stores clip at the group's last row (and at total_M).
             self._stage_epilogue(c, sEpi)
             length = cutlass.max(cutlass.min(group_rows, total_m - first_row), Int32(0))
-            self._store_tile(c, tma_d, sD, sEpi,
-                             cute.local_tile(ragged_group(mD, first_row, length), (self.tile_m, self.tile_n),
-                                             (tile_m, tile_n)),
+            group_out = (ragged_group_t if const_expr(self.swap_ab) else ragged_group)(mD, first_row, length)
+            self._store_tile(c, tma_d, sD, sEpi, cute.local_tile(group_out, (self.tile_m, self.tile_n), tile_mn),
                              tiles_done, warp_idx)
             tiles_done += 1
             work += cute.arch.grid_dim()[2] * self.tile_groups

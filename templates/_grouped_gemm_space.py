@@ -44,9 +44,21 @@ def _tiles(**extra):
 PINGPONG_TILES = ((128, 192), (128, 128))
 BF16_PINGPONG_CONFIGS = tuple({"tile_m": m, "tile_n": n, "pingpong": True, **cluster}
                               for cluster in ({}, {"cluster_m": 2}) for m, n in PINGPONG_TILES)
-BF16_CONFIGS = _tiles() + BF16_PINGPONG_CONFIGS
 FP8_PROMOTE = 4
-FP8_CONFIGS = _tiles(promote=0) + tuple(c for c in _tiles(promote=FP8_PROMOTE) if c["tile_n"] <= 128)
+# Swapped decode tiles (``swap``: the weight's rows along wgmma's M, tile_m of them, the group's
+# rows along its N, tile_n of them; single CTAs). At decode a group holds a few rows (16 tokens
+# over Llama-4-Scout's 16 experts: ~1.6 rows per busy expert), and the unswapped 64-row tiles
+# stream each weight tile under 64 mostly idle rows: 256-column units split a layer's weights into
+# few units, so the last wave of the persistent grid is often far from full (Llama-4-Scout down at
+# T = 16: 206 units on 132 SMs). A swapped unit is a 64- or 128-row slice of one expert's
+# weights, so there are 2-4x as many, and the MMA and x loads shrink with the rows. Not yet timed
+# on a GPU: the heuristic does not take them (the tuner may); FP8 tiles promote as the default.
+SWAP_TILES = ((64, 32), (64, 64), (128, 32), (128, 64))
+BF16_SWAP_CONFIGS = tuple({"tile_m": m, "tile_n": n, "swap": 1} for m, n in SWAP_TILES)
+FP8_SWAP_CONFIGS = tuple({"tile_m": m, "tile_n": n, "promote": FP8_PROMOTE, "swap": 1} for m, n in SWAP_TILES)
+BF16_CONFIGS = _tiles() + BF16_PINGPONG_CONFIGS + BF16_SWAP_CONFIGS
+FP8_CONFIGS = (_tiles(promote=0) + tuple(c for c in _tiles(promote=FP8_PROMOTE) if c["tile_n"] <= 128)
+               + FP8_SWAP_CONFIGS)
 
 # Relative throughput of a full tile (first guesses; the tuner measures the real ones).
 _EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.9, (64, 256): 0.8, (64, 128): 0.7}
@@ -97,7 +109,7 @@ def heuristic(problem, fp8):
     the single CTA. A promoted FP8 128-row tile then runs in a 2x1 cluster where K >=
     CLUSTER_K_MIN and the expected rows per non-empty group reach CLUSTER_GROUP_ROWS."""
     configs = [c for c in (FP8_CONFIGS if fp8 else BF16_CONFIGS)
-               if (not fp8 or c["promote"] == FP8_PROMOTE) and not c.get("pingpong")]
+               if (not fp8 or c["promote"] == FP8_PROMOTE) and not c.get("pingpong") and not c.get("swap")]
     pick = dict(min(configs, key=lambda c: (cost(c, problem), -c["tile_m"] * c["tile_n"], c.get("cluster_m", 1))))
     m = problem["M"]
     busy = active_groups(m, problem.get("G", 1))

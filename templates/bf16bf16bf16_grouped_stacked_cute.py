@@ -25,6 +25,7 @@ def build(config, target, sig):
     from mslk_dsl.templates import _cute_grouped_gemm_sm90 as grouped
 
     gemm = grouped.GroupedHopperGemm((config["tile_m"], config["tile_n"]), cluster_m=config.get("cluster_m", 1),
+                                     swap_ab=bool(config.get("swap")),
                                      pingpong=config.get("pingpong", False),
                                      template="bf16bf16bf16_grouped_stacked_cute")
 

@@ -32,8 +32,10 @@ def build(config, target, sig):
     from mslk_dsl.templates._cute_rowwise_scale import RowwiseScale
 
     gemm = grouped.GroupedHopperGemm((config["tile_m"], config["tile_n"]), cluster_m=config.get("cluster_m", 1),
+                                     swap_ab=bool(config.get("swap")),
                                      promote_every=config["promote"],
-                                     epilogue=RowwiseScale(config["tile_m"], config["tile_n"]),
+                                     epilogue=RowwiseScale(config["tile_m"], config["tile_n"],
+                                                           swapped=bool(config.get("swap"))),
                                      template="f8f8bf16_rowwise_grouped_stacked_cute")
 
     @cute.jit

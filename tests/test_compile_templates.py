@@ -285,6 +285,8 @@ def test_cute_template_compiles(cute_case, cute_built):
         assert len(entries) == 2 and sum("_phased_kernel_" in e for e in entries) == 1, (cute_case.id, entries)
     if key["op"] in ("quantize_fp8_row", "silu_mul_quant"):
         _check_staged_copies(cute_case.id, key, ptx)
+    if "swap" in key["config"] or key["op"].endswith("_grouped_stacked"):
+        _check_swapped_store(cute_case.id, key, ptx)
     if key["op"] in ("rmsnorm", "rmsnorm_add") and _runs_phased_rows(key):
         _check_phased_weight_loads(cute_case.id, key, ptx)
     if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") in ("sorted", "linked"):
@@ -316,6 +318,14 @@ def _check_phased_weight_loads(case_id: str, key: dict, ptx: str) -> None:
         assert ("shf.r.wrap.b32" in phased) == (width == "16"), case_id
     else:
         assert len(scalar) > 3 and "shf.r.wrap.b32" not in phased, (case_id, scalar)
+
+
+def _check_swapped_store(case_id: str, key: dict, ptx: str) -> None:
+    """A GEMM's swapped tiles (the weight as wgmma's A, the tokens as its B) hold the output's
+    transpose, so their epilogue writes shared memory with transposing stmatrix; unswapped
+    tiles never transpose."""
+    stores = set(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x\d(\.trans)?", ptx))
+    assert stores == {".trans" if key["config"].get("swap") else ""}, (case_id, stores)
 
 
 def _check_staged_copies(case_id: str, key: dict, ptx: str) -> None:

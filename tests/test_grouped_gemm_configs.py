@@ -73,3 +73,28 @@ def test_split_rows(total, groups, empty_every):
     assert len(sizes) == groups and sum(sizes) == total and min(sizes) >= 0
     if empty_every > 1:
         assert all(sizes[g] == 0 for g in range(0, groups, empty_every))
+
+
+def test_swapped_decode_tiles_are_offered_but_not_picked():
+    """Swapped tiles (the weight's rows along wgmma's M) are in both CuTe templates' spaces, single
+    CTAs with token tiles of 32 or 64 rows (FP8 promoted), valid for every signature, and not yet
+    taken by the heuristic (not yet timed on a GPU); the tuner may take them."""
+    for op, swapped in (("bf16bf16bf16_grouped_stacked", space.BF16_SWAP_CONFIGS),
+                        ("f8f8bf16_rowwise_grouped_stacked", space.FP8_SWAP_CONFIGS)):
+        (template,) = registry.get_templates(op=op, backend="cute")
+        assert {c["tile_n"] for c in swapped} == {32, 64} and all("cluster_m" not in c for c in swapped)
+        assert all(c.get("promote", space.FP8_PROMOTE) == space.FP8_PROMOTE for c in swapped)
+        for sig in template.all_signatures():
+            valid = template.valid_configs("sm90a", sig)
+            assert all(c in valid for c in swapped), (op, sig)
+        for problem in PREFILL + DECODE:
+            assert not template.heuristic("sm90a", template.all_signatures()[0], problem).get("swap")
+
+
+def test_a_swapped_tile_in_a_cluster_is_a_config_error():
+    pytest.importorskip("cutlass")
+    from mslk_dsl.errors import ConfigError
+
+    (template,) = registry.get_templates(op="bf16bf16bf16_grouped_stacked", backend="cute")
+    with pytest.raises(ConfigError, match="bf16bf16bf16_grouped_stacked_cute: swapped tiles run in single CTAs"):
+        template.build({"tile_m": 64, "tile_n": 32, "swap": 1, "cluster_m": 2}, "sm90a", {"index_dtype": "int32"})

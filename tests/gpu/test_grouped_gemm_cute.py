@@ -127,6 +127,36 @@ def test_bf16_pingpong_warpgroups_alternate_over_many_tiles(config):
     _check_bf16(x, w, sizes, ops.bf16bf16bf16_grouped_stacked(x, w, sizes, config=config), f"config {config}")
 
 
+_SWAPPED = [(op, c) for op in ("bf16bf16bf16_grouped_stacked", "f8f8bf16_rowwise_grouped_stacked")
+            for c in _configs(op) if c.get("swap")]
+
+
+@pytest.mark.parametrize("op,config", _SWAPPED, ids=lambda v: v if isinstance(v, str) else config_name(v))
+def test_swapped_tiles_over_decode_groups(op, config):
+    """Swapped tiles (the weight's rows along wgmma's M, a group's rows along its N) where they
+    are meant to run: 200 rows over 128 groups (empty, one-row and few-row groups, ~1.6 rows per
+    busy one), N not a multiple of any tile, K past the ring of stages, many units per CTA; rows
+    of x and out past sum(M_sizes) neither read into a result nor written; and a group of 333 rows
+    (11 token tiles) beside them."""
+    sizes = _sizes(200, 128, seed=5, dtype=torch.int32)
+    sizes[7] = 333
+    total = int(sizes.sum())
+    rows = total + 21
+    out = torch.full((rows, 1000), 7.0, dtype=torch.bfloat16, device="cuda")
+    if op.startswith("bf16"):
+        x, w = _bf16_case(sizes, 1000, 2056, seed=6)
+        x = torch.cat([x, _randn(21, 2056, seed=7).to(torch.bfloat16)])
+        ops.bf16bf16bf16_grouped_stacked(x, w, sizes, out=out, config=config)
+        _check_bf16(x, w, sizes, out, f"config {config}", rows=total)
+    else:
+        xq, wq, xs, ws = _fp8_case(sizes, 1000, 2064, seed=6)
+        pad_q, pad_s = quantize_rowwise(_randn(21, 2064, seed=7), FP8, FP8_MAX)
+        xq, xs = torch.cat([xq, pad_q]), torch.cat([xs, pad_s])
+        ops.f8f8bf16_rowwise_grouped_stacked(xq, wq, xs, ws, sizes, out=out, config=config)
+        _check_fp8(xq[:total], wq, xs[:total], ws, sizes, out[:total], f"config {config}")
+    assert bool((out[total:] == 7.0).all()), f"config {config}: rows past sum(M_sizes) written"
+
+
 # ------------------------------------------------------------------ default config
 GROUP_CASES = [  # (total rows, G, every n-th group empty)
     (1, 1, 0), (300, 1, 0), (1000, 8, 0), (777, 8, 3), (4099, 16, 0), (333, 16, 2), (16 * 8, 128, 0),
