@@ -51,8 +51,8 @@ FP8_PROMOTE = 4
 # stream each weight tile under 64 mostly idle rows: 256-column units split a layer's weights into
 # few units, so the last wave of the persistent grid is often far from full (Llama-4-Scout down at
 # T = 16: 206 units on 132 SMs). A swapped unit is a 64- or 128-row slice of one expert's
-# weights, so there are 2-4x as many, and the MMA and x loads shrink with the rows. Not yet timed
-# on a GPU: the heuristic does not take them (the tuner may); FP8 tiles promote as the default.
+# weights, so there are 2-4x as many, and the MMA and x loads shrink with the rows. FP8 tiles
+# promote as the default; the heuristic takes the 64-row ones at decode (SWAP_GROUP_ROWS, below).
 SWAP_TILES = ((64, 32), (64, 64), (128, 32), (128, 64))
 BF16_SWAP_CONFIGS = tuple({"tile_m": m, "tile_n": n, "swap": 1} for m, n in SWAP_TILES)
 FP8_SWAP_CONFIGS = tuple({"tile_m": m, "tile_n": n, "promote": FP8_PROMOTE, "swap": 1} for m, n in SWAP_TILES)
@@ -102,17 +102,33 @@ def cost(config, problem):
 CLUSTER_K_MIN = 4096
 CLUSTER_GROUP_ROWS = 256
 
+# Decode: where the expected rows per non-empty group are at most SWAP_GROUP_ROWS (an unswapped
+# 64-row tile at least half idle), the swapped tile of 64 weight rows, with 32 token rows where
+# SWAP_TOKEN_MARGIN times the expected rows fit in 32 (a group's rows rarely exceed that), else
+# 64. Every config at the three MoE layers' decode GEMMs, T 16 and 128 (H100, one run,
+# docs/benchmarks.md "Swapped grouped tiles for decode"): swapped 64 x 32 ran 1.01-1.06x the
+# unswapped pick at 1.5-8 expected rows per busy expert (20 GEMMs, bf16 and FP8), and 0.90-0.95x
+# at 32 (Mixtral T 128, where about half the experts need two token tiles), where 64 x 64 ran
+# 1.01-1.02x. 128-row swapped tiles were never the fastest.
+SWAP_GROUP_ROWS = 32
+SWAP_TOKEN_MARGIN = 1.5
+
 
 def heuristic(problem, fp8):
-    """The cheapest config by ``cost`` (FP8: tiles of <= 128 columns, promoted every 4 k-tiles;
-    the error of unpromoted FP8 accumulation grows with K); ties go to the larger tile, then
-    the single CTA. A promoted FP8 128-row tile then runs in a 2x1 cluster where K >=
-    CLUSTER_K_MIN and the expected rows per non-empty group reach CLUSTER_GROUP_ROWS."""
+    """At decode (at most SWAP_GROUP_ROWS expected rows per non-empty group) the swapped 64-row
+    tile (see SWAP_GROUP_ROWS); otherwise the cheapest config by ``cost`` (FP8: tiles of <= 128
+    columns, promoted every 4 k-tiles; the error of unpromoted FP8 accumulation grows with K);
+    ties go to the larger tile, then the single CTA. A promoted FP8 128-row tile then runs in a
+    2x1 cluster where K >= CLUSTER_K_MIN and the expected rows per non-empty group reach
+    CLUSTER_GROUP_ROWS."""
+    m = problem["M"]
+    busy = active_groups(m, problem.get("G", 1))
+    if busy and m / busy <= SWAP_GROUP_ROWS:
+        tokens = 32 if SWAP_TOKEN_MARGIN * m / busy <= 32 else 64
+        return {"tile_m": 64, "tile_n": tokens, **({"promote": FP8_PROMOTE} if fp8 else {}), "swap": 1}
     configs = [c for c in (FP8_CONFIGS if fp8 else BF16_CONFIGS)
                if (not fp8 or c["promote"] == FP8_PROMOTE) and not c.get("pingpong") and not c.get("swap")]
     pick = dict(min(configs, key=lambda c: (cost(c, problem), -c["tile_m"] * c["tile_n"], c.get("cluster_m", 1))))
-    m = problem["M"]
-    busy = active_groups(m, problem.get("G", 1))
     if (fp8 and pick["tile_m"] == 128 and problem.get("K", 0) >= CLUSTER_K_MIN and busy
             and m / busy >= CLUSTER_GROUP_ROWS):
         pick["cluster_m"] = 2

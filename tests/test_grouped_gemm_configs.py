@@ -58,9 +58,11 @@ def test_m_tile_estimate_bounds():
 
 def test_decode_tile_width_follows_the_non_empty_groups():
     """Measured on the H200 (bench grouped_gemm --sweep decode): the Llama-4-Scout-like down GEMM
-    at T 16 (16 rows, ~10 of 16 experts) runs 64 x 256 tiles 9% faster than 64 x 128; counting
-    all 16 groups as busy made 64 x 256 look like 3 waves instead of 2."""
-    assert space.heuristic(dict(M=16, N=5120, K=8192, G=16), fp8=False) == {"tile_m": 64, "tile_n": 256}
+    at T 16 (16 rows, ~10 of 16 experts) runs unswapped 64 x 256 tiles 9% faster than 64 x 128;
+    counting all 16 groups as busy made 64 x 256 look like 3 waves instead of 2. (The heuristic
+    now takes a swapped tile there; the unswapped model still ranks the unswapped tiles.)"""
+    problem = dict(M=16, N=5120, K=8192, G=16)
+    assert space.cost({"tile_m": 64, "tile_n": 256}, problem) < space.cost({"tile_m": 64, "tile_n": 128}, problem)
     # The FlyDSL templates tile decode-sized groups by one average group, larger ones by all rows.
     assert fly_grouped.grouped_problem(dict(M=128, N=64, K=64, G=128))["M"] == 1
     assert fly_grouped.grouped_problem(dict(M=32768, N=64, K=64, G=128))["M"] == 32768
@@ -75,20 +77,33 @@ def test_split_rows(total, groups, empty_every):
         assert all(sizes[g] == 0 for g in range(0, groups, empty_every))
 
 
-def test_swapped_decode_tiles_are_offered_but_not_picked():
-    """Swapped tiles (the weight's rows along wgmma's M) are in both CuTe templates' spaces, single
-    CTAs with token tiles of 32 or 64 rows (FP8 promoted), valid for every signature, and not yet
-    taken by the heuristic (not yet timed on a GPU); the tuner may take them."""
-    for op, swapped in (("bf16bf16bf16_grouped_stacked", space.BF16_SWAP_CONFIGS),
-                        ("f8f8bf16_rowwise_grouped_stacked", space.FP8_SWAP_CONFIGS)):
-        (template,) = registry.get_templates(op=op, backend="cute")
-        assert {c["tile_n"] for c in swapped} == {32, 64} and all("cluster_m" not in c for c in swapped)
-        assert all(c.get("promote", space.FP8_PROMOTE) == space.FP8_PROMOTE for c in swapped)
-        for sig in template.all_signatures():
-            valid = template.valid_configs("sm90a", sig)
-            assert all(c in valid for c in swapped), (op, sig)
-        for problem in PREFILL + DECODE:
-            assert not template.heuristic("sm90a", template.all_signatures()[0], problem).get("swap")
+# The three MoE layers' decode GEMMs (T 16 and 128: rows, G, gate_up N / K) timed for the swapped
+# tiles, and the token tile each took: 32 at 1.5-8 expected rows per busy expert, 64 at 32.
+MEASURED_DECODE = [(dict(M=128, N=4096, K=7168, G=128), 32), (dict(M=1024, N=7168, K=2048, G=128), 32),
+                   (dict(M=16, N=16384, K=5120, G=16), 32), (dict(M=128, N=5120, K=8192, G=16), 32),
+                   (dict(M=32, N=28672, K=4096, G=8), 32), (dict(M=256, N=4096, K=14336, G=8), 64)]
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_decode_takes_swapped_64_row_tiles(fp8):
+    """Swapped tiles are in both CuTe templates' spaces (single CTAs, token tiles of 32 or 64 rows,
+    FP8 promoted). The heuristic takes the 64-row one where a busy group expects at most
+    SWAP_GROUP_ROWS rows, with the token tile measured fastest at the decode GEMMs timed, and
+    never at prefill or past that (48 rows per group: an unswapped 64-row tile mostly full)."""
+    op = "f8f8bf16_rowwise_grouped_stacked" if fp8 else "bf16bf16bf16_grouped_stacked"
+    swapped = space.FP8_SWAP_CONFIGS if fp8 else space.BF16_SWAP_CONFIGS
+    (template,) = registry.get_templates(op=op, backend="cute")
+    assert {c["tile_n"] for c in swapped} == {32, 64} and all("cluster_m" not in c for c in swapped)
+    assert all(c.get("promote", space.FP8_PROMOTE) == space.FP8_PROMOTE for c in swapped)
+    for sig in template.all_signatures():
+        assert all(c in template.valid_configs("sm90a", sig) for c in swapped), sig
+    for problem, tokens in MEASURED_DECODE + [(dict(M=1, N=5120, K=8192, G=16), 32),
+                                              (dict(M=8, N=4096, K=7168, G=128), 32)]:
+        pick = space.heuristic(problem, fp8)
+        assert pick.get("swap") and (pick["tile_m"], pick["tile_n"]) == (64, tokens), (problem, pick)
+        assert pick.get("promote") == (space.FP8_PROMOTE if fp8 else None)
+    for problem in PREFILL + [dict(M=384, N=4096, K=4096, G=8)]:
+        assert not space.heuristic(problem, fp8).get("swap"), problem
 
 
 def test_a_swapped_tile_in_a_cluster_is_a_config_error():
