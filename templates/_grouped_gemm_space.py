@@ -2,7 +2,8 @@
 
 A config names one persistent grouped kernel: tile_m x tile_n output tiles (tile_m // 64
 consumer warpgroups), and for FP8 ``promote`` (0: the wgmma accumulates over all of K; 4: every
-4 k-tiles into fp32 registers, as the dense FP8 GEMM, needing tile_n <= 128).
+4 k-tiles into fp32 registers, as the dense FP8 GEMM, needing tile_n <= 128); with ``swap``,
+tile_m weight rows by tile_n rows of a group (the operands exchanged, for decode).
 
 The heuristic is a model of one call: the problem is {"M": total_M, "N", "K", "G"}; the groups'
 sizes live on the device, so it assumes the M rows fall on the G groups at random, as a balanced
@@ -12,8 +13,11 @@ empty, so the M tiles number about M / tile_m + A / 2 (at least one per non-empt
 ceil(N / tile_n), and the persistent grid runs them in waves of NUM_SMS. The cost of a config
 is waves x (tile_m x tile_n work per tile) / efficiency(tile), efficiency a first guess of the
 relative wgmma throughput of a full tile (narrow or 64-row tiles do more loading and epilogue
-per FLOP). Decode-sized groups (a few rows each) therefore get 64-row tiles: a 128-row tile
-would compute ~2x the padding for the same weight stream.
+per FLOP). Groups of a few rows (decode) would get unswapped 64-row tiles from this model (a
+128-row tile computes ~2x the padding for the same weight stream); where a busy group expects at
+most SWAP_GROUP_ROWS rows the heuristic takes a swapped tile instead, a rule measured apart from
+the model (see SWAP_GROUP_ROWS): the model counts tile work, and these GEMMs are bound by the
+weight stream.
 """
 
 import math
