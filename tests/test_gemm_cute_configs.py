@@ -588,12 +588,12 @@ def test_fp8_fast_accum_takes_192_row_tiles_the_model_puts_within_5_percent():
 
 def test_model_picks_within_half_a_percent_of_the_sweep_s_fastest():
     """The M > 64 model, restricted to the configs a sweep timed (every 128-row data-parallel
-    config at M = 128-8192 on six (N, K), bf16 on the H200: docs/results/gemm_sweep_stream_k.json),
+    config at M = 128-8192 on six (N, K), bf16 on the H200: docs/results/gemm_sweep_stream_k.json.gz),
     picks one at most 0.5% slower than the fastest at every point."""
     import json
     import os
 
-    path = os.path.join(os.path.dirname(__file__), "..", "docs", "results", "gemm_sweep_stream_k.json")
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "results", "gemm_sweep_stream_k.json.gz")
     with open(path) as f:
         sweep = json.load(f)
     assert len(sweep) >= 40
@@ -607,13 +607,13 @@ def test_model_picks_within_half_a_percent_of_the_sweep_s_fastest():
 def test_split_k_model_against_the_sweep():
     """The M > 64 model with split-K, restricted to the candidates a sweep timed with the
     in-place fix-up (bf16 on the H200, M = 72-513 at 4096 x 4096 and 5120 x 32768:
-    docs/results/gemm_sweep_split_k.json, "second_visit"): on the long K it picks the fastest
+    docs/results/gemm_sweep_split_k.json.gz, "second_visit"): on the long K it picks the fastest
     (split 2-3 there, 1.2-1.45x faster than any unsplit tile); at K = 4096 its picks are at most
     20% slower than the fastest (the misses are unsplit cluster choices, not split-K)."""
     import json
     import os
 
-    path = os.path.join(os.path.dirname(__file__), "..", "docs", "results", "gemm_sweep_split_k.json")
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "results", "gemm_sweep_split_k.json.gz")
     with open(path) as f:
         points = json.load(f)["second_visit"]
     assert len(points) >= 9

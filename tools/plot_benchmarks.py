@@ -6,14 +6,22 @@ PLOT names the plots to draw (gemm, gemm_random, memory_bound, moe_layer, membou
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sys
 
 
 def _load(folder, name):
+    """bench_NAME.json, or its gzipped copy (large result files are kept gzipped in docs/results)."""
     path = os.path.join(folder, f"bench_{name}.json")
-    return json.load(open(path)) if os.path.exists(path) else None
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    if os.path.exists(path + ".gz"):
+        with gzip.open(path + ".gz", "rt") as f:
+            return json.load(f)
+    return None
 
 
 def _save(fig, path, dpi):
