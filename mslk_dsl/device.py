@@ -4,6 +4,7 @@ Mirrors MSLK's device helpers. Every query is cheap after the first call per dev
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 
 import torch
@@ -90,6 +91,35 @@ def current_target() -> Target | None:
     if not torch.cuda.is_available():
         return None
     return _target_of_index(torch.cuda.current_device())
+
+
+# CUdevice_attribute values (cuda.h): the memory clock in kHz and the memory bus width in bits.
+_CU_MEMORY_CLOCK_RATE, _CU_GLOBAL_MEMORY_BUS_WIDTH = 36, 37
+
+
+def memory_bandwidth() -> float | None:
+    """The current NVIDIA GPU's theoretical DRAM bandwidth in bytes/s (two transfers per memory
+    clock over the bus width: 3.35e12 on an H100 SXM, ~4.9e12 on an H200), or None where there is
+    no NVIDIA GPU or its driver does not say. Cost models of memory-bound choices read it (the
+    grouped GEMMs' 2x1 clusters)."""
+    if not is_cuda():
+        return None
+    return _memory_bandwidth_of(torch.cuda.current_device())
+
+
+@functools.cache
+def _memory_bandwidth_of(index: int) -> float | None:
+    # torch's device properties do not carry the memory clock; the driver API does.
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    handle, clock_khz, bus_bits = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    if (driver.cuInit(0) or driver.cuDeviceGet(ctypes.byref(handle), index)
+            or driver.cuDeviceGetAttribute(ctypes.byref(clock_khz), _CU_MEMORY_CLOCK_RATE, handle)
+            or driver.cuDeviceGetAttribute(ctypes.byref(bus_bits), _CU_GLOBAL_MEMORY_BUS_WIDTH, handle)):
+        return None
+    return 2 * clock_khz.value * 1e3 * bus_bits.value / 8 or None
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:

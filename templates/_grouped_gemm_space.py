@@ -13,7 +13,13 @@ empty, so the M tiles number about M / tile_m + A / 2 (at least one per non-empt
 ceil(N / tile_n), and the persistent grid runs them in waves of NUM_SMS. The cost of a config
 is waves x (tile_m x tile_n work per tile) / efficiency(tile), efficiency a first guess of the
 relative wgmma throughput of a full tile (narrow or 64-row tiles do more loading and epilogue
-per FLOP). Groups of a few rows (decode) would get unswapped 64-row tiles from this model (a
+per FLOP). Whether the 128-row pick runs in a 2x1 cluster (each weight tile multicast to a pair
+of M tiles of one group) is a second model, of time in seconds (``seconds``): the larger of the
+tiles' compute at the wgmma peak and the bytes through DRAM at the device's bandwidth, where every
+further M tile of a group (or pair, in a cluster) reads its weight tile from DRAM again at a rate
+of L2_REREAD. A group of a few hundred rows then streams its weights up to ~2x over, and the pair
+halves that, which pays where DRAM decides (more often on an H100 than on an H200); where compute
+decides, a pair only adds the waste of an odd last tile. Groups of a few rows (decode) would get unswapped 64-row tiles from this model (a
 128-row tile computes ~2x the padding for the same weight stream); where a busy group expects at
 most SWAP_GROUP_ROWS rows the heuristic takes a swapped tile instead, a rule measured apart from
 the model (see SWAP_GROUP_ROWS): the model counts tile work, and these GEMMs are bound by the
@@ -94,15 +100,53 @@ def cost(config, problem):
     return waves * tm * tn / _EFFICIENCY[(tm, tn)]
 
 
-# Promoted FP8 128-row tiles run in 2x1 clusters where K is at least CLUSTER_K_MIN and the groups
+# The second model (``seconds``): the dense wgmma peak of an sm_90 part (bf16, FP8; FLOP/s), the
+# share of it a full 128 x 256 tile of the grouped kernel reaches (~650 bf16 TFLOP/s at the
+# compute-bound prefill GEMMs), and the share of a group's weight bytes each further M tile (or
+# pair) reads again from DRAM. L2_REREAD is set from two sets of timings of every config
+# (docs/benchmarks.md "Grouped GEMMs on drawn MoE shapes"): prefill GEMMs of a draw over 16 open
+# MoE models on an H100, where single CTAs ran as if each further M tile read 50-100% of the
+# weight again, and the three layers' prefill GEMMs on an H200, where pairs lost.
+PEAK_FLOPS = {False: 989e12, True: 1979e12}
+FULL_TILE_EFFICIENCY = 0.66
+L2_REREAD = 0.75
+# DRAM traffic runs at COPY_SHARE of the device's theoretical bandwidth (what a copy reaches on an
+# H100 or H200); where the caller names no device (compiling, AOT, CPU tests), an H200's 4.8 TB/s.
+COPY_SHARE = 0.9
+DEFAULT_DEVICE_BANDWIDTH = 4.8e12
+
+
+def seconds(config, problem, fp8, device_bandwidth=None):
+    """Model time of a config in seconds: the larger of its tiles' compute and its DRAM traffic
+    (the busy groups' weights, read again by each further M tile or pair at L2_REREAD, the x rows
+    and the output) at COPY_SHARE of ``device_bandwidth`` (bytes/s; None: an H200's)."""
+    tm, tn, pair = config["tile_m"], config["tile_n"], config.get("cluster_m", 1) == 2
+    m, n, k = problem["M"], problem["N"], problem.get("K", 1)
+    busy = active_groups(m, problem.get("G", 1))
+    if not busy:
+        return 0.0
+    units = max(m / busy / tm + 0.5, 1.0)          # M tiles per busy group, the last half empty
+    if pair:
+        units = max(units / 2 + 0.25, 1.0)         # pairs of them: an odd last tile pays for two
+    waves = _ceil_div(math.ceil(busy * units * _ceil_div(n, tn)), NUM_SMS // (2 if pair else 1))
+    compute = waves * 2 * tm * tn * k / (PEAK_FLOPS[fp8] / NUM_SMS * FULL_TILE_EFFICIENCY * _EFFICIENCY[(tm, tn)])
+    elem = 1 if fp8 else 2
+    weights = busy * n * k * elem * (1 + (units - 1) * L2_REREAD)
+    bandwidth = COPY_SHARE * (device_bandwidth or DEFAULT_DEVICE_BANDWIDTH)
+    return max(compute, (weights + m * k * elem + m * n * 2) / bandwidth)
+
+
+# Promoted FP8 128-row tiles also run in 2x1 clusters where K is at least CLUSTER_K_MIN and the groups
 # hold at least two M tiles on average (CLUSTER_GROUP_ROWS rows per non-empty group). Every config
 # at the three MoE layers' prefill GEMMs on the H200 (docs/benchmarks.md "Grouped GEMMs in 2x1
 # clusters"): the promoted 128x128 tile in a 2x1 cluster ran 1.00-1.11x the single CTA at K =
 # 4096-14336 (Mixtral down, K 14336: 1.11x; Llama-4-Scout down, K 8192: 1.04x; Mixtral gate_up,
 # K 4096: 1.03x) but for 0.985x at Llama-4-Scout gate_up (K 5120), and 0.87x at K = 2048
-# (DeepSeek-V3 down: 16 k-tiles a unit, too few to repay the cluster's set-up). 16-bit tiles in
-# clusters won only at Mixtral down (1.07x; 0.87-0.96x at four of the other five), so 16-bit
-# keeps single CTAs.
+# (DeepSeek-V3 down: 16 k-tiles a unit, too few to repay the cluster's set-up). DRAM does not
+# decide there (``seconds`` keeps them single), so this is the FP8 mainloop's own gain: its wgmma
+# eats shared memory twice as fast as bf16's, and the multicast halves the weight loads per CTA.
+# 16-bit tiles in clusters won only at Mixtral down there (1.07x; 0.87-0.96x at four of the other
+# five), so 16-bit takes a pair only where ``seconds`` says DRAM decides.
 CLUSTER_K_MIN = 4096
 CLUSTER_GROUP_ROWS = 256
 
@@ -118,13 +162,14 @@ SWAP_GROUP_ROWS = 32
 SWAP_TOKEN_MARGIN = 1.5
 
 
-def heuristic(problem, fp8):
+def heuristic(problem, fp8, device_bandwidth=None):
     """At decode (at most SWAP_GROUP_ROWS expected rows per non-empty group) the swapped 64-row
     tile (see SWAP_GROUP_ROWS); otherwise the cheapest config by ``cost`` (FP8: tiles of <= 128
     columns, promoted every 4 k-tiles; the error of unpromoted FP8 accumulation grows with K);
-    ties go to the larger tile, then the single CTA. A promoted FP8 128-row tile then runs in a
-    2x1 cluster where K >= CLUSTER_K_MIN and the expected rows per non-empty group reach
-    CLUSTER_GROUP_ROWS."""
+    ties go to the larger tile, then the single CTA. A 128-row pick then runs in a 2x1 cluster
+    where ``seconds`` at the device's DRAM bandwidth (bytes/s; None: an H200's) puts the pair
+    ahead, and a promoted FP8 one also where K >= CLUSTER_K_MIN and the expected rows per
+    non-empty group reach CLUSTER_GROUP_ROWS."""
     m = problem["M"]
     busy = active_groups(m, problem.get("G", 1))
     if busy and m / busy <= SWAP_GROUP_ROWS:
@@ -133,7 +178,9 @@ def heuristic(problem, fp8):
     configs = [c for c in (FP8_CONFIGS if fp8 else BF16_CONFIGS)
                if (not fp8 or c["promote"] == FP8_PROMOTE) and not c.get("pingpong") and not c.get("swap")]
     pick = dict(min(configs, key=lambda c: (cost(c, problem), -c["tile_m"] * c["tile_n"], c.get("cluster_m", 1))))
-    if (fp8 and pick["tile_m"] == 128 and problem.get("K", 0) >= CLUSTER_K_MIN and busy
-            and m / busy >= CLUSTER_GROUP_ROWS):
-        pick["cluster_m"] = 2
+    if pick["tile_m"] == 128 and "cluster_m" not in pick:
+        pair = dict(pick, cluster_m=2)
+        if seconds(pair, problem, fp8, device_bandwidth) < seconds(pick, problem, fp8, device_bandwidth) or (
+                fp8 and problem.get("K", 0) >= CLUSTER_K_MIN and busy and m / busy >= CLUSTER_GROUP_ROWS):
+            pick = pair
     return pick

@@ -7,6 +7,7 @@ TMA; the op layer checks). The kernel is ``_cute_grouped_gemm_sm90.GroupedHopper
 GEMM's warp-specialized TMA + wgmma main loop over a device-side list of the groups' tiles.
 Config space and heuristic: ``_grouped_gemm_space``.
 """
+from mslk_dsl import device
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _grouped_gemm_space as space
 from mslk_dsl.templates import _kernel_limits as limits
@@ -15,7 +16,8 @@ INDEX_DTYPES = limits.GROUPED_INDEX_DTYPES
 
 
 def _heuristic(target, sig, problem):
-    return space.heuristic(problem, fp8=False)
+    # the 2x1-cluster choice weighs DRAM traffic at this GPU's bandwidth (an H100's or an H200's)
+    return space.heuristic(problem, fp8=False, device_bandwidth=device.memory_bandwidth())
 
 
 def build(config, target, sig):

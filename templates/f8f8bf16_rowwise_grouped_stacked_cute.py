@@ -13,6 +13,7 @@ the fp32 accumulators before the one rounding to bf16. ``promote`` as in f8f8bf1
 0 accumulates in the wgmma over all of K (MSLK's fast accumulation), 4 (the default) adds every
 4 k-tiles into fp32 registers (error below bf16 rounding; tiles of <= 128 columns).
 """
+from mslk_dsl import device
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _grouped_gemm_space as space
 from mslk_dsl.templates import _kernel_limits as limits
@@ -21,7 +22,8 @@ INDEX_DTYPES = limits.GROUPED_INDEX_DTYPES
 
 
 def _heuristic(target, sig, problem):
-    return space.heuristic(problem, fp8=True)
+    # the 2x1-cluster choice weighs DRAM traffic at this GPU's bandwidth (an H100's or an H200's)
+    return space.heuristic(problem, fp8=True, device_bandwidth=device.memory_bandwidth())
 
 
 def build(config, target, sig):

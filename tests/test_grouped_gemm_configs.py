@@ -36,7 +36,8 @@ def test_promoted_fp8_prefill_runs_in_clusters_where_k_is_long_and_groups_large(
     """2x1 clusters (the weight tile multicast to two M tiles of a group): promoted FP8 at K >=
     CLUSTER_K_MIN with >= CLUSTER_GROUP_ROWS rows per busy group (DeepSeek-V3 gate_up, the
     Llama-4-Scout and Mixtral GEMMs); not at K = 2048 (DeepSeek-V3 down: 0.87x the single CTA on
-    the H200), not at decode (a pair's second tile would hold no rows), never for 16-bit."""
+    the H200), not at decode (a pair's second tile would hold no rows), and for 16-bit only where
+    DRAM decides (not at these GEMMs on an H200: the next test)."""
     deepseek_gate_up, deepseek_down, scout_gate_up, mixtral_down = PREFILL
     for problem in (deepseek_gate_up, scout_gate_up, mixtral_down):
         assert space.heuristic(problem, fp8=True) == {"tile_m": 128, "tile_n": 128, "promote": 4, "cluster_m": 2}
@@ -45,6 +46,48 @@ def test_promoted_fp8_prefill_runs_in_clusters_where_k_is_long_and_groups_large(
         assert "cluster_m" not in space.heuristic(problem, fp8=False)
     for problem in DECODE:
         assert "cluster_m" not in space.heuristic(problem, fp8=True)
+
+
+H100_BANDWIDTH, H200_BANDWIDTH = 3.35e12, 4.8e12
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_pairs_where_the_weight_stream_decides(fp8):
+    """2x1 clusters read each weight tile once per pair of M tiles. Timed on an H100 (a draw over
+    16 MoE models, docs/benchmarks.md "Grouped GEMMs on drawn MoE shapes"), the pair ran 1.33x
+    the single CTA at a DeepSeek-V3-like down GEMM of ~197 rows per expert (256 experts, 7.5 GB
+    of bf16 weights read about 1.5 times over by single CTAs); on the H200 the single CTA was
+    1.15x the pair at 256 rows per expert over 128 experts (compute decides there)."""
+    h100_case, h200_case = dict(M=50416, N=7168, K=2048, G=256), dict(M=32768, N=7168, K=2048, G=128)
+    assert space.heuristic(h100_case, fp8, H100_BANDWIDTH).get("cluster_m") == 2
+    for problem in (h100_case, h200_case):
+        assert "cluster_m" not in space.heuristic(problem, fp8, H200_BANDWIDTH), problem
+        assert space.heuristic(problem, fp8) == space.heuristic(problem, fp8, H200_BANDWIDTH)
+    # the pair reads the weights once where single CTAs read them again; its compute pays for
+    # the odd last tiles of the groups
+    single, pair = {"tile_m": 128, "tile_n": 256}, {"tile_m": 128, "tile_n": 256, "cluster_m": 2}
+    slow_dram = space.seconds(single, h100_case, fp8, 1e11), space.seconds(pair, h100_case, fp8, 1e11)
+    assert slow_dram[1] < 0.8 * slow_dram[0]
+    fast_dram = space.seconds(single, h200_case, fp8, 1e16), space.seconds(pair, h200_case, fp8, 1e16)
+    assert fast_dram[1] > fast_dram[0]
+    assert space.seconds(pair, dict(M=0, N=7168, K=2048, G=8), fp8) == 0.0
+    # decode never pairs, whatever the bandwidth
+    for problem in DECODE:
+        assert "cluster_m" not in space.heuristic(problem, fp8, H100_BANDWIDTH), problem
+
+
+def test_the_templates_read_the_gpu_bandwidth():
+    """The CuTe grouped templates hand the current GPU's DRAM bandwidth to the model (None without
+    an NVIDIA GPU: the model's H200 default)."""
+    from mslk_dsl import device
+
+    if not device.is_cuda():
+        assert device.memory_bandwidth() is None
+    problem = dict(M=50416, N=7168, K=2048, G=256)
+    for op, fp8 in (("bf16bf16bf16_grouped_stacked", False), ("f8f8bf16_rowwise_grouped_stacked", True)):
+        (template,) = registry.get_templates(op=op, backend="cute")
+        sig = template.all_signatures()[0]
+        assert template.heuristic("sm90a", sig, problem) == space.heuristic(problem, fp8, device.memory_bandwidth())
 
 
 def test_m_tile_estimate_bounds():
