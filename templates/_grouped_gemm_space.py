@@ -5,25 +5,26 @@ consumer warpgroups), and for FP8 ``promote`` (0: the wgmma accumulates over all
 4 k-tiles into fp32 registers, as the dense FP8 GEMM, needing tile_n <= 128); with ``swap``,
 tile_m weight rows by tile_n rows of a group (the operands exchanged, for decode).
 
-The heuristic is a model of one call: the problem is {"M": total_M, "N", "K", "G"}; the groups'
-sizes live on the device, so it assumes the M rows fall on the G groups at random, as a balanced
-router sends them: about A = G (1 - (1 - 1/G)^M) groups are non-empty (at decode fewer than
-min(G, M): 16 rows over 16 experts fill ~10.3 of them). A group's last M tile is on average half
-empty, so the M tiles number about M / tile_m + A / 2 (at least one per non-empty group), the tiles are that times
-ceil(N / tile_n), and the persistent grid runs them in waves of NUM_SMS. The cost of a config
-is waves x (tile_m x tile_n work per tile) / efficiency(tile), efficiency a first guess of the
-relative wgmma throughput of a full tile (narrow or 64-row tiles do more loading and epilogue
-per FLOP). Whether the 128-row pick runs in a 2x1 cluster (each weight tile multicast to a pair
-of M tiles of one group) is a second model, of time in seconds (``seconds``): the larger of the
-tiles' compute at the wgmma peak and the bytes through DRAM at the device's bandwidth, where every
-further M tile of a group (or pair, in a cluster) reads its weight tile from DRAM again at a rate
-of L2_REREAD. A group of a few hundred rows then streams its weights up to ~2x over, and the pair
-halves that, which pays where DRAM decides (more often on an H100 than on an H200); where compute
-decides, a pair only adds the waste of an odd last tile. Groups of a few rows (decode) would get unswapped 64-row tiles from this model (a
-128-row tile computes ~2x the padding for the same weight stream); where a busy group expects at
-most SWAP_GROUP_ROWS rows the heuristic takes a swapped tile instead, a rule measured apart from
-the model (see SWAP_GROUP_ROWS): the model counts tile work, and these GEMMs are bound by the
-weight stream.
+The heuristic models one call: the problem is {"M": total_M, "N", "K", "G"}; the groups' sizes
+live on the device, so it assumes the M rows fall on the G groups at random, as a balanced router
+sends them: about A = G (1 - (1 - 1/G)^M) groups are non-empty (at decode fewer than min(G, M):
+16 rows over 16 experts fill ~10.3 of them), r = M / A rows each. By r:
+  * r <= SWAP_GROUP_ROWS (decode): a swapped tile, a rule measured apart from the models (see
+    SWAP_GROUP_ROWS): these GEMMs stream the busy experts' weights.
+  * r <= DRAM_MODEL_ROWS (a group fits one 64-row tile, so every tile reads the weights once):
+    ``cost``, a compute model. A group's last M tile is on average half empty, so the M tiles
+    number about M / tile_m + A / 2 (at least one per non-empty group), the tiles are that times
+    ceil(N / tile_n), and the persistent grid runs them in waves of NUM_SMS; the cost is waves x
+    tile_m x tile_n / efficiency(tile), efficiency a first guess of the relative wgmma throughput
+    of a full tile (narrow or 64-row tiles do more loading and epilogue per FLOP).
+  * larger groups: ``seconds``, time in seconds, the larger of that compute (at the wgmma peak)
+    and the bytes through DRAM at the device's bandwidth, where every further M tile of a group
+    (or pair of tiles, in a 2x1 cluster that multicasts each weight tile to both) reads its weight
+    tile from DRAM again at a rate of L2_REREAD. A group of a few hundred rows then streams its
+    weights up to ~2x over in single CTAs and the pair halves that, which pays where DRAM decides
+    (more often on an H100 than on an H200: 3.35 against 4.8 TB/s for the same wgmma peak); where
+    compute decides, a pair only adds the waste of an odd last tile, and 64-row tiles their extra
+    reads.
 """
 
 import math
@@ -162,14 +163,19 @@ SWAP_GROUP_ROWS = 32
 SWAP_TOKEN_MARGIN = 1.5
 
 
+# Up to this many expected rows per busy group the heuristic ranks tiles by ``cost`` alone: a
+# group then fits one 64-row tile, so no tile reads the weights twice. Past it, ``seconds``.
+DRAM_MODEL_ROWS = 64
+
+
 def heuristic(problem, fp8, device_bandwidth=None):
     """At decode (at most SWAP_GROUP_ROWS expected rows per non-empty group) the swapped 64-row
-    tile (see SWAP_GROUP_ROWS); otherwise the cheapest config by ``cost`` (FP8: tiles of <= 128
-    columns, promoted every 4 k-tiles; the error of unpromoted FP8 accumulation grows with K);
-    ties go to the larger tile, then the single CTA. A 128-row pick then runs in a 2x1 cluster
-    where ``seconds`` at the device's DRAM bandwidth (bytes/s; None: an H200's) puts the pair
-    ahead, and a promoted FP8 one also where K >= CLUSTER_K_MIN and the expected rows per
-    non-empty group reach CLUSTER_GROUP_ROWS."""
+    tile (see SWAP_GROUP_ROWS); up to DRAM_MODEL_ROWS the cheapest config by ``cost``, past it by
+    ``seconds`` at the device's DRAM bandwidth (bytes/s; None: an H200's), 2x1 clusters included.
+    FP8: tiles of <= 128 columns, promoted every 4 k-tiles (the error of unpromoted FP8
+    accumulation grows with K). Ties go to the larger tile, then the single CTA. A promoted FP8
+    128-row tile then runs in a 2x1 cluster also where K >= CLUSTER_K_MIN and the expected rows
+    per non-empty group reach CLUSTER_GROUP_ROWS."""
     m = problem["M"]
     busy = active_groups(m, problem.get("G", 1))
     if busy and m / busy <= SWAP_GROUP_ROWS:
@@ -177,10 +183,16 @@ def heuristic(problem, fp8, device_bandwidth=None):
         return {"tile_m": 64, "tile_n": tokens, **({"promote": FP8_PROMOTE} if fp8 else {}), "swap": 1}
     configs = [c for c in (FP8_CONFIGS if fp8 else BF16_CONFIGS)
                if (not fp8 or c["promote"] == FP8_PROMOTE) and not c.get("pingpong") and not c.get("swap")]
-    pick = dict(min(configs, key=lambda c: (cost(c, problem), -c["tile_m"] * c["tile_n"], c.get("cluster_m", 1))))
-    if pick["tile_m"] == 128 and "cluster_m" not in pick:
-        pair = dict(pick, cluster_m=2)
-        if seconds(pair, problem, fp8, device_bandwidth) < seconds(pick, problem, fp8, device_bandwidth) or (
-                fp8 and problem.get("K", 0) >= CLUSTER_K_MIN and busy and m / busy >= CLUSTER_GROUP_ROWS):
-            pick = pair
+    if busy and m / busy > DRAM_MODEL_ROWS:
+        def model(c):
+            return seconds(c, problem, fp8, device_bandwidth)
+    else:
+        configs = [c for c in configs if "cluster_m" not in c]
+
+        def model(c):
+            return cost(c, problem)
+    pick = dict(min(configs, key=lambda c: (model(c), -c["tile_m"] * c["tile_n"], c.get("cluster_m", 1))))
+    if (fp8 and pick["tile_m"] == 128 and problem.get("K", 0) >= CLUSTER_K_MIN and busy
+            and m / busy >= CLUSTER_GROUP_ROWS):
+        pick["cluster_m"] = 2
     return pick
