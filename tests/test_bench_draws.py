@@ -1,11 +1,13 @@
 """The benchmarks' random shapes (CPU): ``tools/bench.py membound --random N --seed S`` draws
-hidden sizes in every access class and sizes over the whole range, the same for a seed."""
+hidden sizes in every access class and sizes over the whole range, the same for a seed;
+``grouped_gemm --random`` draws MoE expert GEMMs over every layer and T from decode to prefill."""
 import os
 import sys
 
 TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
 sys.path.insert(0, TOOLS)
 
+import bench_grouped_gemm as grouped  # noqa: E402
 import bench_membound as membound  # noqa: E402
 
 
@@ -38,3 +40,21 @@ def test_membound_summary_names_the_worst_shapes():
     assert lines[0].startswith("rmsnorm: 3 shapes") and "min 40.0" in lines[0]
     assert "behind at 1 of 2" in lines[0] and "min 0.800" in lines[0]
     assert lines[1].strip().startswith("2 x 4096") and len(lines) == 2
+
+
+def test_grouped_draws_cover_the_layers_decode_and_prefill():
+    cases = grouped.draw(300, seed=5)
+    assert cases == grouped.draw(300, seed=5) != grouped.draw(300, seed=6)
+    layers = {name: (experts, top_k, d, h) for name, experts, top_k, d, h in grouped.MOE_LAYERS}
+    assert {c[0] for c in cases} == set(layers)
+    for name, tokens, experts, top_k, proj, n, k in cases:
+        e, t, d, h = layers[name]
+        assert (experts, top_k) == (e, t) and (n, k) == ((2 * h, d) if proj == "gate_up" else (d, h))
+        assert 1 <= tokens <= grouped.T_MAX and n % 8 == 0 and k % 16 == 0   # the ops' alignment
+    tokens = [c[1] for c in cases]
+    assert min(tokens) < 4 and max(tokens) > grouped.T_MAX // 2         # log-uniform: both ends
+    assert sum(t <= 128 for t in tokens) > 100                          # about half is decode
+    assert min(c[1] for c in grouped.draw(100, seed=5, t_min=256)) >= 256
+    # sorted so that one layer's weights are made once
+    keys = [(c[0], c[4]) for c in cases]
+    assert keys == sorted(keys)
