@@ -590,11 +590,12 @@ def test_model_picks_within_half_a_percent_of_the_sweep_s_fastest():
     """The M > 64 model, restricted to the configs a sweep timed (every 128-row data-parallel
     config at M = 128-8192 on six (N, K), bf16 on the H200: docs/results/gemm_sweep_stream_k.json.gz),
     picks one at most 0.5% slower than the fastest at every point."""
+    import gzip
     import json
     import os
 
     path = os.path.join(os.path.dirname(__file__), "..", "docs", "results", "gemm_sweep_stream_k.json.gz")
-    with open(path) as f:
+    with gzip.open(path, "rt") as f:
         sweep = json.load(f)
     assert len(sweep) >= 40
     for point in sweep:
@@ -610,11 +611,12 @@ def test_split_k_model_against_the_sweep():
     docs/results/gemm_sweep_split_k.json.gz, "second_visit"): on the long K it picks the fastest
     (split 2-3 there, 1.2-1.45x faster than any unsplit tile); at K = 4096 its picks are at most
     20% slower than the fastest (the misses are unsplit cluster choices, not split-K)."""
+    import gzip
     import json
     import os
 
     path = os.path.join(os.path.dirname(__file__), "..", "docs", "results", "gemm_sweep_split_k.json.gz")
-    with open(path) as f:
+    with gzip.open(path, "rt") as f:
         points = json.load(f)["second_visit"]
     assert len(points) >= 9
     for point in points:
