@@ -36,6 +36,44 @@ def test_device_queries_without_a_gpu():
     assert device.get_gfx_arch_name() == "" and device.is_gfx942() is False and device.is_gfx950() is False
     assert device.supports_float8_fnuz() is False and device.cuda_version_at_least("12.0") is False
     assert device.current_target() is None
+    assert device.memory_bandwidth() is None
+
+
+class _FakeDriver:
+    """The three CUDA driver calls memory_bandwidth makes, answering as an H100 SXM's driver does
+    (memory clock 2619 MHz, 5120-bit bus), or failing one of them."""
+
+    def __init__(self, failing=None):
+        self.failing = failing
+
+    def _answer(self, name, out=None, value=0):
+        if name == self.failing:
+            return 100  # CUDA_ERROR_NO_DEVICE
+        if out is not None:
+            out._obj.value = value
+        return 0
+
+    def cuInit(self, flags):
+        return self._answer("cuInit")
+
+    def cuDeviceGet(self, out, index):
+        return self._answer("cuDeviceGet", out, index)
+
+    def cuDeviceGetAttribute(self, out, attribute, handle):
+        return self._answer("cuDeviceGetAttribute", out, {36: 2_619_000, 37: 5120}[attribute])
+
+
+@pytest.mark.parametrize("failing", [None, "cuInit", "cuDeviceGetAttribute"])
+def test_memory_bandwidth_from_the_driver(monkeypatch, failing):
+    monkeypatch.setattr(device, "is_cuda", lambda: True)
+    monkeypatch.setattr(device.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(device.ctypes, "CDLL", lambda name: _FakeDriver(failing))
+    device._memory_bandwidth_of.cache_clear()
+    try:
+        got = device.memory_bandwidth()
+    finally:
+        device._memory_bandwidth_of.cache_clear()
+    assert got == (None if failing else 2 * 2_619_000e3 * 5120 / 8)   # 3.35 TB/s
 
 
 def test_forced_target(monkeypatch):
