@@ -76,18 +76,18 @@ def test_pairs_where_the_weight_stream_decides(fp8):
         assert "cluster_m" not in space.heuristic(problem, fp8, H100_BANDWIDTH), problem
 
 
-def test_the_templates_read_the_gpu_bandwidth():
-    """The CuTe grouped templates hand the current GPU's DRAM bandwidth to the model (None without
-    an NVIDIA GPU: the model's H200 default)."""
+def test_the_templates_read_the_gpu_bandwidth(monkeypatch):
+    """The CuTe grouped templates hand the current GPU's DRAM bandwidth to the model: an H100's
+    makes the DeepSeek-V3-like down GEMM a pair, no GPU (None) leaves the H200 default's single CTA."""
     from mslk_dsl import device
 
-    if not device.is_cuda():
-        assert device.memory_bandwidth() is None
     problem = dict(M=50416, N=7168, K=2048, G=256)
-    for op, fp8 in (("bf16bf16bf16_grouped_stacked", False), ("f8f8bf16_rowwise_grouped_stacked", True)):
+    for op in ("bf16bf16bf16_grouped_stacked", "f8f8bf16_rowwise_grouped_stacked"):
         (template,) = registry.get_templates(op=op, backend="cute")
         sig = template.all_signatures()[0]
-        assert template.heuristic("sm90a", sig, problem) == space.heuristic(problem, fp8, device.memory_bandwidth())
+        for bandwidth, pair in ((H100_BANDWIDTH, True), (None, False)):
+            monkeypatch.setattr(device, "memory_bandwidth", lambda b=bandwidth: b)
+            assert (template.heuristic("sm90a", sig, problem).get("cluster_m") == 2) is pair, (op, bandwidth)
 
 
 def test_m_tile_estimate_bounds():
