@@ -71,8 +71,9 @@ CONFIGS = tuple(
 # The single-CTA one-element tiles again with the phased middle's weight read as aligned 16-byte
 # loads moved into place in registers (``"weight": "vectors"``) rather than one element per load:
 # a warp's one-element weight loads touch as many cache lines per instruction as its 16-byte x
-# loads, eight instructions per vector of x, two per vector this way. Not yet timed on a GPU: the
-# heuristic does not take them (the tuner may; it checks their results first).
+# loads, eight instructions per vector of x, two per vector this way. rmsnorm's heuristic takes
+# them for tiles of 2048 elements and more (WEIGHT_VECTOR_FROM); rmsnorm_add does not (timed
+# level, below).
 WEIGHT_VECTOR_CONFIGS = tuple({**c, "weight": "vectors"} for c in CONFIGS if c["vec"] == 1 and "cluster" not in c)
 # Holding the weight's 16-byte words takes the phased kernels of the 8192 and 16384 tiles 77 and
 # 74 registers per thread (bf16) where the one-element weight's take 62 and 58: three CTAs of 256
@@ -160,9 +161,38 @@ SCALAR_STREAMED_TILES = (   # (tile, the longest row it takes)
 )
 
 
+# rmsnorm (not rmsnorm_add) on rows of one element per access, a 16-bit x and a weight of its
+# dtype: the pick's "weight": "vectors" twin where its tile holds at least WEIGHT_VECTOR_FROM
+# elements, the 8192 tile's capped at WEIGHT_VECTOR_REGS (its uncapped twin, three CTAs per SM, was
+# the slower of the two at 5911 and 6783). Measured on an H100 (no H200 was lent; bf16, CUDA-graph
+# replays of every config near the row, one run; docs/benchmarks.md "rmsnorm on odd hidden sizes"),
+# us, pick -> twin: 32045 x 5911 259.3 -> 256.6, 10615 x 6783 103.6 -> 101.9, 15788 x 8113 178.1
+# -> 177.2, 2681 x 7929 36.9 -> 35.6 (the 8192 tile); 1343 x 4853 16.8 -> 15.7, 28384 x 4279 177.1
+# -> 174.5, 35044 x 3631 185.3 -> 186.0 (the 2048 tile); the 1024 tile's twin did not gain
+# (79096 x 1085 122.7 -> 123.5), nor did rmsnorm_add's twins (within 1% either way), whose x and
+# residual loads outnumber the weight's. An fp32 weight's twins were not timed.
+WEIGHT_VECTOR_FROM = 2048
+
+
+def _weight_vector_twin(config, sig):
+    """``config``'s "weight": "vectors" twin (capped where the template lists one) where rmsnorm's
+    heuristic takes it (see above), else ``config``."""
+    if (sig.get("fp32_weight") or not limits.one_element(sig) or limits.ELEM_BYTES[sig["dtype"]] != 2
+            or "cluster" in config or plan.RowTile.of(config).row_k < WEIGHT_VECTOR_FROM):
+        return config
+    twin = {**config, "weight": "vectors"}
+    capped = {**twin, "regs": WEIGHT_VECTOR_REGS}
+    return capped if capped in WEIGHT_VECTOR_CAPPED else twin if twin in WEIGHT_VECTOR_CONFIGS else config
+
+
 def _heuristic(target, sig, problem, residual: bool = False):
+    config = _plain_heuristic(sig, problem, residual)
+    return config if residual else _weight_vector_twin(config, sig)
+
+
+def _plain_heuristic(sig, problem, residual: bool):
     n = problem["N"]
-    configs = [c for c in CONFIGS if "weight" not in c]   # WEIGHT_VECTOR_CONFIGS: not timed yet
+    configs = [c for c in CONFIGS if "weight" not in c]
     streamed = _streamed_rest_tile(configs, sig, n)
     if streamed is not None:
         return streamed

@@ -420,10 +420,14 @@ def test_shifted_weight_words_move_any_offset_into_place(element_bytes, weight_b
             assert got == want, (offset, got, want)
 
 
-def test_weight_vector_configs_are_offered_but_not_picked():
+def test_weight_vector_configs_are_valid_where_their_twins_are_and_rmsnorm_takes_them():
     """The "vectors" weight configs (rmsnorm, rmsnorm_add: single-CTA one-element tiles of 16-bit
     rows; the 8192 and 16384 tiles also with a register cap, same-dtype weight only) are valid
-    where their plain twins are, and the heuristic, not yet timed on them, never takes one."""
+    where their plain twins are. rmsnorm's heuristic takes the twin of its pick on one-element rows
+    of a 16-bit x and a same-dtype weight where the tile holds 2048 elements or more (the 8192
+    tile capped); rmsnorm_add, fp32 rows, an fp32 weight and vector rows never take one."""
+    from mslk_dsl.templates import _rowwise_plan as plan
+
     for op in ("rmsnorm", "rmsnorm_add"):
         (t,) = registry.get_templates(op=op, backend="cute")
         vectors = [c for c in t.all_configs() if c.get("weight") == "vectors"]
@@ -435,5 +439,13 @@ def test_weight_vector_configs_are_offered_but_not_picked():
                                                     and limits.ELEM_BYTES[sig["dtype"]] == 2
                                                     and not ("regs" in c and sig["fp32_weight"])), (op, sig, c)
                 assert t.valid(plain | {"regs": 64}, "sm90a", sig) is False   # a cap only with the key
-            for n in (1, 9, 771, 1037, 4097, 6001, 12289, 16383, 33001):
-                assert "weight" not in t.heuristic("sm90a", sig, {"M": 100, "N": n}), (op, sig, n)
+            takes = (op == "rmsnorm" and limits.one_element(sig) and limits.ELEM_BYTES[sig["dtype"]] == 2
+                     and not sig["fp32_weight"])
+            for n in (1, 9, 771, 1037, 1085, 3631, 4097, 4853, 5911, 6001, 7929, 12289, 16383, 33001):
+                config = t.heuristic("sm90a", sig, {"M": 30000, "N": n})
+                assert t.valid(config, "sm90a", sig), (op, sig, n, config)
+                plain = {k: v for k, v in config.items() if k not in ("weight", "regs")}
+                twin_wanted = (takes and "cluster" not in config and plan.RowTile.of(plain).row_k >= 2048)
+                assert (config.get("weight") == "vectors") == twin_wanted, (op, sig, n, config)
+                if twin_wanted and plain["threads"] == 256 and plain["chunks"] == 32:
+                    assert config.get("regs") == 64, (op, sig, n, config)

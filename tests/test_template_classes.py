@@ -128,14 +128,22 @@ def test_memory_bound_heuristics_take_the_measured_configs():
                          (1524, 40961, 4), (34, 16898, 2), (411, 70001, 4)),
              "rmsnorm_add": ((2009, 16898, 1), (804, 21845, 1), (804, 21846, 2), (1524, 32771, 4),
                              (34, 16898, 2), (411, 50985, 4))}
+    # rmsnorm's single CTAs read the weight in 16-byte loads, capped at 64 registers
+    # (rmsnorm_cute.WEIGHT_VECTOR_FROM); rmsnorm_add's do not.
+    vectors = {"weight": "vectors"}
+    capped = {**vectors, "regs": 64}
     for op, shapes in cases.items():
         for rows, k, cluster in shapes:
             want = {**plan.config(512, 1, 1, 32), **({"cluster": cluster} if cluster > 1 else {})}
+            if op == "rmsnorm" and cluster == 1:
+                want |= capped
             assert pick(op, u, {"M": rows, "N": k}) == want, (op, rows, k)
     # Up to 16K: rmsnorm streams the rest from 2048 / 8192 tiles of at most 256 threads, rmsnorm_add
     # (two inputs read again) takes the covering tile (rmsnorm_cute.SCALAR_STREAMED_TILES).
-    assert pick("rmsnorm", u, {"M": 2, "N": 16383}) == plan.config(256, 1, 1, 32)
-    assert pick("rmsnorm", u, {"M": 5, "N": 4095}) == plan.config(128, 2, 1, 32)
+    assert pick("rmsnorm", u, {"M": 2, "N": 16383}) == {**plan.config(256, 1, 1, 32), **capped}
+    assert pick("rmsnorm", u, {"M": 5, "N": 4095}) == {**plan.config(128, 2, 1, 32), **vectors}
+    assert pick("rmsnorm", u, {"M": 5, "N": 1085}) == plan.config(128, 4, 1, 32)   # 1024: no gain measured
+    assert pick("rmsnorm", u | {"fp32_weight": True}, {"M": 5, "N": 4095}) == plan.config(128, 2, 1, 32)
     assert pick("rmsnorm_add", u, {"M": 2, "N": 16383}) == plan.config(512, 1, 1, 32)
     assert pick("rmsnorm_add", u, {"M": 5, "N": 4095}) == plan.config(256, 1, 1, 16)
     g = {"dtype": "bfloat16", "vec_bytes": 16, "score_dtype": "float32"}
