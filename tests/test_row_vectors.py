@@ -449,3 +449,38 @@ def test_weight_vector_configs_are_valid_where_their_twins_are_and_rmsnorm_takes
                 assert (config.get("weight") == "vectors") == twin_wanted, (op, sig, n, config)
                 if twin_wanted and plain["threads"] == 256 and plain["chunks"] == 32:
                     assert config.get("regs") == 64, (op, sig, n, config)
+
+
+def test_word_rows_in_the_phased_range_run_the_one_element_kernels_on_cute(monkeypatch):
+    """silu_mul, quantize_fp8_row and silu_mul_quant give rows of 8- or 4-byte accesses of a 16-bit
+    dtype the one-element signature (the CuTe kernels run them phased) where K is in the op's
+    PHASED_WORD_ROWS range and every [M, K] tensor is 16-byte aligned; outside it, unaligned,
+    fp32 or on a FlyDSL target they keep the widest access."""
+    from mslk_dsl.ops import elementwise
+
+    fp8 = torch.float8_e4m3fn
+    target = {"name": "sm90a"}
+    monkeypatch.setattr(elementwise, "target_of", lambda device: get_target(target["name"]))
+
+    def width(op, k, offset=0, dtype=bf16):
+        x = _at(offset, 3, k, dtype)
+        rows = (x, _at(0, 3, k, fp8)) if op == "quantize_fp8_row" else (x, _at(0, 3, k, dtype), _at(0, 3, k, dtype))
+        if op == "silu_mul_quant":
+            rows = rows[:2] + (_at(0, 3, k, fp8),)
+        return elementwise._access_bytes(op, *rows)
+
+    for op, (low, high) in elementwise.PHASED_WORD_ROWS.items():
+        inside = [k for k in (low + 1, low + 3, (low + high) // 2, high - 2, high - 4) if k % 2 == 0 and k % 8]
+        outside = [k for k in (low - 3, low - 7, high + 2, high + 4) if k % 2 == 0 and k % 8]
+        assert inside and outside
+        for k in inside:
+            assert width(op, k) == 2, (op, k)
+            assert width(op, k, offset=2) == 4, (op, k)            # x 4 bytes past a 16-byte boundary
+            assert width(op, k, dtype=fp32) == limits.contiguous_vector_bytes(k, 4), (op, k)
+        for k in outside:
+            assert width(op, k) == limits.contiguous_vector_bytes(k, 2) in (4, 8), (op, k)
+        assert width(op, low + 7 - (low + 7) % 8 + 8) == 16         # 16-byte rows keep 16
+        assert width(op, low | 1) == 2                              # odd rows: one element anyway
+        target["name"] = "gfx942"
+        assert width(op, inside[0]) == limits.contiguous_vector_bytes(inside[0], 2)
+        target["name"] = "sm90a"

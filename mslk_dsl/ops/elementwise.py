@@ -8,6 +8,7 @@ from mslk_dsl.device import target_of
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder
+from mslk_dsl.templates import _kernel_limits as limits
 
 _FP8 = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
@@ -46,6 +47,35 @@ def _count_arg(valid_token_count, device) -> torch.Tensor:
     if valid_token_count is None:
         return placeholder(device, torch.int32, fill=ALL_ROWS)
     return valid_token_count.reshape(1)
+
+
+# Rows of 8- or 4-byte accesses (a 16-bit row of an even K that is not a multiple of 8), every
+# [M, K] tensor 16-byte aligned, K in the op's range: the CuTe kernels run them as one-element rows
+# (vec_bytes of one element), whose kernels see the rows congruent and run each row's aligned
+# middle in 16-byte vectors and only its edges one element at a time (templates/_cute_rowwise.py,
+# "Phased rows"), rather than every vector cut into 8- or 4-byte accesses. Measured on the H200
+# (bf16, CUDA-graph replays, one run, 19 shapes: 13 of earlier benchmarks and 6 drawn; time of
+# the one-element kernels over the cut ones; docs/benchmarks.md "Rows of 8- or 4-byte accesses as
+# phased rows"): quantize_fp8_row 0.62-1.01 from K = 4098 to 38138 (1.11 at 2882);
+# silu_mul_quant 0.57-0.97 from 4098 to 19874, 0.92-1.0 at 23980-26382, 1.05-1.21 at
+# 27574-38138, 1.31 at 2882; silu_mul 0.68-1.0 from 10054 to 38138, 1.02-1.12 at 2882-7628.
+# FlyDSL's kernels have no phased rows, so ROCm keeps the cut accesses; fp32 rows were not timed.
+PHASED_WORD_ROWS = {"silu_mul": (8193, 40960), "quantize_fp8_row": (4097, 40960), "silu_mul_quant": (4097, 24576)}
+
+
+def _access_bytes(op: str, *tensors: torch.Tensor) -> int:
+    """The signature's ``vec_bytes`` for a row-wise call of ``op`` on [M, K] ``tensors`` (the first
+    an input): ``vector_bytes``, or one element where PHASED_WORD_ROWS says the phased one-element
+    kernels are the faster. It reads only shapes, dtypes and addresses modulo 16, which key the
+    launch plans, so a plan replays the same choice."""
+    width = check.vector_bytes(*tensors)
+    first = tensors[0]
+    low, high = PHASED_WORD_ROWS[op]
+    if (width in (4, 8) and first.element_size() == 2 and low <= first.shape[-1] <= high
+            and all(t.data_ptr() % limits.VECTOR_BYTES == 0 for t in tensors)
+            and target_of(first.device).backend == "cute"):
+        return first.element_size()
+    return width
 
 
 def _quant_outputs(x: torch.Tensor, *_) -> list:
@@ -98,7 +128,7 @@ def _prepare_silu_mul(select, outputs, x0, x1, valid_token_count):
         return None
     a, b = check.rows(x0), check.rows(x1)
     o = y.view(a.shape)
-    kernel, _ = select((check.vector_bytes(a, b, o), dtype_name(a.dtype)), tuple(a.shape))
+    kernel, _ = select((_access_bytes("silu_mul", a, b, o), dtype_name(a.dtype)), tuple(a.shape))
     return Launch(kernel, (a, b, o, _count_arg(valid_token_count, a.device)))
 
 
@@ -129,7 +159,8 @@ def _prepare_quantize(select, outputs, x, scale_ub):
     a = check.rows(x)
     q = xq.view(a.shape)
     ub = scale_ub.reshape(1) if scale_ub is not None else placeholder(a.device, torch.float32)
-    kernel, _ = select((check.vector_bytes(a, q), dtype_name(a.dtype), scale_ub is not None), tuple(a.shape))
+    kernel, _ = select((_access_bytes("quantize_fp8_row", a, q), dtype_name(a.dtype), scale_ub is not None),
+                       tuple(a.shape))
     return Launch(kernel, (a, ub, q, scale.view(-1)))
 
 
@@ -159,7 +190,8 @@ def _prepare_silu_mul_quant(select, outputs, x0, x1, scale_ub, valid_token_count
     a, b = check.rows(x0), check.rows(x1)
     q = xq.view(a.shape)
     ub = scale_ub.reshape(1) if scale_ub is not None else placeholder(a.device, torch.float32)
-    kernel, _ = select((check.vector_bytes(a, b, q), dtype_name(a.dtype), scale_ub is not None), tuple(a.shape))
+    kernel, _ = select((_access_bytes("silu_mul_quant", a, b, q), dtype_name(a.dtype), scale_ub is not None),
+                       tuple(a.shape))
     return Launch(kernel, (a, b, ub, q, scale.view(-1), _count_arg(valid_token_count, a.device)))
 
 

@@ -37,6 +37,7 @@ SILU_MAX_ULPS = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 64}
 # the short-row tiles.
 SHAPES = [(1, 1), (1, 8191), (3, 5000), (4096, 4096), (16384, 8192), (7, 4097), (5, 13), (1000, 1040),
           (2, 16400), (3, 40000), (1000, 4100), (5, 4098), (2, 16388), (3, 30002),
+          (3, 8194), (2, 24574), (2, 40958),   # rows of 4-byte accesses run phased (elementwise.PHASED_WORD_ROWS)
           (3000, 128), (257, 768), (65, 722), (9, 826), (33, 379), (9, 1309)]   # short rows
 
 
