@@ -244,22 +244,14 @@ def pick(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict:
 
 
 # The FP8 row quantizers' (quantize_fp8_row, silu_mul_quant) short-row tiles: 2, 8 or 16 rows per
-# CTA of 128 threads, 128-2048 elements (one element per access: 512-2048). Their streamed rest
-# (streamed_rest) keeps to tiles of one or two rows per CTA, not these nor the 4-row 1024 tile: a
-# row a little past 1024 elements read in one pass of the 2-row 2048 tile beat the 1024 tile with
-# its rest read again, quantize_fp8_row 22.0 against 24.0 us at 14355 x 1104, 50.8 / 55.1 at
+# CTA of 128 threads, 128-2048 elements (one element per access: 512-2048). A row a little past
+# 1024 elements read in one pass of the 2-row 2048 tile beat the 1024 tile with its rest read
+# again (the quantizers take no streamed rest at all), quantize_fp8_row 22.0 against 24.0 us at 14355 x 1104, 50.8 / 55.1 at
 # 40000 x 1100, 28.7 / 30.6 at 20000 x 1136, a tie at 60000 x 1064; silu_mul_quant 32.7 / 40.8,
 # 85.2 / 98.6, 42.2 / 52.9, 109.7 / 138.0 (H200, bf16, CUDA-graph replays, docs/benchmarks.md
 # "Short rows"). The rule's earlier wins at 1056 and 1084 were against the 3072 tile.
 QUANT_SHORT_VECTOR_ROWS = [(128, 16, 2), (128, 8, 2), (128, 8, 4), (128, 2, 4)]
 QUANT_SHORT_SCALAR_ROWS = [(128, 4, 16), (128, 4, 32), (128, 2, 32)]
-
-
-def quant_streamed_rest_configs(configs: list[dict]) -> list[dict]:
-    """The quantizers' candidates for streamed_rest among ``configs``: single CTAs of one or
-    two rows, not the short-row tiles (see QUANT_SHORT_VECTOR_ROWS)."""
-    return [c for c in configs if "cluster" not in c and c["rows_per_block"] <= 2
-            and not has_shape(c, QUANT_SHORT_VECTOR_ROWS, QUANT_SHORT_SCALAR_ROWS)]
 
 
 # A row at most 1 / STREAMED_REST longer than a tile (streamed_rest).

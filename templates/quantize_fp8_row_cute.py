@@ -68,16 +68,16 @@ CONFIGS = plan.with_l1(SHAPES + STAGED) + plan.with_l1(SHORT_ROWS, ("keep",))
 # 124218 x 2880 96 x 4 251 us (256 x 2 rows x 3 chunks: 280), 69887 x 5120 160 x 4 252 us (256 x
 # 2 x 5: 265), 24966 x 14336 224 x 4 in two passes 261 us (512 x 4 holding the row: 275; the
 # 2-CTA cluster holding it: 333).
-# A row at most 1/8 past one of those tiles takes it and reads the rest twice (plan.streamed_rest):
-# 28700 x 1056 39.6 us in the 1024 tile (128 x 4 rows) against 46.7 in the fitted 3072 one,
-# 98950 x 1084 (rows of 8-byte accesses) 122.3 against 150.3 (silu_mul_quant likewise; H200,
-# bf16, CUDA-graph replays, docs/benchmarks.md "Rows of 8-byte accesses"). Such rows now take the
-# 2-row 2048 tile in one pass, which beat the 1024 tile and its rest: the rule's candidates are
-# plan.quant_streamed_rest_configs.
+# No row takes a tile shorter than itself and reads the rest twice (plan.streamed_rest, which
+# rmsnorm keeps): a quantizer reads that rest in both of its passes. H100 (bf16, CUDA-graph
+# replays, one run; docs/benchmarks.md "The quantizers' rows past a tile"): 50018 x 4496 252 us
+# in the 4096 tile of 2 rows with its rest against 226 in the fitted 5120 one. Where it was
+# measured winning on the H200 (28700 x 1056 39.6 us in the 1024 tile against 46.7 in the
+# fitted 3072 one, 98950 x 1084 122.3 against 150.3; docs/benchmarks.md "Rows of 8-byte
+# accesses"), the 2-row 2048 tile in one pass, which pick_fitted takes, beat both.
 HEURISTIC_L1 = "keep"
 HEURISTIC_CONFIGS = [c for c in CONFIGS if c["l1"] == HEURISTIC_L1 and "cluster" not in c and c["threads"] <= 256
                      and "stage" not in c]
-STREAMED_REST_CONFIGS = plan.quant_streamed_rest_configs(HEURISTIC_CONFIGS)  # see that function
 _valid, _ = plan.rules(CONFIGS, arrays=1)
 
 
@@ -120,9 +120,7 @@ def _heuristic(target, sig, problem):
         return staged
     if limits.one_element(sig) and k > SCALAR_TILES[-1][1]:
         return plan.fewest_idle_lanes(SCALAR_LONG_ROWS, k)
-    return (plan.streamed_rest(STREAMED_REST_CONFIGS, sig, k, arrays=1)
-            or plan.scalar_tile(SCALAR_TILES, sig, k)
-            or plan.pick_fitted(HEURISTIC_CONFIGS, sig, k, arrays=1))
+    return plan.scalar_tile(SCALAR_TILES, sig, k) or plan.pick_fitted(HEURISTIC_CONFIGS, sig, k, arrays=1)
 
 
 def _registers(config, tile, target, sig) -> int:

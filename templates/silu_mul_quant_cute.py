@@ -75,17 +75,21 @@ _valid, _ = plan.rules(CONFIGS, arrays=2)
 # by pushing their absmax to each other (no cluster barrier before exit): at 14336 271.1 against
 # 273.2 us at 1 GiB, 76.4 against 82.0 us at 256 MiB, 26.3 against 28.5 us at 64 MiB (H200,
 # bf16, CUDA-graph replays, one run; with the old cluster barrier the cap had been faster).
-# A row at most 1/8 past a single CTA's tile takes it and reads the rest twice
-# (plan.streamed_rest): 28700 x 1056 71.7 us in the 1024 tile (128 x 4 rows) against 77.9,
-# 98950 x 1084 (rows of 8-byte accesses) 225.7 against 253.9; such rows now take the 2-row 2048
-# tile in one pass, which beat both (plan.quant_streamed_rest_configs). Not a cluster's tile: its CTAs
-# stream the rest slowly (35055 x 15340, 8-byte rows: the 14336 cluster with the rest 1375 us,
-# the 16384 cluster holding the row 704 us). H200, bf16, CUDA-graph replays, docs/benchmarks.md
-# "Rows of 8-byte accesses".
+# No row takes a tile shorter than itself and reads the rest twice (plan.streamed_rest, which
+# rmsnorm keeps): a quantizer reads that rest in both of its passes (absmax, then quantize), for
+# two inputs here. H100 (no H200 was lent for it; bf16, CUDA-graph replays of every config near
+# the row, one run; docs/benchmarks.md "The quantizers' rows past a tile"): 50018 x 4496 471 us
+# in the 4096 tile of 2 rows with its rest against 376 in the fitted 5120 one, 2411 x 7248 51 us
+# in the 7168 tile against 39 in the 8192 one, 2460 x 8152 55 against 44; on the H200 3745 x
+# 14336 86.9 us in 256 x 4 with the rest against 84.1 in 224 x 4 in two passes (above). Where it
+# was measured winning on the H200 (28700 x 1056 71.7 us in the 1024 tile against 77.9 in the
+# 3072 one, 98950 x 1084 225.7 against 253.9), the 2-row 2048 tile in one pass, which
+# pick_fitted takes, beat both. Nor a cluster's tile: its CTAs stream the rest slowly (35055 x
+# 15340, 8-byte rows: the 14336 cluster with the rest 1375 us, the 16384 cluster holding the row
+# 704 us). H200, bf16, CUDA-graph replays, docs/benchmarks.md "Rows of 8-byte accesses".
 HEURISTIC_L1 = "keep"
 HEURISTIC_CONFIGS = [c for c in CONFIGS if c["threads"] <= 256 and c["l1"] == HEURISTIC_L1 and "regs" not in c
                      and "stage" not in c]
-STREAMED_REST_CONFIGS = plan.quant_streamed_rest_configs(HEURISTIC_CONFIGS)  # see that function
 
 
 # Rows of one element per access past 1024 elements: the 512 tile of 4 rows reading the rest
@@ -126,7 +130,6 @@ def _heuristic(target, sig, problem):
     k = problem["K"]
     from_k = plan.staged_from(sig, STAGED_FROM.get(sig["vec_bytes"], 0), STAGED_SCALAR_FROM)
     return (plan.staged_pick(STAGED_PICKS, sig, k, 2, from_k)
-            or plan.streamed_rest(STREAMED_REST_CONFIGS, sig, k, arrays=2)
             or plan.scalar_tile(SCALAR_TILES, sig, k)
             or plan.pick_fitted(HEURISTIC_CONFIGS, sig, k, arrays=2))
 

@@ -147,7 +147,7 @@ def _cute(op):
 
 def test_narrow_rows_take_their_measured_picks():
     """The heuristics' rules for rows of 8- and 4-byte accesses (docs/benchmarks.md, "Rows of
-    8-byte accesses"): the quantizers stream a short rest past a tile, gather holds 8 vectors
+    8-byte accesses"): the quantizers read no rest twice, gather holds 8 vectors
     of 4-byte rows per thread, the linked scatter 2 vectors of 8-byte rows."""
     big = {"A": 60000, "T": 30000, "D": 5000}
     gather, scatter = _cute("gather_scale_dense_tokens"), _cute("scatter_add_dense_tokens")
@@ -167,8 +167,12 @@ def test_narrow_rows_take_their_measured_picks():
         # 1084 is 6% past the 1024-element tile: the 2048 tile of 2 rows in one pass (the short-row
         # rule), not the 1024 one with its rest read again, nor the 3072 one.
         assert plan.RowTile.of(t.heuristic("sm90a", qsig, {"M": 9000, "K": 1084})).row_k == 2048
-        # 4100 is 0.1% past the 4096 tile of 2 rows: that tile streams the rest.
-        assert plan.RowTile.of(t.heuristic("sm90a", qsig, {"M": 9000, "K": 4100})).row_k == 4096
+        # No streamed rest: 4100, 0.1% past the 4096 tile of 2 rows, takes the fitted 5120 tile,
+        # 7248 the 8192 one (not 7168 and its rest read in both passes).
+        assert plan.RowTile.of(t.heuristic("sm90a", qsig, {"M": 9000, "K": 4100})).row_k == 5120
+        wide = {**qsig, "vec_bytes": 16}
+        assert t.heuristic("sm90a", wide, {"M": 9000, "K": 4496}) == {**plan.config(160, 1, 8, 4), "l1": "keep"}
+        assert plan.RowTile.of(t.heuristic("sm90a", wide, {"M": 2411, "K": 7248})).row_k >= 7248
         assert plan.RowTile.of(t.heuristic("sm90a", qsig, {"M": 9000, "K": 2404})).row_k == 3072
     # Rows of one element per access keep their own picks: 1030 is 0.6% past a 1024 tile.
     one = {"dtype": "bfloat16", "vec_bytes": 2}
