@@ -222,6 +222,7 @@ def _configs_near(op, d, dtype: str = "bfloat16", fp32_weight: bool = False):
     (with and without programmatic dependent launch) at unroll 1, 2 and 4; for the gather, every
     unroll."""
     from mslk_dsl import registry
+    from mslk_dsl.ops.elementwise import runs_phased
     from mslk_dsl.templates import _rowwise_plan as plan
     from mslk_dsl.templates._kernel_limits import ELEM_BYTES
 
@@ -232,6 +233,8 @@ def _configs_near(op, d, dtype: str = "bfloat16", fp32_weight: bool = False):
         return []
     template = next(t for t in registry.get_templates(backend="cute") if t.op == name.get(base, base))
     vec_bytes = row_vec_bytes(d, dtype)
+    if runs_phased(template.op, d, ELEM_BYTES[dtype], vec_bytes):   # the op takes the one-element kernels
+        vec_bytes = ELEM_BYTES[dtype]
     sigs = [s for s in template.all_signatures() if s["dtype"] == dtype and s["vec_bytes"] == vec_bytes
             and not s.get("has_scale_ub") and bool(s.get("fp32_weight")) == fp32_weight and not s.get("has_valid_count")
             and s.get("score_dtype", "float32") == "float32"]

@@ -63,15 +63,21 @@ def _count_arg(valid_token_count, device) -> torch.Tensor:
 PHASED_WORD_ROWS = {"silu_mul": (8193, 40960), "quantize_fp8_row": (4097, 40960), "silu_mul_quant": (4097, 24576)}
 
 
+def runs_phased(op: str, k: int, elem_bytes: int, width: int) -> bool:
+    """Whether a CuTe call of ``op`` on 16-byte aligned rows of ``k`` elements of ``elem_bytes``
+    that admit ``width``-byte accesses takes the one-element kernels (PHASED_WORD_ROWS). The
+    benchmarks ask it too, to name the configs such a call can take."""
+    low, high = PHASED_WORD_ROWS.get(op, (1, 0))
+    return width in (4, 8) and elem_bytes == 2 and low <= k <= high
+
+
 def _access_bytes(op: str, *tensors: torch.Tensor) -> int:
     """The signature's ``vec_bytes`` for a row-wise call of ``op`` on [M, K] ``tensors`` (the first
-    an input): ``vector_bytes``, or one element where PHASED_WORD_ROWS says the phased one-element
-    kernels are the faster. It reads only shapes, dtypes and addresses modulo 16, which key the
-    launch plans, so a plan replays the same choice."""
+    an input): ``vector_bytes``, or one element where ``runs_phased``. It reads only shapes, dtypes
+    and addresses modulo 16, which key the launch plans, so a plan replays the same choice."""
     width = check.vector_bytes(*tensors)
     first = tensors[0]
-    low, high = PHASED_WORD_ROWS[op]
-    if (width in (4, 8) and first.element_size() == 2 and low <= first.shape[-1] <= high
+    if (runs_phased(op, first.shape[-1], first.element_size(), width)
             and all(t.data_ptr() % limits.VECTOR_BYTES == 0 for t in tensors)
             and target_of(first.device).backend == "cute"):
         return first.element_size()
