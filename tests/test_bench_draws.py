@@ -58,3 +58,23 @@ def test_grouped_draws_cover_the_layers_decode_and_prefill():
     # sorted so that one layer's weights are made once
     keys = [(c[0], c[4]) for c in cases]
     assert keys == sorted(keys)
+
+
+def test_membound_configs_near_a_row_are_ones_its_call_accepts():
+    """``membound --configs`` times each config by calling the op with it on fresh rows, so every
+    config it names must be valid for the signature that call computes: on rows of 8- or 4-byte
+    accesses that the op runs phased (elementwise.runs_phased), the one-element configs."""
+    from mslk_dsl import registry
+    from mslk_dsl.ops.elementwise import runs_phased
+    from mslk_dsl.templates._kernel_limits import contiguous_vector_bytes
+
+    for op in ("silu_mul", "quantize_fp8_row", "silu_mul_quant", "rmsnorm"):
+        (template,) = registry.get_templates(op=op, backend="cute")
+        for d in (4096, 4098, 4100, 4097, 8194, 10054, 30002, 50002):
+            width = contiguous_vector_bytes(d, 2)
+            if runs_phased(op, d, 2, width):
+                width = 2
+            sig = next(s for s in template.all_signatures() if s["dtype"] == "bfloat16" and s["vec_bytes"] == width
+                       and not s.get("has_scale_ub") and not s.get("fp32_weight"))
+            near = membound._configs_near(op, d)
+            assert near and all(template.valid(c, "sm90a", sig) for c in near), (op, d)
