@@ -77,4 +77,5 @@ def test_membound_configs_near_a_row_are_ones_its_call_accepts():
             sig = next(s for s in template.all_signatures() if s["dtype"] == "bfloat16" and s["vec_bytes"] == width
                        and not s.get("has_scale_ub") and not s.get("fp32_weight"))
             near = membound._configs_near(op, d)
-            assert near and all(template.valid(c, "sm90a", sig) for c in near), (op, d)
+            assert near or d > 16384, (op, d)   # (past 16K a quantizer may have no tile of 0.4-2.5x the row)
+            assert all(template.valid(c, "sm90a", sig) for c in near), (op, d)
