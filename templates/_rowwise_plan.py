@@ -246,10 +246,11 @@ def pick(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict:
 # The FP8 row quantizers' (quantize_fp8_row, silu_mul_quant) short-row tiles: 2, 8 or 16 rows per
 # CTA of 128 threads, 128-2048 elements (one element per access: 512-2048). A row a little past
 # 1024 elements read in one pass of the 2-row 2048 tile beat the 1024 tile with its rest read
-# again (the quantizers take no streamed rest at all), quantize_fp8_row 22.0 against 24.0 us at 14355 x 1104, 50.8 / 55.1 at
-# 40000 x 1100, 28.7 / 30.6 at 20000 x 1136, a tie at 60000 x 1064; silu_mul_quant 32.7 / 40.8,
-# 85.2 / 98.6, 42.2 / 52.9, 109.7 / 138.0 (H200, bf16, CUDA-graph replays, docs/benchmarks.md
-# "Short rows"). The rule's earlier wins at 1056 and 1084 were against the 3072 tile.
+# again: quantize_fp8_row 22.0 against 24.0 us at 14355 x 1104, 50.8 / 55.1 at 40000 x 1100,
+# 28.7 / 30.6 at 20000 x 1136, a tie at 60000 x 1064; silu_mul_quant 32.7 / 40.8, 85.2 / 98.6,
+# 42.2 / 52.9, 109.7 / 138.0 (H200, bf16, CUDA-graph replays, docs/benchmarks.md "Short rows").
+# The streamed rest's earlier wins at 1056 and 1084 were against the 3072 tile; the quantizers
+# now take no streamed rest at all (their templates say why).
 QUANT_SHORT_VECTOR_ROWS = [(128, 16, 2), (128, 8, 2), (128, 8, 4), (128, 2, 4)]
 QUANT_SHORT_SCALAR_ROWS = [(128, 4, 16), (128, 4, 32), (128, 2, 32)]
 
