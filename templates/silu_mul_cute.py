@@ -43,10 +43,15 @@ SHORT_SCALAR_ROWS = [(128, 4, 8), (128, 4, 16), (128, 2, 16)]
 # timings are from kernels that held both paths; the one-vector phased path in a kernel of its
 # own has not been timed.
 PHASED_MIN_VECTORS = 2
+# One-element rows fitted with whole warps, as the vector rows above: one row per CTA of 96-256
+# threads x 32 elements (3072-8192 elements; phased, four vectors per thread), so a row of
+# 2049-8192 is one tile whose threads all have data, with twice the loads in flight of the
+# two-vector tiles.
+FITTED_SCALAR_ROWS = [(96, 1, 32), (128, 1, 32), (160, 1, 32), (192, 1, 32), (224, 1, 32), (256, 1, 32)]
 CONFIGS = plan.expand(
     vector_shapes=[(128, 4, 2), (128, 1, 4), (256, 1, 4), (128, 1, 7), (256, 1, 7),
                    (96, 1, 4), (160, 1, 4), (192, 1, 4), (224, 1, 4), *SHORT_ROWS],
-    scalar_shapes=[(128, 4, 4), (128, 1, 16), (256, 1, 8), (256, 1, 16), *SHORT_SCALAR_ROWS],
+    scalar_shapes=[(128, 4, 4), (128, 1, 16), (256, 1, 8), (256, 1, 16), *SHORT_SCALAR_ROWS, *FITTED_SCALAR_ROWS],
 )
 _valid, _pick = plan.rules(CONFIGS, arrays=2)
 
