@@ -161,6 +161,21 @@ def test_row_ops_pick_the_widest_access_their_tensors_admit(monkeypatch, n, w_dt
     assert launched[0][0][0] == want
 
 
+@pytest.mark.parametrize("target, want", [("sm90a", 2), ("gfx942", 4)])
+def test_word_rows_in_the_phased_range_take_one_element_per_access_on_cute(monkeypatch, target, want):
+    """quantize_fp8_row on fresh rows of 4098 bf16 (4-byte accesses, in its PHASED_WORD_ROWS range):
+    the one-element signature on a CuTe target, the 4-byte one on a FlyDSL target; silu_mul's
+    range starts past 8192, so it keeps 4 bytes on both."""
+    monkeypatch.setenv("MSLK_DSL_TARGET", target)
+    x = t(3, 4098, dtype=bf16)
+    launched = _launched_with(monkeypatch, "quantize_fp8_row")
+    ops.quantize_fp8_row(x)
+    assert launched[0][0][0] == want
+    launched = _launched_with(monkeypatch, "silu_mul")
+    ops.silu_mul(x, t(3, 4098, dtype=bf16))
+    assert launched[0][0][0] == 4
+
+
 @pytest.mark.parametrize("op", ["rmsnorm", "rmsnorm_add"])
 @pytest.mark.parametrize("n", [16385, 65536, 262144])
 def test_long_rows_reach_the_kernel_and_the_heuristic_serves_them(monkeypatch, op, n):

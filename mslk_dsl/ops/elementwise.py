@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from mslk_dsl.device import target_of
+from mslk_dsl.errors import UnsupportedDeviceError
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder
@@ -78,10 +79,18 @@ def _access_bytes(op: str, *tensors: torch.Tensor) -> int:
     width = check.vector_bytes(*tensors)
     first = tensors[0]
     if (runs_phased(op, first.shape[-1], first.element_size(), width)
-            and all(t.data_ptr() % limits.VECTOR_BYTES == 0 for t in tensors)
-            and target_of(first.device).backend == "cute"):
+            and all(t.data_ptr() % limits.VECTOR_BYTES == 0 for t in tensors) and _cute_device(first.device)):
         return first.element_size()
     return width
+
+
+def _cute_device(device: torch.device) -> bool:
+    """Whether ``device``'s kernels are CuTe's; False where it has no GPU target (the kernel choice
+    then says so, or a test stands in for it)."""
+    try:
+        return target_of(device).backend == "cute"
+    except UnsupportedDeviceError:
+        return False
 
 
 def _quant_outputs(x: torch.Tensor, *_) -> list:
