@@ -19,9 +19,11 @@ work; every shape depends only on T, E, top_k, D, H):
     FP8: gather_scale_quant_dense_tokens (gather, score, quantize in one pass) and silu_mul_quant
          feed the FP8 grouped GEMMs, so no bf16 activation is written between the GEMMs.
 
-The grouped GEMMs are torch.ops.mslk_dsl.bf16bf16bf16_grouped_stacked(x, w [G, N, K], M_sizes) and
-f8f8bf16_rowwise_grouped_stacked(xq, wq, x_scale, w_scale [G, N], M_sizes); M_sizes are the
-per-expert counts index_shuffling leaves on the GPU. Gate and up are two grouped GEMMs rather
+The grouped GEMMs are bf16bf16bf16_grouped_stacked(x, w [G, N, K], M_sizes) and
+f8f8bf16_rowwise_grouped_stacked(xq, wq, x_scale, w_scale [G, N], M_sizes), called like every
+other op of the layer (``_op``: the eager functions, served by their launch plans, and the torch
+ops while torch.compile traces); M_sizes are the per-expert counts index_shuffling leaves on the
+GPU. Gate and up are two grouped GEMMs rather
 than one over MSLK's concatenated w13: silu_mul takes two compact [A, H] inputs, and the halves of
 one [A, 2H] output are strided views (a copy each). MSLK's w13 [E, 2H, D] splits as
 w13[:, :H] = w_gate, w13[:, H:] = w_up; its w2 [E, D, H] is w_down.
@@ -47,11 +49,11 @@ def _op(name: str):
 
 
 def _grouped_bf16(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mslk_dsl.bf16bf16bf16_grouped_stacked(x, w, m_sizes)
+    return _op("bf16bf16bf16_grouped_stacked")(x, w, m_sizes)
 
 
 def _grouped_fp8(xq, wq, x_scale, w_scale, m_sizes) -> torch.Tensor:
-    return torch.ops.mslk_dsl.f8f8bf16_rowwise_grouped_stacked(xq, wq, x_scale, w_scale, m_sizes)
+    return _op("f8f8bf16_rowwise_grouped_stacked")(xq, wq, x_scale, w_scale, m_sizes)
 
 
 class MoE(torch.nn.Module):
