@@ -160,3 +160,31 @@ def test_layer_traces_to_one_graph_of_the_ops(shared, fp8):
         routed += ["bf16_gemm"] if shared else []
     for op in routed:
         assert f"mslk_dsl.{op}" in called, (op, called)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_eager_layer_calls_every_op_through_its_eager_function(monkeypatch, fp8):
+    """Outside torch.compile the layer reaches every op, the grouped GEMMs included, through
+    ``moe._op`` (the eager functions and their launch plans, not the dispatcher). Here ``_op`` is
+    replaced by one that records the name and runs the torch op's meta kernel."""
+    from mslk_dsl import moe
+
+    called = []
+
+    def recording_op(name):
+        called.append(name)
+        return getattr(torch.ops.mslk_dsl, name)
+
+    monkeypatch.setattr(moe, "_op", recording_op)
+    layer = MoE(64, 32, num_experts=8, top_k=2, shared_expert=False, device="meta")
+    if fp8:
+        for name in layer.expert_weight_names():
+            w = getattr(layer, name)
+            delattr(layer, name)
+            layer.register_buffer(name, torch.empty(w.shape, dtype=torch.float8_e4m3fn, device="meta"))
+            layer.register_buffer(name + "_scale", torch.empty(w.shape[:-1], device="meta"))
+        layer.precision = "fp8_rowwise"
+    out = layer(torch.empty(2, 5, 64, dtype=bf16, device="meta"))
+    assert out.shape == (2, 5, 64)
+    grouped = "f8f8bf16_rowwise_grouped_stacked" if fp8 else "bf16bf16bf16_grouped_stacked"
+    assert called.count(grouped) == 3 and "index_shuffling" in called and "scatter_add_dense_tokens" in called
