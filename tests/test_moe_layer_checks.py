@@ -125,6 +125,16 @@ def test_layer_rejects_bad_input():
         layer(torch.empty(3, 64, device="meta"))
 
 
+def _as_fp8_on_meta(layer: MoE) -> None:
+    """What quantize_fp8_rowwise_ leaves (it quantizes on the GPU), as meta buffers."""
+    for name in layer.expert_weight_names():
+        w = getattr(layer, name)
+        delattr(layer, name)
+        layer.register_buffer(name, torch.empty(w.shape, dtype=torch.float8_e4m3fn, device="meta"))
+        layer.register_buffer(name + "_scale", torch.empty(w.shape[:-1], device="meta"))
+    layer.precision = "fp8_rowwise"
+
+
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("fp8", [False, True])
 def test_layer_traces_to_one_graph_of_the_ops(shared, fp8):
@@ -133,13 +143,8 @@ def test_layer_traces_to_one_graph_of_the_ops(shared, fp8):
     ops where registered, else the torch stand-ins' fakes."""
     assert grouped_ops(allow_standin=True)
     layer = MoE(64, 32, num_experts=8, top_k=2, shared_expert=shared, device="meta")
-    if fp8:   # what quantize_fp8_rowwise_ leaves (it quantizes on the GPU)
-        for name in layer.expert_weight_names():
-            w = getattr(layer, name)
-            delattr(layer, name)
-            layer.register_buffer(name, torch.empty(w.shape, dtype=torch.float8_e4m3fn, device="meta"))
-            layer.register_buffer(name + "_scale", torch.empty(w.shape[:-1], device="meta"))
-        layer.precision = "fp8_rowwise"
+    if fp8:
+        _as_fp8_on_meta(layer)
     graphs = []
 
     def backend(gm, example_inputs):
@@ -178,12 +183,7 @@ def test_eager_layer_calls_every_op_through_its_eager_function(monkeypatch, fp8)
     monkeypatch.setattr(moe, "_op", recording_op)
     layer = MoE(64, 32, num_experts=8, top_k=2, shared_expert=False, device="meta")
     if fp8:
-        for name in layer.expert_weight_names():
-            w = getattr(layer, name)
-            delattr(layer, name)
-            layer.register_buffer(name, torch.empty(w.shape, dtype=torch.float8_e4m3fn, device="meta"))
-            layer.register_buffer(name + "_scale", torch.empty(w.shape[:-1], device="meta"))
-        layer.precision = "fp8_rowwise"
+        _as_fp8_on_meta(layer)
     out = layer(torch.empty(2, 5, 64, dtype=bf16, device="meta"))
     assert out.shape == (2, 5, 64)
     grouped = "f8f8bf16_rowwise_grouped_stacked" if fp8 else "bf16bf16bf16_grouped_stacked"
