@@ -488,3 +488,18 @@ def test_word_rows_in_the_phased_range_run_the_one_element_kernels_on_cute(monke
         target["name"] = "gfx942"
         assert width(op, inside[0]) == limits.contiguous_vector_bytes(inside[0], 2)
         target["name"] = "sm90a"
+
+
+def test_silu_mul_fitted_one_element_tiles_are_the_tuners_only():
+    """silu_mul's FITTED_SCALAR_ROWS (32 single elements a thread) are valid configs for one-element
+    rows of every dtype, and the heuristic takes none of them until their kernels for rows that
+    are not congruent have run on a GPU (silu_mul_cute's comment)."""
+    from mslk_dsl.templates import silu_mul_cute
+
+    t = _cute("silu_mul")
+    fitted = [plan.config(threads, rows, 1, chunks) for threads, rows, chunks in silu_mul_cute.FITTED_SCALAR_ROWS]
+    assert all(c in t.all_configs() for c in fitted)
+    for sig in t.all_signatures():
+        assert all(t.valid(c, "sm90a", sig) == limits.one_element(sig) for c in fitted), sig
+        for k in (1, 13, 2047, 2049, 3001, 4279, 5699, 7929, 8192, 8193, 16383, 40001):
+            assert t.heuristic("sm90a", sig, {"M": 100, "K": k}) not in fitted, (sig, k)
