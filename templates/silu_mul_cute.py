@@ -44,15 +44,15 @@ SHORT_SCALAR_ROWS = [(128, 4, 8), (128, 4, 16), (128, 2, 16)]
 # own has not been timed.
 PHASED_MIN_VECTORS = 2
 # One-element rows fitted with whole warps, as the vector rows above: one row per CTA of 96-256
-# threads x 32 elements (3072-8192 elements; phased, four vectors per thread), so a row of
+# threads x 32 elements (3072-8192 elements; phased, four vectors per thread), so a 16-bit row of
 # 2049-8192 is one tile whose threads all have data, with twice the loads in flight of the
-# two-vector tiles. Timed on an H100 (bf16, CUDA-graph replays; docs/benchmarks.md "silu_mul:
-# one-element rows fitted with whole warps"): the fitted tile (one pass, fewest idle lanes) ran
-# within 0.7% of the fastest config at 7 rows of 2501-7929 and 1.00-1.12x the heuristic's
-# two-vector tiles (8192 x 4279 78.2 against 85.0 us). For the tuner only until their kernels for
-# rows that are not congruent (one element per access) have run on a GPU
-# (test_one_element_rows_at_every_offset); the GPU test of every config ran their phased kernels.
+# two-vector tiles. The heuristic takes the one that reads the row in one pass with the fewest
+# idle lanes (plan.pick_fitted) for 16-bit rows of FITTED_ROWS (fp32 rows were not timed). Timed
+# on an H100 (bf16, CUDA-graph replays; docs/benchmarks.md "silu_mul: one-element rows fitted
+# with whole warps"): the fitted tile ran within 0.7% of the fastest config at 7 rows of
+# 2501-7929 and 1.00-1.12x the two-vector tiles it replaces (8192 x 4279 78.2 against 85.0 us).
 FITTED_SCALAR_ROWS = [(96, 1, 32), (128, 1, 32), (160, 1, 32), (192, 1, 32), (224, 1, 32), (256, 1, 32)]
+FITTED_ROWS = (2049, 8192)
 CONFIGS = plan.expand(
     vector_shapes=[(128, 4, 2), (128, 1, 4), (256, 1, 4), (128, 1, 7), (256, 1, 7),
                    (96, 1, 4), (160, 1, 4), (192, 1, 4), (224, 1, 4), *SHORT_ROWS],
@@ -63,17 +63,22 @@ _valid, _pick = plan.rules(CONFIGS, arrays=2)
 # Rows of one element per access: the tiles of one row per CTA holding two vectors per thread
 # (phased), 2048 elements in 128 threads or 4096 in 256. Rows up to 2048 take the smallest
 # covering tile (the 2048 one of 128 threads first: 151.0 against 170.8 us at 79096 x 1085 in
-# the one-vector 2048 tile of 256 threads); longer rows the one that leaves the fewest lanes idle
+# the one-vector 2048 tile of 256 threads); longer rows (fp32 rows past 2048, 16-bit ones past
+# FITTED_ROWS) the one that leaves the fewest lanes idle
 # in the row's last column tile, ties to the 4096 one. H200, bf16, CUDA-graph replays
 # (docs/benchmarks.md, "One-element rows: the phased path in a kernel of its own"): 28384 x 4279
 # 205.5 against 232.6 us in the 2048 tile (3 column tiles, 1865 idle lanes, against 2 and 3913),
 # 9984 x 8625 138.5 / 146.7; 11092 x 15885 263.4 against 270.2 in the 4096 tile (a tie: 499
 # idle lanes in both).
 SCALAR_LONG_ROWS = [plan.config(256, 1, 1, 16), plan.config(128, 1, 1, 16)]
+FITTED_PICKS = [plan.config(threads, rows, 1, chunks) for threads, rows, chunks in FITTED_SCALAR_ROWS]
 
 
 def _heuristic(target, sig, problem):
     k = problem["K"]
+    if (limits.one_element(sig) and limits.ELEM_BYTES[sig["dtype"]] == 2
+            and FITTED_ROWS[0] <= k <= FITTED_ROWS[1]):
+        return plan.pick_fitted(FITTED_PICKS, sig, k, arrays=2)
     if limits.one_element(sig) and k > plan.RowTile.of(SCALAR_LONG_ROWS[1]).row_k:
         return plan.fewest_idle_lanes(SCALAR_LONG_ROWS, k)
     return _pick(target, sig, problem)

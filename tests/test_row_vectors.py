@@ -246,7 +246,8 @@ def test_one_element_rows_take_their_measured_tiles():
     assert add(3631) == (256, 1, 16)         # two inputs read again: the covering tiles
     assert add(5911) == (256, 1, 32)
     assert add(15885) == (512, 1, 32)
-    assert tile("silu_mul", 4279) == (128, 1, 16)    # 3 x 2048 leaves 1865 lanes idle, 2 x 4096 3913
+    assert tile("silu_mul", 4279) == (160, 1, 32)    # the fitted 5120 tile in one pass (FITTED_ROWS)
+    assert tile("silu_mul", 8625) == (128, 1, 16)    # past them: 5 x 2048 leaves 1615 lanes idle, 3 x 4096 3663
     assert tile("silu_mul", 15885) == (256, 1, 16)   # 499 idle in both: the 4096 tile
     quant = functools.partial(tile, "quantize_fp8_row", has_scale_ub=False)
     assert quant(1085) == (128, 4, 16)
@@ -490,16 +491,26 @@ def test_word_rows_in_the_phased_range_run_the_one_element_kernels_on_cute(monke
         target["name"] = "sm90a"
 
 
-def test_silu_mul_fitted_one_element_tiles_are_the_tuners_only():
+def test_silu_mul_takes_its_fitted_one_element_tiles_for_16_bit_rows_of_2049_to_8192():
     """silu_mul's FITTED_SCALAR_ROWS (32 single elements a thread) are valid configs for one-element
-    rows of every dtype, and the heuristic takes none of them until their kernels for rows that
-    are not congruent have run on a GPU (silu_mul_cute's comment)."""
+    rows of every dtype; the heuristic takes the one that covers a 16-bit row of FITTED_ROWS in one
+    pass with the fewest idle lanes, and none of them for other rows or for fp32."""
     from mslk_dsl.templates import silu_mul_cute
 
     t = _cute("silu_mul")
     fitted = [plan.config(threads, rows, 1, chunks) for threads, rows, chunks in silu_mul_cute.FITTED_SCALAR_ROWS]
     assert all(c in t.all_configs() for c in fitted)
+    low, high = silu_mul_cute.FITTED_ROWS
     for sig in t.all_signatures():
         assert all(t.valid(c, "sm90a", sig) == limits.one_element(sig) for c in fitted), sig
-        for k in (1, 13, 2047, 2049, 3001, 4279, 5699, 7929, 8192, 8193, 16383, 40001):
-            assert t.heuristic("sm90a", sig, {"M": 100, "K": k}) not in fitted, (sig, k)
+        takes_fitted = limits.one_element(sig) and sig["dtype"] != "float32"
+        for k in (1, 13, 2047, 2048, 2049, 3001, 3072, 3073, 4279, 5699, 7929, 8192, 8193, 16383, 40001):
+            pick = t.heuristic("sm90a", sig, {"M": 100, "K": k})
+            if not (takes_fitted and low <= k <= high):
+                assert pick not in fitted, (sig, k)
+                continue
+            row_k = plan.RowTile.of(pick).row_k
+            assert pick in fitted and row_k >= k, (sig, k, pick)
+            # the smallest covering one: 32 elements a thread, whole warps of 32 threads
+            assert row_k - k < 1024, (sig, k, pick)
+    assert plan.RowTile.of(t.heuristic("sm90a", {"dtype": "bfloat16", "vec_bytes": 2}, {"M": 8, "K": 4279})).row_k == 5120
