@@ -50,9 +50,7 @@ TRIMMED = [{**c, "regs": TRIMMED_REGS} for c in SHAPES if c["threads"] == 224 an
 SHORT_ROWS = plan.expand(vector_shapes=plan.QUANT_SHORT_VECTOR_ROWS, scalar_shapes=plan.QUANT_SHORT_SCALAR_ROWS)
 # Staged tiles (plan's ``stage`` key): the first tile of a row in shared memory, loaded by
 # cp.async, one row per CTA: 7168-16384 elements of a 16-bit dtype in CTAs of 160-256 threads
-# (half for fp32; 64 KiB of shared memory at most), one-element rows 8192-16384, and 4096 for the
-# tuner (rows of 2049-4096 one-element accesses take the register tile, 80-85% of copy; its staged
-# twin, four CTAs per SM against three, is not yet timed).
+# (half for fp32; 64 KiB of shared memory at most), one-element rows 4096-16384.
 STAGED = plan.staged(plan.expand(vector_shapes=[(224, 1, 4), (256, 1, 4), (160, 1, 8), (256, 1, 6), (224, 1, 8),
                                                 (256, 1, 8)],
                                  scalar_shapes=[(256, 1, 16), (256, 1, 32), (256, 1, 48), (256, 1, 64)]))
@@ -107,7 +105,7 @@ SCALAR_TILES = ((plan.config(128, 4, 1, 16) | {"l1": HEURISTIC_L1}, 1280),
 
 
 # Rows of 8193-16384 16-bit elements in 16-byte accesses (16-32 KiB per input row; fp32 half as
-# many), of 7168-16384 in 8- or 4-byte accesses, and of 4097-16384 elements of one element per
+# many), of 7168-16384 in 8- or 4-byte accesses, and of 2049-16384 elements of one element per
 # access take the staged tile (the first tile of the row in shared memory: no register holds it)
 # that covers the row with the fewest idle lanes (plan.staged_pick), 16-byte accesses with
 # cp.async.cg ("stream"; 3-15% faster than .ca at 6-8 chunks, level at 4), others with .ca (cg
@@ -117,11 +115,17 @@ SCALAR_TILES = ((plan.config(128, 4, 1, 16) | {"l1": HEURISTIC_L1}, 1280),
 # 86.9 -> 75.8, 3276 x 16384 82.7 -> 75.6 (256 x 8); rows of 8-byte accesses 9123 x 7628 166.1 ->
 # 94.0 (256 x 4); one element per access 10246 x 8467 213.8 -> 128.2 (256 x 48 stream), 11566 x
 # 6421 169.5 -> 98.8, 9885 x 5711 143.6 -> 81.0 (256 x 32). At 7168 and 8192 in 16-byte accesses
-# the register tiles were as fast (71.9 against 72.0 us, 71.2 against 71.8).
+# the register tiles were as fast (71.9 against 72.0 us, 71.2 against 71.8). One-element rows of
+# 2049-4096 take the staged 4096 tile (four CTAs per SM against the register tile's three) since
+# an H100 run (bf16, CUDA-graph replays of every config near the row, 13 rows, 9 of them drawn
+# with seed 20261212; docs/benchmarks.md "silu_mul_quant: one-element rows of 2049-4096 staged"):
+# 1.01-1.14x the register 4096 tile at every row (40000 x 2051 181.5 against 206.7 us, 25164 x
+# 2167 122.5 / 134.7, 17036 x 3525 109.1 / 114.8, 9000 x 4095 71.0 / 71.8).
 STAGED_FROM = {16: 8193, 8: 7168, 4: 7168}   # by the rows' access width; plan.staged_from
-STAGED_SCALAR_FROM = 4097
+STAGED_SCALAR_FROM = 2049
 STAGED_PICKS = ([{**c, "l1": l1} for l1 in ("stream", "keep") for c in STAGED if c["vec"] > 1 and c["threads"] >= 224]
-                + [plan.config(256, 1, 1, 32) | {"stage": "smem", "l1": "keep"},
+                + [plan.config(256, 1, 1, 16) | {"stage": "smem", "l1": "keep"},
+                   plan.config(256, 1, 1, 32) | {"stage": "smem", "l1": "keep"},
                    plan.config(256, 1, 1, 48) | {"stage": "smem", "l1": "stream"},
                    plan.config(256, 1, 1, 64) | {"stage": "smem", "l1": "stream"}])
 

@@ -257,6 +257,11 @@ def test_one_element_rows_take_their_measured_tiles():
     assert smq(1129) == (128, 4, 16)
     assert smq(2043) == (128, 4, 32)
     assert smq(3631) == (256, 1, 16)
+    # silu_mul_quant, 2049-4096: the staged 4096 tile (four CTAs per SM against three)
+    staged = _cute("silu_mul_quant").heuristic("sm90a", {"dtype": "bfloat16", "vec_bytes": 2, "has_scale_ub": False},
+                                               {"M": 10000, "K": 2051})
+    assert staged == plan.config(256, 1, 1, 16) | {"stage": "smem", "l1": "keep"}
+    assert quant(2051) == (128, 2, 32)       # quantize_fp8_row keeps its 2-row 2048 tile there
     # 4097-16384: the staged tile covering the row with the fewest idle lanes (docs/benchmarks.md,
     # "Staged tiles"); past that the register tiles as before
     assert quant(5711) == smq(5711) == (256, 1, 32)
