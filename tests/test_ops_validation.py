@@ -163,9 +163,9 @@ def test_row_ops_pick_the_widest_access_their_tensors_admit(monkeypatch, n, w_dt
 
 @pytest.mark.parametrize("target, want", [("sm90a", 2), ("gfx942", 4)])
 def test_word_rows_in_the_phased_range_take_one_element_per_access_on_cute(monkeypatch, target, want):
-    """quantize_fp8_row on fresh rows of 4098 bf16 (4-byte accesses, in its PHASED_WORD_ROWS range):
-    the one-element signature on a CuTe target, the 4-byte one on a FlyDSL target; silu_mul's
-    range starts past 8192, so it keeps 4 bytes on both."""
+    """quantize_fp8_row and silu_mul on fresh rows of 4098 bf16 (4-byte accesses, in their
+    PHASED_WORD_ROWS ranges): the one-element signature on a CuTe target, the 4-byte one on a
+    FlyDSL target; rows of 2046, below silu_mul's range, keep 4 bytes on both."""
     monkeypatch.setenv("MSLK_DSL_TARGET", target)
     x = t(3, 4098, dtype=bf16)
     launched = _launched_with(monkeypatch, "quantize_fp8_row")
@@ -173,6 +173,9 @@ def test_word_rows_in_the_phased_range_take_one_element_per_access_on_cute(monke
     assert launched[0][0][0] == want
     launched = _launched_with(monkeypatch, "silu_mul")
     ops.silu_mul(x, t(3, 4098, dtype=bf16))
+    assert launched[0][0][0] == want
+    launched = _launched_with(monkeypatch, "silu_mul")
+    ops.silu_mul(t(3, 2046, dtype=bf16), t(3, 2046, dtype=bf16))
     assert launched[0][0][0] == 4
 
 

@@ -59,9 +59,14 @@ def _count_arg(valid_token_count, device) -> torch.Tensor:
 # the one-element kernels over the cut ones; docs/benchmarks.md "Rows of 8- or 4-byte accesses as
 # phased rows"): quantize_fp8_row 0.62-1.01 from K = 4098 to 38138 (1.11 at 2882);
 # silu_mul_quant 0.57-0.97 from 4098 to 19874, 0.92-1.0 at 23980-26382, 1.05-1.21 at
-# 27574-38138, 1.31 at 2882; silu_mul 0.68-1.0 from 10054 to 38138, 1.02-1.12 at 2882-7628.
+# 27574-38138, 1.31 at 2882; silu_mul 0.68-1.0 from 10054 to 38138, 1.02-1.12 at 2882-7628. Since
+# silu_mul's one-element rows of 2049-8192 take its fitted whole-warp tiles, its range starts at
+# 2049: 9 rows of 2254-7628 (7 drawn), H200, same method ("Rows of 8- or 4-byte accesses as phased
+# rows: silu_mul from 2049"): 0.94-0.98 at the 4-byte rows, 0.996-1.005 at the 8-byte ones. The
+# quantizers' rows below 4097 stay cut: at 2398-4066 (6 rows) the one-element rows ran 0.93-1.21
+# of their time, slower below ~3400, faster at 3 or 4 rows above it (too few to set a bound by).
 # FlyDSL's kernels have no phased rows, so ROCm keeps the cut accesses; fp32 rows were not timed.
-PHASED_WORD_ROWS = {"silu_mul": (8193, 40960), "quantize_fp8_row": (4097, 40960), "silu_mul_quant": (4097, 24576)}
+PHASED_WORD_ROWS = {"silu_mul": (2049, 40960), "quantize_fp8_row": (4097, 40960), "silu_mul_quant": (4097, 24576)}
 
 
 def runs_phased(op: str, k: int, elem_bytes: int, width: int) -> bool:
