@@ -130,8 +130,26 @@ STAGED_PICKS = ([{**c, "l1": l1} for l1 in ("stream", "keep") for c in STAGED if
                    plan.config(256, 1, 1, 64) | {"stage": "smem", "l1": "stream"}])
 
 
+# 16-bit rows of 4097-5119 elements in 16-byte accesses (the fitted register tile: 160 x 4, 5120
+# elements, lanes idle) take the staged 224 x 4 tile (7168 elements, the default L1 policy). Every
+# config near the row in CUDA-graph replays, bf16 (docs/benchmarks.md "silu_mul_quant: 16-byte
+# rows of 4097-5119 staged"): H200 16061 x 4200 99.8 against 106.5 us, 50018 x 4496 296.0 /
+# 304.3; H100 16061 x 4200 119.6 / 123.6, 9079 x 4512 77.9 / 79.1, 50018 x 4496 370.9 / 374.7,
+# and on rows drawn afterwards 9986 x 4408 82.4 / 84.8, 13216 x 4344 104.0 / 106.1. Longer rows
+# keep the register tiles: on the H100 the staged tile ran 0.965-1.00x them at 5336-7072 (7 rows),
+# though 1.12x at 23184 x 5336 on the H200 (one row: not enough to set a rule by); at 5120 (160 x 4,
+# no lane idle) the register tile was the fastest on the H200. The "stream" policy ran 1-3% slower
+# at these rows (4 chunks). quantize_fp8_row's staged tile was slower at 4200 and 4496 on both
+# GPUs, so it keeps its rule.
+STAGED_MIDDLE_ROWS = (4097, 5119)
+STAGED_MIDDLE_PICK = plan.config(224, 1, limits.VECTOR_BYTES // 2, 4) | {"stage": "smem", "l1": "keep"}
+
+
 def _heuristic(target, sig, problem):
     k = problem["K"]
+    if (sig["vec_bytes"] == limits.VECTOR_BYTES and limits.ELEM_BYTES[sig["dtype"]] == 2
+            and STAGED_MIDDLE_ROWS[0] <= k <= STAGED_MIDDLE_ROWS[1]):
+        return STAGED_MIDDLE_PICK
     from_k = plan.staged_from(sig, STAGED_FROM.get(sig["vec_bytes"], 0), STAGED_SCALAR_FROM)
     return (plan.staged_pick(STAGED_PICKS, sig, k, 2, from_k)
             or plan.scalar_tile(SCALAR_TILES, sig, k)

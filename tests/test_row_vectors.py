@@ -171,7 +171,10 @@ def test_narrow_rows_take_their_measured_picks():
         # 7248 the 8192 one (not 7168 and its rest read in both passes).
         assert plan.RowTile.of(t.heuristic("sm90a", qsig, {"M": 9000, "K": 4100})).row_k == 5120
         wide = {**qsig, "vec_bytes": 16}
-        assert t.heuristic("sm90a", wide, {"M": 9000, "K": 4496}) == {**plan.config(160, 1, 8, 4), "l1": "keep"}
+        fitted_4496 = {**plan.config(160, 1, 8, 4), "l1": "keep"}
+        if op == "silu_mul_quant":   # staged there (test_silu_mul_quant_stages_16_byte_rows_of_4097_to_7168)
+            fitted_4496 = {**plan.config(224, 1, 8, 4), "stage": "smem", "l1": "keep"}
+        assert t.heuristic("sm90a", wide, {"M": 9000, "K": 4496}) == fitted_4496
         assert plan.RowTile.of(t.heuristic("sm90a", wide, {"M": 2411, "K": 7248})).row_k >= 7248
         assert plan.RowTile.of(t.heuristic("sm90a", qsig, {"M": 9000, "K": 2404})).row_k == 3072
     # Rows of one element per access keep their own picks: 1030 is 0.6% past a 1024 tile.
@@ -262,6 +265,7 @@ def test_one_element_rows_take_their_measured_tiles():
                                                {"M": 10000, "K": 2051})
     assert staged == plan.config(256, 1, 1, 16) | {"stage": "smem", "l1": "keep"}
     assert quant(2051) == (128, 2, 32)       # quantize_fp8_row keeps its 2-row 2048 tile there
+
     # 4097-16384: the staged tile covering the row with the fewest idle lanes (docs/benchmarks.md,
     # "Staged tiles"); past that the register tiles as before
     assert quant(5711) == smq(5711) == (256, 1, 32)
@@ -270,6 +274,27 @@ def test_one_element_rows_take_their_measured_tiles():
     assert quant(14461) == smq(14461) == (256, 1, 64)
     assert quant(20001) == (256, 1, 16)      # 5 x 4096 leaves 479 lanes idle, 3 x 8192 4575
     assert smq(20001) == (256, 1, 16)
+
+
+def test_silu_mul_quant_stages_16_byte_rows_of_4097_to_5119():
+    """silu_mul_quant's 16-bit rows of 16-byte accesses of 4097-5119 elements take the staged 224 x 4
+    tile with the default L1 policy (STAGED_MIDDLE_ROWS); 5120 (the register tile's whole row), the
+    rows past it, fp32 rows and quantize_fp8_row keep their picks."""
+    from mslk_dsl.templates import silu_mul_quant_cute
+
+    pick = silu_mul_quant_cute.STAGED_MIDDLE_PICK
+    assert pick == plan.config(224, 1, 8, 4) | {"stage": "smem", "l1": "keep"}
+    smq, quant = _cute("silu_mul_quant"), _cute("quantize_fp8_row")
+    for dtype in ("bfloat16", "float16"):
+        sig = {"dtype": dtype, "vec_bytes": 16, "has_scale_ub": False}
+        for k in (4104, 4200, 4496, 5112):
+            assert smq.heuristic("sm90a", sig, {"M": 1000, "K": k}) == pick, (dtype, k)
+            assert smq.valid(pick, "sm90a", sig)
+            assert quant.heuristic("sm90a", sig, {"M": 1000, "K": k}) != pick, (dtype, k)
+        for k in (4096, 5120, 5336, 7160, 8192):
+            assert smq.heuristic("sm90a", sig, {"M": 1000, "K": k}) != pick, (dtype, k)
+    fp32 = {"dtype": "float32", "vec_bytes": 16, "has_scale_ub": False}
+    assert smq.heuristic("sm90a", fp32, {"M": 1000, "K": 4496}) != pick
 
 
 def test_fewest_idle_lanes_counts_every_pass():
