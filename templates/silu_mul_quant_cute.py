@@ -138,7 +138,7 @@ STAGED_PICKS = ([{**c, "l1": l1} for l1 in ("stream", "keep") for c in STAGED if
 # and on rows drawn afterwards 9986 x 4408 82.4 / 84.8, 13216 x 4344 104.0 / 106.1. Longer rows
 # keep the register tiles: on the H100 the staged tile ran 0.965-1.00x them at 5336-7072 (7 rows),
 # though 1.12x at 23184 x 5336 on the H200 (one row: not enough to set a rule by); at 5120 (160 x 4,
-# no lane idle) the register tile was the fastest on the H200. The "stream" policy ran 1-3% slower
+# no lane idle) the two were level (H100, 175.3 against 175.6 us). The "stream" policy ran 1-3% slower
 # at these rows (4 chunks). quantize_fp8_row's staged tile was slower at 4200 and 4496 on both
 # GPUs, so it keeps its rule.
 STAGED_MIDDLE_ROWS = (4097, 5119)
