@@ -9,6 +9,8 @@ sys.path.insert(0, TOOLS)
 
 import bench_grouped_gemm as grouped  # noqa: E402
 import bench_membound as membound  # noqa: E402
+import bench_phased_rows as phased  # noqa: E402
+import pytest  # noqa: E402
 
 
 def _access_class(d: int) -> int:
@@ -79,3 +81,25 @@ def test_membound_configs_near_a_row_are_ones_its_call_accepts():
             near = membound._configs_near(op, d)
             assert near or d > 16384, (op, d)   # (past 16K a quantizer may have no tile of 0.4-2.5x the row)
             assert all(template.valid(c, "sm90a", sig) for c in near), (op, d)
+
+
+def test_phased_rows_draws_word_rows_in_range_and_keeps_the_routing_table():
+    """``phased_rows --random`` draws only rows of 8- or 4-byte accesses (K even, not a multiple of
+    8) in --k-range, both widths, the same for a seed; its cut side empties the routing table only
+    while it runs; a K the comparison does not apply to is refused before anything runs."""
+    from mslk_dsl.ops import elementwise
+
+    shapes = phased.random_shapes(200, seed=3, k_range=(2049, 8192))
+    assert shapes == phased.random_shapes(200, seed=3, k_range=(2049, 8192)) != phased.random_shapes(200, 4, (2049, 8192))
+    assert all(k % 2 == 0 and k % 8 and 2049 <= k <= 8192 and rows >= 1 for rows, k in shapes)
+    assert {k % 8 for _, k in shapes} == {2, 4, 6}          # 4-byte (2, 6) and 8-byte (4) rows
+    for rows, k in shapes:
+        mib = rows * k * 2 * 3 / 2**20
+        assert phased.RANDOM_MIB[0] * 0.99 <= mib <= phased.RANDOM_MIB[1] * 1.01
+    table = dict(elementwise.PHASED_WORD_ROWS)
+    with phased.routing_off():
+        assert elementwise.PHASED_WORD_ROWS == {}
+    assert elementwise.PHASED_WORD_ROWS == table
+    for argv in (["--sizes", "100x4096"], ["--sizes", "100x4097"], ["--ops", "gemm", "--sizes", "9x4098"], []):
+        with pytest.raises(SystemExit):
+            phased.main(argv)
