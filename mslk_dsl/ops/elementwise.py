@@ -66,6 +66,7 @@ def _count_arg(valid_token_count, device) -> torch.Tensor:
 # quantizers' rows below 4097 stay cut: at 2398-4066 (6 rows) the one-element rows ran 0.93-1.21
 # of their time, slower below ~3400, faster at 3 or 4 rows above it (too few to set a bound by).
 # FlyDSL's kernels have no phased rows, so ROCm keeps the cut accesses; fp32 rows were not timed.
+# `python tools/bench.py phased_rows` times both ways on given or drawn rows.
 PHASED_WORD_ROWS = {"silu_mul": (2049, 40960), "quantize_fp8_row": (4097, 40960), "silu_mul_quant": (4097, 24576)}
 
 
