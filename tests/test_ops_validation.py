@@ -179,6 +179,34 @@ def test_word_rows_in_the_phased_range_take_one_element_per_access_on_cute(monke
     assert launched[0][0][0] == 4
 
 
+@pytest.mark.parametrize("op", ["silu_mul", "quantize_fp8_row", "silu_mul_quant"])
+def test_the_phased_rows_benchmark_times_the_cut_and_the_one_element_kernels(monkeypatch, op):
+    """``tools/bench.py phased_rows`` on a row of 4098 (4-byte accesses, in every op's routing
+    range): its cut side, under ``routing_off``, reaches the 4-byte signature, also after a routed
+    call of the same layout made its plan, and leaves no plan that would serve a routed call
+    later; its other side, one element past a 16-byte boundary, the one-element signature; the
+    routing table is whole afterwards."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+    import bench_phased_rows as phased
+
+    from mslk_dsl.ops import elementwise
+
+    monkeypatch.setenv("MSLK_DSL_TARGET", "sm90a")
+    table = dict(elementwise.PHASED_WORD_ROWS)
+    launched = _launched_with(monkeypatch, op)
+    cut, one_element, _ = phased.calls(op, 3, 4098, torch, ops, device="cpu")
+    cut()                      # routed: the one-element signature, and a plan for this layout
+    with phased.routing_off():
+        cut()
+    cut()
+    one_element()
+    assert [sig[0] for sig, _ in launched] == [2, 4, 2, 2]
+    assert elementwise.PHASED_WORD_ROWS == table
+
+
 @pytest.mark.parametrize("op", ["rmsnorm", "rmsnorm_add"])
 @pytest.mark.parametrize("n", [16385, 65536, 262144])
 def test_long_rows_reach_the_kernel_and_the_heuristic_serves_them(monkeypatch, op, n):

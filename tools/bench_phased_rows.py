@@ -45,54 +45,64 @@ def random_shapes(n: int, seed: int, k_range: tuple[int, int]) -> list[tuple[int
 
 @contextlib.contextmanager
 def routing_off():
-    """The op layer's word-row routing switched off: rows of 8- or 4-byte accesses keep them."""
-    from mslk_dsl.ops import elementwise
+    """The op layer's word-row routing switched off: rows of 8- or 4-byte accesses keep them. A
+    launch plan replays the choice its layout got when it was made, so no plan serves the calls
+    within (native ones bypassed, Python ones cleared) and none made within outlives them."""
+    from mslk_dsl import native
+    from mslk_dsl.ops import call, elementwise
 
     saved = dict(elementwise.PHASED_WORD_ROWS)
-    elementwise.PHASED_WORD_ROWS.clear()
-    try:
-        yield
-    finally:
-        elementwise.PHASED_WORD_ROWS.update(saved)
+    with native.bypassed():
+        call.clear_python_plans()
+        elementwise.PHASED_WORD_ROWS.clear()
+        try:
+            yield
+        finally:
+            elementwise.PHASED_WORD_ROWS.update(saved)
+            call.clear_python_plans()
 
 
-def _shifted(torch, shape, dtype, values=None):
+def _shifted(torch, shape, dtype, values=None, device="cuda"):
     """A compact [M, K] tensor one element past a 16-byte boundary (``values`` copied in)."""
-    buf = torch.empty(shape[0] * shape[1] + 16, dtype=dtype, device="cuda")
+    buf = torch.empty(shape[0] * shape[1] + 16, dtype=dtype, device=device)
     t = buf[1:1 + shape[0] * shape[1]].view(shape)
     if values is not None:
         t.copy_(values)
     return t
 
 
-def _calls(op, rows, k, torch, ops):
-    """(cut call, one-element call, the [M, K] tensors of each side): the same values."""
+def calls(op, rows, k, torch, ops, device="cuda"):
+    """(cut call, one-element call, the [M, K] tensors of each side): the same values. The cut
+    call is to be made under ``routing_off``."""
     bf, fp8 = torch.bfloat16, torch.float8_e4m3fn
     shape = (rows, k)
 
-    def pair():
-        x = torch.randn(shape, dtype=bf, device="cuda")
-        return x, _shifted(torch, shape, bf, x)
+    def shifted(dtype, values=None):
+        return _shifted(torch, shape, dtype, values, device)
 
-    (x, xs), scale = pair(), torch.empty(rows, dtype=torch.float32, device="cuda")
+    def pair():
+        x = torch.randn(shape, dtype=bf, device=device)
+        return x, shifted(bf, x)
+
+    (x, xs), scale = pair(), torch.empty(rows, dtype=torch.float32, device=device)
     if op == "quantize_fp8_row":
-        xq = _shifted(torch, shape, fp8)
+        xq = shifted(fp8)
         return (lambda: ops.quantize_fp8_row(x), lambda: ops.quantize_fp8_row(xs, out=(xq, scale)),
                 ((x,), (xs, xq)))
     if op in ("silu_mul", "silu_mul_quant"):
         b, bs = pair()
         if op == "silu_mul":
-            out = _shifted(torch, shape, bf)
+            out = shifted(bf)
             return lambda: ops.silu_mul(x, b), lambda: ops.silu_mul(xs, bs, out=out), ((x, b), (xs, bs, out))
-        xq = _shifted(torch, shape, fp8)
+        xq = shifted(fp8)
         return (lambda: ops.silu_mul_quant(x, b), lambda: ops.silu_mul_quant(xs, bs, out=(xq, scale)),
                 ((x, b), (xs, bs, xq)))
-    w = torch.randn(k, dtype=bf, device="cuda")
+    w = torch.randn(k, dtype=bf, device=device)
     if op == "rmsnorm":
-        out = _shifted(torch, shape, bf)
+        out = shifted(bf)
         return lambda: ops.rmsnorm(x, w, 1e-6), lambda: ops.rmsnorm(xs, w, 1e-6, out=out), ((x,), (xs, out))
     r, rs = pair()
-    outs = (_shifted(torch, shape, bf), _shifted(torch, shape, bf))
+    outs = (shifted(bf), shifted(bf))
     return (lambda: ops.rmsnorm_add(x, r, w, 1e-6), lambda: ops.rmsnorm_add(xs, rs, w, 1e-6, out=outs),
             ((x, r), (xs, rs, *outs)))
 
@@ -149,7 +159,7 @@ def main(argv: list[str]) -> int:
     results = []
     for op in ops_wanted:
         for rows, k in shapes:
-            cut, one_element, tensors = _calls(op, rows, k, torch, ops)
+            cut, one_element, tensors = calls(op, rows, k, torch, ops)
             cut = cut_side(cut)
             widths = (vector_bytes(*tensors[0]), vector_bytes(*tensors[1]))
             difference = _max_difference(cut(), one_element())
