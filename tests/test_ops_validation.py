@@ -187,9 +187,8 @@ def test_the_phased_rows_benchmark_times_the_cut_and_the_one_element_kernels(mon
     later; its other side, one element past a 16-byte boundary, the one-element signature; the
     routing table is whole afterwards."""
     import os
-    import sys
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
     import bench_phased_rows as phased
 
     from mslk_dsl.ops import elementwise

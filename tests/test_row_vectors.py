@@ -172,7 +172,7 @@ def test_narrow_rows_take_their_measured_picks():
         assert plan.RowTile.of(t.heuristic("sm90a", qsig, {"M": 9000, "K": 4100})).row_k == 5120
         wide = {**qsig, "vec_bytes": 16}
         fitted_4496 = {**plan.config(160, 1, 8, 4), "l1": "keep"}
-        if op == "silu_mul_quant":   # staged there (test_silu_mul_quant_stages_16_byte_rows_of_4097_to_7168)
+        if op == "silu_mul_quant":   # staged there (test_silu_mul_quant_stages_16_byte_rows_of_4097_to_5119)
             fitted_4496 = {**plan.config(224, 1, 8, 4), "stage": "smem", "l1": "keep"}
         assert t.heuristic("sm90a", wide, {"M": 9000, "K": 4496}) == fitted_4496
         assert plan.RowTile.of(t.heuristic("sm90a", wide, {"M": 2411, "K": 7248})).row_k >= 7248
