@@ -17,6 +17,8 @@ from mslk_dsl.templates._kernel_limits import ELEM_BYTES
 from mslk_dsl.templates import _gather_scatter_space as shared
 
 MAX_THREADS = 1024
+# Rows narrower than a block's worth of threads share one (grid_and_block).
+ROW_GROUP_THREADS = 128
 SCATTER_THREADS = 256
 # Scatter works on column slices narrow enough that the rows of `out` a slice touches stay in L2
 # while the input rows stream by: reuse distance ~ 2 * T * slice bytes kept under REUSE_BYTES
@@ -90,10 +92,30 @@ class MoeRows:
                 cute.autovec_copy(r, out_vecs[None, ids[j]])
 
     def grid_and_block(self, a, d):
+        """Grid and block for ``a`` rows of width ``d``: block (b, c) takes rows b * R .. b * R + R - 1
+        (thread row y of the block is row b * R + y) and chunk c of their vectors.
+
+        A row takes whole warps (threads = its vectors / unroll rounded up to 32, at most
+        MAX_THREADS, chunks for the rest); a row that needs fewer than 32 threads takes the power
+        of two that covers it. Rows then share a block of up to ROW_GROUP_THREADS threads
+        (R = ROW_GROUP_THREADS // threads): a block per row of 72 bf16 (3 threads, rounded to a
+        warp) launched 262144 blocks for 131072 tokens at top-2 and ran at the block scheduler's
+        rate, ~0.6 ns a block on an H100, whatever the row width."""
         nvec = d // self.vec
-        threads = cutlass.min((nvec + self.unroll * 32 - 1) // (self.unroll * 32) * 32, MAX_THREADS)
+        need = (nvec + self.unroll - 1) // self.unroll
+        threads = cutlass.min((need + 31) // 32 * 32, MAX_THREADS)
+        for lanes in (16, 8, 4, 2, 1):   # plain Python: the smallest power of two >= need, below a warp
+            threads = Int32(cutlass.select_(need <= lanes, Int32(lanes), threads))
+        rows = Int32(cutlass.max(ROW_GROUP_THREADS // threads, 1))
         chunks = (nvec + threads * self.unroll - 1) // (threads * self.unroll)
-        return (a, chunks, 1), (threads, 1, 1)
+        return ((a + rows - 1) // rows, chunks, 1), (threads, rows, 1)
+
+    def block_row(self):
+        """The row (gather) or token (reductions) of this thread's row of the block."""
+        b, _, _ = cute.arch.block_idx()
+        _, y, _ = cute.arch.thread_idx()
+        _, rows, _ = cute.arch.block_dim()
+        return b * rows + y
 
     def fake_rows(self, m, d):
         align = self.vec_bytes
@@ -109,7 +131,7 @@ class Gather(MoeRows):
     def gather_kernel(self, mX: cute.Tensor, mTok: cute.Tensor, mExp: cute.Tensor, mScore: cute.Tensor,
                       mN: cute.Tensor, mOut: cute.Tensor):
         VEC, dtype = self.vec, self.dtype
-        row, _, _ = cute.arch.block_idx()
+        row = self.block_row()
         if row < self.rows_to_do(mN, mOut.shape[0]):
             t = mTok[row]
             s = mScore[t, mExp[row]].to(Float32)
@@ -320,10 +342,11 @@ class Scatter(MoeRows):
 
     @cute.kernel
     def reduce_kernel(self, mOut: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
-        # Block (t, c): out[t] chunk c += the chunk of each of token t's rows, summed in fp32.
+        # Token t (a thread row of the block, grid_and_block), chunk c: out[t] chunk c += the chunk
+        # of each of token t's rows, summed in fp32.
         VEC = self.vec
-        t, _, _ = cute.arch.block_idx()
         n_tok = mOut.shape[0]
+        t = cutlass.min(self.block_row(), n_tok - 1)   # a block's rows past the last token repeat it
         _, offsets, _, rows, first = self.workspace_views(mWs, n_tok, mY.shape[0])
         if const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
@@ -333,7 +356,7 @@ class Scatter(MoeRows):
         start = offsets[t]
         count = offsets[t + 1] - start
         row0 = first[t]
-        if count > 0:
+        if (count > 0) & (self.block_row() < n_tok):
             nvec = mOut.shape[1] // VEC
             ids, ok = self.vector_ids(nvec)
             out_vecs = cute.zipped_divide(mOut[t, None], (VEC,))
@@ -372,14 +395,15 @@ class Scatter(MoeRows):
 
     @cute.kernel
     def linked_reduce_kernel(self, mOut: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
-        # Block (t, c): out[t] chunk c += the chunk of each row on token t's list, summed in fp32;
+        # Token t (a thread row of the block), chunk c: out[t] chunk c += the chunk of each row on
+        # token t's list, summed in fp32;
         # each row's next index is loaded with its data, so one index load separates two rows.
         VEC = self.vec
-        t, _, _ = cute.arch.block_idx()
+        t = cutlass.min(self.block_row(), mOut.shape[0] - 1)   # a block's rows past the last token repeat it
         heads, nxt = self.link_views(mWs, mOut.shape[0], mY.shape[0])
         if const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
-        row = heads[t]
+        row = Int32(cutlass.select_(self.block_row() < mOut.shape[0], heads[t], Int32(-1)))
         if row >= 0:
             nvec = mOut.shape[1] // VEC
             ids, ok = self.vector_ids(nvec)

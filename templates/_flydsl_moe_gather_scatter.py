@@ -25,6 +25,8 @@ DTYPES = {"bfloat16": fx.BFloat16, "float16": fx.Float16, "float32": fx.Float32}
 # no static block size the code object declares at most 256 work-items per workgroup, and a
 # larger launch is undefined behavior (the register budget assumes 256).
 ANY_BLOCK = {"rocdl.max_flat_work_group_size": MAX_THREADS}
+# Rows narrower than a block's worth of threads share one (grid_and_block): four waves.
+ROW_GROUP_THREADS = 256
 
 
 class MoeRows:
@@ -69,10 +71,27 @@ class MoeRows:
         return regs
 
     def grid_and_block(self, a, d):
+        """Grid and block for ``a`` rows of width ``d``: block (b, c) takes rows b * R .. b * R + R - 1
+        (thread row y is row b * R + y) and chunk c of their vectors. A row takes whole waves
+        (its vectors / unroll rounded up to 64 threads, at most MAX_THREADS), or the power of two
+        that covers it when it needs fewer than a wave; rows then share a block of up to
+        ROW_GROUP_THREADS threads (as the CuTe kernels, where a block per short row ran at the
+        block scheduler's rate; not timed on CDNA: no AMD GPU here)."""
         nvec = d // self.vec
-        threads = (nvec + self.unroll * WAVE - 1) // (self.unroll * WAVE) * WAVE
+        need = (nvec + self.unroll - 1) // self.unroll
+        threads = (need + WAVE - 1) // WAVE * WAVE
         threads = (threads < MAX_THREADS).select(threads, MAX_THREADS)
-        return (a, (nvec + threads * self.unroll - 1) // (threads * self.unroll), 1), (threads, 1, 1)
+        for lanes in (32, 16, 8, 4, 2, 1):   # plain Python: the smallest power of two >= need, below a wave
+            threads = (need <= lanes).select(fx.Int32(lanes), threads)
+        rows = ROW_GROUP_THREADS // threads
+        rows = (rows > 1).select(rows, 1)
+        return ((a + rows - 1) // rows, (nvec + threads * self.unroll - 1) // (threads * self.unroll), 1), \
+            (threads, rows, 1)
+
+    def block_row(self, rows):
+        """The row (gather, atomic scatter) or token (reduction) of this thread's row of the
+        block; ``rows`` (rows per block) comes as an argument, as the block width does."""
+        return fx.block_idx.x * rows + fx.thread_idx.y
 
 
 class Gather(MoeRows):
@@ -81,8 +100,8 @@ class Gather(MoeRows):
 
     @fk.kernel(lambda self: {"name": self.name + "_gather"})
     def gather_kernel(self, X: fx.Tensor, Tok: fx.Tensor, Exp: fx.Tensor, S: fx.Tensor, N: fx.Tensor,
-                      Out: fx.Tensor, nthr: fx.Int32):
-        row = fx.block_idx.x
+                      Out: fx.Tensor, nthr: fx.Int32, rows: fx.Int32):
+        row = self.block_row(rows)
         a = Out.shape.unpack()[0]
         if row < self.rows_to_do(N, a):
             t = (fx.get_iter(Tok) + row).load()
@@ -102,7 +121,7 @@ class Gather(MoeRows):
     def __call__(self, X: fx.Tensor, Tok: fx.Tensor, Exp: fx.Tensor, S: fx.Tensor,
                  N: fx.Tensor, Out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
         grid, block = self.grid_and_block(Out.shape.unpack()[0], X.shape.unpack()[1])
-        self.gather_kernel(X, Tok, Exp, S, N, Out, block[0], value_attrs=ANY_BLOCK).launch(
+        self.gather_kernel(X, Tok, Exp, S, N, Out, block[0], block[1], value_attrs=ANY_BLOCK).launch(
             grid=grid, block=block, stream=stream)
 
 
@@ -115,8 +134,9 @@ class Scatter(MoeRows):
 
     # -- method "atomic" -------------------------------------------------------------------------
     @fk.kernel(lambda self: {"name": self.name + "_scatter"})
-    def scatter_kernel(self, Out: fx.Tensor, Y: fx.Tensor, Tok: fx.Tensor, N: fx.Tensor, nthr: fx.Int32):
-        row = fx.block_idx.x
+    def scatter_kernel(self, Out: fx.Tensor, Y: fx.Tensor, Tok: fx.Tensor, N: fx.Tensor, nthr: fx.Int32,
+                       rows: fx.Int32):
+        row = self.block_row(rows)
         a = Y.shape.unpack()[0]
         if row < self.rows_to_do(N, a):
             t = (fx.get_iter(Tok) + row).load()
@@ -242,14 +262,18 @@ class Scatter(MoeRows):
                 rows[offsets[tok] + pos[i]] = i
 
     @fk.kernel(lambda self: {"name": self.name + "_reduce"})
-    def reduce_kernel(self, Out: fx.Tensor, Y: fx.Tensor, Ws: fx.Tensor, nthr: fx.Int32):
-        # Block (t, c): out[t] chunk c += the chunk of each of token t's rows, summed in fp32 and
-        # rounded once. A token with no rows is not touched. Vectors past the row end load zeros
-        # and store nothing (buffer bounds), as in the gather.
-        t = fx.block_idx.x
-        _, offsets, _, rows, first = self.workspace(Ws, Out.shape.unpack()[0], Y.shape.unpack()[0])
+    def reduce_kernel(self, Out: fx.Tensor, Y: fx.Tensor, Ws: fx.Tensor, nthr: fx.Int32, block_rows: fx.Int32):
+        # Token t (a thread row of the block, grid_and_block), chunk c: out[t] chunk c += the chunk
+        # of each of token t's rows, summed in fp32 and rounded once. A token with no rows is not
+        # touched. Vectors past the row end load zeros and store nothing (buffer bounds), as in
+        # the gather. A block's rows past the last token repeat it and add nothing.
+        n_tok = Out.shape.unpack()[0]
+        mine = self.block_row(block_rows)
+        t = (mine < n_tok).select(mine, n_tok - 1)
+        _, offsets, _, rows, first = self.workspace(Ws, n_tok, Y.shape.unpack()[0])
         start = offsets[t]
         count = offsets[t + 1] - start
+        count = (mine < n_tok).select(count, 0)
         row0 = first[t]     # the first row, beside the offsets (read only when count > 0)
         if count > 0:
             ids = self.vector_ids(nthr)
@@ -288,9 +312,9 @@ class Scatter(MoeRows):
             self.scan_kernel(Ws, t, a).launch(grid=(1, 1, 1), block=(SCAN_THREADS, 1, 1), stream=stream)
             self.place_kernel(Tok, N, Ws, t).launch(grid=a_blocks, block=index_block, stream=stream)
             grid, block = self.grid_and_block(t, d)
-            self.reduce_kernel(Out, Y, Ws, block[0], value_attrs=ANY_BLOCK).launch(
+            self.reduce_kernel(Out, Y, Ws, block[0], block[1], value_attrs=ANY_BLOCK).launch(
                 grid=grid, block=block, stream=stream)
         else:
             grid, block = self.grid_and_block(a, d)
-            self.scatter_kernel(Out, Y, Tok, N, block[0], value_attrs=ANY_BLOCK).launch(
+            self.scatter_kernel(Out, Y, Tok, N, block[0], block[1], value_attrs=ANY_BLOCK).launch(
                 grid=grid, block=block, stream=stream)

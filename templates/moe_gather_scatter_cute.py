@@ -50,10 +50,13 @@ Gather: token indices must lie in [0, T) for rows below n (not checked on the de
 A, D, E are dynamic. ``sig["vec_bytes"]``: every row starts on a multiple of it and D * itemsize
 is one; then one access moves that many bytes (16, 8 or 4), else one element.
 
-Work split, gather: block (i, c) handles row i, vectors [c * chunk, (c + 1) * chunk) with
-chunk = threads * unroll vectors. The block size is chosen at launch from D
-(threads = ceil(vectors per row / unroll), rounded up to a warp, at most 1024), so 5120-, 7168-
-and 8192-wide bf16 rows are covered exactly by 160, 224 and 256 threads with unroll 4.
+Work split, gather (and the reductions of "sorted" and "linked", by token): a row takes
+threads x unroll vectors of one chunk, [c * chunk, (c + 1) * chunk) for grid column c, with
+threads = ceil(vectors per row / unroll) rounded up to a warp (at most 1024) and chosen at launch
+from D, so 5120-, 7168- and 8192-wide bf16 rows are covered exactly by 160, 224 and 256 threads
+with unroll 4. Rows that need fewer than 32 threads take the power of two that covers them, and
+rows narrower than 128 threads share a block (one per thread row y): a block per short row ran
+at the block scheduler's rate, not the memory's.
 Atomic scatter: in MoE order (rows grouped by expert) the top_k rows of a token arrive far apart, so
 whole-row updates re-read and re-write each out row from DRAM top_k times (measured: 35-43% of
 the copy roofline at top_k 4-8). Blocks therefore take column slices: block (b, c) adds slice c

@@ -294,6 +294,23 @@ def test_scatter_options():
         _check_scatter(1000, 5120, 4, torch.bfloat16, n_valid=0, method=method)
 
 
+@hopper
+@pytest.mark.parametrize("d", (1, 6, 8, 72, 93, 146, 264, 520))
+def test_short_rows_share_blocks(d):
+    """Rows narrower than a block's threads share blocks (the gather and the sorted / linked
+    reductions, by token): every row and every vector of it, blocks whose last rows lie past the
+    last row or token, few rows (unroll 1) and many, valid_token_count."""
+    for t, k in ((1, 1), (7, 2), (1001, 3), (40001, 2)):
+        _check_gather(t, d, k=k)
+        for method in ("atomic", "sorted", "linked"):
+            _check_scatter(t, d, k, torch.bfloat16, method=method)
+    _check_gather(1001, d, k=3, n_valid=1500)
+    _check_gather(1001, d, k=2, dtype=torch.float32)
+    for method in ("sorted", "linked"):
+        _check_scatter(1001, d, 3, torch.float32, integers=True, method=method)
+        _check_scatter(1001, d, 3, torch.float32, integers=True, n_valid=1500, method=method)
+
+
 # ------------------------------------------------------------------ the three together
 @hopper
 @pytest.mark.parametrize("k", (1, 4))
