@@ -130,8 +130,12 @@ class Gather(MoeRows):
     @cute.kernel
     def gather_kernel(self, mX: cute.Tensor, mTok: cute.Tensor, mExp: cute.Tensor, mScore: cute.Tensor,
                       mN: cute.Tensor, mOut: cute.Tensor):
+        self.gather_row(self.block_row(), mX, mTok, mExp, mScore, mN, mOut)
+
+    @cute.jit
+    def gather_row(self, row, mX: cute.Tensor, mTok: cute.Tensor, mExp: cute.Tensor, mScore: cute.Tensor,
+                   mN: cute.Tensor, mOut: cute.Tensor):
         VEC, dtype = self.vec, self.dtype
-        row = self.block_row()
         if row < self.rows_to_do(mN, mOut.shape[0]):
             t = mTok[row]
             s = mScore[t, mExp[row]].to(Float32)
@@ -169,6 +173,14 @@ class Scatter(MoeRows):
         # Programmatic dependent launch of the sorted method's kernels 2-5: each may start while
         # its predecessor runs and waits for it (griddepcontrol.wait) before reading anything.
         self.pdl = bool(config.get("pdl", False))
+        # The reductions' token: the block index (uniform) in blocks of one token, or each
+        # thread row's own (grid_and_block). Timed on an H100 (linked method, bf16, the same
+        # kernels but for this; docs/benchmarks.md "MoE gather / scatter: short rows share a
+        # block"): on rows of one element per access the uniform token is 1.2-1.3x faster
+        # (6835 wide: 274 against 366 us at top-1, 963 against 1153 at top-8), on rows of 4-byte
+        # accesses the per-thread one is 1.28-1.38x faster at top-8 (9758, 1690, 1182 wide) and
+        # level at top-1; 16- and 8-byte rows time the same either way.
+        self.uniform_single_tokens = self.vec == 1
         self.elem_bytes = ELEM_BYTES[sig["dtype"]]
         self.slots = SCATTER_THREADS * self.unroll                       # vectors per scatter block
         self.k_min = (MIN_SLICE_BYTES // (self.vec * self.elem_bytes)).bit_length() - 1
@@ -343,20 +355,32 @@ class Scatter(MoeRows):
     @cute.kernel
     def reduce_kernel(self, mOut: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
         # Token t (a thread row of the block, grid_and_block), chunk c: out[t] chunk c += the chunk
-        # of each of token t's rows, summed in fp32.
-        VEC = self.vec
-        n_tok = mOut.shape[0]
-        t = cutlass.min(self.block_row(), n_tok - 1)   # a block's rows past the last token repeat it
-        _, offsets, _, rows, first = self.workspace_views(mWs, n_tok, mY.shape[0])
+        # of each of token t's rows, summed in fp32 (uniform_single_tokens: when t is uniform).
+        _, rows_per_block, _ = cute.arch.block_dim()
         if const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
+        if const_expr(self.uniform_single_tokens):
+            if rows_per_block == 1:
+                b, _, _ = cute.arch.block_idx()
+                self.reduce_token(b, mOut, mY, mWs)
+            else:
+                self.reduce_token(self.block_row(), mOut, mY, mWs)
+        else:
+            self.reduce_token(self.block_row(), mOut, mY, mWs)
+
+    @cute.jit
+    def reduce_token(self, mine, mOut: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
+        VEC = self.vec
+        n_tok = mOut.shape[0]
+        t = cutlass.min(mine, n_tok - 1)   # a block's rows past the last token repeat it, add nothing
+        _, offsets, _, rows, first = self.workspace_views(mWs, n_tok, mY.shape[0])
         # The token's first row comes straight from first[t], loaded beside its offsets (only
         # read when the token has rows): its data loads wait for one index load, as the
         # gather's do, instead of two (offsets, then the list).
         start = offsets[t]
         count = offsets[t + 1] - start
         row0 = first[t]
-        if (count > 0) & (self.block_row() < n_tok):
+        if (count > 0) & (mine < n_tok):
             nvec = mOut.shape[1] // VEC
             ids, ok = self.vector_ids(nvec)
             out_vecs = cute.zipped_divide(mOut[t, None], (VEC,))
@@ -396,14 +420,26 @@ class Scatter(MoeRows):
     @cute.kernel
     def linked_reduce_kernel(self, mOut: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
         # Token t (a thread row of the block), chunk c: out[t] chunk c += the chunk of each row on
-        # token t's list, summed in fp32;
-        # each row's next index is loaded with its data, so one index load separates two rows.
-        VEC = self.vec
-        t = cutlass.min(self.block_row(), mOut.shape[0] - 1)   # a block's rows past the last token repeat it
-        heads, nxt = self.link_views(mWs, mOut.shape[0], mY.shape[0])
+        # token t's list, summed in fp32; each row's next index is loaded with its data, so one
+        # index load separates two rows (uniform_single_tokens: when t is uniform).
+        _, rows_per_block, _ = cute.arch.block_dim()
         if const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
-        row = Int32(cutlass.select_(self.block_row() < mOut.shape[0], heads[t], Int32(-1)))
+        if const_expr(self.uniform_single_tokens):
+            if rows_per_block == 1:
+                b, _, _ = cute.arch.block_idx()
+                self.linked_reduce_token(b, mOut, mY, mWs)
+            else:
+                self.linked_reduce_token(self.block_row(), mOut, mY, mWs)
+        else:
+            self.linked_reduce_token(self.block_row(), mOut, mY, mWs)
+
+    @cute.jit
+    def linked_reduce_token(self, mine, mOut: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
+        VEC = self.vec
+        t = cutlass.min(mine, mOut.shape[0] - 1)   # a block's rows past the last token repeat it
+        heads, nxt = self.link_views(mWs, mOut.shape[0], mY.shape[0])
+        row = Int32(cutlass.select_(mine < mOut.shape[0], heads[t], Int32(-1)))
         if row >= 0:
             nvec = mOut.shape[1] // VEC
             ids, ok = self.vector_ids(nvec)
