@@ -355,18 +355,32 @@ class Scatter(MoeRows):
     @cute.kernel
     def reduce_kernel(self, mOut: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
         # Token t (a thread row of the block, grid_and_block), chunk c: out[t] chunk c += the chunk
-        # of each of token t's rows, summed in fp32 (uniform_single_tokens: when t is uniform).
+        # of each of token t's rows, summed in fp32.
+        self.reduce_block_tokens(False, mOut, mY, mWs)
+
+    @cute.jit
+    def reduce_block_tokens(self, linked: cutlass.Constexpr, mOut: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
+        """The reductions' common entry: wait for the index kernels (PDL), then reduce this thread
+        row's token, which is the block index itself (uniform) in a block of one token when
+        uniform_single_tokens, else the thread row's own (block_row)."""
         _, rows_per_block, _ = cute.arch.block_dim()
         if const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
         if const_expr(self.uniform_single_tokens):
             if rows_per_block == 1:
                 b, _, _ = cute.arch.block_idx()
-                self.reduce_token(b, mOut, mY, mWs)
+                self.reduce_one_token(linked, b, mOut, mY, mWs)
             else:
-                self.reduce_token(self.block_row(), mOut, mY, mWs)
+                self.reduce_one_token(linked, self.block_row(), mOut, mY, mWs)
         else:
-            self.reduce_token(self.block_row(), mOut, mY, mWs)
+            self.reduce_one_token(linked, self.block_row(), mOut, mY, mWs)
+
+    def reduce_one_token(self, linked, mine, mOut, mY, mWs):
+        """The sorted or the linked method's reduction of token ``mine`` (chosen at trace time)."""
+        if linked:
+            self.linked_reduce_token(mine, mOut, mY, mWs)
+        else:
+            self.reduce_token(mine, mOut, mY, mWs)
 
     @cute.jit
     def reduce_token(self, mine, mOut: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
@@ -421,18 +435,8 @@ class Scatter(MoeRows):
     def linked_reduce_kernel(self, mOut: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
         # Token t (a thread row of the block), chunk c: out[t] chunk c += the chunk of each row on
         # token t's list, summed in fp32; each row's next index is loaded with its data, so one
-        # index load separates two rows (uniform_single_tokens: when t is uniform).
-        _, rows_per_block, _ = cute.arch.block_dim()
-        if const_expr(self.pdl):
-            cute.arch.griddepcontrol_wait()
-        if const_expr(self.uniform_single_tokens):
-            if rows_per_block == 1:
-                b, _, _ = cute.arch.block_idx()
-                self.linked_reduce_token(b, mOut, mY, mWs)
-            else:
-                self.linked_reduce_token(self.block_row(), mOut, mY, mWs)
-        else:
-            self.linked_reduce_token(self.block_row(), mOut, mY, mWs)
+        # index load separates two rows.
+        self.reduce_block_tokens(True, mOut, mY, mWs)
 
     @cute.jit
     def linked_reduce_token(self, mine, mOut: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
