@@ -56,7 +56,9 @@ threads = ceil(vectors per row / unroll) rounded up to a warp (at most 1024) and
 from D, so 5120-, 7168- and 8192-wide bf16 rows are covered exactly by 160, 224 and 256 threads
 with unroll 4. Rows that need fewer than 32 threads take the power of two that covers them, and
 rows narrower than 128 threads share a block (one per thread row y): a block per short row ran
-at the block scheduler's rate, not the memory's.
+at the block scheduler's rate, not the memory's. On rows of one element per access the reductions
+take a one-token block's token from the block index (a uniform register), elsewhere from the
+thread row (``Scatter.uniform_single_tokens``: each was faster where it is used).
 Atomic scatter: in MoE order (rows grouped by expert) the top_k rows of a token arrive far apart, so
 whole-row updates re-read and re-write each out row from DRAM top_k times (measured: 35-43% of
 the copy roofline at top_k 4-8). Blocks therefore take column slices: block (b, c) adds slice c

@@ -33,12 +33,13 @@ tensor unit strides on both dimensions; the op layer runs one-column inputs as t
 Work split as in the CuTe template: row i takes vectors [c*chunk, (c+1)*chunk) in grid column c
 with chunk = threads * unroll; threads is chosen at launch from D (whole waves of 64, at most
 1024, or the power of two that covers a row needing fewer than a wave), and rows narrower than
-256 threads share a block, one per thread row (grid_and_block). Rows are reached through buffer descriptors sized to the row, so a vector past the row
-end loads zeros and stores nothing: no branches in the tails. Loads are issued before stores.
+256 threads share a block, one per thread row (grid_and_block). Rows are reached through buffer
+descriptors sized to the row, so a vector past the row end loads zeros and stores nothing: no
+branches in the tails. Loads are issued before stores.
 The sorted reduce reads the out row and each of its token's rows with the same vectors (16-byte
 buffer_load_dwordx4 on aligned rows) and keeps the sums in fp32 registers.
-Atomic scatter: row i adds its chunk c, with the same work split (the CuTe template's column slices are not
-ported). Atomics (relaxed, agent scope): aligned 16-bit rows add element pairs with
+Atomic scatter: row i adds its chunk c, with the same work split (the CuTe template's column
+slices are not ported). Atomics (relaxed, agent scope): aligned 16-bit rows add element pairs with
 global_atomic_pk_add_bf16 / _f16 (gfx942 has no packed bf16 buffer atomic), fp32 rows use
 global_atomic_add_f32, and 16-bit rows that are not 4-byte aligned fall back to one
 compare-and-swap loop per element (LLVM's expansion of atomicrmw fadd on a 2-byte location).
