@@ -24,6 +24,8 @@ import json
 import math
 import random
 
+from bench_common import parse_shapes
+
 OPS = ("quantize_fp8_row", "silu_mul_quant", "silu_mul", "rmsnorm", "rmsnorm_add")
 RANDOM_MIB = (32.0, 512.0)
 
@@ -133,7 +135,7 @@ def main(argv: list[str]) -> int:
         low, high = (int(v) for v in args.k_range.split(","))
         shapes = random_shapes(args.random, args.seed, (low, high))
     elif args.sizes:
-        shapes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
+        shapes = parse_shapes(args.sizes)
     else:
         parser.error("give --sizes or --random")
     bad = [k for _, k in shapes if k % 2 or k % 8 == 0]
