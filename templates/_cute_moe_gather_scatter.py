@@ -10,7 +10,7 @@ preprocessed: their Python loops unroll at trace time.
 """
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
 
 from mslk_dsl.templates._kernel_limits import ELEM_BYTES
@@ -182,51 +182,93 @@ class Scatter(MoeRows):
         # level at top-1; 16- and 8-byte rows time the same either way.
         self.uniform_single_tokens = self.vec == 1
         self.elem_bytes = ELEM_BYTES[sig["dtype"]]
-        self.slots = SCATTER_THREADS * self.unroll                       # vectors per scatter block
-        self.k_min = (MIN_SLICE_BYTES // (self.vec * self.elem_bytes)).bit_length() - 1
+        # Atomic method, 16-bit rows of one element per access: Hopper has no scalar bf16 / fp16
+        # atomic add (ptxas turns atom.add.noftz.bf16 into a compare-and-swap loop), but it has
+        # the packed one. So a slot is one aligned 4-byte word of the out row, both its halves
+        # added at once (BF16x2 / F16x2), as torch's index_add_ does (fastAtomicAdd); a half
+        # outside the row adds -0.0, the exact identity of IEEE addition (x + -0.0 == x for
+        # every x, -0.0 included).
+        self.word_pairs = self.vec == 1 and self.elem_bytes == 2
+        self.slot_bytes = 4 if self.word_pairs else self.vec * self.elem_bytes
+        self.slots = SCATTER_THREADS * self.unroll                       # slots per scatter block
+        self.k_min = (MIN_SLICE_BYTES // self.slot_bytes).bit_length() - 1
         self.k_max = self.slots.bit_length() - 1
 
     # -- method "atomic" -------------------------------------------------------------------------
     @cute.kernel
     def scatter_kernel(self, mOut: cute.Tensor, mY: cute.Tensor, mTok: cute.Tensor, mN: cute.Tensor,
                        log2_slice: Int32):
-        # Block (b, c): slice c (vectors [c * slice, (c + 1) * slice)) of rows_per_block rows.
+        # Block (b, c): slice c (slots [c * slice, (c + 1) * slice)) of rows_per_block rows; a
+        # slot is a vector, or an out word of two halves (word_pairs).
         VEC, dtype = self.vec, self.dtype
         tidx, _, _ = cute.arch.thread_idx()
         rb, c, _ = cute.arch.block_idx()
-        a, d = mY.shape
+        t, (a, d) = mOut.shape[0], mY.shape
         n = self.rows_to_do(mN, a)
-        nvec = d // VEC
-        slice_vecs = Int32(1) << log2_slice
+        nslots = self.row_slots(d)
+        slice_slots = Int32(1) << log2_slice
         rows_per_block = Int32(self.slots) >> log2_slice
-        frags, toks, vs, ok = [], [], [], []
+        frags, dsts, ok = [], [], []
         for j in cutlass.range_constexpr(self.unroll):   # every load first (clamped in bounds), then atomics
             slot = j * SCATTER_THREADS + tidx
             row = rb * rows_per_block + (slot >> log2_slice)
-            v = c * slice_vecs + (slot & (slice_vecs - 1))
-            row_c, v_c = cutlass.min(row, a - 1), cutlass.min(v, nvec - 1)
-            f = cute.make_rmem_tensor((VEC,), dtype)
-            cute.autovec_copy(cute.zipped_divide(mY[row_c, None], (VEC,))[None, v_c], f,
-                              l1c_evict_priority=STREAM)
-            frags.append(f)
+            v = c * slice_slots + (slot & (slice_slots - 1))
+            row_c, v_c = cutlass.min(row, a - 1), cutlass.min(v, nslots - 1)
             tok = mTok[row_c]
-            ok.append((row < n) & (v < nvec) & (tok >= 0) & (tok < mOut.shape[0]))
-            toks.append(tok)
-            vs.append(v_c)
+            ok_j = (row < n) & (v < nslots) & (tok >= 0) & (tok < t)
+            tok_c = cutlass.max(cutlass.min(tok, t - 1), 0)
+            if const_expr(self.word_pairs):
+                f, dst, in_row = self.load_word_halves(mOut, mY, row_c, tok_c, v_c, d)
+                ok_j = ok_j & in_row
+            else:
+                f = cute.make_rmem_tensor((VEC,), dtype)
+                cute.autovec_copy(cute.zipped_divide(mY[row_c, None], (VEC,))[None, v_c], f,
+                                  l1c_evict_priority=STREAM)
+                dst = cute.zipped_divide(mOut[tok_c, None], (VEC,))[None, v_c].iterator
+            frags.append(f)
+            dsts.append(dst)
+            ok.append(ok_j)
         for j in cutlass.range_constexpr(self.unroll):
             if ok[j]:
-                dst = cute.zipped_divide(mOut[toks[j], None], (VEC,))[None, vs[j]].iterator
-                if const_expr(VEC == 1):
-                    cute.arch.atomic_add(dst, frags[j][0], sem="relaxed", scope="gpu")
+                if const_expr(VEC == 1 and not self.word_pairs):
+                    cute.arch.atomic_add(dsts[j], frags[j][0], sem="relaxed", scope="gpu")
                 else:
-                    cute.arch.atomic_add(dst, frags[j].load().ir_value(), sem="relaxed", scope="gpu")
+                    cute.arch.atomic_add(dsts[j], frags[j].load().ir_value(), sem="relaxed", scope="gpu")
+
+    def row_slots(self, d):
+        """Slots of a row of width d: its vectors, or (word_pairs) the 4-byte words an out row
+        of d 16-bit elements can overlap, d // 2 + 1 whatever its start (an odd d overlaps
+        (d + 1) // 2 of them: the last slot then has no element and adds nothing)."""
+        return d // 2 + 1 if const_expr(self.word_pairs) else d // self.vec
+
+    def load_word_halves(self, mOut, mY, row, tok, w, d):
+        """(the two halves to add, as a 2-element fragment; the pointer of word w of out row tok;
+        whether the word holds an element of the row). The word's low half is element
+        2 * w - phase of the row, phase 1 when the row starts in the middle of a word; a half
+        outside the row adds -0.0."""
+        base = mOut[tok, None].iterator.toint()                         # Int64 byte address
+        phase = Int32(base >> 1) & 1
+        e0 = 2 * w - phase
+        e1 = e0 + 1
+        src = cute.zipped_divide(mY[row, None], (1,))
+        halves = []
+        for e in (cutlass.max(e0, 0), cutlass.min(e1, d - 1)):   # plain Python: unrolled
+            h = cute.make_rmem_tensor((1,), self.dtype)
+            cute.autovec_copy(src[None, e], h, l1c_evict_priority=STREAM)
+            halves.append(h[0])
+        f = cute.make_rmem_tensor((2,), self.dtype)
+        f[0] = cutlass.select_(e0 >= 0, halves[0], self.dtype(-0.0))
+        f[1] = cutlass.select_(e1 < d, halves[1], self.dtype(-0.0))
+        word = cute.make_ptr(self.dtype, base - Int64(2) * Int64(phase) + Int64(4) * Int64(w),
+                             cute.AddressSpace.gmem, assumed_align=4)
+        return f, word, e0 < d
 
     def scatter_launch(self, t, a, d):
         """(grid, log2 of the slice in vectors) for out rows t, input rows a, width d."""
-        nvec = d // self.vec
-        # The largest power of two with 2 * t * slice * vec_bytes <= REUSE_BYTES, at least
+        nvec = self.row_slots(d)
+        # The largest power of two with 2 * t * slice * slot bytes <= REUSE_BYTES, at least
         # MIN_SLICE_BYTES, at most a block's slots, and no wider than the row rounded up.
-        fits = Int32(REUSE_BYTES // (2 * self.vec * self.elem_bytes)) // t
+        fits = Int32(REUSE_BYTES // (2 * self.slot_bytes)) // t
         k = Int32(self.k_min)
         for kk in range(self.k_min + 1, self.k_max + 1):   # plain Python: unrolled at trace time
             k = Int32(cutlass.select_((fits >= (1 << kk)) & (nvec > (1 << (kk - 1))), Int32(kk), k))

@@ -70,14 +70,15 @@ class MoeRows:
             regs.append(r)
         return regs
 
-    def grid_and_block(self, a, d):
-        """Grid and block for ``a`` rows of width ``d``: block (b, c) takes rows b * R .. b * R + R - 1
-        (thread row y is row b * R + y) and chunk c of their vectors. A row takes whole waves
+    def grid_and_block(self, a, d, nvec=None):
+        """Grid and block for ``a`` rows of width ``d`` (``nvec`` slots each, default its vectors):
+        block (b, c) takes rows b * R .. b * R + R - 1 (thread row y is row b * R + y) and chunk c
+        of their slots. A row takes whole waves
         (its vectors / unroll rounded up to 64 threads, at most MAX_THREADS), or the power of two
         that covers it when it needs fewer than a wave; rows then share a block of up to
         ROW_GROUP_THREADS threads (as the CuTe kernels, where a block per short row ran at the
         block scheduler's rate; not timed on CDNA: no AMD GPU here)."""
-        nvec = d // self.vec
+        nvec = d // self.vec if nvec is None else nvec
         need = (nvec + self.unroll - 1) // self.unroll
         threads = (need + WAVE - 1) // WAVE * WAVE
         threads = (threads < MAX_THREADS).select(threads, MAX_THREADS)
@@ -128,8 +129,11 @@ class Gather(MoeRows):
 class Scatter(MoeRows):
     def __init__(self, config, sig):
         super().__init__("scatter_add_dense_tokens", config, sig)
-        # Atomic granule: fp32 one element; 16-bit two (packed) when rows are aligned, else one (CAS).
-        self.pair = 1 if sig["dtype"] == "float32" or self.vec == 1 else 2
+        # Atomic granule: fp32 one element; 16-bit two (packed): pairs of a vector on aligned
+        # rows, and on rows of one element per access one aligned 4-byte word of the out row
+        # (word_pairs), as the CuTe template: a lone 16-bit atomic add is a compare-and-swap loop.
+        self.pair = 1 if sig["dtype"] == "float32" else 2
+        self.word_pairs = self.pair == 2 and self.vec == 1
         self.sorted = config.get("method") == "sorted"
 
     # -- method "atomic" -------------------------------------------------------------------------
@@ -137,28 +141,58 @@ class Scatter(MoeRows):
     def scatter_kernel(self, Out: fx.Tensor, Y: fx.Tensor, Tok: fx.Tensor, N: fx.Tensor, nthr: fx.Int32,
                        rows: fx.Int32):
         row = self.block_row(rows)
-        a = Y.shape.unpack()[0]
+        a, d = Y.shape.unpack()
         if row < self.rows_to_do(N, a):
             t = (fx.get_iter(Tok) + row).load()
             ids = self.vector_ids(nthr)
-            regs = self.load_vectors(self.row_view(Y, row, self.vec), ids)
-            nvec = Y.shape.unpack()[1] // self.vec
             # A token index outside [0, T) skips the row (an unsigned compare covers both ends).
             valid = fx.Uint32(t) < fx.Uint32(Out.shape.unpack()[0])
             dst = fx.get_iter(Out) + fx.Int64(t) * fx.Int64(Out.stride.unpack()[0])
-            for j in range_constexpr(self.unroll):
-                if valid & (ids[j] < nvec):
-                    vals = fx.memref_load_vec(regs[j])
-                    for p in range_constexpr(self.vec // self.pair):
-                        piece = [vals[p * self.pair + q] for q in range(self.pair)]
-                        value = fx.Vector.from_elements(piece, self.dtype).ir_value() if const_expr(self.pair == 2) \
-                            else self.dtype(piece[0]).ir_value()
-                        # llvm atomicrmw fadd: <2 x bf16/f16> -> global_atomic_pk_add_*, f32 ->
-                        # global_atomic_add_f32, a lone 16-bit element -> compare-and-swap loop.
-                        llvm.atomicrmw(llvm.AtomicBinOp.fadd,
-                                       fx.to_llvm_ptr(dst + fx.Int64(ids[j]) * self.vec + p * self.pair), value,
-                                       llvm.AtomicOrdering.monotonic, syncscope="agent",
-                                       alignment=self.pair * self.dtype.width // 8)
+            if const_expr(self.word_pairs):
+                words = self.word_halves(Y, row, dst, ids, d)
+                for j in range_constexpr(self.unroll):
+                    if valid & words[j][2]:
+                        llvm.atomicrmw(llvm.AtomicBinOp.fadd, fx.to_llvm_ptr(words[j][0]), words[j][1],
+                                       llvm.AtomicOrdering.monotonic, syncscope="agent", alignment=4)
+            else:
+                regs = self.load_vectors(self.row_view(Y, row, self.vec), ids)
+                nvec = d // self.vec
+                for j in range_constexpr(self.unroll):
+                    if valid & (ids[j] < nvec):
+                        vals = fx.memref_load_vec(regs[j])
+                        for p in range_constexpr(self.vec // self.pair):
+                            piece = [vals[p * self.pair + q] for q in range(self.pair)]
+                            value = fx.Vector.from_elements(piece, self.dtype).ir_value() if const_expr(self.pair == 2) \
+                                else self.dtype(piece[0]).ir_value()
+                            # llvm atomicrmw fadd: <2 x bf16/f16> -> global_atomic_pk_add_*, f32 ->
+                            # global_atomic_add_f32.
+                            llvm.atomicrmw(llvm.AtomicBinOp.fadd,
+                                           fx.to_llvm_ptr(dst + fx.Int64(ids[j]) * self.vec + p * self.pair), value,
+                                           llvm.AtomicOrdering.monotonic, syncscope="agent",
+                                           alignment=self.pair * self.dtype.width // 8)
+
+    def word_halves(self, Y, row, dst, ids, d):
+        """Per slot w of ``ids``: (the element pointer of out word w's low half, the two halves
+        to add as a <2 x dtype>, whether the word holds an element of the row). The low half is
+        element 2 * w - phase of the row (phase 1 when the out row starts mid-word); a half
+        outside the row adds -0.0, the exact identity of IEEE addition."""
+        phase = fx.Int32(fx.ptrtoint(dst) >> 1) & 1
+        view = self.row_view(Y, row, 1)
+        atom = fx.make_copy_atom(fx.rocdl.BufferCopy(self.dtype.width), self.dtype.width)
+        minus_zero = self.dtype(-0.0)
+        words = []
+        for w in ids:   # all loads first (memory-level parallelism)
+            e0 = 2 * w - phase
+            e1 = e0 + 1
+            halves = []
+            for e in ((e0 < 0).select(fx.Int32(0), e0), e1):   # past the row's end the buffer reads 0
+                r = fx.make_rmem_tensor(1, self.dtype)
+                fx.copy(atom, fx.slice(view, (None, e)), r)
+                halves.append(fx.memref_load_vec(r)[0])
+            lo = (e0 >= 0).select(halves[0], minus_zero)
+            hi = (e1 < d).select(halves[1], minus_zero)
+            words.append((dst + fx.Int64(e0), fx.Vector.from_elements([lo, hi], self.dtype).ir_value(), e0 < d))
+        return words
 
     # -- method "sorted": group rows by token, then one fp32 reduction per out row ----------------
     def workspace(self, Ws, t, a):
@@ -315,6 +349,6 @@ class Scatter(MoeRows):
             self.reduce_kernel(Out, Y, Ws, block[0], block[1], value_attrs=ANY_BLOCK).launch(
                 grid=grid, block=block, stream=stream)
         else:
-            grid, block = self.grid_and_block(a, d)
+            grid, block = self.grid_and_block(a, d, d // 2 + 1 if const_expr(self.word_pairs) else None)
             self.scatter_kernel(Out, Y, Tok, N, block[0], block[1], value_attrs=ANY_BLOCK).launch(
                 grid=grid, block=block, stream=stream)

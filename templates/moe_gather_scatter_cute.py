@@ -41,7 +41,9 @@ scatter_add_dense_tokens:
     "atomic" (small problems, where the extra launches would cost more than they save):
         atomic adds, like MSLK: vector reductions as wide as the rows admit (REDG.ADD.BF16x8 /
         F16x8 / F32x4 on 16-byte rows, BF16x4 / F16x4 / F32x2 on 8-byte ones, BF16x2 / F16x2 on
-        4-byte ones), scalar atomics otherwise (a compare-and-swap loop for a lone bf16/fp16).
+        4-byte ones); 16-bit rows of one element per access add the aligned 4-byte words of the
+        out row, BF16x2 / F16x2 with -0.0 (the exact identity) in a half outside the row, as
+        torch's index_add_ (Hopper's lone bf16 / fp16 atomic add is a compare-and-swap loop).
         A token that receives several rows (top_k > 1) gets them in an unspecified order and,
         for bf16/fp16, each addition rounds to the output dtype (as MSLK); fp32 atomic adds
         flush subnormals (hardware semantics, as CUDA's atomicAdd).
@@ -62,7 +64,7 @@ thread row (``Scatter.uniform_single_tokens``: each was faster where it is used)
 Atomic scatter: in MoE order (rows grouped by expert) the top_k rows of a token arrive far apart, so
 whole-row updates re-read and re-write each out row from DRAM top_k times (measured: 35-43% of
 the copy roofline at top_k 4-8). Blocks therefore take column slices: block (b, c) adds slice c
-(a power-of-two number of vectors, >= 256 bytes) of 256 * unroll / slice consecutive input rows,
+(a power-of-two number of vectors or words, >= 256 bytes) of 256 * unroll / slice consecutive input rows,
 and blockIdx.x runs over all rows of a slice before the next slice starts. The slice is chosen at
 launch so that 2 * T * slice bytes (the data touched between two updates of one out slice) stays
 under 16 MB: the out slice stays in L2 and every out element crosses DRAM once each way.

@@ -41,8 +41,10 @@ buffer_load_dwordx4 on aligned rows) and keeps the sums in fp32 registers.
 Atomic scatter: row i adds its chunk c, with the same work split (the CuTe template's column
 slices are not ported). Atomics (relaxed, agent scope): aligned 16-bit rows add element pairs with
 global_atomic_pk_add_bf16 / _f16 (gfx942 has no packed bf16 buffer atomic), fp32 rows use
-global_atomic_add_f32, and 16-bit rows that are not 4-byte aligned fall back to one
-compare-and-swap loop per element (LLVM's expansion of atomicrmw fadd on a 2-byte location).
+global_atomic_add_f32, and 16-bit rows that are not 4-byte aligned add the aligned 4-byte words
+of the out row with the same packed atomic (a half outside the row adds -0.0, the exact
+identity), as the CuTe template: LLVM expands atomicrmw fadd on a 2-byte location into a
+compare-and-swap loop.
 
 The kernels are the classes ``_flydsl_moe_gather_scatter.Gather`` and ``.Scatter``; this module
 declares the templates (config spaces, heuristics) without importing the DSL.

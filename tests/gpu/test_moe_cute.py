@@ -311,6 +311,33 @@ def test_short_rows_share_blocks(d):
         _check_scatter(1001, d, 3, torch.float32, integers=True, n_valid=1500, method=method)
 
 
+@hopper
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("d", (1, 2, 3, 93, 1000, 5121))
+def test_scatter_word_pairs(dtype, d):
+    """The atomic method on rows of one 16-bit element per access adds aligned words of two
+    halves (BF16x2 / F16x2), a half outside the row adding -0.0: out one element into its
+    storage (rows that start mid-word: every other row for odd widths, every row for even
+    ones), exact integer sums, -0.0 kept bit for bit where nothing is added, skipped tokens,
+    and the elements either side of out untouched."""
+    g = _gen(d)
+    t, k = 301, 3
+    store = torch.full((t * d + 2,), -0.0, dtype=dtype, device="cuda")
+    out = store[1:1 + t * d].view(t, d)
+    out.copy_(torch.randint(-8, 8, (t, d), device="cuda", generator=g).to(dtype))
+    out.view(-1)[::7] = -0.0
+    tok = torch.randint(0, t // 2, (t * k,), device="cuda", generator=g, dtype=torch.int32)  # rows t // 2.. get none
+    tok[5], tok[17] = -1, t
+    y = torch.randint(-8, 8, (t * k, d), device="cuda", generator=g).to(dtype)
+    keep = (tok >= 0) & (tok < t)
+    ref = out.double().index_add(0, tok[keep].long(), y[keep].double()).to(dtype)
+    before = store.clone()
+    assert ops.scatter_add_dense_tokens(out, y, tok, config=_scatter_config("atomic", t, t * k)) is None
+    bits = torch.int16
+    assert torch.equal(out.view(bits), ref.view(bits)), f"d={d} {dtype}"
+    assert torch.equal(store[[0, -1]].view(bits), before[[0, -1]].view(bits))
+
+
 # ------------------------------------------------------------------ the three together
 @hopper
 @pytest.mark.parametrize("k", (1, 4))
