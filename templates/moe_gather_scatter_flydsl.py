@@ -45,6 +45,11 @@ global_atomic_add_f32, and 16-bit rows that are not 4-byte aligned add the align
 of the out row with the same packed atomic (a half outside the row adds -0.0, the exact
 identity), as the CuTe template: LLVM expands atomicrmw fadd on a 2-byte location into a
 compare-and-swap loop.
+Known cost, seen in the gfx942 ISA and not timed (no AMD GPU): a row's buffer descriptor is built
+from per-lane values (a token loaded from memory, the thread row of a shared block), so the
+compiler wraps each buffer access in a readfirstlane loop over the wave's distinct descriptors:
+one pass where a wave holds one row, one per row where it holds several. The row-wise templates
+avoid this (``_flydsl_rowwise.RowGroups`` / ``WaveRows``); these kernels do not yet.
 
 The kernels are the classes ``_flydsl_moe_gather_scatter.Gather`` and ``.Scatter``; this module
 declares the templates (config spaces, heuristics) without importing the DSL.
