@@ -236,9 +236,9 @@ class Scatter(MoeRows):
                     cute.arch.atomic_add(dsts[j], frags[j].load().ir_value(), sem="relaxed", scope="gpu")
 
     def row_slots(self, d):
-        """Slots of a row of width d: its vectors, or (word_pairs) the 4-byte words an out row
-        of d 16-bit elements can overlap, d // 2 + 1 whatever its start (an odd d overlaps
-        (d + 1) // 2 of them: the last slot then has no element and adds nothing)."""
+        """Slots of a row of width d: its vectors, or (word_pairs) the most 4-byte words an out
+        row of d 16-bit elements can overlap, d // 2 + 1 (all of them at an odd d; at an even d
+        a row that starts on a word boundary leaves the last slot empty, and it adds nothing)."""
         return d // 2 + 1 if const_expr(self.word_pairs) else d // self.vec
 
     def load_word_halves(self, mOut, mY, row, tok, w, d):
@@ -264,7 +264,7 @@ class Scatter(MoeRows):
         return f, word, e0 < d
 
     def scatter_launch(self, t, a, d):
-        """(grid, log2 of the slice in vectors) for out rows t, input rows a, width d."""
+        """(grid, log2 of the slice in slots) for out rows t, input rows a, width d."""
         nvec = self.row_slots(d)
         # The largest power of two with 2 * t * slice * slot bytes <= REUSE_BYTES, at least
         # MIN_SLICE_BYTES, at most a block's slots, and no wider than the row rounded up.
