@@ -177,20 +177,18 @@ class Scatter(MoeRows):
         element 2 * w - phase of the row (phase 1 when the out row starts mid-word); a half
         outside the row adds -0.0, the exact identity of IEEE addition."""
         phase = fx.Int32(fx.ptrtoint(dst) >> 1) & 1
-        view = self.row_view(Y, row, 1)
-        atom = fx.make_copy_atom(fx.rocdl.BufferCopy(self.dtype.width), self.dtype.width)
+        firsts = [2 * w - phase for w in ids]
+        # Both halves of every word, all loads first (vec is 1 here); past the row's end the
+        # buffer reads 0, and a low half before the row start loads element 0 instead.
+        elems = []
+        for e0 in firsts:
+            elems += [(e0 < 0).select(fx.Int32(0), e0), e0 + 1]
+        regs = self.load_vectors(self.row_view(Y, row, 1), elems)
         minus_zero = self.dtype(-0.0)
         words = []
-        for w in ids:   # all loads first (memory-level parallelism)
-            e0 = 2 * w - phase
-            e1 = e0 + 1
-            halves = []
-            for e in ((e0 < 0).select(fx.Int32(0), e0), e1):   # past the row's end the buffer reads 0
-                r = fx.make_rmem_tensor(1, self.dtype)
-                fx.copy(atom, fx.slice(view, (None, e)), r)
-                halves.append(fx.memref_load_vec(r)[0])
-            lo = (e0 >= 0).select(halves[0], minus_zero)
-            hi = (e1 < d).select(halves[1], minus_zero)
+        for j, e0 in enumerate(firsts):
+            lo = (e0 >= 0).select(fx.memref_load_vec(regs[2 * j])[0], minus_zero)
+            hi = (e0 + 1 < d).select(fx.memref_load_vec(regs[2 * j + 1])[0], minus_zero)
             words.append((dst + fx.Int64(e0), fx.Vector.from_elements([lo, hi], self.dtype).ir_value(), e0 < d))
         return words
 
