@@ -494,9 +494,10 @@ def make_merge_kernel(*, dtype: str, out_dtype: str, waves: int):
         n = SLICE_BYTES // (dt.width // 8)
         return fx.logical_divide(fx.make_view(buf, fx.make_layout(n, 1)), fx.make_layout(VEC, 1))
 
-    def scalar_view(base, nbytes):
+    def scalar_view(base, nbytes, n=1):
+        """``n`` scalars (index 0 .. n - 1) from ``base``, bounded by ``nbytes``."""
         buf = fx.rocdl.make_buffer_ptr(base, num_records_bytes=nbytes)
-        return fx.logical_divide(fx.make_view(buf, fx.make_layout(1, 1)), fx.make_layout(1, 1))
+        return fx.logical_divide(fx.make_view(buf, fx.make_layout(n, 1)), fx.make_layout(1, 1))
 
     @flyc.kernel(name=name, known_block_size=[THREADS, 1, 1])
     def merge_kernel(parts: fx.Tensor, lses: fx.Tensor, out: fx.Tensor, lse: fx.Tensor):
@@ -547,8 +548,11 @@ def make_merge_kernel(*, dtype: str, out_dtype: str, waves: int):
         lse_val = (total > fx.Float32(0.0)).select(
             (stats[0] + fx.Float32(log2_hw(T.f32, total.ir_value()))) * LN2, neg_inf)
         lse_out = fx.Int64(b) * fx.Int64(lo[0]) + fx.Int64(h) * fx.Int64(lo[1]) + fx.Int64(m) * fx.Int64(lo[2])
-        lv_out = scalar_view(fx.get_iter(lse) + lse_out, (ok & (lane == 0)).select(fx.Int64(4), fx.Int64(0)))
-        rw.store(lv_out, fx.Int32(0), fx.Vector.from_elements([lse_val], fx.Float32), 1)
+        # Lane 0 stores it: the other lanes aim one element past the descriptor's 4 bytes (the
+        # store is dropped). The descriptor stays wave-uniform; a size chosen per lane would make
+        # the compiler loop over the wave's distinct descriptors (readfirstlane).
+        lv_out = scalar_view(fx.get_iter(lse) + lse_out, lse_bytes, n=2)
+        rw.store(lv_out, (lane == 0).select(fx.Int32(0), fx.Int32(1)), fx.Vector.from_elements([lse_val], fx.Float32), 1)
 
     return merge_kernel, WAVES
 

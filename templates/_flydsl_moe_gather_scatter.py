@@ -4,7 +4,7 @@ device helpers as plain methods. The contracts and the work split are in
 ``moe_gather_scatter_flydsl``'s docstring; ``_flydsl_kernels`` says why the methods are marked
 rather than decorated and the instances come from ``_flydsl_kernels.specialize``.
 
-``MoeRows`` holds what both ops share (row views, vector loads, the valid-row count); ``Gather``
+``MoeRows`` holds what both ops share (row pointers, vector loads and stores, the valid-row count); ``Gather``
 and ``Scatter`` add their kernels. Imported only from the template's ``build()`` (it imports
 ``flydsl`` at module level).
 """
@@ -13,18 +13,15 @@ from flydsl._mlir.dialects import llvm
 from flydsl.expr import const_expr, gpu, range_constexpr
 
 from mslk_dsl.templates import _flydsl_kernels as fk
+from mslk_dsl.templates import _flydsl_rowwise as rw
 from mslk_dsl.templates import _gather_scatter_space as shared
+from mslk_dsl.templates import moe_gather_scatter_flydsl as declared
 
 WAVE = 64
-MAX_THREADS = 1024
 INDEX_THREADS = 256                 # sorted scatter: threads of the zero / count / place kernels
 SCAN_THREADS, SCAN_ITEMS = 1024, 16  # sorted scatter: the one-block scan of the per-token counts
 SCAN_WAVES = SCAN_THREADS // WAVE
 DTYPES = {"bfloat16": fx.BFloat16, "float16": fx.Float16, "float32": fx.Float32}
-# Kernels launched with a block size chosen at run time (up to MAX_THREADS) must say so: with
-# no static block size the code object declares at most 256 work-items per workgroup, and a
-# larger launch is undefined behavior (the register budget assumes 256).
-ANY_BLOCK = {"rocdl.max_flat_work_group_size": MAX_THREADS}
 # Rows narrower than a block's worth of threads share one (grid_and_block): four waves.
 ROW_GROUP_THREADS = 256
 
@@ -35,7 +32,10 @@ class MoeRows:
     def __init__(self, op, config, sig):
         self.dtype = DTYPES[sig["dtype"]]
         self.vec, self.unroll = shared.vec(sig), config["unroll"]
+        # Every row starts on a multiple of the signature's vector width.
+        self.vector_bytes = self.vec * self.dtype.width // 8
         self.has_n = bool(sig["has_valid_count"])
+        self.max_threads = declared.block_threads(config, sig)   # a row's threads at most (grid_and_block)
         self.name = f"mslk_{op}_{sig['dtype']}_v{self.vec}_u{self.unroll}{'_n' if self.has_n else ''}"
 
     def rows_to_do(self, n_tensor, a):
@@ -44,50 +44,57 @@ class MoeRows:
             return (n < a).select(n, a)
         return a
 
-    def row_view(self, tensor, row, group):
-        """Row ``row`` as a buffer view of ``group``-element pieces, bounded by the row."""
-        _, cols = tensor.shape.unpack()
-        row_stride, _ = tensor.stride.unpack()
-        base = fx.get_iter(tensor) + fx.Int64(row) * fx.Int64(row_stride)
-        buf = fx.rocdl.make_buffer_ptr(base, num_records_bytes=fx.Int64(cols) * (self.dtype.width // 8))
-        return fx.logical_divide(fx.make_view(buf, fx.make_layout(cols, 1)), fx.make_layout(group, 1))
-
     def vector_ids(self, nthr):
         # The block size comes as an argument: reading blockDim would link ROCm's device library.
         tid = fx.thread_idx.x
         c = fx.block_idx.y
         return [(c * self.unroll + j) * nthr + tid for j in range(self.unroll)]
 
-    def copy_atom(self):
-        return fx.make_copy_atom(fx.rocdl.BufferCopy(self.vec * self.dtype.width), self.dtype.width)
+    # Two kinds of rows (moe_gather_scatter_flydsl's docstring): the block's own, consecutive
+    # rows behind one descriptor per wave, and gathered rows through per-lane global addresses.
+    def block_rows(self, tensor, row):
+        """This thread's row ``row`` among the block's consecutive rows, for rw.load / rw.store."""
+        return rw.WaveRows(tensor, row, self.vec)
 
-    def load_vectors(self, view, ids):
-        atom = self.copy_atom()
-        regs = []
-        for j in ids:   # all loads first (memory-level parallelism)
-            r = fx.make_rmem_tensor(self.vec, self.dtype)
-            fx.copy(atom, fx.slice(view, (None, j)), r)
-            regs.append(r)
-        return regs
+    def load_block_row(self, view, ids):
+        return [rw.load(view, j, self.vec) for j in ids]   # all loads first (memory-level parallelism)
+
+    def load_gathered(self, tensor, row, ids, nvec):
+        """Vectors ``ids`` of row ``row`` of ``tensor`` (unit column stride; ``nvec`` >= 1
+        vectors a row), all loads first. A vector past the row's end loads vector 0 instead
+        (inside the row): its value must not be used."""
+        row_stride, _ = tensor.stride.unpack()
+        base = fx.get_iter(tensor) + fx.Int64(row) * fx.Int64(row_stride)
+        vector = fx.Vector.make_type(self.vec, self.dtype)
+        return [fx.Vector(llvm.LoadOp(vector, fx.to_llvm_ptr(base + (j < nvec).select(j, 0) * self.vec),
+                                      alignment=self.vector_bytes).result, (self.vec,), self.dtype)
+                for j in ids]
 
     def grid_and_block(self, a, d, nvec=None):
         """Grid and block for ``a`` rows of width ``d`` (``nvec`` slots each, default its vectors):
         block (b, c) takes rows b * R .. b * R + R - 1 (thread row y is row b * R + y) and chunk c
         of their slots. A row takes whole waves
-        (its vectors / unroll rounded up to 64 threads, at most MAX_THREADS), or the power of two
+        (its vectors / unroll rounded up to 64 threads, at most ``max_threads``), or the power of two
         that covers it when it needs fewer than a wave; rows then share a block of up to
         ROW_GROUP_THREADS threads (as the CuTe kernels, where a block per short row ran at the
         block scheduler's rate; not timed on CDNA: no AMD GPU here)."""
         nvec = d // self.vec if nvec is None else nvec
         need = (nvec + self.unroll - 1) // self.unroll
         threads = (need + WAVE - 1) // WAVE * WAVE
-        threads = (threads < MAX_THREADS).select(threads, MAX_THREADS)
+        threads = (threads < self.max_threads).select(threads, self.max_threads)
         for lanes in (32, 16, 8, 4, 2, 1):   # plain Python: the smallest power of two >= need, below a wave
             threads = (need <= lanes).select(fx.Int32(lanes), threads)
         rows = ROW_GROUP_THREADS // threads
         rows = (rows > 1).select(rows, 1)
         return ((a + rows - 1) // rows, (nvec + threads * self.unroll - 1) // (threads * self.unroll), 1), \
             (threads, rows, 1)
+
+    def any_block(self):
+        """Kernel attributes of a launch whose block size is chosen at run time (up to
+        ``max_threads``): with no static block size the code object declares at most 256
+        work-items per workgroup, and a larger launch is undefined behavior (the register budget
+        assumes 256)."""
+        return {"rocdl.max_flat_work_group_size": self.max_threads}
 
     def block_row(self, rows):
         """The row (gather, atomic scatter) or token (reduction) of this thread's row of the
@@ -110,19 +117,16 @@ class Gather(MoeRows):
             s_stride, _ = S.stride.unpack()
             s = (fx.get_iter(S) + fx.Int64(t) * fx.Int64(s_stride) + e).load().to(fx.Float32)
             ids = self.vector_ids(nthr)
-            regs = self.load_vectors(self.row_view(X, t, self.vec), ids)
-            out = self.row_view(Out, row, self.vec)
-            atom = self.copy_atom()
+            xs = self.load_gathered(X, t, ids, X.shape.unpack()[1] // self.vec)
+            out = self.block_rows(Out, row)
             for j in range_constexpr(self.unroll):
-                v = (fx.memref_load_vec(regs[j]).to(fx.Float32) * s).to(self.dtype)
-                fx.memref_store_vec(v, regs[j])
-                fx.copy(atom, regs[j], fx.slice(out, (None, ids[j])))
+                rw.store(out, ids[j], (xs[j].to(fx.Float32) * s).to(self.dtype), self.vec)
 
     @fk.jit
     def __call__(self, X: fx.Tensor, Tok: fx.Tensor, Exp: fx.Tensor, S: fx.Tensor,
                  N: fx.Tensor, Out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
         grid, block = self.grid_and_block(Out.shape.unpack()[0], X.shape.unpack()[1])
-        self.gather_kernel(X, Tok, Exp, S, N, Out, block[0], block[1], value_attrs=ANY_BLOCK).launch(
+        self.gather_kernel(X, Tok, Exp, S, N, Out, block[0], block[1], value_attrs=self.any_block()).launch(
             grid=grid, block=block, stream=stream)
 
 
@@ -155,11 +159,11 @@ class Scatter(MoeRows):
                         llvm.atomicrmw(llvm.AtomicBinOp.fadd, fx.to_llvm_ptr(words[j][0]), words[j][1],
                                        llvm.AtomicOrdering.monotonic, syncscope="agent", alignment=4)
             else:
-                regs = self.load_vectors(self.row_view(Y, row, self.vec), ids)
                 nvec = d // self.vec
+                ys = self.load_block_row(self.block_rows(Y, row), ids)
                 for j in range_constexpr(self.unroll):
                     if valid & (ids[j] < nvec):
-                        vals = fx.memref_load_vec(regs[j])
+                        vals = ys[j]
                         for p in range_constexpr(self.vec // self.pair):
                             piece = [vals[p * self.pair + q] for q in range(self.pair)]
                             value = fx.Vector.from_elements(piece, self.dtype).ir_value() if const_expr(self.pair == 2) \
@@ -179,16 +183,16 @@ class Scatter(MoeRows):
         phase = fx.Int32(fx.ptrtoint(dst) >> 1) & 1
         firsts = [2 * w - phase for w in ids]
         # Both halves of every word, all loads first (vec is 1 here); past the row's end the
-        # buffer reads 0, and a low half before the row start loads element 0 instead.
+        # loads give 0, and a low half before the row start loads element 0 instead.
         elems = []
         for e0 in firsts:
             elems += [(e0 < 0).select(fx.Int32(0), e0), e0 + 1]
-        regs = self.load_vectors(self.row_view(Y, row, 1), elems)
+        halves = self.load_block_row(self.block_rows(Y, row), elems)
         minus_zero = self.dtype(-0.0)
         words = []
         for j, e0 in enumerate(firsts):
-            lo = (e0 >= 0).select(fx.memref_load_vec(regs[2 * j])[0], minus_zero)
-            hi = (e0 + 1 < d).select(fx.memref_load_vec(regs[2 * j + 1])[0], minus_zero)
+            lo = (e0 >= 0).select(halves[2 * j][0], minus_zero)
+            hi = (e0 + 1 < d).select(halves[2 * j + 1][0], minus_zero)
             words.append((dst + fx.Int64(e0), fx.Vector.from_elements([lo, hi], self.dtype).ir_value(), e0 < d))
         return words
 
@@ -297,8 +301,8 @@ class Scatter(MoeRows):
     def reduce_kernel(self, Out: fx.Tensor, Y: fx.Tensor, Ws: fx.Tensor, nthr: fx.Int32, block_rows: fx.Int32):
         # Token t (a thread row of the block, grid_and_block), chunk c: out[t] chunk c += the chunk
         # of each of token t's rows, summed in fp32 and rounded once. A token with no rows is not
-        # touched. Vectors past the row end load zeros and store nothing (buffer bounds), as in
-        # the gather. A block's rows past the last token repeat it and add nothing.
+        # touched. Vectors past the row end store nothing, as in the gather. A block's rows past
+        # the last token repeat it and add nothing.
         n_tok = Out.shape.unpack()[0]
         mine = self.block_row(block_rows)
         t = (mine < n_tok).select(mine, n_tok - 1)
@@ -309,25 +313,20 @@ class Scatter(MoeRows):
         row0 = first[t]     # the first row, beside the offsets (read only when count > 0)
         if count > 0:
             ids = self.vector_ids(nthr)
-            out = self.row_view(Out, t, self.vec)
+            nvec = Y.shape.unpack()[1] // self.vec
+            out = self.block_rows(Out, t)
             # Register arrays (not Python values): the loop over the rows updates them in place.
             acc = [fx.make_rmem_tensor(self.vec, fx.Float32) for _ in range(self.unroll)]
-            firsts = self.load_vectors(self.row_view(Y, row0, self.vec), ids)
-            for j, r in enumerate(self.load_vectors(out, ids)):
-                total = fx.memref_load_vec(r).to(fx.Float32) + fx.memref_load_vec(firsts[j]).to(fx.Float32)
-                fx.memref_store_vec(total, acc[j])
-            # Unrolled twice: two rows' loads in flight where the registers allow (unroll 8 of
-            # 16-bit rows fills 128 VGPRs with one row's loads and the fp32 sums).
+            firsts = self.load_gathered(Y, row0, ids, nvec)
+            for j, r in enumerate(self.load_block_row(out, ids)):
+                fx.memref_store_vec(r.to(fx.Float32) + firsts[j].to(fx.Float32), acc[j])
+            # Unrolled twice: two rows' loads in flight.
             for k in range(1, count, unroll=2):
-                ys = self.load_vectors(self.row_view(Y, rows[start + k], self.vec), ids)
+                ys = self.load_gathered(Y, rows[start + k], ids, nvec)
                 for j in range_constexpr(self.unroll):
-                    total = fx.memref_load_vec(acc[j]) + fx.memref_load_vec(ys[j]).to(fx.Float32)
-                    fx.memref_store_vec(total, acc[j])
-            atom = self.copy_atom()
+                    fx.memref_store_vec(fx.memref_load_vec(acc[j]) + ys[j].to(fx.Float32), acc[j])
             for j in range_constexpr(self.unroll):
-                r = fx.make_rmem_tensor(self.vec, self.dtype)
-                fx.memref_store_vec(fx.memref_load_vec(acc[j]).to(self.dtype), r)
-                fx.copy(atom, r, fx.slice(out, (None, ids[j])))
+                rw.store(out, ids[j], fx.memref_load_vec(acc[j]).to(self.dtype), self.vec)
 
     # -- host launcher ---------------------------------------------------------------------------
     @fk.jit
@@ -344,9 +343,9 @@ class Scatter(MoeRows):
             self.scan_kernel(Ws, t, a).launch(grid=(1, 1, 1), block=(SCAN_THREADS, 1, 1), stream=stream)
             self.place_kernel(Tok, N, Ws, t).launch(grid=a_blocks, block=index_block, stream=stream)
             grid, block = self.grid_and_block(t, d)
-            self.reduce_kernel(Out, Y, Ws, block[0], block[1], value_attrs=ANY_BLOCK).launch(
+            self.reduce_kernel(Out, Y, Ws, block[0], block[1], value_attrs=self.any_block()).launch(
                 grid=grid, block=block, stream=stream)
         else:
             grid, block = self.grid_and_block(a, d, d // 2 + 1 if const_expr(self.word_pairs) else None)
-            self.scatter_kernel(Out, Y, Tok, N, block[0], block[1], value_attrs=ANY_BLOCK).launch(
+            self.scatter_kernel(Out, Y, Tok, N, block[0], block[1], value_attrs=self.any_block()).launch(
                 grid=grid, block=block, stream=stream)

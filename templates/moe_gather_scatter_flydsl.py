@@ -32,12 +32,19 @@ tensor unit strides on both dimensions; the op layer runs one-column inputs as t
 
 Work split as in the CuTe template: row i takes vectors [c*chunk, (c+1)*chunk) in grid column c
 with chunk = threads * unroll; threads is chosen at launch from D (whole waves of 64, at most
-1024, or the power of two that covers a row needing fewer than a wave), and rows narrower than
-256 threads share a block, one per thread row (grid_and_block). Rows are reached through buffer
-descriptors sized to the row, so a vector past the row end loads zeros and stores nothing: no
-branches in the tails. Loads are issued before stores.
-The sorted reduce reads the out row and each of its token's rows with the same vectors (16-byte
-buffer_load_dwordx4 on aligned rows) and keeps the sums in fp32 registers.
+``block_threads``, or the power of two that covers a row needing fewer than a wave), and rows
+narrower than 256 threads share a block, one per thread row (grid_and_block).
+Two kinds of rows. A block's own rows (the gather's out rows, the atomic scatter's y rows, the
+reduction's out rows) are consecutive and grow with the lane: one buffer descriptor per wave
+covers them (``_flydsl_rowwise.WaveRows``), and a vector past a row's end loads zeros and stores
+nothing. Gathered rows (x[token], y[a token's row]) lie anywhere in their tensor and differ
+between the lanes of a wave: they are read with global loads from per-lane 64-bit addresses
+(global_load_dwordx4 on 16-byte rows), a vector past the row end loading the row's vector 0,
+unused. A buffer access through a per-lane descriptor would compile into a readfirstlane loop
+over the wave's distinct descriptors (tests/test_moe_gather_scatter_code.py checks there is
+none). Every load of a thread is issued before its first store.
+The sorted reduce reads the out row and each of its token's rows with the same vectors and keeps
+the sums in fp32 registers.
 Atomic scatter: row i adds its chunk c, with the same work split (the CuTe template's column
 slices are not ported). Atomics (relaxed, agent scope): aligned 16-bit rows add element pairs with
 global_atomic_pk_add_bf16 / _f16 (gfx942 has no packed bf16 buffer atomic), fp32 rows use
@@ -45,11 +52,6 @@ global_atomic_add_f32, and 16-bit rows that are not 4-byte aligned add the align
 of the out row with the same packed atomic (a half outside the row adds -0.0, the exact
 identity), as the CuTe template: LLVM expands atomicrmw fadd on a 2-byte location into a
 compare-and-swap loop.
-Known cost, seen in the gfx942 ISA and not timed (no AMD GPU): a row's buffer descriptor is built
-from per-lane values (a token loaded from memory, the thread row of a shared block), so the
-compiler wraps each buffer access in a readfirstlane loop over the wave's distinct descriptors:
-one pass where a wave holds one row, one per row where it holds several. The row-wise templates
-avoid this (``_flydsl_rowwise.RowGroups`` / ``WaveRows``); these kernels do not yet.
 
 The kernels are the classes ``_flydsl_moe_gather_scatter.Gather`` and ``.Scatter``; this module
 declares the templates (config spaces, heuristics) without importing the DSL.
@@ -60,6 +62,18 @@ from mslk_dsl.templates import _gather_scatter_space as shared
 from mslk_dsl.templates import _rowwise_space as rowwise
 
 TARGETS = ("gfx942", "gfx950")
+MAX_THREADS = 1024
+
+
+def block_threads(config, sig) -> int:
+    """The most threads a block of the row kernels takes (grid_and_block; the code objects
+    declare it). The sorted reduction at 64 elements a thread (8 vectors of 16-bit rows at
+    unroll 8) holds 64 fp32 sums and two rows' loads in flight: more than the 128 VGPRs of a
+    1024-thread block (17-19 spilled on gfx942), within the 256 of a 512-thread one; longer
+    rows take more chunks of the grid."""
+    if config.get("method") == "sorted" and config["unroll"] * shared.vec(sig) >= 64:
+        return 512
+    return MAX_THREADS
 
 
 def _heuristic(target, sig, problem):

@@ -1,5 +1,6 @@
 """Helpers shared by the tests (imported as ``support``)."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,24 @@ def run_python(code: str, env: dict | None = None, timeout: int = 600) -> subpro
     if done.returncode != 0:
         raise AssertionError(f"child failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     return done
+
+
+def amd_kernels(isa: str) -> dict:
+    """name -> assembly of each kernel in a gfx942 ``kernel.s`` (an ISA dump)."""
+    return dict(re.findall(r"^(mslk_\w+):\s*$(.*?)^\.Lfunc_end", isa, flags=re.M | re.S))
+
+
+def descriptor_loops(body: str) -> list:
+    """Labels of readfirstlane loops in one kernel's assembly: a block that branches back to
+    itself on exec after reading a value lane by lane (v_readfirstlane) and masking exec to the
+    lanes that share it, what the compiler makes of a buffer access through a per-lane
+    descriptor (one pass per distinct descriptor in the wave)."""
+    loops = []
+    for label, block in re.findall(r"^(\.LBB\w+):\s*$(.*?)(?=^\.LBB|\Z)", body, flags=re.M | re.S):
+        if (re.search(rf"s_cbranch_execnz\s+{re.escape(label)}\b", block) and "v_readfirstlane" in block
+                and "s_and_saveexec" in block):
+            loops.append(label)
+    return loops
 
 
 def have_lld() -> bool:

@@ -27,7 +27,7 @@ import textwrap
 from dataclasses import dataclass
 
 import pytest
-from support import have_lld, run_python
+from support import amd_kernels, descriptor_loops, have_lld, run_python
 
 from mslk_dsl import aot, registry, resources
 from mslk_dsl.aot import runner
@@ -37,7 +37,7 @@ from mslk_dsl.keys import KernelKey
 from mslk_dsl.template import config_name
 from mslk_dsl.templates import _rowwise_plan as plan
 from mslk_dsl.templates import _rowwise_space as rowwise_space
-from mslk_dsl.templates import rmsnorm_flydsl, silu_mul_cute
+from mslk_dsl.templates import moe_gather_scatter_flydsl, rmsnorm_flydsl, silu_mul_cute
 
 # What each kernel's code must contain is declared by its template (Template.instructions:
 # "ptx", "sass" for sm90a; "isa" for gfx942, kept with MSLK_DSL_KEEP_ISA=1).
@@ -404,6 +404,8 @@ def test_flydsl_template_compiles(flydsl_case, flydsl_built):
         return
     isa = open(entry.file("kernel.s")).read()
     assert re.search(rf'\.amdgcn_target "amdgcn-amd-amdhsa-\w*-{key["target"]}', isa), entry.path
+    loops = {name: labels for name, body in amd_kernels(isa).items() if (labels := descriptor_loops(body))}
+    assert not loops, f"{flydsl_case.id}: readfirstlane loops (a buffer access through a per-lane descriptor): {loops}"
     for pattern in _patterns(key, "isa", ISA_VECTOR):
         assert re.search(pattern, isa), f"{flydsl_case.id}: no {pattern} in the ISA"
     if narrow := _narrow_bytes_of_16_bit(key):
@@ -423,12 +425,14 @@ def test_flydsl_kernels_are_found_by_a_fresh_process(flydsl_built):
 
 
 def _check_run_time_block_sizes(key, isa):
-    """MoE row kernels take their block size at launch (up to 1024 work-items): their code objects
-    must declare max_flat_workgroup_size 1024 (with no declaration it is 256)."""
+    """MoE row kernels take their block size at launch (up to 1024 work-items, 512 where the
+    template says so): their code objects must declare that max_flat_workgroup_size (with no
+    declaration it is 256)."""
     sizes = dict((name, int(n)) for n, name in
                  re.findall(r"\.max_flat_workgroup_size:\s+(\d+)\s*\n\s*\.name:\s+(\S+)", isa))
     rows = {name: n for name, n in sizes.items() if re.search(r"_(gather|scatter|reduce)$", name)}
-    assert rows and set(rows.values()) == {1024}, f"{key['template']} {key['config']}: {sizes}"
+    expected = moe_gather_scatter_flydsl.block_threads(key["config"], key["signature"])
+    assert rows and set(rows.values()) == {expected}, f"{key['template']} {key['config']}: {sizes}"
 
 
 # FlyDSL templates whose rows are owned by _flydsl_rowwise.RowGroups, by whether they reduce over
