@@ -2,13 +2,16 @@
 
   python tools/plot_benchmarks.py docs/results docs/img [PLOT ...]
 
-PLOT names the plots to draw (gemm, gemm_random, memory_bound, moe_layer, membound); all by default.
+PLOT names the plots to draw (gemm, gemm_random, memory_bound, moe_layer, membound,
+membound_random); all by default.
 """
 from __future__ import annotations
 
+import glob
 import gzip
 import json
 import os
+import re
 import sys
 
 
@@ -138,6 +141,55 @@ def plot_membound_sweep(data, out):
     _save(fig, os.path.join(out, "membound_sweep.png"), 100)
 
 
+def latest_random_sweep(folder):
+    """The newest drawn sweep in ``folder`` (bench_membound_random_SEED_GPU_DATE.json[.gz], by its
+    date), as (data, the part of its name after "bench_membound_random_"), or None."""
+    paths = glob.glob(os.path.join(folder, "bench_membound_random_*.json*"))
+    dated = [(m.group(1), p) for p in paths if (m := re.search(r"(\d{4}-\d{2}-\d{2})\.json", p))]
+    if not dated:
+        return None
+    path = max(dated)[1]
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f), os.path.basename(path).split(".json")[0].removeprefix("bench_membound_random_")
+
+
+def plot_membound_random(data, label, out):
+    """A drawn sweep (tools/bench.py membound --sweep --random N --seed S): % of copy against bytes
+    moved, one panel per op, ours as dots and the best peer as rings on the same shapes; each
+    shape has one hidden size, so points, not lines."""
+    import matplotlib.pyplot as plt
+
+    rows = data["results"]
+    op_names = list(dict.fromkeys(r["op"] for r in rows))
+    cols = 3
+    fig, axes = plt.subplots((len(op_names) + cols - 1) // cols, cols, figsize=(15, 3.4 * ((len(op_names) + 2) // 3)),
+                             sharey=True, squeeze=False)
+    for ax, op in zip(axes.flat, op_names):
+        mine = [r for r in rows if r["op"] == op]
+        ahead = [r for r in mine if r["vs peer"] >= 1.0]
+        behind = [r for r in mine if r["vs peer"] < 1.0]
+        for part, colour, name in ((ahead, "C0", "ours, ahead of the peer"), (behind, "C3", "ours, behind")):
+            ax.scatter([r["MiB"] for r in part], [r["% copy"] for r in part], s=14, color=colour, label=name)
+        ax.scatter([r["MiB"] for r in mine], [r["peer % copy"] for r in mine], s=22, facecolors="none",
+                   edgecolors="grey", lw=0.8, label="best peer")
+        ax.axhline(95, color="red", lw=0.6, ls=":")
+        ax.axhline(85, color="orange", lw=0.6, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 140)
+        ax.set_title(op, fontsize=9)
+        ax.set_xlabel("MiB moved")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("% of copy bandwidth")
+    for ax in list(axes.flat)[len(op_names):]:
+        ax.set_visible(False)
+    fig.suptitle(f"memory-bound ops on drawn shapes ({label})", fontsize=10)
+    fig.tight_layout()
+    _save(fig, os.path.join(out, "membound_random.png"), 90)
+
+
 def plot_moe_layer(data, out):
     """bench_moe_layer: the whole layer's speed-up over the torch pipeline per config and T, bf16
     and FP8, with the goals (tools/bench.py moe_layer --json bench_moe_layer.json)."""
@@ -182,6 +234,9 @@ def main(argv):
     sweep = _load(folder, "membound")
     if sweep and wanted("membound"):
         plot_membound_sweep(sweep, out)
+    drawn = latest_random_sweep(folder)
+    if drawn and wanted("membound_random"):
+        plot_membound_random(*drawn, out)
     return 0
 
 
