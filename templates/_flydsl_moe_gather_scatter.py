@@ -4,8 +4,8 @@ device helpers as plain methods. The contracts and the work split are in
 ``moe_gather_scatter_flydsl``'s docstring; ``_flydsl_kernels`` says why the methods are marked
 rather than decorated and the instances come from ``_flydsl_kernels.specialize``.
 
-``MoeRows`` holds what both ops share (row pointers, vector loads and stores, the valid-row count); ``Gather``
-and ``Scatter`` add their kernels. Imported only from the template's ``build()`` (it imports
+``MoeRows`` holds what both ops share (the two kinds of rows, vector loads, the valid-row
+count); ``Gather`` and ``Scatter`` add their kernels. Imported only from the template's ``build()`` (it imports
 ``flydsl`` at module level).
 """
 import flydsl.expr as fx
