@@ -109,34 +109,46 @@ def plot_memory_bound(folder, out):
     _save(fig, os.path.join(out, "memory_bound.png"), 110)
 
 
+def _op_panels(rows, panel_height):
+    """A figure of one "% of copy" panel per op of ``rows``, three a line, and its (axes, op)
+    pairs."""
+    import matplotlib.pyplot as plt
+
+    op_names = list(dict.fromkeys(r["op"] for r in rows))
+    cols = 3
+    lines = (len(op_names) + cols - 1) // cols
+    fig, axes = plt.subplots(lines, cols, figsize=(15, panel_height * lines), sharey=True, squeeze=False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("% of copy bandwidth")
+    for ax in list(axes.flat)[len(op_names):]:
+        ax.set_visible(False)
+    return fig, list(zip(axes.flat, op_names))
+
+
+def _copy_panel(ax, title):
+    """A panel's goal lines (95% and 85% of copy), log2 bytes axis, title, grid and legend."""
+    ax.axhline(95, color="red", lw=0.6, ls=":")
+    ax.axhline(85, color="orange", lw=0.6, ls=":")
+    ax.set_xscale("log", base=2)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("MiB moved")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+
+
 def plot_membound_sweep(data, out):
     """% of copy against bytes moved, one panel per op: ours (solid) and the best peer (dashed),
     one colour per hidden size (tools/bench.py membound --sweep --json bench_membound.json)."""
-    import matplotlib.pyplot as plt
-
     rows = data["results"]
-    op_names = list(dict.fromkeys(r["op"] for r in rows))
-    cols = 3
-    fig, axes = plt.subplots((len(op_names) + cols - 1) // cols, cols, figsize=(15, 3.6 * ((len(op_names) + 2) // 3)),
-                             sharey=True, squeeze=False)
-    for ax, op in zip(axes.flat, op_names):
+    fig, panels = _op_panels(rows, 3.6)
+    for ax, op in panels:
         mine = [r for r in rows if r["op"] == op]
         for i, d in enumerate(sorted({r["hidden"] for r in mine})):
             pts = sorted((r["MiB"], r["% copy"], r["peer % copy"]) for r in mine if r["hidden"] == d)
             colour = f"C{i}"
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, color=colour, label=f"D={d}")
             ax.plot([p[0] for p in pts], [p[2] for p in pts], ls="--", lw=0.8, color=colour)
-        ax.axhline(95, color="red", lw=0.6, ls=":")
-        ax.axhline(85, color="orange", lw=0.6, ls=":")
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"{op} (dashed: best peer)", fontsize=9)
-        ax.set_xlabel("MiB moved")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("% of copy bandwidth")
-    for ax in list(axes.flat)[len(op_names):]:
-        ax.set_visible(False)
+        _copy_panel(ax, f"{op} (dashed: best peer)")
     fig.tight_layout()
     _save(fig, os.path.join(out, "membound_sweep.png"), 100)
 
@@ -158,14 +170,9 @@ def plot_membound_random(data, label, out):
     """A drawn sweep (tools/bench.py membound --sweep --random N --seed S): % of copy against bytes
     moved, one panel per op, ours as dots and the best peer as rings on the same shapes; each
     shape has one hidden size, so points, not lines."""
-    import matplotlib.pyplot as plt
-
     rows = data["results"]
-    op_names = list(dict.fromkeys(r["op"] for r in rows))
-    cols = 3
-    fig, axes = plt.subplots((len(op_names) + cols - 1) // cols, cols, figsize=(15, 3.4 * ((len(op_names) + 2) // 3)),
-                             sharey=True, squeeze=False)
-    for ax, op in zip(axes.flat, op_names):
+    fig, panels = _op_panels(rows, 3.4)
+    for ax, op in panels:
         mine = [r for r in rows if r["op"] == op]
         ahead = [r for r in mine if r["vs peer"] >= 1.0]
         behind = [r for r in mine if r["vs peer"] < 1.0]
@@ -173,18 +180,8 @@ def plot_membound_random(data, label, out):
             ax.scatter([r["MiB"] for r in part], [r["% copy"] for r in part], s=14, color=colour, label=name)
         ax.scatter([r["MiB"] for r in mine], [r["peer % copy"] for r in mine], s=22, facecolors="none",
                    edgecolors="grey", lw=0.8, label="best peer")
-        ax.axhline(95, color="red", lw=0.6, ls=":")
-        ax.axhline(85, color="orange", lw=0.6, ls=":")
-        ax.set_xscale("log", base=2)
         ax.set_ylim(0, 140)
-        ax.set_title(op, fontsize=9)
-        ax.set_xlabel("MiB moved")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("% of copy bandwidth")
-    for ax in list(axes.flat)[len(op_names):]:
-        ax.set_visible(False)
+        _copy_panel(ax, op)
     fig.suptitle(f"memory-bound ops on drawn shapes ({label})", fontsize=10)
     fig.tight_layout()
     _save(fig, os.path.join(out, "membound_random.png"), 90)
