@@ -17,8 +17,14 @@ def run_python(code: str, env: dict | None = None, timeout: int = 600) -> subpro
 
 
 def amd_kernels(isa: str) -> dict:
-    """name -> assembly of each kernel in a gfx942 ``kernel.s`` (an ISA dump)."""
-    return dict(re.findall(r"^(mslk_\w+):\s*$(.*?)^\.Lfunc_end", isa, flags=re.M | re.S))
+    """name -> assembly of each kernel (each ``.globl`` symbol) in a gfx942 ``kernel.s`` (an ISA
+    dump), from its label to the end of its function."""
+    out = {}
+    for name in re.findall(r"^\s*\.globl\s+(\S+)", isa, flags=re.M):
+        body = re.search(rf"^{re.escape(name)}:\s*$(.*?)^\.Lfunc_end", isa, flags=re.M | re.S)
+        if body:
+            out[name] = body.group(1)
+    return out
 
 
 def descriptor_loops(body: str) -> list:
