@@ -254,6 +254,40 @@ def pick(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict:
 QUANT_SHORT_VECTOR_ROWS = [(128, 16, 2), (128, 8, 2), (128, 8, 4), (128, 2, 4)]
 QUANT_SHORT_SCALAR_ROWS = [(128, 4, 16), (128, 4, 32), (128, 2, 32)]
 
+# One-element rows of at most 256 elements (odd per-head and MoE widths) take the smallest of the
+# SHORT_GROUP_PICKS tiles that covers them (short_group_pick): 8 lanes a row and 16 rows per CTA
+# up to 64 elements, 16 lanes and 8 rows for 128 and 256, where the smallest one-element tiles of
+# the other lists give a row a whole warp (256 elements in rmsnorm, 512 in the quantizers). H100
+# (no H200 was lent), bf16, CUDA-graph replays, us, the earlier pick -> the group tile (Liger's
+# rmsnorm in brackets; docs/benchmarks.md "One-element rows of at most 256 elements"): rmsnorm
+# 131072 x 75 41.3 -> 25.9 (31.1), 98304 x 93 33.3 -> 22.5 (24.9), 131072 x 163 45.6 -> 40.4
+# (44.6), 131072 x 201 48.5 -> 44.5 (49.0); rmsnorm_add 131072 x 75 55.9 -> 36.2; quantize_fp8_row
+# 131072 x 75 39.7 -> 23.5, 131072 x 201 44.8 -> 38.7; silu_mul_quant 131072 x 75 57.9 -> 34.8.
+# Rows of at most 64, the 128 group tile -> the 64 one: rmsnorm 262144 x 45 43.0 -> 28.6 (38.9,
+# the one-warp tile 75.3 in plain timing), 200000 x 33 33.3 -> 22.2 (30.8); quantize_fp8_row
+# 262144 x 45 39.0 -> 26.8; silu_mul_quant 262144 x 45 57.7 -> 37.8. At rows of 33-63 the 64 tile
+# of 8 lanes beat the one of 16 lanes of 4 at 18 of 20 (op, row) pairs (rmsnorm_add at 61 and 63
+# within 4%) and the 128 tile at all 12 pairs it was timed at; the 128-element tile of 128
+# threads beat its 256-thread twin at 28 of 32 pairs (the others within 3%); the 256-element tile
+# of 16 lanes beat the one-warp tile of that length at all 16 pairs timed. The 16-lane 64 tile and
+# the 256-thread twin are the tuner's.
+SHORT_GROUP_MAX = 256
+SHORT_SCALAR_GROUP_ROWS = [(128, 16, 8), (128, 8, 4), (128, 8, 8), (256, 16, 8), (128, 8, 16)]
+SHORT_GROUP_PICKS = [(128, 16, 8), (128, 8, 8), (128, 8, 16)]
+
+
+def short_scalar_groups(config) -> bool:
+    """Whether ``config`` is one of the SHORT_SCALAR_GROUP_ROWS tiles."""
+    return has_shape(config, [], SHORT_SCALAR_GROUP_ROWS)
+
+
+def short_group_pick(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict | None:
+    """The smallest SHORT_GROUP_PICKS tile of ``configs`` that covers a one-element row of ``k`` <=
+    SHORT_GROUP_MAX elements; None for other rows."""
+    if not one_element(sig) or k > SHORT_GROUP_MAX:
+        return None
+    return pick([c for c in configs if has_shape(c, [], SHORT_GROUP_PICKS)], sig, k, arrays)
+
 
 # A row at most 1 / STREAMED_REST longer than a tile (streamed_rest).
 STREAMED_REST = 8

@@ -57,7 +57,7 @@ SHORT_ROWS = plan.expand(vector_shapes=plan.QUANT_SHORT_VECTOR_ROWS, scalar_shap
 # one-element accesses take the register tile, 77-99% of copy; its staged twin is not yet timed).
 STAGED = plan.staged(plan.expand(vector_shapes=[(224, 1, 4), (224, 1, 8), (256, 1, 8), (256, 1, 16)],
                                  scalar_shapes=[(256, 1, 16), (256, 1, 32), (256, 1, 64), (256, 1, 128)]))
-CONFIGS = plan.with_l1(SHAPES + STAGED) + plan.with_l1(SHORT_ROWS, ("keep",))
+CONFIGS = plan.with_l1(SHAPES + STAGED) + plan.with_l1(SHORT_ROWS + plan.expand([], plan.SHORT_SCALAR_GROUP_ROWS), ("keep",))
 
 # Rows of 7168-16384 elements (and one-element rows of 4097-16384) take a staged tile first
 # (STAGED_PICKS, below). For the others the heuristic (H200, bf16, 1 GiB moved unless noted;
@@ -77,7 +77,7 @@ CONFIGS = plan.with_l1(SHAPES + STAGED) + plan.with_l1(SHORT_ROWS, ("keep",))
 # accesses"), the 2-row 2048 tile in one pass, which pick_fitted takes, beat both.
 HEURISTIC_L1 = "keep"
 HEURISTIC_CONFIGS = [c for c in CONFIGS if c["l1"] == HEURISTIC_L1 and "cluster" not in c and c["threads"] <= 256
-                     and "stage" not in c]
+                     and "stage" not in c and not plan.short_scalar_groups(c)]
 _valid, _ = plan.rules(CONFIGS, arrays=1)
 
 
@@ -115,6 +115,9 @@ STAGED_PICKS = ([{**c, "l1": "keep"} for c in STAGED if c["vec"] > 1 and c["chun
 
 def _heuristic(target, sig, problem):
     k = problem["K"]
+    short = plan.short_group_pick(CONFIGS, sig, k, arrays=1)
+    if short is not None:
+        return short
     staged = plan.staged_pick(STAGED_PICKS, sig, k, 1, plan.staged_from(sig, STAGED_FROM, STAGED_SCALAR_FROM))
     if staged:
         return staged

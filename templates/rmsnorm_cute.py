@@ -83,7 +83,8 @@ WEIGHT_VECTOR_CONFIGS = tuple({**c, "weight": "vectors"} for c in CONFIGS if c["
 WEIGHT_VECTOR_REGS = 64
 WEIGHT_VECTOR_CAPPED = tuple({**c, "regs": WEIGHT_VECTOR_REGS} for c in WEIGHT_VECTOR_CONFIGS
                              if c["rows_per_block"] == 1 and c["chunks"] == 32)
-CONFIGS = CONFIGS + WEIGHT_VECTOR_CONFIGS + WEIGHT_VECTOR_CAPPED
+CONFIGS = (CONFIGS + WEIGHT_VECTOR_CONFIGS + WEIGHT_VECTOR_CAPPED
+           + tuple(plan.expand(vector_shapes=[], scalar_shapes=plan.SHORT_SCALAR_GROUP_ROWS)))
 # Registers per thread for the 1024-thread CTAs (the most a CTA of 1024 threads may use), and
 # for tiles cut into 8- or 4-byte accesses (512 threads per SM: the occupancy floor).
 LONG_ROW_REGS = 64
@@ -192,7 +193,10 @@ def _heuristic(target, sig, problem, residual: bool = False):
 
 def _plain_heuristic(sig, problem, residual: bool):
     n = problem["N"]
-    configs = [c for c in CONFIGS if "weight" not in c]
+    short = plan.short_group_pick(CONFIGS, sig, n, arrays=ARRAYS)
+    if short is not None:
+        return short
+    configs = [c for c in CONFIGS if "weight" not in c and not plan.short_scalar_groups(c)]
     streamed = _streamed_rest_tile(configs, sig, n)
     if streamed is not None:
         return streamed

@@ -54,7 +54,7 @@ SHORT_ROWS = plan.expand(vector_shapes=plan.QUANT_SHORT_VECTOR_ROWS, scalar_shap
 STAGED = plan.staged(plan.expand(vector_shapes=[(224, 1, 4), (256, 1, 4), (160, 1, 8), (256, 1, 6), (224, 1, 8),
                                                 (256, 1, 8)],
                                  scalar_shapes=[(256, 1, 16), (256, 1, 32), (256, 1, 48), (256, 1, 64)]))
-CONFIGS = plan.with_l1(TRIMMED + SHAPES + STAGED) + plan.with_l1(SHORT_ROWS, ("keep",))
+CONFIGS = plan.with_l1(TRIMMED + SHAPES + STAGED) + plan.with_l1(SHORT_ROWS + plan.expand([], plan.SHORT_SCALAR_GROUP_ROWS), ("keep",))
 _valid, _ = plan.rules(CONFIGS, arrays=2)
 
 # Rows of 7168-16384 elements (and one-element rows of 4097-16384) take a staged tile first
@@ -87,7 +87,7 @@ _valid, _ = plan.rules(CONFIGS, arrays=2)
 # 704 us). H200, bf16, CUDA-graph replays, docs/benchmarks.md "Rows of 8-byte accesses".
 HEURISTIC_L1 = "keep"
 HEURISTIC_CONFIGS = [c for c in CONFIGS if c["threads"] <= 256 and c["l1"] == HEURISTIC_L1 and "regs" not in c
-                     and "stage" not in c]
+                     and "stage" not in c and not plan.short_scalar_groups(c)]
 
 
 # Rows of one element per access past 1024 elements: the 512 tile of 4 rows reading the rest
@@ -147,6 +147,9 @@ STAGED_MIDDLE_PICK = plan.config(224, 1, limits.VECTOR_BYTES // 2, 4) | {"stage"
 
 def _heuristic(target, sig, problem):
     k = problem["K"]
+    short = plan.short_group_pick(CONFIGS, sig, k, arrays=2)
+    if short is not None:
+        return short
     if (sig["vec_bytes"] == limits.VECTOR_BYTES and limits.ELEM_BYTES[sig["dtype"]] == 2
             and STAGED_MIDDLE_ROWS[0] <= k <= STAGED_MIDDLE_ROWS[1]):
         return STAGED_MIDDLE_PICK
