@@ -116,6 +116,19 @@ MULTI_ROW_MIN_BYTES = 20 << 20
 LINKED_UNROLL_8_BYTE = 2
 
 
+# 16-bit rows of one element per access (odd widths) at top-1 and top-2 (at most two rows a
+# token) take the atomic method at every size, unroll 4: their packed atomic words (two elements a
+# red.add) cost less than the linked method's index passes and its gather of one element per
+# access. CUDA-graph replays, bf16, us, the size rule's pick (linked + pdl, unroll 4) -> atomic
+# unroll 4 (docs/benchmarks.md "scatter_add on one-element rows: atomics at top-1 and top-2"):
+# H100 top-1 14064 x 4887 260.8 -> 195.4, 29649 x 6059 581.4 -> 513.5; H200 top-2 9011 x 5113
+# 199.6 -> 144.5, 20000 x 4887 426.4 -> 309.2, 8192 x 969 32.7 -> 32.1, 4096 x 3333 57.1 -> 52.7;
+# top-1 at 69-3333 elements 1.1-1.3x. More rows a token keep the size rule: at top-8 linked won
+# on the H200 at 69, 969, 1453 and 3333 elements (148.9 against 162.6 us at 4096 x 3333) and tied
+# at 423, while on the H100 atomics won at 4887-6059 (245.5 against 275.5 at 4219 x 4887).
+ONE_ELEMENT_ATOMIC_UNROLL = 4
+
+
 def _scatter_heuristic(target, sig, problem):
     # The method by size (shared.scatter_method): small problems take the atomic method, larger
     # ones the linked method with programmatic dependent launch and unroll 4. Measured on the
@@ -123,6 +136,9 @@ def _scatter_heuristic(target, sig, problem):
     # 84-86 us for the sorted method (the earlier choice), 81-83 us for sorted + pdl; unroll 4
     # within 1% of the best unroll at every point. The sorted method stays selectable.
     rows, tokens = int(problem.get("A", 65536)), int(problem.get("T", 65536))
+    if limits.one_element(sig) and limits.ELEM_BYTES[sig["dtype"]] == 2 and rows <= 2 * tokens:
+        unroll = ONE_ELEMENT_ATOMIC_UNROLL if _unroll(target, problem) > 1 else 1
+        return {"unroll": unroll, "method": "atomic", "pdl": False}
     several = 0 < tokens and 2 * tokens <= rows
     min_bytes = MULTI_ROW_MIN_BYTES if several else shared.SORTED_MIN_BYTES
     if shared.scatter_method(sig, problem, min_bytes) == "atomic":

@@ -161,6 +161,14 @@ def test_narrow_rows_take_their_measured_picks():
     assert scatter.heuristic("sm90a", sig(8), big) == {"unroll": 2, "method": "linked", "pdl": True}
     assert scatter.heuristic("sm90a", sig(4), big)["unroll"] == 4
     assert scatter.heuristic("sm90a", sig(8, "float32"), big)["unroll"] == 4
+    # 16-bit rows of one element per access at top-1 and top-2: atomics (packed words) at every
+    # size, unroll 4 but for rows fewer than the SMs; top-8 and fp32 rows keep the size rule
+    for rows, tokens in ((60000, 30000), (60000, 60000)):
+        assert scatter.heuristic("sm90a", sig(2), {"A": rows, "T": tokens, "D": 4887}) == {
+            "unroll": 4, "method": "atomic", "pdl": False}
+    assert scatter.heuristic("sm90a", sig(2, "float16"), {"A": 7, "T": 7, "D": 4887})["unroll"] == 1
+    assert scatter.heuristic("sm90a", sig(2), {"A": 80000, "T": 10000, "D": 4887})["method"] == "linked"
+    assert scatter.heuristic("sm90a", sig(4, "float32"), {"A": 60000, "T": 30000, "D": 4887})["method"] == "linked"
     for op in ("quantize_fp8_row", "silu_mul_quant"):
         t = _cute(op)
         qsig = {"dtype": "bfloat16", "vec_bytes": 8, "has_scale_ub": False}
