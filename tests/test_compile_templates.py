@@ -55,9 +55,10 @@ PTX_STAGED = r"cp\.async\.(ca|cg)\.shared\.global\s+\[[^\]]+\],\s*\[[^\]]+\],\s*
 DEFAULT_PROBLEM = {"M": 4096, "N": 4096, "K": 4096, "T": 4096}
 # Problems at the edges of the ops' coverage, whose heuristic picks are compiled beside the
 # default's: long rows (clusters, streamed rests), short rows (per-head q / k norms: the
-# short-row tiles and FlyDSL's sub-wave groups), MSLK's 320 experts (the 512-expert configs),
-# and a single row or token.
-EDGE_PROBLEMS = ({"N": 65536}, {"N": 262144}, {"N": 128, "K": 128, "D": 128}, {"E": 320}, {"M": 1, "T": 1, "A": 1})
+# short-row tiles and FlyDSL's sub-wave groups), rows of a few dozen elements (the 64-element
+# one-element group tiles), MSLK's 320 experts (the 512-expert configs), and a single row or token.
+EDGE_PROBLEMS = ({"N": 65536}, {"N": 262144}, {"N": 128, "K": 128, "D": 128}, {"N": 45, "K": 45, "D": 45},
+                 {"E": 320}, {"M": 1, "T": 1, "A": 1})
 ALL_CONFIGS = os.environ.get("MSLK_DSL_TEST_ALL_CONFIGS", "") == "1"
 
 
