@@ -81,13 +81,17 @@ def make_tile_of_block(tile_m, tile_n, scaled):
     (M_sizes,) or, ``scaled``, (x_scale, w_scale [G * N], M_sizes)."""
     import flydsl.expr as fx
     from flydsl.compiler.ast_rewriter import ASTRewriter
-    from flydsl.expr import const_expr, gpu, range_constexpr
+    from flydsl.expr import T, const_expr, gpu, range_constexpr
 
     def wave_scan(x, lane):
         for d in range_constexpr(WAVE.bit_length() - 1):
             up = fx.Int32(gpu.shuffle_up(x, 1 << d, WAVE))
             x = x + (lane >= (1 << d)).select(up, fx.Int32(0))
         return x
+
+    def uniform(x):
+        """``x`` (the same in every lane) as a wave-uniform value: in a scalar register."""
+        return fx.Int32(fx.rocdl.readfirstlane(T.i32, fx.Int32(x)))
 
     def tile_of_block(x, w, out, epi):
         m_sizes = epi[-1]
@@ -123,6 +127,11 @@ def make_tile_of_block(tile_m, tile_n, scaled):
             tile = hit.select(local - hit_first_tile, tile)
             tiles_base = tiles_base + fx.Int32(gpu.shuffle_idx(incl_tiles, WAVE - 1, WAVE))
             rows_base = rows_base + fx.Int32(gpu.shuffle_idx(incl_rows, WAVE - 1, WAVE))
+        # The search leaves the same values in every lane, but in vector registers (they come
+        # from shuffles): read them once into scalar ones, so the views' buffer descriptors are
+        # wave-uniform. Per-lane descriptors make the compiler loop over the wave's distinct
+        # values (v_readfirstlane, exec masks) around every load and store of the main loop.
+        group, first_row, rows_of, tile = uniform(group), uniform(first_row), uniform(rows_of), uniform(tile)
         live = group >= 0
         group = live.select(group, fx.Int32(0))
         # Cut at total_M (and a dead block's extent is 0: everything reads 0, nothing is stored).

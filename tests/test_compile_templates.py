@@ -406,8 +406,7 @@ def test_flydsl_template_compiles(flydsl_case, flydsl_built):
     isa = open(entry.file("kernel.s")).read()
     assert re.search(rf'\.amdgcn_target "amdgcn-amd-amdhsa-\w*-{key["target"]}', isa), entry.path
     loops = {name: labels for name, body in amd_kernels(isa).items() if (labels := descriptor_loops(body))}
-    if key["template"] not in KNOWN_DESCRIPTOR_LOOPS:
-        assert not loops, f"{flydsl_case.id}: readfirstlane loops (a buffer access through a per-lane descriptor): {loops}"
+    assert not loops, f"{flydsl_case.id}: readfirstlane loops (a buffer access through a per-lane descriptor): {loops}"
     for pattern in _patterns(key, "isa", ISA_VECTOR):
         assert re.search(pattern, isa), f"{flydsl_case.id}: no {pattern} in the ISA"
     if narrow := _narrow_bytes_of_16_bit(key):
@@ -424,11 +423,6 @@ def test_flydsl_kernels_are_found_by_a_fresh_process(flydsl_built):
     out, built = flydsl_built
     _fresh_process_compiles_nothing("flydsl", out, {d for d, e in built.items() if not isinstance(e, str)},
                                     env={"MSLK_DSL_KEEP_ISA": "gfx942"})
-
-
-# FlyDSL templates whose kernels still have readfirstlane loops (found by the check above, not yet
-# mended): the grouped GEMMs build a descriptor from per-lane values in their main loop.
-KNOWN_DESCRIPTOR_LOOPS = {"bf16bf16bf16_grouped_stacked_flydsl", "f8f8bf16_rowwise_grouped_stacked_flydsl"}
 
 
 def _check_run_time_block_sizes(key, isa):
