@@ -254,26 +254,34 @@ def pick(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict:
 QUANT_SHORT_VECTOR_ROWS = [(128, 16, 2), (128, 8, 2), (128, 8, 4), (128, 2, 4)]
 QUANT_SHORT_SCALAR_ROWS = [(128, 4, 16), (128, 4, 32), (128, 2, 32)]
 
-# One-element rows of at most 256 elements (odd per-head and MoE widths) take the smallest of the
-# SHORT_GROUP_PICKS tiles that covers them (short_group_pick): 8 lanes a row and 16 rows per CTA
-# up to 64 elements, 16 lanes and 8 rows for 128 and 256, where the smallest one-element tiles of
-# the other lists give a row a whole warp (256 elements in rmsnorm, 512 in the quantizers). H100
-# (no H200 was lent), bf16, CUDA-graph replays, us, the earlier pick -> the group tile (Liger's
-# rmsnorm in brackets; docs/benchmarks.md "One-element rows of at most 256 elements"): rmsnorm
-# 131072 x 75 41.3 -> 25.9 (31.1), 98304 x 93 33.3 -> 22.5 (24.9), 131072 x 163 45.6 -> 40.4
-# (44.6), 131072 x 201 48.5 -> 44.5 (49.0); rmsnorm_add 131072 x 75 55.9 -> 36.2; quantize_fp8_row
-# 131072 x 75 39.7 -> 23.5, 131072 x 201 44.8 -> 38.7; silu_mul_quant 131072 x 75 57.9 -> 34.8.
-# Rows of at most 64, the 128 group tile -> the 64 one: rmsnorm 262144 x 45 43.0 -> 28.6 (38.9,
-# the one-warp tile 75.3 in plain timing), 200000 x 33 33.3 -> 22.2 (30.8); quantize_fp8_row
-# 262144 x 45 39.0 -> 26.8; silu_mul_quant 262144 x 45 57.7 -> 37.8. At rows of 33-63 the 64 tile
-# of 8 lanes beat the one of 16 lanes of 4 at 18 of 20 (op, row) pairs (rmsnorm_add at 61 and 63
-# within 4%) and the 128 tile at all 12 pairs it was timed at; the 128-element tile of 128
-# threads beat its 256-thread twin at 28 of 32 pairs (the others within 3%); the 256-element tile
-# of 16 lanes beat the one-warp tile of that length at all 16 pairs timed. The 16-lane 64 tile and
-# the 256-thread twin are the tuner's.
-SHORT_GROUP_MAX = 256
-SHORT_SCALAR_GROUP_ROWS = [(128, 16, 8), (128, 8, 4), (128, 8, 8), (256, 16, 8), (128, 8, 16)]
-SHORT_GROUP_PICKS = [(128, 16, 8), (128, 8, 8), (128, 8, 16)]
+# One-element rows of a few hundred elements or fewer (odd per-head and MoE widths) take group
+# tiles of 8 or 16 lanes a row and 8 or 16 rows per CTA (short_group_pick; each template lists
+# the shapes it takes), where the smallest one-element tiles of the other lists give a row a whole
+# warp (256 elements in rmsnorm, 512 in the quantizers). H100 (no H200 was lent), bf16,
+# CUDA-graph replays, every config near the row timed in two rounds (docs/benchmarks.md
+# "One-element rows of at most 256 elements" and "... 8 lanes a row"):
+# - First round, against the one-warp tiles: at 33-201 elements the group tiles took rmsnorm
+#   from 41.3 to 25.9 us at 131072 x 75 (Liger 31.1), from 43.0 to 28.6 at 262144 x 45,
+#   quantize_fp8_row from 39.7 to 23.5 at 131072 x 75, silu_mul_quant from 57.9 to 34.8; the
+#   64-element tile of 8 lanes beat the one of 16 lanes of 4 at 18 of 20 (op, row) pairs; the
+#   128 tile of 128 threads beat its 256-thread twin at 28 of 32.
+# - Second round (the 8-lane 128 and 256 tiles and the 16-lane 512 one added): the 8-lane 128
+#   tile beat the 16-lane one at 93 and 127 elements in all three ops timed (rmsnorm 25.7 against
+#   27.3 us at 131072 x 93), the 8-lane 256 tile the 16-lane one at 163 in rmsnorm and
+#   quantize_fp8_row (37.4 against 40.1; 32.5 / 35.1) and at 251 in quantize_fp8_row (33.3 /
+#   35.0), not in silu_mul_quant (54.2 / 53.6, 55.5 / 52.0); at 301-509 the 16-lane 512 tile
+#   beat the one-warp 512 one in rmsnorm and quantize_fp8_row (quantize 52.4 against 60.2 at
+#   131072 x 301, 63.2 / 70.0 at 423, 40.4 / 43.8 at 65536 x 509), not in silu_mul_quant (86.3
+#   / 93.7 at 301 but 107.9 / 106.8 at 423, 69.2 / 65.0 at 509). And rows a little past 64
+#   elements ran fastest in the 64 tile reading the rest again (SHORT_REST_ROWS): at 131072 x 69
+#   20.5 against 22.8 us in the 8-lane 128 tile (rmsnorm), 17.8 / 19.9 (quantize_fp8_row),
+#   26.3 / 31.3 (silu_mul_quant); at 100000 x 75 19.3 / 21.5, 17.6 / 19.1, 27.6 / 28.1; at 93
+#   level or behind.
+# rmsnorm_add was timed in the first round only: it keeps the 16-lane tiles past 64.
+SHORT_SCALAR_GROUP_ROWS = [(128, 16, 8), (128, 8, 4), (128, 8, 8), (128, 16, 16), (256, 16, 8), (128, 8, 16), (128, 16, 32),
+                           (128, 8, 32)]
+SHORT_REST_ROWS = 80       # rows of 65-80 elements: the 64 tile and its rest, where a template says so
+SIXTY_FOUR = (128, 16, 8)  # the 64-element tile: 8 lanes of 8 elements, 16 rows per CTA
 
 
 def short_scalar_groups(config) -> bool:
@@ -281,12 +289,21 @@ def short_scalar_groups(config) -> bool:
     return has_shape(config, [], SHORT_SCALAR_GROUP_ROWS)
 
 
-def short_group_pick(configs: list[dict], sig: dict, k: int, arrays: int = 1) -> dict | None:
-    """The smallest SHORT_GROUP_PICKS tile of ``configs`` that covers a one-element row of ``k`` <=
-    SHORT_GROUP_MAX elements; None for other rows."""
-    if not one_element(sig) or k > SHORT_GROUP_MAX:
+def _shape_row_k(shape) -> int:
+    threads, rows_per_block, chunks = shape
+    return threads // rows_per_block * chunks
+
+
+def short_group_pick(configs: list[dict], sig: dict, k: int, arrays: int, shapes, rest_past_64: bool) -> dict | None:
+    """For a one-element row of ``k`` elements that the largest of ``shapes`` (a template's
+    SHORT_SCALAR_GROUP_ROWS picks, smallest first) covers: the smallest of them that covers it,
+    or, with ``rest_past_64``, the 64 tile for rows of at most SHORT_REST_ROWS; None for other
+    rows."""
+    if not one_element(sig) or k > max(_shape_row_k(s) for s in shapes):
         return None
-    return pick([c for c in configs if has_shape(c, [], SHORT_GROUP_PICKS)], sig, k, arrays)
+    if rest_past_64 and k <= SHORT_REST_ROWS:
+        shapes = [SIXTY_FOUR]
+    return pick([c for c in configs if has_shape(c, [], shapes)], sig, k, arrays)
 
 
 # A row at most 1 / STREAMED_REST longer than a tile (streamed_rest).

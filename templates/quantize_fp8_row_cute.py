@@ -113,9 +113,14 @@ STAGED_PICKS = ([{**c, "l1": "keep"} for c in STAGED if c["vec"] > 1 and c["chun
                    plan.config(256, 1, 1, 64) | {"stage": "smem", "l1": "keep"}])
 
 
+# One-element rows of at most 512 elements: the group tiles of _rowwise_plan.short_group_pick
+# (measured there), 8 lanes a row to 256 elements, 16 lanes for 512.
+SHORT_GROUP_PICKS = [(128, 16, 8), (128, 16, 16), (128, 16, 32), (128, 8, 32)]
+
+
 def _heuristic(target, sig, problem):
     k = problem["K"]
-    short = plan.short_group_pick(CONFIGS, sig, k, arrays=1)
+    short = plan.short_group_pick(CONFIGS, sig, k, 1, SHORT_GROUP_PICKS, rest_past_64=True)
     if short is not None:
         return short
     staged = plan.staged_pick(STAGED_PICKS, sig, k, 1, plan.staged_from(sig, STAGED_FROM, STAGED_SCALAR_FROM))

@@ -191,9 +191,17 @@ def _heuristic(target, sig, problem, residual: bool = False):
     return config if residual else _weight_vector_twin(config, sig)
 
 
+# One-element rows of at most 512 (rmsnorm) or 256 (rmsnorm_add) elements: the group tiles of
+# _rowwise_plan.short_group_pick (measured there), 8 lanes a row to 256 elements and 16 lanes
+# for 512 in rmsnorm; rmsnorm_add (timed in the first round only) 16 lanes past 64.
+SHORT_GROUP_PICKS = [(128, 16, 8), (128, 16, 16), (128, 16, 32), (128, 8, 32)]
+SHORT_GROUP_PICKS_ADD = [(128, 16, 8), (128, 8, 8), (128, 8, 16)]
+
+
 def _plain_heuristic(sig, problem, residual: bool):
     n = problem["N"]
-    short = plan.short_group_pick(CONFIGS, sig, n, arrays=ARRAYS)
+    short = plan.short_group_pick(CONFIGS, sig, n, ARRAYS, SHORT_GROUP_PICKS_ADD if residual else SHORT_GROUP_PICKS,
+                                  rest_past_64=not residual)
     if short is not None:
         return short
     configs = [c for c in CONFIGS if "weight" not in c and not plan.short_scalar_groups(c)]

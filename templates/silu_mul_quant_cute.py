@@ -145,9 +145,15 @@ STAGED_MIDDLE_ROWS = (4097, 5119)
 STAGED_MIDDLE_PICK = plan.config(224, 1, limits.VECTOR_BYTES // 2, 4) | {"stage": "smem", "l1": "keep"}
 
 
+# One-element rows of at most 256 elements: the group tiles of _rowwise_plan.short_group_pick
+# (measured there), 8 lanes a row to 128 elements, 16 lanes for 256 (two inputs a row: the
+# 8-lane 256 tile lost at 163 and 251); rows of 257-512 keep the one-warp 512 tile.
+SHORT_GROUP_PICKS = [(128, 16, 8), (128, 16, 16), (128, 8, 16)]
+
+
 def _heuristic(target, sig, problem):
     k = problem["K"]
-    short = plan.short_group_pick(CONFIGS, sig, k, arrays=2)
+    short = plan.short_group_pick(CONFIGS, sig, k, 2, SHORT_GROUP_PICKS, rest_past_64=True)
     if short is not None:
         return short
     if (sig["vec_bytes"] == limits.VECTOR_BYTES and limits.ELEM_BYTES[sig["dtype"]] == 2

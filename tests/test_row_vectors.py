@@ -236,25 +236,33 @@ def test_short_rows_take_their_measured_tiles():
         assert quant(1104, 16) == (128, 2, 4, 8)     # one pass, not the 1024 tile and its rest
 
 
-def test_one_element_rows_of_at_most_256_take_the_16_lane_group_tiles():
-    """One-element rows of at most 256 elements (odd per-head and MoE widths) take 8 lanes a row
-    and 16 rows per CTA up to 64 elements, 16 lanes and 8 rows up to 256 (the smallest such tile
-    that covers the row), not a whole warp of idle lanes
-    (_rowwise_plan.SHORT_SCALAR_GROUP_ROWS; docs/benchmarks.md "One-element rows of at most 256
-    elements"); longer rows keep their earlier tiles."""
-    for op, extra in (("rmsnorm", {"fp32_weight": False}), ("rmsnorm_add", {"fp32_weight": False}),
-                      ("quantize_fp8_row", {"has_scale_ub": False}), ("silu_mul_quant", {"has_scale_ub": False})):
+def test_short_one_element_rows_take_the_group_tiles():
+    """One-element rows of a few hundred elements or fewer (odd per-head and MoE widths) take
+    tiles of 8 or 16 lanes a row and 8 or 16 rows per CTA, not a whole warp of idle lanes
+    (_rowwise_plan.short_group_pick; docs/benchmarks.md "One-element rows of at most 256
+    elements" and "... 8 lanes a row"): (lanes a row, rows per CTA, tile) by row length."""
+    eight = {64: (8, 16, 64), 128: (8, 16, 128), 256: (8, 16, 256), 512: (16, 8, 512)}
+    sixteen = {64: (8, 16, 64), 128: (16, 8, 128), 256: (16, 8, 256)}
+    want = {   # op: (signature extras, tiles by the length they cover, the 64 tile up to 80, longest row)
+        "rmsnorm": ({"fp32_weight": False}, eight, True),
+        "rmsnorm_add": ({"fp32_weight": False}, sixteen, False),
+        "quantize_fp8_row": ({"has_scale_ub": False}, eight, True),
+        "silu_mul_quant": ({"has_scale_ub": False}, {**eight, 256: (16, 8, 256), 512: None}, True),
+    }
+    for op, (extra, tiles, rest_past_64) in want.items():
         t = _cute(op)
-        for dtype, vec_bytes in (("bfloat16", 2), ("float16", 2)):
-            sig = {"dtype": dtype, "vec_bytes": vec_bytes, **extra}
-            for n, want in ((1, (8, 16, 64)), (45, (8, 16, 64)), (64, (8, 16, 64)), (65, (16, 8, 128)),
-                            (128, (16, 8, 128)), (129, (16, 8, 256)), (201, (16, 8, 256)), (256, (16, 8, 256))):
+        for dtype in ("bfloat16", "float16"):
+            sig = {"dtype": dtype, "vec_bytes": 2, **extra}
+            for n in (1, 45, 64, 65, 75, 80, 81, 128, 129, 201, 256, 257, 423, 512, 513):
                 c = t.heuristic("sm90a", sig, {"M": 131072, "N": n, "K": n})
                 assert t.valid(c, "sm90a", sig) and c in t.all_configs(), (op, n, c)
                 tile = plan.RowTile.of(c)
-                assert (tile.tpr, tile.rows_per_block, tile.row_k) == want, (op, n, c)
-            longer = t.heuristic("sm90a", sig, {"M": 131072, "N": 257, "K": 257})
-            assert not plan.short_scalar_groups(longer), (op, longer)
+                covering = min((k for k in tiles if k >= n), default=None)
+                expected = tiles[64] if rest_past_64 and n <= 80 else tiles.get(covering) if covering else None
+                if expected is None:   # past the group tiles: the template's earlier tiles
+                    assert not plan.short_scalar_groups(c), (op, n, c)
+                else:
+                    assert (tile.tpr, tile.rows_per_block, tile.row_k) == expected, (op, n, c)
     # 16-byte rows of 128 elements keep their vector tiles
     vec = _cute("rmsnorm").heuristic("sm90a", {"dtype": "bfloat16", "vec_bytes": 16, "fp32_weight": False},
                                      {"M": 131072, "N": 128})
