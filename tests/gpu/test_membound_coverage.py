@@ -43,7 +43,9 @@ def _run(op, x, residual, w):
 @pytest.mark.parametrize("m, n", [(1, 8), (3, 4095), (1000, 4096), (257, 7168), (64, 20000), (5, 65536),
                                   (2, 131072),
                                   (7, 4098), (1, 2), (33, 20002),    # rows of 8-byte accesses: 2 elements each
-                                  (3000, 128), (65, 722), (33, 1309)])   # the short-row tiles
+                                  (3000, 128), (65, 722), (33, 1309),   # the short-row tiles
+                                  # odd rows of one element per access: the 8- and 16-lane group tiles
+                                  (17, 45), (1001, 69), (37, 75), (9, 201), (37, 301), (5, 509)])
 def test_fp32_norms_match_quacks_formula(op, m, n):
     g = _gen(m * 31 + n)
     x, residual = (torch.randn(m, n, device="cuda", generator=g) for _ in range(2))
@@ -65,7 +67,9 @@ def test_fp32_norms_match_quacks_formula(op, m, n):
                                   # rows of 8-byte accesses: the fp32 weight read 16 bytes per 4 values
                                   (9, 4100), (2, 65540),
                                   # the short-row tiles (4-16 rows per CTA), of each access width
-                                  (3000, 128), (65, 722), (257, 764), (33, 1309)])
+                                  (3000, 128), (65, 722), (257, 764), (33, 1309),
+                                  # odd rows of one element per access: the 8- and 16-lane group tiles
+                                  (17, 45), (1001, 69), (9, 201), (37, 301)])
 def test_fp32_weight_with_16_bit_x(op, dtype, m, n):
     """Mixed-precision checkpoints: the weight stays fp32, y (and new_residual) take x's dtype."""
     g = _gen(m * 17 + n)
