@@ -42,6 +42,13 @@ def test_membound_summary_names_the_worst_shapes():
     assert lines[0].startswith("rmsnorm: 3 shapes") and "min 40.0" in lines[0]
     assert "behind at 1 of 2" in lines[0] and "min 0.800" in lines[0]
     assert lines[1].strip().startswith("2 x 4096") and len(lines) == 2
+    # the goal bands: 4-12 MiB is in none; 16-64 MiB holds all three at 16 MiB a row (goal 85,
+    # missed); no point reaches 256 MiB
+    assert "MiB min" not in lines[0]
+    banded = membound.summary([{**r, "MiB": 16.0 * r["rows"]} for r in rows])[0]
+    assert "[16-64 MiB min 40.0 of 3 (missed 85)]" in banded and "256 MiB" not in banded
+    big = [{**rows[0], "MiB": 300.0, "% copy": 96.0}]
+    assert "[>= 256 MiB min 96.0 of 1 (met 95)]" in membound.summary(big)[0]
 
 
 def test_grouped_draws_cover_the_layers_decode_and_prefill():

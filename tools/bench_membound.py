@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 
@@ -278,7 +279,6 @@ def random_shapes(n: int, seed: int) -> list[tuple[int, float]]:
     vectors or one element, in turn), a hidden size log-uniform over RANDOM_HIDDEN put in that
     class (a multiple of 8 / of 4 but not 8 / of 2 but not 4 / odd), and the bytes moved
     log-uniform over RANDOM_MIB. Rows come from each op's bytes per row (``shape_rows``)."""
-    import math
     import random
 
     rng = random.Random(seed)
@@ -300,10 +300,25 @@ def shape_rows(op: str, d: int, mib: float, elem: int = 2) -> int:
     return max(1, min(MAX_ROWS, round(mib * 2**20 / _bytes_per_row(op, d, elem))))
 
 
+# The memory-bound goals' bands: (label, lowest MiB moved, highest, the least % of copy asked there).
+GOAL_BANDS = ((">= 256 MiB", 256, math.inf, 95.0), ("16-64 MiB", 16, 64, 85.0))
+
+
+def goal_bands(rows: list[dict]) -> str:
+    """Each GOAL_BANDS band that ``rows`` (one op's) has points in: its minimum % of copy, the
+    points it holds, and whether the band's goal is met."""
+    parts = []
+    for label, low, high, goal in GOAL_BANDS:
+        pct = [r["% copy"] for r in rows if low <= r["MiB"] <= high]
+        if pct:
+            parts.append(f"{label} min {min(pct):.1f} of {len(pct)} ({'met' if min(pct) >= goal else 'missed'} {goal:.0f})")
+    return ", ".join(parts)
+
+
 def summary(results: list[dict], worst: int = 5) -> list[str]:
-    """Per op: the points measured, % of copy (geometric mean, minimum) and, where a peer ran,
-    ours against the best peer (geometric mean, minimum), then the ``worst`` shapes by % of copy."""
-    import math
+    """Per op: the points measured, % of copy (geometric mean, minimum; the minimum in each goal
+    band) and, where a peer ran, ours against the best peer (geometric mean, minimum), then the
+    ``worst`` shapes by % of copy."""
 
     lines = []
     for op in dict.fromkeys(r["op"] for r in results):
@@ -311,6 +326,8 @@ def summary(results: list[dict], worst: int = 5) -> list[str]:
         pct = [r["% copy"] for r in rows]
         line = (f"{op}: {len(rows)} shapes, % of copy geomean {math.exp(sum(map(math.log, pct)) / len(pct)):.1f}, "
                 f"min {min(pct):.1f}")
+        if bands := goal_bands(rows):
+            line += f" [{bands}]"
         vs = [r["vs peer"] for r in rows if r["vs peer"]]
         if vs:
             line += (f"; vs best peer geomean {math.exp(sum(map(math.log, vs)) / len(vs)):.3f}, min {min(vs):.3f}, "
