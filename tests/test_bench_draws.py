@@ -51,6 +51,16 @@ def test_membound_summary_names_the_worst_shapes():
     assert "[>= 256 MiB min 96.0 of 1 (met 95)]" in membound.summary(big)[0]
 
 
+def test_membound_summary_compares_the_heuristic_with_the_configs_timed():
+    rows = [{"op": "rmsnorm", "rows": 100, "hidden": h, "MiB": 1.0, "% copy": 90.0, "vs peer": None,
+             "best peer": None, "us graph": us, "configs": {"a": fastest, "b": 50.0}}
+            for h, us, fastest in ((75, 10.0, 10.0), (93, 10.05, 10.0), (163, 12.0, 10.0))]
+    lines = membound.summary(rows, worst=0)
+    assert lines[1] == ("    heuristic within 1% of the fastest config near the row at 2 of 3; "
+                        "furthest behind: 100 x 163 1.200x (a)")
+    assert len(membound.summary([{**r, "configs": {}} for r in rows], worst=0)) == 1
+
+
 def test_grouped_draws_cover_the_layers_decode_and_prefill():
     cases = grouped.draw(300, seed=5)
     assert cases == grouped.draw(300, seed=5) != grouped.draw(300, seed=6)

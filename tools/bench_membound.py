@@ -315,6 +315,21 @@ def goal_bands(rows: list[dict]) -> str:
     return ", ".join(parts)
 
 
+def heuristic_against_configs(rows: list[dict], within: float = 1.01) -> str:
+    """For ``rows`` timed with --configs (one op's): at how many the heuristic's pick was the
+    fastest config near the row or within ``within`` of it, and the rows where it was furthest
+    behind (graph replays on both sides); "" where no row has configs."""
+    timed = [r for r in rows if r.get("configs") and r.get("us graph")]
+    if not timed:
+        return ""
+    behind = sorted(((r["us graph"] / min(r["configs"].values()), r) for r in timed), key=lambda x: -x[0])
+    close = sum(ratio <= within for ratio, _ in behind)
+    worst = ", ".join(f"{r['rows']} x {r['hidden']} {ratio:.3f}x ({min(r['configs'], key=r['configs'].get)})"
+                      for ratio, r in behind[:3] if ratio > within)
+    return (f"heuristic within {100 * (within - 1):.0f}% of the fastest config near the row at {close} of {len(timed)}"
+            + (f"; furthest behind: {worst}" if worst else ""))
+
+
 def summary(results: list[dict], worst: int = 5) -> list[str]:
     """Per op: the points measured, % of copy (geometric mean, minimum; the minimum in each goal
     band) and, where a peer ran, ours against the best peer (geometric mean, minimum), then the
@@ -333,6 +348,8 @@ def summary(results: list[dict], worst: int = 5) -> list[str]:
             line += (f"; vs best peer geomean {math.exp(sum(map(math.log, vs)) / len(vs)):.3f}, min {min(vs):.3f}, "
                      f"behind at {sum(v < 1 for v in vs)} of {len(vs)}")
         lines.append(line)
+        if heuristic := heuristic_against_configs(rows):
+            lines.append("    " + heuristic)
         for r in sorted(rows, key=lambda r: r["% copy"])[:worst]:
             lines.append(f"    {r['rows']} x {r['hidden']} ({r['MiB']:.0f} MiB): {r['% copy']:.1f}% of copy"
                          + (f", {r['vs peer']:.3f}x {r['best peer']}" if r["vs peer"] else ""))
