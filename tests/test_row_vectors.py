@@ -243,7 +243,7 @@ def test_short_one_element_rows_take_the_group_tiles():
     elements" and "... 8 lanes a row"): (lanes a row, rows per CTA, tile) by row length."""
     eight = {64: (8, 16, 64), 128: (8, 16, 128), 256: (8, 16, 256), 512: (16, 8, 512)}
     sixteen = {64: (8, 16, 64), 128: (16, 8, 128), 256: (16, 8, 256)}
-    want = {   # op: (signature extras, tiles by the length they cover, the 64 tile up to 80, longest row)
+    want = {   # op: (signature extras, tiles by the length they cover, the 64 tile up to 80)
         "rmsnorm": ({"fp32_weight": False}, eight, True),
         "rmsnorm_add": ({"fp32_weight": False}, sixteen, False),
         "quantize_fp8_row": ({"has_scale_ub": False}, eight, True),

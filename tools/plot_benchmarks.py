@@ -126,9 +126,12 @@ def _op_panels(rows, panel_height):
 
 
 def _copy_panel(ax, title):
-    """A panel's goal lines (95% and 85% of copy), log2 bytes axis, title, grid and legend."""
-    ax.axhline(95, color="red", lw=0.6, ls=":")
-    ax.axhline(85, color="orange", lw=0.6, ls=":")
+    """A panel's goal lines (bench_membound.GOAL_BANDS: 95% and 85% of copy), log2 bytes axis,
+    title, grid and legend."""
+    from bench_membound import GOAL_BANDS
+
+    for (_, _, _, goal), colour in zip(GOAL_BANDS, ("red", "orange")):
+        ax.axhline(goal, color=colour, lw=0.6, ls=":")
     ax.set_xscale("log", base=2)
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("MiB moved")
