@@ -8,15 +8,26 @@ two scatter methods are in ``moe_gather_scatter_cute``'s docstring.
 ``cutlass`` at module level). Helpers that are not ``@cute.kernel`` / ``@cute.jit`` are not
 preprocessed: their Python loops unroll at trace time.
 """
+from dataclasses import dataclass
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
 
 from mslk_dsl.templates._kernel_limits import ELEM_BYTES
+from mslk_dsl.templates import _cute_rowwise as rw
 from mslk_dsl.templates import _gather_scatter_space as shared
+from mslk_dsl.templates._word_shift import shifted_words
 
 MAX_THREADS = 1024
+# A phased gather row's head and tail (at most 2 * (vector elements - 1)) are copied one element
+# per slot, EDGE_SLOTS slots a thread, so such a row takes at least a vector's worth of threads.
+EDGE_SLOTS = 2
+# Threads a block of phased rows (gather, linked reduction) may take, by unroll: their registers
+# grow with it (sm90a, bf16: gather 28 / 40 / 56 / 96 at unroll 1 / 2 / 4 / 8, linked reduction
+# 48 / 64 / 96 / 142), and a block must fit the SM's 65536. Longer rows take more chunks.
+PHASED_MAX_THREADS = {1: 1024, 2: 512, 4: 512, 8: 256}
 # Rows narrower than a block's worth of threads share one (grid_and_block).
 ROW_GROUP_THREADS = 128
 SCATTER_THREADS = 256
@@ -32,6 +43,20 @@ STREAM = cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE
 DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16, "float32": cutlass.Float32}
 
 
+@dataclass(frozen=True)   # frozen: the DSL passes it into dynamic ifs as a read-only value
+class EdgeSlot:
+    """An edge slot of a phased scatter row (``Scatter.edge_slot``): the out byte address its
+    atomic add goes to, the row columns of its values (one or two; a column outside the row adds
+    -0.0), and how many edge slots the row has."""
+    addr: Int64
+    cols: tuple
+    count: Int32
+
+    @property
+    def width(self) -> int:
+        return len(self.cols)
+
+
 class MoeRows:
     """Row-vector access shared by the gather and the scatter kernels."""
 
@@ -40,6 +65,9 @@ class MoeRows:
         self.vec, self.unroll = shared.vec(sig), config["unroll"]
         self.has_n = bool(sig["has_valid_count"])
         self.vec_bytes = sig["vec_bytes"]
+        self.elem_bytes = ELEM_BYTES[sig["dtype"]]
+        # Elements of a phased row's aligned vector (16 bytes), or None: rows of wider accesses.
+        self.phased_vec = 16 // self.elem_bytes if self.vec == 1 else None
 
     def rows_to_do(self, valid_count, a):
         n = a
@@ -91,21 +119,31 @@ class MoeRows:
                 r.store(acc[j].load().to(self.dtype))
                 cute.autovec_copy(r, out_vecs[None, ids[j]])
 
-    def grid_and_block(self, a, d):
-        """Grid and block for ``a`` rows of width ``d``: block (b, c) takes rows b * R .. b * R + R - 1
+    def grid_and_block(self, a, d, vec=None):
+        """Grid and block for ``a`` rows of width ``d`` in vectors of ``vec`` elements (default: the
+        signature's; else phased rows: at least one vector and ``vec`` threads a row, for the
+        edges): block (b, c) takes rows b * R .. b * R + R - 1
         (thread row y of the block is row b * R + y) and chunk c of their vectors.
 
         A row takes whole warps (threads = its vectors / unroll rounded up to 32, at most
-        MAX_THREADS, chunks for the rest); a row that needs fewer than 32 threads takes the power
+        MAX_THREADS, or PHASED_MAX_THREADS for phased rows; a longer row is split into chunks of
+        equal share); a row that needs fewer than 32 threads takes the power
         of two that covers it. Rows then share a block of up to ROW_GROUP_THREADS threads
         (R = ROW_GROUP_THREADS // threads): a block per row of 72 bf16 (3 threads, rounded to a
         warp) launched 262144 blocks for 131072 tokens at top-2 and ran at the block scheduler's
         rate, ~0.6 ns a block on an H100, whatever the row width."""
-        nvec = d // self.vec
+        nvec = d // self.vec if const_expr(vec is None) else cutlass.max(d // vec, 1)
         need = (nvec + self.unroll - 1) // self.unroll
-        threads = cutlass.min((need + 31) // 32 * 32, MAX_THREADS)
+        cap = MAX_THREADS if const_expr(vec is None) else PHASED_MAX_THREADS[self.unroll]
+        # A row longer than a block of `cap` threads takes chunks of equal share (a 1026-vector
+        # phased row at unroll 2 took a 512-thread chunk and a chunk of one vector, each walking
+        # the token's rows: 65-72% of copy at 8207 elements).
+        share = (need + (need + cap - 1) // cap - 1) // ((need + cap - 1) // cap)
+        threads = cutlass.min((share + 31) // 32 * 32, cap)
         for lanes in (16, 8, 4, 2, 1):   # plain Python: the smallest power of two >= need, below a warp
             threads = Int32(cutlass.select_(need <= lanes, Int32(lanes), threads))
+        if const_expr(vec is not None):
+            threads = cutlass.max(threads, Int32(vec))
         rows = Int32(cutlass.max(ROW_GROUP_THREADS // threads, 1))
         chunks = (nvec + threads * self.unroll - 1) // (threads * self.unroll)
         return ((a + rows - 1) // rows, chunks, 1), (threads, rows, 1)
@@ -117,12 +155,85 @@ class MoeRows:
         _, rows, _ = cute.arch.block_dim()
         return b * rows + y
 
+    # -- phased rows (one element per access): see Gather --------------------------------------
+    def load16(self, addr, dst):
+        """One 16-byte load from byte address ``addr`` (16-byte aligned) into the 4 Int32 of ``dst``."""
+        w128 = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Int32, num_bits_per_copy=128,
+                                   l1c_evict_priority=rw.KEEP)
+        ptr = cute.make_ptr(Int32, addr, cute.AddressSpace.gmem, assumed_align=16)
+        cute.copy(w128, cute.make_tensor(ptr, cute.make_layout(4)), dst)
+
+    def phased_source(self, mSrc, r, pr):
+        """Where row ``r`` of ``mSrc`` holds the bytes under the middle vectors of the phased out
+        row ``pr``, as (wbase, woff, second): vector v's 16 bytes start woff bytes past wbase +
+        16 v and are read as the aligned loads at wbase + 16 v and wbase + 16 v + second (second
+        is 0 where woff is, since that block may lie past the row). A row with no middle aims
+        its unused loads at the first aligned block of its row."""
+        start = mSrc[r, None].iterator.toint()
+        first = cutlass.select_(pr.nmid > 0, (mSrc[r, None].iterator + pr.head).toint(), start)
+        woff = Int32(first % 16)
+        return first - Int64(woff), woff, Int64(cutlass.select_(woff != 0, Int32(16), Int32(0)))
+
+    def load_source(self, src, v, words):
+        """The two loads under middle vector ``v`` (clamped to 0 and up) of a ``phased_source``
+        into ``words`` (a (4, 2) Int32 register tensor)."""
+        wbase, _, second = src
+        at = wbase + Int64(16) * Int64(cutlass.max(v, 0))
+        self.load16(at, words[None, 0])
+        self.load16(at + second, words[None, 1])
+
+    def source_values(self, words, woff):
+        """The vector's phased_vec elements (dtype values) from its ``load_source`` words, moved
+        into place (``shifted_words``; fp32 offsets are whole words, no funnel shift)."""
+        funnel = self.funnel if const_expr(self.elem_bytes == 2) else None
+        flat = [words[e % 4, e // 4] for e in range(8)]
+        packed = cute.make_rmem_tensor(4, Int32)
+        for m, word in enumerate(shifted_words(flat, woff, 4, self.select, funnel)):
+            packed[m] = word
+        return cute.recast_tensor(packed, self.dtype).load()
+
+    def edge_slots(self, pr):
+        """This thread's EDGE_SLOTS head / tail elements of the phased row ``pr``: (columns, which
+        are its to do). Edge e goes to lane e % threads of the row's chunk-0 block, which has at
+        least phased_vec lanes (grid_and_block), so 2 slots cover the 2 * (phased_vec - 1) edges."""
+        tidx, _, _ = cute.arch.thread_idx()
+        _, c, _ = cute.arch.block_idx()
+        nthr, _, _ = cute.arch.block_dim()
+        cols, mine = [], []
+        for k in range(EDGE_SLOTS):   # plain Python: unrolled
+            e = tidx + k * nthr
+            cols.append(Int32(cutlass.select_(e >= pr.head, e + pr.nmid * self.phased_vec, e)))
+            mine.append((c == 0) & (e < pr.nedge))
+        return cols, mine
+
+    @staticmethod
+    def select(cond, a, b):
+        """``shifted_words``' select."""
+        return Int32(cutlass.select_(cond, a, b))
+
+    @staticmethod
+    def funnel(lo, hi, bits):
+        """``shifted_words``' funnel shift: the low word of (hi:lo) >> bits (PTX shf.r: its first
+        operand is the low word)."""
+        return cute.arch.shf(lo, hi, bits, "r")
+
     def fake_rows(self, m, d):
         align = self.vec_bytes
         return make_fake_compact_tensor(self.dtype, (m, d), stride_order=(1, 0), assumed_align=align)
 
 
 class Gather(MoeRows):
+    """out[i] = x[token[i]] * score, a row per thread row of a block (``grid_and_block``).
+
+    Rows of one element per access (odd widths) are gathered phased: an out row and its source
+    row sit at different offsets from a 16-byte boundary, so no one access width serves both.
+    The out row is cut as ``_cute_rowwise.PhasedRow`` (a head, a middle of aligned 16-byte
+    vectors, a tail); each middle vector's source is read as the two aligned 16-byte loads around
+    it and moved into place in registers (``_word_shift.shifted_words``: selects and funnel
+    shifts, the offset being one for the whole row), and the head and tail, at most 2 * (16 /
+    element bytes - 1) elements, are copied one element at a time. One element per access moved
+    2 bytes a load and ran at 44-60% of the copy roofline at 0.4-1 GiB (H200)."""
+
     def __init__(self, config, sig):
         super().__init__(config, sig)
         self.score_t = cutlass.BFloat16 if sig["score_dtype"] == "bfloat16" else cutlass.Float32
@@ -149,11 +260,50 @@ class Gather(MoeRows):
                     r.store((frags[j].load().to(Float32) * s).to(dtype))
                     cute.autovec_copy(r, out_vecs[None, ids[j]])
 
+    @cute.kernel
+    def gather_phased_kernel(self, mX: cute.Tensor, mTok: cute.Tensor, mExp: cute.Tensor, mScore: cute.Tensor,
+                             mN: cute.Tensor, mOut: cute.Tensor):
+        self.gather_phased_row(self.block_row(), mX, mTok, mExp, mScore, mN, mOut)
+
+    @cute.jit
+    def gather_phased_row(self, row, mX: cute.Tensor, mTok: cute.Tensor, mExp: cute.Tensor, mScore: cute.Tensor,
+                          mN: cute.Tensor, mOut: cute.Tensor):
+        PV, dtype = self.phased_vec, self.dtype
+        if row < self.rows_to_do(mN, mOut.shape[0]):
+            t = mTok[row]
+            s = mScore[t, mExp[row]].to(Float32)
+            d = mX.shape[1]
+            pr = rw.phased_row(mOut, row, d, PV, True)
+            src = self.phased_source(mX, t, pr)
+            ids, ok = self.vector_ids(pr.nmid)
+            # The head and the tail: loaded with the middle, stored after it.
+            cols, mine = self.edge_slots(pr)
+            edges = cute.make_rmem_tensor((EDGE_SLOTS,), dtype)
+            for k in cutlass.range_constexpr(EDGE_SLOTS):
+                edges[k] = mX[t, cutlass.min(cols[k], d - 1)]
+            words = [cute.make_rmem_tensor((4, 2), Int32) for _ in range(self.unroll)]
+            for j in cutlass.range_constexpr(self.unroll):   # every load first
+                self.load_source(src, ids[j], words[j])
+            mid = pr.middle(mOut)
+            r = cute.make_rmem_tensor((PV,), dtype)
+            for j in cutlass.range_constexpr(self.unroll):
+                r.store((self.source_values(words[j], src[1]).to(Float32) * s).to(dtype))
+                if ok[j]:
+                    cute.autovec_copy(r, mid[None, ids[j]])
+            for k in cutlass.range_constexpr(EDGE_SLOTS):
+                if mine[k]:
+                    mOut[row, cols[k]] = (edges[k].to(Float32) * s).to(dtype)
+
     @cute.jit
     def __call__(self, mX: cute.Tensor, mTok: cute.Tensor, mExp: cute.Tensor, mScore: cute.Tensor,
                  mN: cute.Tensor, mOut: cute.Tensor, stream):
-        grid, block = self.grid_and_block(mOut.shape[0], mX.shape[1])
-        self.gather_kernel(mX, mTok, mExp, mScore, mN, mOut).launch(grid=grid, block=block, stream=stream)
+        if const_expr(self.phased_vec is None):
+            grid, block = self.grid_and_block(mOut.shape[0], mX.shape[1])
+            self.gather_kernel(mX, mTok, mExp, mScore, mN, mOut).launch(grid=grid, block=block, stream=stream)
+        else:
+            grid, block = self.grid_and_block(mOut.shape[0], mX.shape[1], self.phased_vec)
+            self.gather_phased_kernel(mX, mTok, mExp, mScore, mN, mOut).launch(grid=grid, block=block,
+                                                                               stream=stream)
 
     def fake_args(self):
         """Compile-time stand-ins for ``__call__``'s arguments, every size dynamic."""
@@ -181,15 +331,16 @@ class Scatter(MoeRows):
         # accesses the per-thread one is 1.28-1.38x faster at top-8 (9758, 1690, 1182 wide) and
         # level at top-1; 16- and 8-byte rows time the same either way.
         self.uniform_single_tokens = self.vec == 1
-        self.elem_bytes = ELEM_BYTES[sig["dtype"]]
-        # Atomic method, 16-bit rows of one element per access: Hopper has no scalar bf16 / fp16
-        # atomic add (ptxas turns atom.add.noftz.bf16 into a compare-and-swap loop), but it has
-        # the packed one. So a slot is one aligned 4-byte word of the out row, both its halves
-        # added at once (BF16x2 / F16x2), as torch's index_add_ does (fastAtomicAdd); a half
-        # outside the row adds -0.0, the exact identity of IEEE addition (x + -0.0 == x for
-        # every x, -0.0 included).
-        self.word_pairs = self.vec == 1 and self.elem_bytes == 2
-        self.slot_bytes = 4 if self.word_pairs else self.vec * self.elem_bytes
+        # Atomic method on rows of one element per access (odd widths): phased, as the gather.
+        # The out row's aligned middle takes 16-byte vector atomics (REDG.ADD.BF16x8 / F16x8 /
+        # F32x4) of the input row's bytes, read as the two aligned 16-byte loads around them and
+        # shifted into place; the head and tail take one slot each per edge word or element:
+        # 16-bit rows add aligned 4-byte words of the out row, both halves at once (BF16x2 /
+        # F16x2: Hopper's lone bf16 / fp16 atomic add is a compare-and-swap loop, as torch's
+        # index_add_ knows, fastAtomicAdd), a half outside the row adding -0.0, the exact
+        # identity of IEEE addition (x + -0.0 == x for every x, -0.0 included); fp32 rows add
+        # single elements.
+        self.slot_bytes = self.vec * self.elem_bytes if self.phased_vec is None else 16
         self.slots = SCATTER_THREADS * self.unroll                       # slots per scatter block
         self.k_min = (MIN_SLICE_BYTES // self.slot_bytes).bit_length() - 1
         self.k_max = self.slots.bit_length() - 1
@@ -199,69 +350,106 @@ class Scatter(MoeRows):
     def scatter_kernel(self, mOut: cute.Tensor, mY: cute.Tensor, mTok: cute.Tensor, mN: cute.Tensor,
                        log2_slice: Int32):
         # Block (b, c): slice c (slots [c * slice, (c + 1) * slice)) of rows_per_block rows; a
-        # slot is a vector, or an out word of two halves (word_pairs).
+        # slot is a vector of the row.
         VEC, dtype = self.vec, self.dtype
         tidx, _, _ = cute.arch.thread_idx()
-        rb, c, _ = cute.arch.block_idx()
         t, (a, d) = mOut.shape[0], mY.shape
         n = self.rows_to_do(mN, a)
-        nslots = self.row_slots(d)
-        slice_slots = Int32(1) << log2_slice
-        rows_per_block = Int32(self.slots) >> log2_slice
+        nslots = d // VEC
         frags, dsts, ok = [], [], []
         for j in cutlass.range_constexpr(self.unroll):   # every load first (clamped in bounds), then atomics
-            slot = j * SCATTER_THREADS + tidx
-            row = rb * rows_per_block + (slot >> log2_slice)
-            v = c * slice_slots + (slot & (slice_slots - 1))
+            row, v = self.slot_of(j * SCATTER_THREADS + tidx, log2_slice)
             row_c, v_c = cutlass.min(row, a - 1), cutlass.min(v, nslots - 1)
             tok = mTok[row_c]
-            ok_j = (row < n) & (v < nslots) & (tok >= 0) & (tok < t)
+            ok.append((row < n) & (v < nslots) & (tok >= 0) & (tok < t))
             tok_c = cutlass.max(cutlass.min(tok, t - 1), 0)
-            if const_expr(self.word_pairs):
-                f, dst, in_row = self.load_word_halves(mOut, mY, row_c, tok_c, v_c, d)
-                ok_j = ok_j & in_row
-            else:
-                f = cute.make_rmem_tensor((VEC,), dtype)
-                cute.autovec_copy(cute.zipped_divide(mY[row_c, None], (VEC,))[None, v_c], f,
-                                  l1c_evict_priority=STREAM)
-                dst = cute.zipped_divide(mOut[tok_c, None], (VEC,))[None, v_c].iterator
+            f = cute.make_rmem_tensor((VEC,), dtype)
+            cute.autovec_copy(cute.zipped_divide(mY[row_c, None], (VEC,))[None, v_c], f, l1c_evict_priority=STREAM)
             frags.append(f)
-            dsts.append(dst)
-            ok.append(ok_j)
+            dsts.append(cute.zipped_divide(mOut[tok_c, None], (VEC,))[None, v_c].iterator)
         for j in cutlass.range_constexpr(self.unroll):
             if ok[j]:
-                if const_expr(VEC == 1 and not self.word_pairs):
-                    cute.arch.atomic_add(dsts[j], frags[j][0], sem="relaxed", scope="gpu")
+                cute.arch.atomic_add(dsts[j], frags[j].load().ir_value(), sem="relaxed", scope="gpu")
+
+    def slot_of(self, slot, log2_slice):
+        """(input row, slot of the row) of a block's ``slot``: block (b, c) takes slice c (slots
+        [c * slice, (c + 1) * slice)) of its rows_per_block rows."""
+        rb, c, _ = cute.arch.block_idx()
+        rows_per_block = Int32(self.slots) >> log2_slice
+        slice_slots = Int32(1) << log2_slice
+        return rb * rows_per_block + (slot >> log2_slice), c * slice_slots + (slot & (slice_slots - 1))
+
+    @cute.kernel
+    def scatter_phased_kernel(self, mOut: cute.Tensor, mY: cute.Tensor, mTok: cute.Tensor, mN: cute.Tensor,
+                              log2_slice: Int32):
+        # The atomic method on one-element rows: slot v of a row is the out row's middle vector v
+        # (v < nmid), else its edge slot v - nmid (an edge word or element; see __init__).
+        PV, dtype = self.phased_vec, self.dtype
+        tidx, _, _ = cute.arch.thread_idx()
+        t, (a, d) = mOut.shape[0], mY.shape
+        n = self.rows_to_do(mN, a)
+        words = [cute.make_rmem_tensor((4, 2), Int32) for _ in range(self.unroll)]
+        edge_vals = cute.make_rmem_tensor((2, self.unroll), dtype)
+        slots = []
+        for j in cutlass.range_constexpr(self.unroll):   # every load first (clamped in bounds), then atomics
+            row, v = self.slot_of(j * SCATTER_THREADS + tidx, log2_slice)
+            row_c = cutlass.min(row, a - 1)
+            tok = mTok[row_c]
+            tok_c = cutlass.max(cutlass.min(tok, t - 1), 0)
+            pr = rw.phased_row(mOut, tok_c, d, PV, True)
+            edge = self.edge_slot(mOut, tok_c, pr, v - pr.nmid, d)
+            mid = v < pr.nmid
+            ok = (row < n) & (tok >= 0) & (tok < t) & (v < pr.nmid + edge.count)
+            src = self.phased_source(mY, row_c, pr)
+            vm = cutlass.max(cutlass.min(v, pr.nmid - 1), 0)
+            if mid:
+                self.load_source(src, vm, words[j])
+            else:
+                for h in cutlass.range_constexpr(edge.width):
+                    col = edge.cols[h]
+                    x = mY[row_c, cutlass.max(cutlass.min(col, d - 1), 0)]
+                    edge_vals[h, j] = cutlass.select_((col >= 0) & (col < d), x, dtype(-0.0))
+            # One address a slot, kept across the loads: the middle vector's or the edge slot's.
+            dst = cutlass.select_(mid, (pr.middle(mOut)[None, vm].iterator).toint(), edge.addr)
+            slots.append((ok & mid, ok & ~mid, src[1], dst))
+        r = cute.make_rmem_tensor((PV,), dtype)
+        f = cute.make_rmem_tensor((2,), dtype)
+        for j in cutlass.range_constexpr(self.unroll):
+            add_mid, add_edge, woff, dst = slots[j]
+            if add_mid:
+                r.store(self.source_values(words[j], woff))
+                ptr = cute.make_ptr(dtype, dst, cute.AddressSpace.gmem, assumed_align=16)
+                cute.arch.atomic_add(ptr, r.load().ir_value(), sem="relaxed", scope="gpu")
+            if add_edge:
+                ptr = cute.make_ptr(dtype, dst, cute.AddressSpace.gmem, assumed_align=4)
+                if const_expr(self.elem_bytes == 2):
+                    f[0], f[1] = edge_vals[0, j], edge_vals[1, j]
+                    cute.arch.atomic_add(ptr, f.load().ir_value(), sem="relaxed", scope="gpu")
                 else:
-                    cute.arch.atomic_add(dsts[j], frags[j].load().ir_value(), sem="relaxed", scope="gpu")
+                    cute.arch.atomic_add(ptr, edge_vals[0, j], sem="relaxed", scope="gpu")
+
+    def edge_slot(self, mOut, tok, pr, q, d):
+        """Edge slot ``q`` of out row ``tok`` (a PhasedRow ``pr`` of width d): 16-bit rows, the
+        q-th aligned 4-byte word of the row outside its middle (head words, then tail words;
+        every word of a row with no middle), fp32 rows, the q-th head or tail element."""
+        base = mOut[tok, None].iterator.toint()                         # Int64 byte address
+        if const_expr(self.elem_bytes == 2):
+            phase = Int32(base >> 1) & 1                                # the row starts mid-word
+            words = (2 * phase + 2 * d + 3) // 4
+            head_words = Int32(cutlass.select_(pr.nmid > 0, (phase + pr.head) // 2, words))
+            w = Int32(cutlass.select_(q < head_words, q, q + 4 * pr.nmid))
+            e0 = 2 * w - phase
+            addr = base - Int64(2) * Int64(phase) + Int64(4) * Int64(w)
+            return EdgeSlot(addr, (e0, e0 + 1), words - 4 * pr.nmid)
+        col = Int32(cutlass.select_(q < pr.head, q, q + self.phased_vec * pr.nmid))
+        return EdgeSlot(base + Int64(4) * Int64(col), (col,), pr.nedge)
 
     def row_slots(self, d):
-        """Slots of a row of width d: its vectors, or (word_pairs) the most 4-byte words an out
-        row of d 16-bit elements can overlap, d // 2 + 1 (all of them at an odd d; at an even d
-        a row that starts on a word boundary leaves the last slot empty, and it adds nothing)."""
-        return d // 2 + 1 if const_expr(self.word_pairs) else d // self.vec
-
-    def load_word_halves(self, mOut, mY, row, tok, w, d):
-        """(the two halves to add, as a 2-element fragment; the pointer of word w of out row tok;
-        whether the word holds an element of the row). The word's low half is element
-        2 * w - phase of the row, phase 1 when the row starts in the middle of a word; a half
-        outside the row adds -0.0."""
-        base = mOut[tok, None].iterator.toint()                         # Int64 byte address
-        phase = Int32(base >> 1) & 1
-        e0 = 2 * w - phase
-        e1 = e0 + 1
-        src = cute.zipped_divide(mY[row, None], (1,))
-        halves = []
-        for e in (cutlass.max(e0, 0), cutlass.min(e1, d - 1)):   # plain Python: unrolled
-            h = cute.make_rmem_tensor((1,), self.dtype)
-            cute.autovec_copy(src[None, e], h, l1c_evict_priority=STREAM)
-            halves.append(h[0])
-        f = cute.make_rmem_tensor((2,), self.dtype)
-        f[0] = cutlass.select_(e0 >= 0, halves[0], self.dtype(-0.0))
-        f[1] = cutlass.select_(e1 < d, halves[1], self.dtype(-0.0))
-        word = cute.make_ptr(self.dtype, base - Int64(2) * Int64(phase) + Int64(4) * Int64(w),
-                             cute.AddressSpace.gmem, assumed_align=4)
-        return f, word, e0 < d
+        """Slots of a row of width d: its vectors, or (phased rows) the most middle vectors a row
+        can have plus the most edge slots (16-bit: 8 words; fp32: 6 elements)."""
+        if const_expr(self.phased_vec is None):
+            return d // self.vec
+        return d // self.phased_vec + (8 if const_expr(self.elem_bytes == 2) else 6)
 
     def scatter_launch(self, t, a, d):
         """(grid, log2 of the slice in slots) for out rows t, input rows a, width d."""
@@ -419,7 +607,9 @@ class Scatter(MoeRows):
 
     def reduce_one_token(self, linked, mine, mOut, mY, mWs):
         """The sorted or the linked method's reduction of token ``mine`` (chosen at trace time)."""
-        if linked:
+        if linked and self.phased_vec is not None:
+            self.linked_reduce_token_phased(mine, mOut, mY, mWs)
+        elif linked:
             self.linked_reduce_token(mine, mOut, mY, mWs)
         else:
             self.reduce_token(mine, mOut, mY, mWs)
@@ -500,6 +690,66 @@ class Scatter(MoeRows):
                 self.add_to_sums(acc, ys)
             self.store_sums(acc, out_vecs, ids, ok)
 
+    @cute.jit
+    def linked_reduce_token_phased(self, mine, mOut: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
+        """``linked_reduce_token`` on rows of one element per access, phased: out row t's aligned
+        middle in 16-byte vectors, each added row's bytes under it from the two aligned 16-byte
+        loads around them, shifted into place (its own offset per row), the head and tail one
+        element per slot (edge_slots); fp32 sums, one rounding, as the other rows."""
+        PV, dtype = self.phased_vec, self.dtype
+        n_tok, d = mOut.shape[0], mOut.shape[1]
+        t = cutlass.min(mine, n_tok - 1)   # a block's rows past the last token repeat it
+        heads, nxt = self.link_views(mWs, n_tok, mY.shape[0])
+        row = Int32(cutlass.select_(mine < n_tok, heads[t], Int32(-1)))
+        if row >= 0:
+            pr = rw.phased_row(mOut, t, d, PV, True)
+            ids, ok = self.vector_ids(pr.nmid)
+            cols, mine_e = self.edge_slots(pr)
+            # out's middle (aligned: one load a vector) and edges, beside the first row's.
+            out_base, _, _ = self.phased_source(mOut, t, pr)
+            out_words = [cute.make_rmem_tensor(4, Int32) for _ in range(self.unroll)]
+            for j in cutlass.range_constexpr(self.unroll):
+                self.load16(out_base + Int64(16) * Int64(cutlass.max(ids[j], 0)), out_words[j])
+            sums_e = cute.make_rmem_tensor((EDGE_SLOTS,), Float32)
+            for k in cutlass.range_constexpr(EDGE_SLOTS):
+                sums_e[k] = mOut[t, cutlass.min(cols[k], d - 1)].to(Float32)
+            words = [cute.make_rmem_tensor((4, 2), Int32) for _ in range(self.unroll)]
+            vals_e = cute.make_rmem_tensor((EDGE_SLOTS,), dtype)
+            src = self.phased_source(mY, row, pr)
+            self.load_phased_row(mY, row, src, ids, cols, d, words, vals_e)
+            row = nxt[row]
+            sums = [cute.make_rmem_tensor((PV,), Float32) for _ in range(self.unroll)]
+            for j in cutlass.range_constexpr(self.unroll):
+                sums[j].store(cute.recast_tensor(out_words[j], dtype).load().to(Float32)
+                              + self.source_values(words[j], src[1]).to(Float32))
+            for k in cutlass.range_constexpr(EDGE_SLOTS):
+                sums_e[k] = sums_e[k] + vals_e[k].to(Float32)
+            while row >= 0:
+                src = self.phased_source(mY, row, pr)
+                self.load_phased_row(mY, row, src, ids, cols, d, words, vals_e)
+                row = nxt[row]
+                for j in cutlass.range_constexpr(self.unroll):
+                    sums[j].store(sums[j].load() + self.source_values(words[j], src[1]).to(Float32))
+                for k in cutlass.range_constexpr(EDGE_SLOTS):
+                    sums_e[k] = sums_e[k] + vals_e[k].to(Float32)
+            mid = pr.middle(mOut)
+            r = cute.make_rmem_tensor((PV,), dtype)
+            for j in cutlass.range_constexpr(self.unroll):
+                if ok[j]:
+                    r.store(sums[j].load().to(dtype))
+                    cute.autovec_copy(r, mid[None, ids[j]])
+            for k in cutlass.range_constexpr(EDGE_SLOTS):
+                if mine_e[k]:
+                    mOut[t, cols[k]] = sums_e[k].to(dtype)
+
+    def load_phased_row(self, mY, row, src, ids, cols, d, words, vals_e):
+        """Issue the loads of input row ``row`` under this thread's middle vectors (``src`` its
+        phased_source) and edge slots."""
+        for j in range(self.unroll):   # plain Python: unrolled
+            self.load_source(src, ids[j], words[j])
+        for k in range(EDGE_SLOTS):
+            vals_e[k] = mY[row, cutlass.min(cols[k], d - 1)]
+
     # -- host launcher ---------------------------------------------------------------------------
     @cute.jit
     def __call__(self, mOut: cute.Tensor, mY: cute.Tensor, mTok: cute.Tensor, mN: cute.Tensor,
@@ -523,12 +773,12 @@ class Scatter(MoeRows):
                                                block=index_block, stream=stream)
             self.link_kernel(mTok, mN, mWs, t).launch(grid=((a + INDEX_THREADS - 1) // INDEX_THREADS, 1, 1),
                                                       block=index_block, stream=stream, **pdl)
-            grid, block = self.grid_and_block(t, d)
+            grid, block = self.grid_and_block(t, d, self.phased_vec)
             self.linked_reduce_kernel(mOut, mY, mWs).launch(grid=grid, block=block, stream=stream, **pdl)
         else:
             grid, log2_slice = self.scatter_launch(t, a, d)
-            self.scatter_kernel(mOut, mY, mTok, mN, log2_slice).launch(
-                grid=grid, block=(SCATTER_THREADS, 1, 1), stream=stream)
+            kernel = self.scatter_kernel if const_expr(self.phased_vec is None) else self.scatter_phased_kernel
+            kernel(mOut, mY, mTok, mN, log2_slice).launch(grid=grid, block=(SCATTER_THREADS, 1, 1), stream=stream)
 
     def fake_args(self):
         """Compile-time stand-ins for ``__call__``'s arguments, every size dynamic."""

@@ -41,12 +41,21 @@ scatter_add_dense_tokens:
     "atomic" (small problems, where the extra launches would cost more than they save):
         atomic adds, like MSLK: vector reductions as wide as the rows admit (REDG.ADD.BF16x8 /
         F16x8 / F32x4 on 16-byte rows, BF16x4 / F16x4 / F32x2 on 8-byte ones, BF16x2 / F16x2 on
-        4-byte ones); 16-bit rows of one element per access add the aligned 4-byte words of the
-        out row, BF16x2 / F16x2 with -0.0 (the exact identity) in a half outside the row, as
-        torch's index_add_ (Hopper's lone bf16 / fp16 atomic add is a compare-and-swap loop).
+        4-byte ones); rows of one element per access run phased (below), their edges adding
+        aligned 4-byte words of the out row, BF16x2 / F16x2 with -0.0 (the exact identity) in a
+        half outside the row, as torch's index_add_ (Hopper's lone bf16 / fp16 atomic add is a
+        compare-and-swap loop), or single fp32 elements.
         A token that receives several rows (top_k > 1) gets them in an unspecified order and,
         for bf16/fp16, each addition rounds to the output dtype (as MSLK); fp32 atomic adds
         flush subnormals (hardware semantics, as CUDA's atomicAdd).
+
+Rows of one element per access (odd widths, or bases off a 16-byte boundary) are phased in the
+gather, the atomic scatter and the linked reduction: each out row is cut into a head, a middle of
+aligned 16-byte vectors and a tail (fewer than 16 bytes each); a middle vector's source bytes sit
+at another offset in their row (one per row), so they are read as the two aligned 16-byte loads
+around them and moved into place in registers (``_word_shift.shifted_words``), and the head and
+tail go one element (or, in the atomic scatter's 16-bit rows, one word) at a time. The sorted
+reduction keeps one element per access.
 
 Gather: token indices must lie in [0, T) for rows below n (not checked on the device, as MSLK). Sizes T,
 A, D, E are dynamic. ``sig["vec_bytes"]``: every row starts on a multiple of it and D * itemsize
@@ -116,17 +125,20 @@ MULTI_ROW_MIN_BYTES = 20 << 20
 LINKED_UNROLL_8_BYTE = 2
 
 
-# 16-bit rows of one element per access (odd widths) at top-1 and top-2 (at most two rows a
-# token) take the atomic method at every size, unroll 4: their packed atomic words (two elements a
-# red.add) cost less than the linked method's index passes and its gather of one element per
-# access. CUDA-graph replays, bf16, us, the size rule's pick (linked + pdl, unroll 4) -> atomic
-# unroll 4 (docs/benchmarks.md "scatter_add on one-element rows: atomics at top-1 and top-2"):
-# H100 top-1 14064 x 4887 260.8 -> 195.4, 29649 x 6059 581.4 -> 513.5; H200 top-2 9011 x 5113
-# 199.6 -> 144.5, 20000 x 4887 426.4 -> 309.2, 8192 x 969 32.7 -> 32.1, 4096 x 3333 57.1 -> 52.7;
-# top-1 at 69-3333 elements 1.1-1.3x. More rows a token keep the size rule: at top-8 linked won
-# on the H200 at 69, 969, 1453 and 3333 elements (148.9 against 162.6 us at 4096 x 3333) and tied
-# at 423, while on the H100 atomics won at 4887-6059 (245.5 against 275.5 at 4219 x 4887).
-ONE_ELEMENT_ATOMIC_UNROLL = 4
+# Rows of one element per access (odd widths) run phased (``_cute_moe_gather_scatter``: the out
+# row's aligned middle in 16-byte accesses), and the size rule picks their method as for vector
+# rows: unroll 2 in the linked reduction (its fp32 sums take 48 / 64 / 96 registers a thread at
+# unroll 1 / 2 / 4), 1 in the atomic kernel (32 registers against 74 at unroll 4). H100, bf16,
+# top-1 / 2 / 8, rows of 75-7001 elements, CUDA-graph replays, every method timed
+# (docs/benchmarks.md "MoE gather and scatter on one-element rows: phased"): linked + pdl was
+# the fastest method at every point of 20 MiB and more; its unroll 2 was within 1% of the best
+# unroll at 21 of 30 points and at most 5.7% behind (unroll 4 at 20000 x 4887, top-8), while
+# unroll 4 ran up to 1.35x slower than 2 on rows of 75-333; atomic unroll 1 was the fastest
+# atomic config at every point. The phased linked reduction is 1.06-1.62x faster than the phased
+# atomics at top-1 and top-2 from 20 MiB up (20000 x 4887: 262.0 -> 204.1 us at top-1, 374.4 ->
+# 273.2 at top-2); the one-element linked reduction before it lost to packed-word atomics there.
+# fp32 one-element rows take the same rule (not timed).
+PHASED_LINKED_UNROLL, PHASED_ATOMIC_UNROLL = 2, 1
 
 
 def _scatter_heuristic(target, sig, problem):
@@ -136,13 +148,13 @@ def _scatter_heuristic(target, sig, problem):
     # 84-86 us for the sorted method (the earlier choice), 81-83 us for sorted + pdl; unroll 4
     # within 1% of the best unroll at every point. The sorted method stays selectable.
     rows, tokens = int(problem.get("A", 65536)), int(problem.get("T", 65536))
-    if limits.one_element(sig) and limits.ELEM_BYTES[sig["dtype"]] == 2 and rows <= 2 * tokens:
-        unroll = ONE_ELEMENT_ATOMIC_UNROLL if _unroll(target, problem) > 1 else 1
-        return {"unroll": unroll, "method": "atomic", "pdl": False}
+    phased = limits.one_element(sig)
     several = 0 < tokens and 2 * tokens <= rows
     min_bytes = MULTI_ROW_MIN_BYTES if several else shared.SORTED_MIN_BYTES
     if shared.scatter_method(sig, problem, min_bytes) == "atomic":
-        return {"unroll": _unroll(target, problem), "method": "atomic", "pdl": False}
+        return {"unroll": PHASED_ATOMIC_UNROLL if phased else _unroll(target, problem), "method": "atomic", "pdl": False}
+    if phased:
+        return {"unroll": PHASED_LINKED_UNROLL, "method": "linked", "pdl": True}
     eight_byte_16_bit = sig["vec_bytes"] == 8 and limits.ELEM_BYTES[sig["dtype"]] == 2
     return {"unroll": LINKED_UNROLL_8_BYTE if eight_byte_16_bit else 4, "method": "linked", "pdl": True}
 

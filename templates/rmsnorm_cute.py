@@ -29,7 +29,7 @@ its stores: read there, each weight vector was a round trip after the store befo
 phased rows (odd hidden sizes) the weight under the aligned middle of x sits at another offset
 from a 16-byte boundary in every row: it is read one element per load, or, with the config key
 ``"weight": "vectors"``, in the aligned 16-byte loads around it, moved into place in registers
-(``shifted_weight_words``).
+(``_word_shift.shifted_words``).
 """
 import functools
 import operator
@@ -37,6 +37,7 @@ import operator
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates import _rowwise_plan as plan
+from mslk_dsl.templates._word_shift import shifted_words
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -224,24 +225,6 @@ def _plain_heuristic(sig, problem, residual: bool):
     return plan.pick(configs, sig, n, arrays=ARRAYS)
 
 
-def shifted_weight_words(words, offset, count: int, select, funnel=None) -> list:
-    """The ``count`` 32-bit words that start ``offset`` bytes (0-15, a multiple of the element
-    size) into ``words``: the little-endian 32-bit words of consecutive 16-byte loads, at least
-    count + 4 of them. A run-time offset cannot index registers (that goes to local memory), so
-    word m is built from selects and a funnel shift: words[m + offset // 4] by two selects on the
-    offset's bits 2 and 3, then, where the offset is not a multiple of 4 (16-bit elements;
-    ``funnel(lo, hi, bits)`` given), the pair (that word, the next) shifted right by 8 * (offset %
-    4) bits. Plain Python over the given ``select(cond, a, b)`` and ``funnel``, so the same code
-    builds the kernel's instructions and, on integers, checks itself in a CPU test."""
-    odd, two = (offset & 4) != 0, (offset & 8) != 0
-    near = [select(odd, words[k + 1], words[k]) for k in range(count + 3)]
-    word = [select(two, near[m + 2], near[m]) for m in range(count + 1)]
-    if funnel is None:
-        return word[:count]
-    bits = (offset & 3) * 8
-    return [funnel(word[m], word[m + 1], bits) for m in range(count)]
-
-
 def _build(config, target, sig, residual):
     import cutlass
     import cutlass.cute as cute
@@ -279,7 +262,7 @@ def _build(config, target, sig, residual):
         wvec = 1 if phased else min(vec, 16 // (wdtype.width // 8))
         wparts = vec // wvec
         # The phased middle's weight read as aligned 16-byte words and shifted into place
-        # (config key "weight": "vectors"; see shifted_weight_words).
+        # (config key "weight": "vectors"; see _word_shift.shifted_words).
         shifted = phased and config.get("weight") == "vectors"
         w_bytes = vec * wdtype.width // 8          # weight bytes under one vector of x: 16 or 32
         w_loads = w_bytes // 16 + 1                # 16-byte loads that cover them at any offset
@@ -349,7 +332,7 @@ def _build(config, target, sig, residual):
             flat = [words[e % 4, e // 4, col] for e in range(4 * w_loads)]
             packed = cute.make_rmem_tensor(w_bytes // 4, Int32)
             funnel = funnel_right if const_expr(wdtype.width == 16) else None   # an fp32 weight: whole words
-            for m, word in enumerate(shifted_weight_words(flat, woff, w_bytes // 4, select, funnel)):
+            for m, word in enumerate(shifted_words(flat, woff, w_bytes // 4, select, funnel)):
                 packed[m] = word
             values = cute.recast_tensor(packed, wdtype).load()
             if const_expr(ss is not None):

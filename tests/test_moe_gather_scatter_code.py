@@ -2,8 +2,13 @@
 
 - The atomic scatter on rows of one 16-bit element per access (odd widths): Hopper and CDNA3
   have no lone bf16 / fp16 atomic add (a compare-and-swap loop), so both templates add aligned
-  4-byte words of two halves with the packed atomic. tests/gpu/test_moe_cute.py::
-  test_scatter_word_pairs checks the sums on the GPU.
+  4-byte words of two halves with the packed atomic (the CuTe template on a row's edges, around
+  its phased middle). tests/gpu/test_moe_cute.py::test_scatter_word_pairs checks the sums on
+  the GPU.
+- The CuTe gather and atomic scatter on rows of one element per access run them phased: the out
+  row's aligned middle in 16-byte accesses (vector stores, vector atomics), each from the two
+  aligned 16-byte loads around its source. tests/gpu/test_moe_cute.py::test_*_phased_rows check
+  them on the GPU.
 - The FlyDSL row kernels reach gathered rows (anywhere in their tensor, different in each lane
   of a wave) through per-lane global addresses, and a block's own rows through one descriptor
   per wave: a buffer access through a per-lane descriptor compiles into a readfirstlane loop
@@ -43,6 +48,30 @@ def test_cute_scatter_adds_word_pairs(tmp_path, dtype, packed):
     sass = subprocess.run([tool, entry.file("kernel.cubin")], capture_output=True, text=True, check=True).stdout
     assert len(re.findall(rf"\bREDG\.E\.ADD\.{packed}\b", sass)) == ATOMIC["unroll"]
     assert not re.search(r"\bATOMG\.E\.CAS\b", sass), "a compare-and-swap loop"
+
+
+def _sass_counts(entry) -> dict:
+    tool = resources.nvdisasm()
+    if not tool:
+        pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+    sass = subprocess.run([tool, entry.file("kernel.cubin")], capture_output=True, text=True, check=True).stdout
+    ops = re.findall(r"\b((?:LDG|STG|REDG)\.E[\w.]*)", sass)
+    return {op: ops.count(op) for op in set(ops)}
+
+
+@pytest.mark.parametrize("dtype,vector", [("bfloat16", "BF16x8"), ("float16", "F16x8"), ("float32", "F32x4")])
+def test_cute_one_element_rows_move_16_bytes_an_access(tmp_path, dtype, vector):
+    """The phased gather and atomic scatter (unroll 4): per thread, two 16-byte loads for each
+    middle vector, and four 16-byte stores (gather) or vector atomics (scatter); the edges and
+    indices take the narrow accesses."""
+    sig = {"dtype": dtype, "vec_bytes": 4 if dtype == "float32" else 2, "has_valid_count": False}
+    gather = _sass_counts(_build(tmp_path / "g", "moe_gather_scatter_cute.gather_scale_dense_tokens",
+                                 {"unroll": 4}, "sm90a", {**sig, "score_dtype": "bfloat16"}))
+    assert gather.get("LDG.E.128") == 8 and gather.get("STG.E.128") == 4, gather
+    scatter = _sass_counts(_build(tmp_path / "s", "moe_gather_scatter_cute.scatter_add_dense_tokens", ATOMIC,
+                                  "sm90a", sig))
+    assert scatter.get("LDG.E.128") == 8, scatter
+    assert sum(n for op, n in scatter.items() if op.startswith(f"REDG.E.ADD.{vector}.")) == 4, scatter
 
 
 @pytest.mark.parametrize("dtype,packed", [("bfloat16", "bf16"), ("float16", "f16")])

@@ -161,14 +161,14 @@ def test_narrow_rows_take_their_measured_picks():
     assert scatter.heuristic("sm90a", sig(8), big) == {"unroll": 2, "method": "linked", "pdl": True}
     assert scatter.heuristic("sm90a", sig(4), big)["unroll"] == 4
     assert scatter.heuristic("sm90a", sig(8, "float32"), big)["unroll"] == 4
-    # 16-bit rows of one element per access at top-1 and top-2: atomics (packed words) at every
-    # size, unroll 4 but for rows fewer than the SMs; top-8 and fp32 rows keep the size rule
-    for rows, tokens in ((60000, 30000), (60000, 60000)):
-        assert scatter.heuristic("sm90a", sig(2), {"A": rows, "T": tokens, "D": 4887}) == {
-            "unroll": 4, "method": "atomic", "pdl": False}
-    assert scatter.heuristic("sm90a", sig(2, "float16"), {"A": 7, "T": 7, "D": 4887})["unroll"] == 1
-    assert scatter.heuristic("sm90a", sig(2), {"A": 80000, "T": 10000, "D": 4887})["method"] == "linked"
-    assert scatter.heuristic("sm90a", sig(4, "float32"), {"A": 60000, "T": 30000, "D": 4887})["method"] == "linked"
+    # Rows of one element per access (phased): the size rule's method, linked at unroll 2 and
+    # atomic at unroll 1, every top-k and dtype
+    for dtype, vec_bytes in (("bfloat16", 2), ("float16", 2), ("float32", 4)):
+        for rows, tokens in ((60000, 30000), (60000, 60000), (80000, 10000)):
+            assert scatter.heuristic("sm90a", sig(vec_bytes, dtype), {"A": rows, "T": tokens, "D": 4887}) == {
+                "unroll": 2, "method": "linked", "pdl": True}
+        assert scatter.heuristic("sm90a", sig(vec_bytes, dtype), {"A": 3000, "T": 3000, "D": 2049}) == {
+            "unroll": 1, "method": "atomic", "pdl": False}
     for op in ("quantize_fp8_row", "silu_mul_quant"):
         t = _cute(op)
         qsig = {"dtype": "bfloat16", "vec_bytes": 8, "has_scale_ub": False}
@@ -468,14 +468,15 @@ def test_staged_tiles_hold_a_row_in_shared_memory_within_the_budget():
 
 
 
-@pytest.mark.parametrize("element_bytes, weight_bytes", [(2, 16), (2, 32), (4, 32)])
-def test_shifted_weight_words_move_any_offset_into_place(element_bytes, weight_bytes):
-    """rmsnorm's "vectors" weight (a phased row's weight read as 16-byte loads and moved into
-    place; ``rmsnorm_cute.shifted_weight_words``), run on integers with the kernel's select and
-    funnel shift: for every offset an element can start at, the words are the weight bytes from
-    that offset. 16-byte loads of 2-byte elements (bf16 x, same-dtype weight: 16 bytes under a
-    vector of 8) and of 4-byte ones (an fp32 weight: 32 bytes under 8 bf16 values)."""
-    from mslk_dsl.templates.rmsnorm_cute import shifted_weight_words
+@pytest.mark.parametrize("element_bytes, weight_bytes", [(2, 16), (2, 32), (4, 32), (4, 16)])
+def test_shifted_words_move_any_offset_into_place(element_bytes, weight_bytes):
+    """Bytes at a run-time offset read as 16-byte loads and moved into place
+    (``_word_shift.shifted_words``: rmsnorm's "vectors" weight, the MoE gather's phased rows),
+    run on integers with the kernel's select and funnel shift: for every offset an element can
+    start at, the words are the bytes from that offset. 16-byte loads of 2-byte elements (16
+    bytes under a vector of 8 bf16) and of 4-byte ones (an fp32 weight: 32 bytes under 8 bf16
+    values; an fp32 gather row: 16 bytes under 4)."""
+    from mslk_dsl.templates._word_shift import shifted_words
 
     def select(cond, a, b):
         return a if cond else b
@@ -489,7 +490,7 @@ def test_shifted_weight_words_move_any_offset_into_place(element_bytes, weight_b
         data = bytes(rng.randrange(256) for _ in range(16 * loads))
         words = [int.from_bytes(data[4 * i:4 * i + 4], "little") for i in range(4 * loads)]
         for offset in range(0, 16, element_bytes):
-            got = shifted_weight_words(words, offset, weight_bytes // 4, select,
+            got = shifted_words(words, offset, weight_bytes // 4, select,
                                        funnel_right if element_bytes == 2 else None)
             want = [int.from_bytes(data[offset + 4 * m:offset + 4 * m + 4], "little")
                     for m in range(weight_bytes // 4)]

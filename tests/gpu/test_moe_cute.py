@@ -130,9 +130,11 @@ def _routing(t, e, k, seed):
 
 
 def _check_gather(t, d, k=2, e=16, dtype=torch.bfloat16, score_dtype=torch.bfloat16, n_valid=None,
-                  column_major=False, config=None):
+                  column_major=False, config=None, x_offset=0):
+    """x_offset: x starts that many elements past a 16-byte boundary."""
     g = _gen(t + d)
-    x = torch.randn(t, d, device="cuda", generator=g).to(dtype)
+    store = torch.randn(t * d + x_offset, device="cuda", generator=g).to(dtype)
+    x = store[x_offset:].view(t, d)
     scores = torch.rand(e, t, device="cuda", generator=g).to(score_dtype).t()    # column-major
     if not column_major:
         scores = scores.contiguous()
@@ -179,6 +181,26 @@ def test_gather_options():
     _check_gather(1000, 4100, k=1, dtype=torch.float32)  # 16-byte rows, D not a multiple of 8
     _check_gather(1000, 5120, k=8, n_valid=3333)         # padded rows are left alone
     _check_gather(1000, 5120, k=8, n_valid=0)
+
+
+@hopper
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32))
+@pytest.mark.parametrize("unroll", (1, 4, 8))
+def test_gather_phased_rows(dtype, unroll):
+    """Rows of one element per access are gathered phased: each out row's aligned middle from the
+    two 16-byte loads around its source, shifted into place, the head and tail one element at a
+    time. Every width 1-40 (rows with no middle, a middle and no edge, both edges) and long odd
+    ones (40001: several chunks a row), x at each element offset from a 16-byte boundary (even
+    widths too then take one element per access), few rows and many, valid_token_count;
+    bit-exact against the reference."""
+    config = {"unroll": unroll}
+    per_16 = 128 // torch.finfo(dtype).bits   # elements in 16 bytes
+    for d in list(range(1, 41)) + [93, 1001, 5121]:
+        for x_offset in range(per_16):
+            _check_gather(37, d, k=3, dtype=dtype, x_offset=x_offset, config=config)
+    for d in (7, 333, 4097, 40001):
+        _check_gather(20000 if d < 40000 else 200, d, k=2, dtype=dtype, x_offset=3 % per_16, config=config)
+        _check_gather(1001, d, k=3, dtype=dtype, n_valid=1500, config=config)
 
 
 # ------------------------------------------------------------------ scatter_add_dense_tokens
@@ -336,6 +358,44 @@ def test_scatter_word_pairs(dtype, d):
     bits = torch.int16
     assert torch.equal(out.view(bits), ref.view(bits)), f"d={d} {dtype}"
     assert torch.equal(store[[0, -1]].view(bits), before[[0, -1]].view(bits))
+
+
+@hopper
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32))
+@pytest.mark.parametrize("unroll", (1, 2, 4, 8))
+@pytest.mark.parametrize("method", ("atomic", "linked"))
+def test_scatter_phased_rows(dtype, unroll, method):
+    """The atomic and linked methods on rows of one element per access, phased: each out row's
+    aligned middle in 16-byte vectors (vector atomics, or one fp32 sum per vector) of the input
+    rows' bytes shifted into place, its head and tail by edge words (atomic, 16-bit: a half
+    outside the row adding -0.0) or elements. Every width 1-40 and long odd ones (40001: several
+    chunks a row), out and y each at every element offset from a 16-byte boundary (even widths
+    too then take one element per access), exact integer sums, -0.0 kept bit for bit where
+    nothing is added, skipped tokens, and the elements either side of out untouched."""
+    config = {"unroll": unroll, "method": method, "pdl": method == "linked"}
+    per_16 = 128 // torch.finfo(dtype).bits   # elements in 16 bytes
+    bits = {2: torch.int16, 4: torch.int32}[dtype.itemsize]
+    g = _gen(unroll)
+    shapes = [(61, d, 3, off) for d in list(range(1, 41)) + [93, 1001, 5121] for off in range(per_16)]
+    shapes += [(20000, 333, 2, 3 % per_16), (3001, 4097, 1, 1), (1001, 7, 8, 0), (200, 40001, 2, 1)]
+    for t, d, k, off in shapes:
+        store = torch.full((t * d + 2 * per_16,), -0.0, dtype=dtype, device="cuda")
+        out = store[off:off + t * d].view(t, d)
+        out.copy_(torch.randint(-8, 8, (t, d), device="cuda", generator=g).to(dtype))
+        out.view(-1)[::7] = -0.0
+        y_off = (3 * off + 1) % per_16
+        y = torch.randint(-8, 8, (t * k * d + y_off,), device="cuda", generator=g).to(dtype)[y_off:].view(t * k, d)
+        tok = torch.randint(0, max(t // 2, 1), (t * k,), device="cuda", generator=g, dtype=torch.int32)
+        tok[min(5, t * k - 1)] = -1
+        tok[-1] = t
+        keep = (tok >= 0) & (tok < t)
+        ref = out.double().index_add(0, tok[keep].long(), y[keep].double()).to(dtype)
+        before = store.clone()
+        assert ops.scatter_add_dense_tokens(out, y, tok, config=config) is None
+        assert torch.equal(out.view(bits), ref.view(bits)), f"T={t} D={d} k={k} out+{off} y+{y_off} {dtype}"
+        outside = torch.ones_like(store, dtype=torch.bool)
+        outside[off:off + t * d] = False
+        assert torch.equal(store[outside].view(bits), before[outside].view(bits)), f"D={d} out+{off}: outside written"
 
 
 # ------------------------------------------------------------------ the three together
