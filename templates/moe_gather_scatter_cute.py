@@ -49,13 +49,14 @@ scatter_add_dense_tokens:
         for bf16/fp16, each addition rounds to the output dtype (as MSLK); fp32 atomic adds
         flush subnormals (hardware semantics, as CUDA's atomicAdd).
 
-Rows of one element per access (odd widths, or bases off a 16-byte boundary) are phased in the
-gather, the atomic scatter and the linked reduction: each out row is cut into a head, a middle of
+Rows that admit no 16-byte access (odd widths, widths that are not a multiple of 16 bytes, bases
+off a 16-byte boundary) are phased in the gather and the linked reduction, and rows of one
+element per access also in the atomic scatter: each out row is cut into a head, a middle of
 aligned 16-byte vectors and a tail (fewer than 16 bytes each); a middle vector's source bytes sit
 at another offset in their row (one per row), so they are read as the two aligned 16-byte loads
 around them and moved into place in registers (``_word_shift.shifted_words``), and the head and
 tail go one element (or, in the atomic scatter's 16-bit rows, one word) at a time. The sorted
-reduction keeps one element per access.
+reduction and the atomic scatter on rows of 4- and 8-byte accesses keep their access width.
 
 Gather: token indices must lie in [0, T) for rows below n (not checked on the device, as MSLK). Sizes T,
 A, D, E are dynamic. ``sig["vec_bytes"]``: every row starts on a multiple of it and D * itemsize
@@ -96,19 +97,12 @@ def _unroll(target, problem) -> int:
     return 1 if rows < limits.MULTIPROCESSORS[target] else 4
 
 
-# Gather on rows of 4-byte accesses (16-bit rows of an even length, not a multiple of 4): 8
-# vectors per thread, which keeps 32 bytes of the row in flight per thread where 4 keep 16.
-# H200, bf16, top-2, CUDA-graph replays (docs/benchmarks.md "Rows of 8-byte accesses"): 24261 x
-# 5586 326 against 373 us, 99205 x 4458 1051 against 1097 us. Rows of 8 and 16 bytes keep 4 (8
-# was within 2% of it or slower at 7 of 8 sizes timed).
-NARROW_GATHER_UNROLL = 8
-
-
 def _heuristic(target, sig, problem):
-    unroll = _unroll(target, problem)
-    if unroll > 1 and sig["vec_bytes"] == 4 and not limits.one_element(sig):
-        unroll = NARROW_GATHER_UNROLL
-    return {"unroll": unroll}
+    # Rows narrower than 16-byte accesses run phased at unroll 4 too: 1.04-1.18x the 4- and
+    # 8-byte accesses they replaced, each at its fastest unroll (H100, bf16, top-2, 9 rows of
+    # 66-11342 elements; docs/benchmarks.md "MoE gather and scatter on one-element rows:
+    # phased"), which had taken unroll 8 on 4-byte rows.
+    return {"unroll": _unroll(target, problem)}
 
 
 # Tokens that receive two or more rows each (A >= 2 T: top_k >= 2) leave the atomic method at a
@@ -118,26 +112,28 @@ def _heuristic(target, sig, problem):
 # against 26.7-28.3 us for atomics; at 8 MiB 12.5 against 11.2 us; top-8 at 13 MiB 13.4-13.6
 # against 12.6 us. Top-1 keeps SORTED_MIN_BYTES (at 21 MiB its atomics are 0.5-0.8 us faster).
 MULTI_ROW_MIN_BYTES = 20 << 20
-# The linked method on 16-bit rows of 8-byte accesses (a multiple of 4 long, not of 8): unroll
-# 2, faster than 4 at all 8 sizes timed, by 5-20% (H200, bf16, top-2, D 1052-20756,
-# docs/benchmarks.md "Rows of 8-byte accesses"). On rows of 4-byte accesses unroll 2 ran
-# 1.3-1.4x slower than 4, which they keep.
-LINKED_UNROLL_8_BYTE = 2
 
 
-# Rows of one element per access (odd widths) run phased (``_cute_moe_gather_scatter``: the out
-# row's aligned middle in 16-byte accesses), and the size rule picks their method as for vector
-# rows: unroll 2 in the linked reduction (its fp32 sums take 48 / 64 / 96 registers a thread at
-# unroll 1 / 2 / 4), 1 in the atomic kernel (32 registers against 74 at unroll 4). H100, bf16,
-# top-1 / 2 / 8, rows of 75-7001 elements, CUDA-graph replays, every method timed
-# (docs/benchmarks.md "MoE gather and scatter on one-element rows: phased"): linked + pdl was
-# the fastest method at every point of 20 MiB and more; its unroll 2 was within 1% of the best
-# unroll at 21 of 30 points and at most 5.7% behind (unroll 4 at 20000 x 4887, top-8), while
-# unroll 4 ran up to 1.35x slower than 2 on rows of 75-333; atomic unroll 1 was the fastest
-# atomic config at every point. The phased linked reduction is 1.06-1.62x faster than the phased
-# atomics at top-1 and top-2 from 20 MiB up (20000 x 4887: 262.0 -> 204.1 us at top-1, 374.4 ->
-# 273.2 at top-2); the one-element linked reduction before it lost to packed-word atomics there.
-# fp32 one-element rows take the same rule (not timed).
+# Rows narrower than 16-byte accesses run phased in the linked reduction, and so do rows of one
+# element per access (odd widths) in the atomic kernel (``_cute_moe_gather_scatter``: the out
+# row's aligned middle in 16-byte accesses); the size rule picks their method as for vector rows.
+# Unroll 2 in the phased linked reduction (its fp32 sums take 48 / 64 / 96 registers a thread at
+# unroll 1 / 2 / 4), 1 in the phased atomic kernel (32 registers against 74 at unroll 4).
+# H100, bf16, top-1 / 2 / 8, CUDA-graph replays, every method timed (docs/benchmarks.md "MoE
+# gather and scatter on one-element rows: phased"):
+#  - one-element rows of 75-7001: linked + pdl was the fastest method at every point of 20 MiB
+#    and more; its unroll 2 within 1% of the best unroll at 21 of 30 points and at most 5.7%
+#    behind (unroll 4 at 20000 x 4887, top-8), unroll 4 up to 1.35x slower than 2 on rows of
+#    75-333; atomic unroll 1 the fastest atomic config at every point. The phased linked
+#    reduction is 1.06-1.62x faster than the phased atomics at top-1 and top-2 from 20 MiB up
+#    (20000 x 4887: 262.0 -> 204.1 us at top-1, 374.4 -> 273.2 at top-2); the one-element linked
+#    reduction before it lost to packed-word atomics there.
+#  - rows of 4- and 8-byte accesses (66-11342): the phased linked reduction at its fastest unroll
+#    against the 4- and 8-byte one at its own, faster at 23 of 27 points (by up to 1.19x: 20559 x
+#    8206 at top-1, 354.8 against 422.9 us), at most 3.3% slower (93365 x 84, top-8). Their
+#    atomic kernel keeps its vector accesses: phased it ran up to 1.56x slower on short rows
+#    (93365 x 84 at top-2: 54.4 against 34.8 us).
+# fp32 rows take the same rule (not timed).
 PHASED_LINKED_UNROLL, PHASED_ATOMIC_UNROLL = 2, 1
 
 
@@ -148,15 +144,12 @@ def _scatter_heuristic(target, sig, problem):
     # 84-86 us for the sorted method (the earlier choice), 81-83 us for sorted + pdl; unroll 4
     # within 1% of the best unroll at every point. The sorted method stays selectable.
     rows, tokens = int(problem.get("A", 65536)), int(problem.get("T", 65536))
-    phased = limits.one_element(sig)
     several = 0 < tokens and 2 * tokens <= rows
     min_bytes = MULTI_ROW_MIN_BYTES if several else shared.SORTED_MIN_BYTES
     if shared.scatter_method(sig, problem, min_bytes) == "atomic":
-        return {"unroll": PHASED_ATOMIC_UNROLL if phased else _unroll(target, problem), "method": "atomic", "pdl": False}
-    if phased:
-        return {"unroll": PHASED_LINKED_UNROLL, "method": "linked", "pdl": True}
-    eight_byte_16_bit = sig["vec_bytes"] == 8 and limits.ELEM_BYTES[sig["dtype"]] == 2
-    return {"unroll": LINKED_UNROLL_8_BYTE if eight_byte_16_bit else 4, "method": "linked", "pdl": True}
+        unroll = PHASED_ATOMIC_UNROLL if limits.one_element(sig) else _unroll(target, problem)
+        return {"unroll": unroll, "method": "atomic", "pdl": False}
+    return {"unroll": PHASED_LINKED_UNROLL if sig["vec_bytes"] < 16 else 4, "method": "linked", "pdl": True}
 
 
 def _build_gather(config, target, sig):

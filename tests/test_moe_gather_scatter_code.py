@@ -5,9 +5,9 @@
   4-byte words of two halves with the packed atomic (the CuTe template on a row's edges, around
   its phased middle). tests/gpu/test_moe_cute.py::test_scatter_word_pairs checks the sums on
   the GPU.
-- The CuTe gather and atomic scatter on rows of one element per access run them phased: the out
-  row's aligned middle in 16-byte accesses (vector stores, vector atomics), each from the two
-  aligned 16-byte loads around its source. tests/gpu/test_moe_cute.py::test_*_phased_rows check
+- The CuTe gather and atomic scatter on rows of one element per access run them phased (the
+  gather also rows of 4- and 8-byte accesses): the out row's aligned middle in 16-byte accesses
+  (vector stores, vector atomics), each from the two aligned 16-byte loads around its source. tests/gpu/test_moe_cute.py::test_*_phased_rows check
   them on the GPU.
 - The FlyDSL row kernels reach gathered rows (anywhere in their tensor, different in each lane
   of a wave) through per-lane global addresses, and a block's own rows through one descriptor
@@ -61,9 +61,10 @@ def _sass_counts(entry) -> dict:
 
 @pytest.mark.parametrize("dtype,vector", [("bfloat16", "BF16x8"), ("float16", "F16x8"), ("float32", "F32x4")])
 def test_cute_one_element_rows_move_16_bytes_an_access(tmp_path, dtype, vector):
-    """The phased gather and atomic scatter (unroll 4): per thread, two 16-byte loads for each
-    middle vector, and four 16-byte stores (gather) or vector atomics (scatter); the edges and
-    indices take the narrow accesses."""
+    """The phased gather and atomic scatter (unroll 4) on rows of one element per access, and
+    the gather on rows of 4- and 8-byte accesses: per thread, two 16-byte loads for each middle
+    vector, and four 16-byte stores (gather) or vector atomics (scatter); the edges and indices
+    take the narrow accesses."""
     sig = {"dtype": dtype, "vec_bytes": 4 if dtype == "float32" else 2, "has_valid_count": False}
     gather = _sass_counts(_build(tmp_path / "g", "moe_gather_scatter_cute.gather_scale_dense_tokens",
                                  {"unroll": 4}, "sm90a", {**sig, "score_dtype": "bfloat16"}))
@@ -72,6 +73,12 @@ def test_cute_one_element_rows_move_16_bytes_an_access(tmp_path, dtype, vector):
                                   "sm90a", sig))
     assert scatter.get("LDG.E.128") == 8, scatter
     assert sum(n for op, n in scatter.items() if op.startswith(f"REDG.E.ADD.{vector}.")) == 4, scatter
+    if dtype == "bfloat16":   # rows of 4- and 8-byte accesses: the gather runs them phased too
+        for vec_bytes in (4, 8):
+            narrow = _sass_counts(_build(tmp_path / f"n{vec_bytes}", "moe_gather_scatter_cute.gather_scale_dense_tokens",
+                                         {"unroll": 4}, "sm90a", {**sig, "vec_bytes": vec_bytes,
+                                                                  "score_dtype": "bfloat16"}))
+            assert narrow.get("LDG.E.128") == 8 and narrow.get("STG.E.128") == 4, (vec_bytes, narrow)
 
 
 @pytest.mark.parametrize("dtype,packed", [("bfloat16", "bf16"), ("float16", "f16")])

@@ -147,20 +147,24 @@ def _cute(op):
 
 def test_narrow_rows_take_their_measured_picks():
     """The heuristics' rules for rows of 8- and 4-byte accesses (docs/benchmarks.md, "Rows of
-    8-byte accesses"): the quantizers read no rest twice, gather holds 8 vectors
-    of 4-byte rows per thread, the linked scatter 2 vectors of 8-byte rows."""
+    8-byte accesses" and "MoE gather and scatter on one-element rows: phased"): the quantizers
+    read no rest twice; the gather and the linked scatter run such rows phased."""
     big = {"A": 60000, "T": 30000, "D": 5000}
     gather, scatter = _cute("gather_scale_dense_tokens"), _cute("scatter_add_dense_tokens")
 
     def sig(vec_bytes, dtype="bfloat16", **extra):
         return {"dtype": dtype, "vec_bytes": vec_bytes, "has_valid_count": False, **extra}
 
-    assert gather.heuristic("sm90a", sig(4, score_dtype="float32"), big)["unroll"] == 8
-    assert gather.heuristic("sm90a", sig(8, score_dtype="float32"), big)["unroll"] == 4
-    assert gather.heuristic("sm90a", sig(4, score_dtype="float32"), {**big, "A": 7})["unroll"] == 1
-    assert scatter.heuristic("sm90a", sig(8), big) == {"unroll": 2, "method": "linked", "pdl": True}
-    assert scatter.heuristic("sm90a", sig(4), big)["unroll"] == 4
-    assert scatter.heuristic("sm90a", sig(8, "float32"), big)["unroll"] == 4
+    # Rows narrower than 16-byte accesses run phased: the gather at unroll 4, the linked
+    # reduction at 2; their atomics keep vector accesses (unroll 4, 1 for few rows)
+    for vec_bytes in (2, 4, 8):
+        assert gather.heuristic("sm90a", sig(vec_bytes, score_dtype="float32"), big)["unroll"] == 4
+        assert gather.heuristic("sm90a", sig(vec_bytes, score_dtype="float32"), {**big, "A": 7})["unroll"] == 1
+        assert scatter.heuristic("sm90a", sig(vec_bytes), big) == {"unroll": 2, "method": "linked", "pdl": True}
+    assert scatter.heuristic("sm90a", sig(8, "float32"), big)["unroll"] == 2
+    assert scatter.heuristic("sm90a", sig(16), big)["unroll"] == 4
+    small = {"A": 3000, "T": 3000, "D": 2052}
+    assert scatter.heuristic("sm90a", sig(8), small) == {"unroll": 4, "method": "atomic", "pdl": False}
     # Rows of one element per access (phased): the size rule's method, linked at unroll 2 and
     # atomic at unroll 1, every top-k and dtype
     for dtype, vec_bytes in (("bfloat16", 2), ("float16", 2), ("float32", 4)):
