@@ -149,6 +149,14 @@ STAGED_MIDDLE_PICK = plan.config(224, 1, limits.VECTOR_BYTES // 2, 4) | {"stage"
 # (measured there), 8 lanes a row to 128 elements, 16 lanes for 256 (two inputs a row: the
 # 8-lane 256 tile lost at 163 and 251); rows of 257-512 keep the one-warp 512 tile.
 SHORT_GROUP_PICKS = [(128, 16, 8), (128, 16, 16), (128, 8, 16)]
+# 16-bit one-element rows of 513-1024 elements: 16 lanes a row, 8 rows a CTA (the 256 tile, the rest of
+# the row streamed: up to three passes) to 768 elements, 4 (the 512 tile) past it, rather than
+# the one-warp 1024 tile with a quarter or more of its lanes idle. H100, bf16, every config near
+# the row, CUDA-graph replays, us, one-warp tile -> this pick (docs/benchmarks.md "silu_mul_quant
+# on one-element rows of 513-1024"): 14603 x 597 30.8 -> 29.1, 50000 x 613 79.5 -> 70.3, 131072 x
+# 757 197.7 -> 178.2 (the 512 tile 30.5, 76.8, 193.3), 80000 x 883 136.2 -> 133.1, 30000 x 1019
+# 64.0 -> 62.1 (the 256 tile 141.4, 67.4).
+MIDDLE_ONE_ELEMENT_PICKS = ((768, (128, 8, 16)), (1024, (128, 4, 16)))
 
 
 def _heuristic(target, sig, problem):
@@ -156,6 +164,9 @@ def _heuristic(target, sig, problem):
     short = plan.short_group_pick(CONFIGS, sig, k, 2, SHORT_GROUP_PICKS, rest_past_64=True)
     if short is not None:
         return short
+    if limits.one_element(sig) and limits.ELEM_BYTES[sig["dtype"]] == 2 and 512 < k <= MIDDLE_ONE_ELEMENT_PICKS[-1][0]:
+        shape = next(shape for top, shape in MIDDLE_ONE_ELEMENT_PICKS if k <= top)
+        return plan.pick([c for c in CONFIGS if plan.has_shape(c, [], [shape])], sig, k, 2)
     if (sig["vec_bytes"] == limits.VECTOR_BYTES and limits.ELEM_BYTES[sig["dtype"]] == 2
             and STAGED_MIDDLE_ROWS[0] <= k <= STAGED_MIDDLE_ROWS[1]):
         return STAGED_MIDDLE_PICK

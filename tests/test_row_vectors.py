@@ -235,7 +235,8 @@ def test_short_rows_take_their_measured_tiles():
         assert quant(96, 16) == (128, 16, 2, 8)
         assert quant(250, 4) == (128, 8, 2, 8)
         assert quant(1826, 4) == (128, 2, 4, 8)     # one pass over a 2048 tile, not the 3072 one
-        assert quant(887, 2) == (128, 4, 32, 1)
+        # silu_mul_quant: MIDDLE_ONE_ELEMENT_PICKS (the test below)
+        assert quant(887, 2) == ((128, 4, 16, 1) if op == "silu_mul_quant" else (128, 4, 32, 1))
         assert quant(1987, 2) == (128, 4, 32, 1)     # one element per access: 1024 and the rest
         assert quant(1104, 16) == (128, 2, 4, 8)     # one pass, not the 1024 tile and its rest
 
@@ -264,6 +265,8 @@ def test_short_one_element_rows_take_the_group_tiles():
                 covering = min((k for k in tiles if k >= n), default=None)
                 expected = tiles[64] if rest_past_64 and n <= 80 else tiles.get(covering) if covering else None
                 if expected is None:   # past the group tiles: the template's earlier tiles
+                    if op == "silu_mul_quant" and n > 512:   # its rows of 513-1024: the test below
+                        continue
                     assert not plan.short_scalar_groups(c), (op, n, c)
                 else:
                     assert (tile.tpr, tile.rows_per_block, tile.row_k) == expected, (op, n, c)
@@ -590,3 +593,19 @@ def test_silu_mul_takes_its_fitted_one_element_tiles_for_16_bit_rows_of_2049_to_
             # the smallest covering one: 32 elements a thread, whole warps of 32 threads
             assert row_k - k < 1024, (sig, k, pick)
     assert plan.RowTile.of(t.heuristic("sm90a", {"dtype": "bfloat16", "vec_bytes": 2}, {"M": 8, "K": 4279})).row_k == 5120
+
+
+def test_silu_mul_quant_takes_16_lanes_on_one_element_rows_of_513_to_1024():
+    """silu_mul_quant_cute.MIDDLE_ONE_ELEMENT_PICKS: 16-bit one-element rows of 513-768 take the
+    256 tile of 8 rows a CTA, 769-1024 the 512 tile of 4, not the one-warp 1024 tile; the rows
+    around them and fp32 rows keep their picks."""
+    t = _cute("silu_mul_quant")
+    shape = lambda c: (c["threads"], c["rows_per_block"], c["chunks"], c["vec"])  # noqa: E731
+    for dtype in ("bfloat16", "float16"):
+        sig = {"dtype": dtype, "vec_bytes": 2, "has_scale_ub": False}
+        for k, want in ((513, (128, 8, 16, 1)), (757, (128, 8, 16, 1)), (768, (128, 8, 16, 1)),
+                        (769, (128, 4, 16, 1)), (1019, (128, 4, 16, 1))):
+            assert shape(t.heuristic("sm90a", sig, {"M": 50000, "K": k})) == want, (dtype, k)
+        assert shape(t.heuristic("sm90a", sig, {"M": 50000, "K": 511})) == (128, 4, 16, 1)
+    fp32 = {"dtype": "float32", "vec_bytes": 4, "has_scale_ub": False}
+    assert shape(t.heuristic("sm90a", fp32, {"M": 50000, "K": 757})) == (128, 4, 32, 1)
