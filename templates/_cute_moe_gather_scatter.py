@@ -243,69 +243,59 @@ class Gather(MoeRows):
     @cute.kernel
     def gather_kernel(self, mX: cute.Tensor, mTok: cute.Tensor, mExp: cute.Tensor, mScore: cute.Tensor,
                       mN: cute.Tensor, mOut: cute.Tensor):
-        self.gather_row(self.block_row(), mX, mTok, mExp, mScore, mN, mOut)
+        row = self.block_row()
+        if row < self.rows_to_do(mN, mOut.shape[0]):
+            t = mTok[row]
+            s = mScore[t, mExp[row]].to(Float32)
+            if const_expr(self.phased_vec is None):
+                self.gather_vectors(row, t, s, mX, mOut)
+            else:
+                self.gather_phased(row, t, s, mX, mOut)
 
     @cute.jit
-    def gather_row(self, row, mX: cute.Tensor, mTok: cute.Tensor, mExp: cute.Tensor, mScore: cute.Tensor,
-                   mN: cute.Tensor, mOut: cute.Tensor):
+    def gather_vectors(self, row, t, s, mX: cute.Tensor, mOut: cute.Tensor):
+        """out row ``row`` = x row ``t`` * s in the signature's vectors."""
         VEC, dtype = self.vec, self.dtype
-        if row < self.rows_to_do(mN, mOut.shape[0]):
-            t = mTok[row]
-            s = mScore[t, mExp[row]].to(Float32)
-            nvec = mX.shape[1] // VEC
-            ids, ok = self.vector_ids(nvec)
-            frags = self.load_row(cute.zipped_divide(mX[t, None], (VEC,)), ids)
-            out_vecs = cute.zipped_divide(mOut[row, None], (VEC,))
-            r = cute.make_rmem_tensor((VEC,), dtype)
-            for j in cutlass.range_constexpr(self.unroll):
-                if ok[j]:
-                    r.store((frags[j].load().to(Float32) * s).to(dtype))
-                    cute.autovec_copy(r, out_vecs[None, ids[j]])
-
-    @cute.kernel
-    def gather_phased_kernel(self, mX: cute.Tensor, mTok: cute.Tensor, mExp: cute.Tensor, mScore: cute.Tensor,
-                             mN: cute.Tensor, mOut: cute.Tensor):
-        self.gather_phased_row(self.block_row(), mX, mTok, mExp, mScore, mN, mOut)
+        ids, ok = self.vector_ids(mX.shape[1] // VEC)
+        frags = self.load_row(cute.zipped_divide(mX[t, None], (VEC,)), ids)
+        out_vecs = cute.zipped_divide(mOut[row, None], (VEC,))
+        r = cute.make_rmem_tensor((VEC,), dtype)
+        for j in cutlass.range_constexpr(self.unroll):
+            if ok[j]:
+                r.store((frags[j].load().to(Float32) * s).to(dtype))
+                cute.autovec_copy(r, out_vecs[None, ids[j]])
 
     @cute.jit
-    def gather_phased_row(self, row, mX: cute.Tensor, mTok: cute.Tensor, mExp: cute.Tensor, mScore: cute.Tensor,
-                          mN: cute.Tensor, mOut: cute.Tensor):
+    def gather_phased(self, row, t, s, mX: cute.Tensor, mOut: cute.Tensor):
+        """out row ``row`` = x row ``t`` * s, phased (see the class docstring)."""
         PV, dtype = self.phased_vec, self.dtype
-        if row < self.rows_to_do(mN, mOut.shape[0]):
-            t = mTok[row]
-            s = mScore[t, mExp[row]].to(Float32)
-            d = mX.shape[1]
-            pr = rw.phased_row(mOut, row, d, PV, True)
-            src = self.phased_source(mX, t, pr)
-            ids, ok = self.vector_ids(pr.nmid)
-            # The head and the tail: loaded with the middle, stored after it.
-            cols, mine = self.edge_slots(pr)
-            edges = cute.make_rmem_tensor((EDGE_SLOTS,), dtype)
-            for k in cutlass.range_constexpr(EDGE_SLOTS):
-                edges[k] = mX[t, cutlass.min(cols[k], d - 1)]
-            words = [cute.make_rmem_tensor((4, 2), Int32) for _ in range(self.unroll)]
-            for j in cutlass.range_constexpr(self.unroll):   # every load first
-                self.load_source(src, ids[j], words[j])
-            mid = pr.middle(mOut)
-            r = cute.make_rmem_tensor((PV,), dtype)
-            for j in cutlass.range_constexpr(self.unroll):
-                r.store((self.source_values(words[j], src[1]).to(Float32) * s).to(dtype))
-                if ok[j]:
-                    cute.autovec_copy(r, mid[None, ids[j]])
-            for k in cutlass.range_constexpr(EDGE_SLOTS):
-                if mine[k]:
-                    mOut[row, cols[k]] = (edges[k].to(Float32) * s).to(dtype)
+        d = mX.shape[1]
+        pr = rw.phased_row(mOut, row, d, PV, True)
+        src = self.phased_source(mX, t, pr)
+        ids, ok = self.vector_ids(pr.nmid)
+        # The head and the tail: loaded with the middle, stored after it.
+        cols, mine = self.edge_slots(pr)
+        edges = cute.make_rmem_tensor((EDGE_SLOTS,), dtype)
+        for k in cutlass.range_constexpr(EDGE_SLOTS):
+            edges[k] = mX[t, cutlass.min(cols[k], d - 1)]
+        words = [cute.make_rmem_tensor((4, 2), Int32) for _ in range(self.unroll)]
+        for j in cutlass.range_constexpr(self.unroll):   # every load first
+            self.load_source(src, ids[j], words[j])
+        mid = pr.middle(mOut)
+        r = cute.make_rmem_tensor((PV,), dtype)
+        for j in cutlass.range_constexpr(self.unroll):
+            r.store((self.source_values(words[j], src[1]).to(Float32) * s).to(dtype))
+            if ok[j]:
+                cute.autovec_copy(r, mid[None, ids[j]])
+        for k in cutlass.range_constexpr(EDGE_SLOTS):
+            if mine[k]:
+                mOut[row, cols[k]] = (edges[k].to(Float32) * s).to(dtype)
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mTok: cute.Tensor, mExp: cute.Tensor, mScore: cute.Tensor,
                  mN: cute.Tensor, mOut: cute.Tensor, stream):
-        if const_expr(self.phased_vec is None):
-            grid, block = self.grid_and_block(mOut.shape[0], mX.shape[1])
-            self.gather_kernel(mX, mTok, mExp, mScore, mN, mOut).launch(grid=grid, block=block, stream=stream)
-        else:
-            grid, block = self.grid_and_block(mOut.shape[0], mX.shape[1], self.phased_vec)
-            self.gather_phased_kernel(mX, mTok, mExp, mScore, mN, mOut).launch(grid=grid, block=block,
-                                                                               stream=stream)
+        grid, block = self.grid_and_block(mOut.shape[0], mX.shape[1], self.phased_vec)
+        self.gather_kernel(mX, mTok, mExp, mScore, mN, mOut).launch(grid=grid, block=block, stream=stream)
 
     def fake_args(self):
         """Compile-time stand-ins for ``__call__``'s arguments, every size dynamic."""
@@ -354,12 +344,19 @@ class Scatter(MoeRows):
     @cute.kernel
     def scatter_kernel(self, mOut: cute.Tensor, mY: cute.Tensor, mTok: cute.Tensor, mN: cute.Tensor,
                        log2_slice: Int32):
-        # Block (b, c): slice c (slots [c * slice, (c + 1) * slice)) of rows_per_block rows; a
-        # slot is a vector of the row.
-        VEC, dtype = self.vec, self.dtype
+        # Block (b, c): slice c (slots [c * slice, (c + 1) * slice)) of rows_per_block rows
+        # (slot_of); a slot is a vector of the row, or, phased, see scatter_phased.
         tidx, _, _ = cute.arch.thread_idx()
+        n = self.rows_to_do(mN, mY.shape[0])
+        if const_expr(self.atomic_phased):
+            self.scatter_phased(tidx, n, mOut, mY, mTok, log2_slice)
+        else:
+            self.scatter_vectors(tidx, n, mOut, mY, mTok, log2_slice)
+
+    @cute.jit
+    def scatter_vectors(self, tidx, n, mOut: cute.Tensor, mY: cute.Tensor, mTok: cute.Tensor, log2_slice: Int32):
+        VEC, dtype = self.vec, self.dtype
         t, (a, d) = mOut.shape[0], mY.shape
-        n = self.rows_to_do(mN, a)
         nslots = d // VEC
         frags, dsts, ok = [], [], []
         for j in cutlass.range_constexpr(self.unroll):   # every load first (clamped in bounds), then atomics
@@ -384,15 +381,12 @@ class Scatter(MoeRows):
         slice_slots = Int32(1) << log2_slice
         return rb * rows_per_block + (slot >> log2_slice), c * slice_slots + (slot & (slice_slots - 1))
 
-    @cute.kernel
-    def scatter_phased_kernel(self, mOut: cute.Tensor, mY: cute.Tensor, mTok: cute.Tensor, mN: cute.Tensor,
-                              log2_slice: Int32):
-        # The atomic method on one-element rows: slot v of a row is the out row's middle vector v
-        # (v < nmid), else its edge slot v - nmid (an edge word or element; see __init__).
+    @cute.jit
+    def scatter_phased(self, tidx, n, mOut: cute.Tensor, mY: cute.Tensor, mTok: cute.Tensor, log2_slice: Int32):
+        """The atomic method on one-element rows: slot v of a row is the out row's middle vector v
+        (v < nmid), else its edge slot v - nmid (an edge word or element; see __init__)."""
         PV, dtype = self.phased_vec, self.dtype
-        tidx, _, _ = cute.arch.thread_idx()
         t, (a, d) = mOut.shape[0], mY.shape
-        n = self.rows_to_do(mN, a)
         words = [cute.make_rmem_tensor((4, 2), Int32) for _ in range(self.unroll)]
         edge_vals = cute.make_rmem_tensor((2, self.unroll), dtype)
         slots = []
@@ -782,8 +776,8 @@ class Scatter(MoeRows):
             self.linked_reduce_kernel(mOut, mY, mWs).launch(grid=grid, block=block, stream=stream, **pdl)
         else:
             grid, log2_slice = self.scatter_launch(t, a, d)
-            kernel = self.scatter_phased_kernel if const_expr(self.atomic_phased) else self.scatter_kernel
-            kernel(mOut, mY, mTok, mN, log2_slice).launch(grid=grid, block=(SCATTER_THREADS, 1, 1), stream=stream)
+            self.scatter_kernel(mOut, mY, mTok, mN, log2_slice).launch(
+                grid=grid, block=(SCATTER_THREADS, 1, 1), stream=stream)
 
     def fake_args(self):
         """Compile-time stand-ins for ``__call__``'s arguments, every size dynamic."""
