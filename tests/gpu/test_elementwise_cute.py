@@ -267,7 +267,8 @@ def test_heuristic_shapes(op, dtype):
 # at a time throughout. (inputs' offset, outputs' offset) in elements: row r of a tensor at
 # offset o starts o + r K elements past a boundary, so 9 or more rows meet every head length.
 PHASE_OFFSETS = [(0, 0), (3, 3), (7, 7), (5, 0), (0, 1)]
-PHASE_SHAPES = [(9, 1), (9, 7), (17, 13), (11, 1037), (7, 2051), (3, 4097), (40, 379), (13, 597), (9, 771), (9, 2047), (5, 6001), (3, 12289), (2, 16383)]
+PHASE_SHAPES = [(9, 1), (9, 7), (17, 13), (11, 1037), (7, 2051), (3, 4097), (40, 379), (13, 597), (9, 771),
+                (9, 2047), (5, 6001), (3, 12289), (2, 16383)]
 
 
 def _at_offset(m, k, dtype, offset, values=None):
