@@ -64,9 +64,11 @@ is one; then one access moves that many bytes (16, 8 or 4), else one element.
 
 Work split, gather (and the reductions of "sorted" and "linked", by token): a row takes
 threads x unroll vectors of one chunk, [c * chunk, (c + 1) * chunk) for grid column c, with
-threads = ceil(vectors per row / unroll) rounded up to a warp (at most 1024) and chosen at launch
-from D, so 5120-, 7168- and 8192-wide bf16 rows are covered exactly by 160, 224 and 256 threads
-with unroll 4. Rows that need fewer than 32 threads take the power of two that covers them, and
+threads = ceil(vectors per row / unroll) rounded up to a warp (at most 1024; phased rows at most
+512 or 256 by unroll, for their registers) and chosen at launch from D, so 5120-, 7168- and
+8192-wide bf16 rows are covered exactly by 160, 224 and 256 threads with unroll 4; a longer row
+is split into chunks of equal share. Rows that need fewer than 32 threads take the power of two
+that covers them (phased rows at least a vector's worth, for their edges), and
 rows narrower than 128 threads share a block (one per thread row y): a block per short row ran
 at the block scheduler's rate, not the memory's. On rows of one element per access the reductions
 take a one-token block's token from the block index (a uniform register), elsewhere from the
@@ -74,7 +76,7 @@ thread row (``Scatter.uniform_single_tokens``: each was faster where it is used)
 Atomic scatter: in MoE order (rows grouped by expert) the top_k rows of a token arrive far apart, so
 whole-row updates re-read and re-write each out row from DRAM top_k times (measured: 35-43% of
 the copy roofline at top_k 4-8). Blocks therefore take column slices: block (b, c) adds slice c
-(a power-of-two number of vectors or words, >= 256 bytes) of 256 * unroll / slice consecutive input rows,
+(a power-of-two number of slots, >= 256 bytes) of 256 * unroll / slice consecutive input rows,
 and blockIdx.x runs over all rows of a slice before the next slice starts. The slice is chosen at
 launch so that 2 * T * slice bytes (the data touched between two updates of one out slice) stays
 under 16 MB: the out slice stays in L2 and every out element crosses DRAM once each way.
