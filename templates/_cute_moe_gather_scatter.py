@@ -138,7 +138,8 @@ class MoeRows:
         # A row longer than a block of `cap` threads takes chunks of equal share (a 1026-vector
         # phased row at unroll 2 took a 512-thread chunk and a chunk of one vector, each walking
         # the token's rows: 65-72% of copy at 8207 elements).
-        share = (need + (need + cap - 1) // cap - 1) // ((need + cap - 1) // cap)
+        parts = (need + cap - 1) // cap
+        share = (need + parts - 1) // parts
         threads = cutlass.min((share + 31) // 32 * 32, cap)
         for lanes in (16, 8, 4, 2, 1):   # plain Python: the smallest power of two >= need, below a warp
             threads = Int32(cutlass.select_(need <= lanes, Int32(lanes), threads))
@@ -185,10 +186,10 @@ class MoeRows:
     def source_values(self, words, woff):
         """The vector's phased_vec elements (dtype values) from its ``load_source`` words, moved
         into place (``shifted_words``; fp32 offsets are whole words, no funnel shift)."""
-        funnel = self.funnel if const_expr(self.elem_bytes == 2) else None
+        funnel = rw.funnel_right if const_expr(self.elem_bytes == 2) else None
         flat = [words[e % 4, e // 4] for e in range(8)]
         packed = cute.make_rmem_tensor(4, Int32)
-        for m, word in enumerate(shifted_words(flat, woff, 4, self.select, funnel)):
+        for m, word in enumerate(shifted_words(flat, woff, 4, rw.select_word, funnel)):
             packed[m] = word
         return cute.recast_tensor(packed, self.dtype).load()
 
@@ -205,17 +206,6 @@ class MoeRows:
             cols.append(Int32(cutlass.select_(e >= pr.head, e + pr.nmid * self.phased_vec, e)))
             mine.append((c == 0) & (e < pr.nedge))
         return cols, mine
-
-    @staticmethod
-    def select(cond, a, b):
-        """``shifted_words``' select."""
-        return Int32(cutlass.select_(cond, a, b))
-
-    @staticmethod
-    def funnel(lo, hi, bits):
-        """``shifted_words``' funnel shift: the low word of (hi:lo) >> bits (PTX shf.r: its first
-        operand is the low word)."""
-        return cute.arch.shf(lo, hi, bits, "r")
 
     def fake_rows(self, m, d):
         align = self.vec_bytes

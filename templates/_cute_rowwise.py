@@ -334,6 +334,17 @@ def launch_rows(rows, vec: cutlass.Constexpr, plain: cutlass.Constexpr, phased: 
             plain(*args).launch(**plain_launch)
 
 
+def select_word(cond, a, b):
+    """``_word_shift.shifted_words``' select, on 32-bit words."""
+    return Int32(cutlass.select_(cond, a, b))
+
+
+def funnel_right(lo, hi, bits):
+    """``_word_shift.shifted_words``' funnel shift: the low word of (hi:lo) >> bits (PTX shf.r:
+    its first operand is the low word)."""
+    return cute.arch.shf(lo, hi, bits, "r")
+
+
 def edge_fragments(tile, dtypes):
     """Zero-filled register tiles (1, edge_slots) for the edges of a row, one per dtype."""
     from mslk_dsl.templates import _rowwise_plan as plan

@@ -240,13 +240,6 @@ def _build(config, target, sig, residual):
     dtype = rw.dsl_dtype(sig["dtype"])
     wdtype = Float32 if sig.get("fp32_weight") else dtype
 
-    def select(cond, a, b):
-        return Int32(cutlass.select_(cond, a, b))
-
-    def funnel_right(lo, hi, bits):
-        """The low word of (hi:lo) >> bits (PTX shf.r: its first operand is the low word)."""
-        return cute.arch.shf(lo, hi, bits, "r")
-
     def add_rounded(a, b):
         return (a.load().to(Float32) + b.load().to(Float32)).to(dtype)
 
@@ -331,8 +324,8 @@ def _build(config, target, sig, residual):
                 woff = woff | Int32(Uint32(llvm.bitcast(T.i32(), ss.ir_value())) >> 31)
             flat = [words[e % 4, e // 4, col] for e in range(4 * w_loads)]
             packed = cute.make_rmem_tensor(w_bytes // 4, Int32)
-            funnel = funnel_right if const_expr(wdtype.width == 16) else None   # an fp32 weight: whole words
-            for m, word in enumerate(shifted_words(flat, woff, w_bytes // 4, select, funnel)):
+            funnel = rw.funnel_right if const_expr(wdtype.width == 16) else None   # an fp32 weight: whole words
+            for m, word in enumerate(shifted_words(flat, woff, w_bytes // 4, rw.select_word, funnel)):
                 packed[m] = word
             values = cute.recast_tensor(packed, wdtype).load()
             if const_expr(ss is not None):
