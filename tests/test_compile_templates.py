@@ -401,7 +401,7 @@ def test_flydsl_template_compiles(flydsl_case, flydsl_built):
     entry = _entry(flydsl_built[1], flydsl_case)
     key = entry.key_parts
     assert os.path.getsize(entry.file("artifact.pkl")) > 0
-    if key["target"] != "gfx942":  # the ISA is kept for gfx942 only (it costs a second compile)
+    if key["target"] != "gfx942":  # the ISA is kept for gfx942 only (dumping it slows each compile ~1.4x)
         return
     isa = open(entry.file("kernel.s")).read()
     assert re.search(rf'\.amdgcn_target "amdgcn-amd-amdhsa-\w*-{key["target"]}', isa), entry.path

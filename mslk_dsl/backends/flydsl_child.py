@@ -5,13 +5,28 @@ the parent's pid (the child exits when it dies). The
 parent sets COMPILE_ONLY=1, ARCH and ROCM_PATH. For each job this sets the job's private FlyDSL
 cache directory and calls the launcher on the template's CPU placeholders, which compiles and
 persists without launching, then records the launcher's call ABI (flydsl_abi.describe); with an
-isa_dir it compiles once more with the ISA dump on (FlyDSL skips its disk cache while dumping).
+isa_dir that one compile also dumps the ISA (compile_dumping_isa).
 One JSON line per job reports the ABI or the error.
 """
 import json
 import os
 import sys
 import traceback
+
+
+def compile_dumping_isa(launcher, args, isa_dir: str) -> None:
+    """Compile ``launcher`` for ``args`` once with FlyDSL's ISA dump on, and persist what it
+    compiled into FlyDSL's disk cache. FlyDSL writes no cache entry while dumping (and a second
+    compile without the dump would cost as much again), so the artifact the dump's compile made
+    is written here, as FlyDSL's own cache writer would."""
+    jit_function = launcher if hasattr(launcher, "func") else type(launcher).__call__
+    os.environ.update(FLYDSL_DEBUG_DUMP_ASM="1", FLYDSL_DUMP_DIR=isa_dir)
+    try:
+        launcher(*args)
+    finally:
+        os.environ.pop("FLYDSL_DEBUG_DUMP_ASM", None)
+    key, artifact = jit_function._last_compiled
+    jit_function.cache_manager.set(jit_function._cache_key_to_str(key), artifact)
 
 
 def main() -> int:
@@ -29,15 +44,11 @@ def main() -> int:
             template = get_template(job["template"])
             os.environ["FLYDSL_RUNTIME_CACHE_DIR"] = job["cache_dir"]
             launcher, args = template.build(job["config"], job["target"], job["signature"])
-            launcher(*args)
-            abi = flydsl_abi.describe(launcher, args)
             if job.get("isa_dir"):
-                os.environ.update(FLYDSL_DEBUG_DUMP_ASM="1", FLYDSL_DUMP_DIR=job["isa_dir"])
-                try:
-                    launcher, args = template.build(job["config"], job["target"], job["signature"])
-                    launcher(*args)
-                finally:
-                    os.environ.pop("FLYDSL_DEBUG_DUMP_ASM", None)
+                compile_dumping_isa(launcher, args, job["isa_dir"])
+            else:
+                launcher(*args)
+            abi = flydsl_abi.describe(launcher, args)
             print(json.dumps({"index": index, "abi": abi}), flush=True)
         except Exception as e:
             detail = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-3000:]
