@@ -23,7 +23,7 @@ VARIABLES = {
     "MSLK_DSL_CACHE_MAX_SIZE": "if set (e.g. 2G), prune the cache to this size after each compile",
     "MSLK_DSL_CUTE_RUNTIME_LIB": "path of libcute_dsl_runtime.so for loading CuTe artifacts (default: found in site-packages)",
     "MSLK_DSL_LLD": "ld.lld used to link FlyDSL code objects (default: /opt/rocm/llvm/bin/ld.lld, ld.lld on PATH, /usr/lib/llvm-*/bin/ld.lld)",
-    "MSLK_DSL_KEEP_ISA": "1 (or a comma list of targets): keep the final ISA (kernel.s) beside FlyDSL artifacts (dumped by the same compile, which then takes about 1.4x as long)",
+    "MSLK_DSL_KEEP_ISA": "1 (or a comma list of targets): keep the final ISA (kernel.s) beside FlyDSL artifacts (each compile ~1.4x as long)",
     "MSLK_DSL_NO_BUNDLED": "1: ignore bundles shipped inside the package and installed bundle wheels",
     "MSLK_DSL_NO_PREFETCH": "1: do not import the kernel loader (tvm_ffi) in a background thread when mslk_dsl.ops is imported",
     "MSLK_DSL_NO_NATIVE": "1: never build or use the native launch path (mslk_dsl/native); every call takes the Python path",

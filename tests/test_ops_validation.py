@@ -179,6 +179,52 @@ def test_word_rows_in_the_phased_range_take_one_element_per_access_on_cute(monke
     assert launched[0][0][0] == 4
 
 
+def test_the_gpu_every_config_test_calls_each_config_on_a_signature_it_serves(monkeypatch):
+    """tests/gpu/test_elementwise_cute.py::test_every_config calls silu_mul, quantize_fp8_row and
+    silu_mul_quant with each config, on rows around its tile, with and without scale_ub. The
+    signature the op makes of those inputs on sm90a (its routing of word rows to the one-element
+    kernels included) must be one the config serves, else that GPU test fails with a ConfigError.
+    Here the same inputs, made on the CPU, go through the op and its own config check (no kernel
+    is built)."""
+    import importlib.util
+    import os
+
+    from mslk_dsl.ops import declaration, validate
+    from mslk_dsl.templates._rowwise_plan import RowTile
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu", "test_elementwise_cute.py")
+    spec = importlib.util.spec_from_file_location("gpu_test_elementwise_cute", path)
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+    monkeypatch.setenv("MSLK_DSL_TARGET", "sm90a")
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)   # CPU tensors stand in for GPU ones
+    for op in gpu.OPS:
+        kernels = declaration.get(op).kernels
+        # the explicit config checked as the op's kernel choice checks it; the kernel stands in
+        monkeypatch.setattr(kernels, "selection", lambda device, sig, problem, config=None, kernels=kernels: (
+            lambda *args: None, kernels.choose("sm90a", sig, problem, config)[1]))
+    made, calls = {}, 0
+    for op, dtype, config in gpu._config_cases():
+        template = gpu._template(op)
+        for m, k in gpu._shapes_for(config, RowTile.of(config).row_k):
+            for ub in ((None,) if op == "silu_mul" else (None, 0.5)):
+                if not template.valid(config, gpu.TARGET, gpu._sig(op, k, dtype, ub is not None)):
+                    continue
+                key = (op, dtype, m, k, config["vec"] > 1)
+                if key not in made:
+                    made[key] = gpu.inputs(op, m, k, dtype, config, device="cpu")
+                x0, x1 = made[key]
+                scale_ub = None if ub is None else torch.tensor([ub])
+                if op == "silu_mul":
+                    ops.silu_mul(x0, x1, config=config)
+                elif op == "quantize_fp8_row":
+                    ops.quantize_fp8_row(x0, scale_ub, config=config)
+                else:
+                    ops.silu_mul_quant(x0, x1, scale_ub, config=config)
+                calls += 1
+    assert calls > 1000
+
+
 @pytest.mark.parametrize("op", ["silu_mul", "quantize_fp8_row", "silu_mul_quant"])
 def test_the_phased_rows_benchmark_times_the_cut_and_the_one_element_kernels(monkeypatch, op):
     """``tools/bench.py phased_rows`` on a row of 4098 (4-byte accesses, in every op's routing

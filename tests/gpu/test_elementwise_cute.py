@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from mslk_dsl import jit, ops, registry
 from mslk_dsl.device import target_of
+from mslk_dsl.ops import elementwise
 from mslk_dsl.template import config_name
 from mslk_dsl.templates import _kernel_limits as limits
 from mslk_dsl.templates._rowwise_plan import RowTile
@@ -62,9 +63,9 @@ def _template(op):
     return t
 
 
-def _randn(m, k, dtype, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed * 1000003 + m * 7919 + k)
-    return torch.randn(m, k, device="cuda", generator=g).to(dtype)
+def _randn(m, k, dtype, seed, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed * 1000003 + m * 7919 + k)
+    return torch.randn(m, k, device=device, generator=g).to(dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,10 +155,31 @@ def check(op, x0, x1=None, ub=None, config=None):
         assert torch.equal(before, after), f"{what}: an input was modified"
 
 
+def _inputs_off_16_bytes(x, width):
+    """``x`` copied into a view that starts ``width`` bytes past a 16-byte boundary (its rows
+    still admit ``width``-byte accesses)."""
+    shift = width // x.element_size()
+    flat = torch.empty(x.numel() + shift, device=x.device, dtype=x.dtype)
+    view = flat[shift:].view(x.shape)
+    view.copy_(x)
+    return view
+
+
+def inputs(op, m, k, dtype, config=None, seed=0, device="cuda"):
+    """x0 and x1 (None for quantize_fp8_row) of [m, k] for a call of ``op`` with ``config``."""
+    x0 = _randn(m, k, dtype, seed, device)
+    x1 = _randn(m, k, dtype, seed + 1, device) if op != "quantize_fp8_row" else None
+    width = limits.contiguous_vector_bytes(k, dtype.itemsize)
+    if config is not None and config["vec"] > 1 and elementwise.runs_phased(op, k, dtype.itemsize, width):
+        # Fresh (16-byte aligned) rows of this width run the one-element kernels on CuTe, which
+        # refuse a vector config; rows off a 16-byte boundary take the vector kernels (as such a
+        # call does), so the config still runs at this width.
+        x0, x1 = (None if x is None else _inputs_off_16_bytes(x, width) for x in (x0, x1))
+    return x0, x1
+
+
 def _run(op, m, k, dtype, ub=None, config=None, seed=0):
-    x0 = _randn(m, k, dtype, seed)
-    x1 = _randn(m, k, dtype, seed + 1) if op != "quantize_fp8_row" else None
-    check(op, x0, x1, ub, config)
+    check(op, *inputs(op, m, k, dtype, config, seed), ub, config)
 
 
 # ---------------------------------------------------------------------------------------------
