@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One visit to a GPU machine with no package index: install the CuTe DSL wheels carried in .whl
-# (see ../shared/tools/device-wheels.sh), install this project, prebuild every sm90a kernel in
-# parallel, run the GPU tests, then the benchmarks named in $BENCH. Logs and JSON end up in
+# (see ../shared/tools/device-wheels.sh), install this project, run the GPU tests (compiling their
+# kernels in parallel; PREBUILD=1 first builds every sm90a kernel of the manifest), then the
+# benchmarks named in $BENCH. Logs and JSON end up in
 # $OUT/results.tgz (few files come back from such machines), the test log also as $OUT/gpu_tests.log.
 #   OUT=/tmp/out BENCH="elementwise;norm" tools/gpu_session.sh [pytest args...]
 # (BENCH is ;-separated when a benchmark takes options: BENCH="overhead;gemm --tune"); AFTER, if
@@ -18,9 +19,18 @@ python3 -m compileall -q -j 0 /tmp/site mslk_dsl templates >/dev/null 2>&1
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "editable install failed; using PYTHONPATH"
 export MSLK_DSL_CACHE_DIR=${MSLK_DSL_CACHE_DIR:-/tmp/mslk-cache}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-python3 -m mslk_dsl.cli aot build --target sm90a --workers "${WORKERS:-16}" --progress lines > "$OUT/aot.log" 2>&1
-tail -3 "$OUT/aot.log"
-timeout "${TEST_TIMEOUT:-480}" python3 -m pytest "${@:-tests/gpu}" -q -rs --durations=10 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+if [ "${PREBUILD:-0}" = 1 ]; then   # every sm90a kernel of the manifest (benchmarks of many configs)
+  python3 -m mslk_dsl.cli aot build --target sm90a --workers "${WORKERS:-16}" --progress lines > "$OUT/aot.log" 2>&1
+  tail -3 "$OUT/aot.log"
+fi
+# The tests compile their kernels on first use, pytest-xdist's processes side by side: the whole
+# of tests/gpu took 275 s from an empty cache with 14 processes on a 16-core H100 host. Together
+# that many processes can run an 80 GB GPU out of memory; what failed then runs once more with 3
+# (its kernels compiled by then; --lfnf none: nothing when nothing failed).
+timeout "${TEST_TIMEOUT:-480}" python3 -m pytest -n "${TEST_WORKERS:-14}" "${@:-tests/gpu}" -q -rs --durations=10 2>&1 \
+  | tee "$OUT/gpu_tests.log" | tail -25
+timeout "${TEST_TIMEOUT:-480}" python3 -m pytest -n 3 --lf --lfnf none "${@:-tests/gpu}" -q -rs 2>&1 \
+  | tee "$OUT/gpu_tests_rerun.log" | tail -25
 IFS=';' read -r -a benches <<< "${BENCH:-}"
 for b in "${benches[@]}"; do
   name=${b//[^a-z_]/_}; read -r -a argv <<< "$b"
