@@ -133,3 +133,45 @@ def test_an_entry_without_a_recorded_abi_is_damaged(tmp_path):
 
     with pytest.raises(CorruptEntry, match="no call ABI"):
         flydsl.load_artifact(Entry())
+
+
+class _StandInJit:
+    """What compile_dumping_isa reads of a @flyc.jit function: a call that compiles (or is
+    served from memory), the last compile, the cache manager and its key form."""
+
+    func = None
+
+    def __init__(self, compiles: bool):
+        self.compiles, self._last_compiled, self.saved = compiles, ("old-key", "old-artifact"), {}
+        self.cache_manager = self
+
+    def __call__(self, *args):
+        import os
+
+        assert os.environ.get("FLYDSL_DEBUG_DUMP_ASM") == "1"
+        if self.compiles:
+            self._last_compiled = ("key", "artifact")
+
+    def set(self, key, value):
+        self.saved[key] = value
+
+    @staticmethod
+    def _cache_key_to_str(key):
+        return f"str-{key}"
+
+
+def test_the_isa_compile_persists_what_it_compiled_and_refuses_a_call_served_from_memory(tmp_path):
+    """The one compile that dumps the ISA also stands for the kernel: its artifact goes into
+    FlyDSL's cache. A call FlyDSL served from memory compiled nothing, so an earlier compile's
+    artifact must not be taken for it."""
+    import os
+
+    from mslk_dsl.backends.flydsl_child import compile_dumping_isa
+
+    jit = _StandInJit(compiles=True)
+    compile_dumping_isa(jit, (), str(tmp_path))
+    assert jit.saved == {"str-key": "artifact"} and "FLYDSL_DEBUG_DUMP_ASM" not in os.environ
+    stale = _StandInJit(compiles=False)
+    with pytest.raises(RuntimeError, match="compiled nothing"):
+        compile_dumping_isa(stale, (), str(tmp_path))
+    assert stale.saved == {} and "FLYDSL_DEBUG_DUMP_ASM" not in os.environ

@@ -20,11 +20,14 @@ def compile_dumping_isa(launcher, args, isa_dir: str) -> None:
     compile without the dump would cost as much again), so the artifact the dump's compile made
     is written here, as FlyDSL's own cache writer would."""
     jit_function = launcher if hasattr(launcher, "func") else type(launcher).__call__
+    jit_function._last_compiled = None   # set again only by a compile of this call
     os.environ.update(FLYDSL_DEBUG_DUMP_ASM="1", FLYDSL_DUMP_DIR=isa_dir)
     try:
         launcher(*args)
     finally:
         os.environ.pop("FLYDSL_DEBUG_DUMP_ASM", None)
+    if jit_function._last_compiled is None:   # served from FlyDSL's memory: nothing was dumped or made
+        raise RuntimeError("FlyDSL compiled nothing for this job (a kernel this process already compiled)")
     key, artifact = jit_function._last_compiled
     jit_function.cache_manager.set(jit_function._cache_key_to_str(key), artifact)
 
