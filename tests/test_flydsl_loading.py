@@ -167,11 +167,12 @@ def test_the_isa_compile_persists_what_it_compiled_and_refuses_a_call_served_fro
     import os
 
     from mslk_dsl.backends.flydsl_child import compile_dumping_isa
+    from mslk_dsl.errors import CompileError
 
     jit = _StandInJit(compiles=True)
     compile_dumping_isa(jit, (), str(tmp_path))
     assert jit.saved == {"str-key": "artifact"} and "FLYDSL_DEBUG_DUMP_ASM" not in os.environ
     stale = _StandInJit(compiles=False)
-    with pytest.raises(RuntimeError, match="compiled nothing"):
+    with pytest.raises(CompileError, match="compiled nothing"):
         compile_dumping_isa(stale, (), str(tmp_path))
     assert stale.saved == {} and "FLYDSL_DEBUG_DUMP_ASM" not in os.environ

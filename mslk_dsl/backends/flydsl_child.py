@@ -27,7 +27,9 @@ def compile_dumping_isa(launcher, args, isa_dir: str) -> None:
     finally:
         os.environ.pop("FLYDSL_DEBUG_DUMP_ASM", None)
     if jit_function._last_compiled is None:   # served from FlyDSL's memory: nothing was dumped or made
-        raise RuntimeError("FlyDSL compiled nothing for this job (a kernel this process already compiled)")
+        from mslk_dsl.errors import CompileError
+
+        raise CompileError("FlyDSL compiled nothing for this job (a kernel this process already compiled)")
     key, artifact = jit_function._last_compiled
     jit_function.cache_manager.set(jit_function._cache_key_to_str(key), artifact)
 
