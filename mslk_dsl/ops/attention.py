@@ -29,6 +29,7 @@ import math
 import torch
 
 from mslk_dsl.errors import InputError
+from mslk_dsl.ops import random_problems as draw
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Fixed, Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder, sm_count
@@ -197,6 +198,17 @@ def attention_reference(q, k, v, seqstart_q=None, seqstart_k=None, max_seqlen_q=
     return out.to(q.dtype), lse
 
 
+def _random_problem(rng) -> dict:
+    """B to 8 sequences (packed or not) of Mq queries and Mk keys (each to 4096), Hkv of 1-8 key
+    heads and 1-8 query heads per key head, any mask family; at most 2**27 scores."""
+    def one(r):
+        hkv = r.choice((1, 2, 4, 8))
+        return {"B": draw.log_int(r, 1, 8), "Mq": draw.log_int(r, 1, 4096), "Mk": draw.log_int(r, 1, 4096),
+                "Hkv": hkv, "Hq": hkv * r.choice((1, 2, 4, 8)), "mask": r.randrange(len(limits.MASKS)),
+                "varlen": r.randrange(2)}
+    return draw.within(rng, one, lambda p: p["B"] * p["Hq"] * p["Mq"] * p["Mk"], 1 << 27)
+
+
 def _attention_example(problem: dict, sig: dict, device) -> tuple:
     """q, k, v for B x Mq / Mk rows, Hq / Hkv heads, N(0, 1) values (with problem["varlen"], B
     sequences of Mq / Mk rows packed); the mask from problem["mask"] (an index into the mask
@@ -230,4 +242,5 @@ attention_fwd = declare(OpDecl(
     example=_attention_example, reference=attention_reference, tolerance=(2e-2, 2e-2),
     # The mask arguments choose the kernel (its mask family) and its window scalars.
     plan_values=("causal", "bottom_right", "window_left", "window_right", "scale"),
-    small_problem={"B": 2, "Mq": 17, "Mk": 33, "Hq": 4, "Hkv": 2, "mask": MASK_CAUSAL, "varlen": 0}))
+    small_problem={"B": 2, "Mq": 17, "Mk": 33, "Hq": 4, "Hkv": 2, "mask": MASK_CAUSAL, "varlen": 0},
+    random_problem=_random_problem))

@@ -31,6 +31,7 @@ import math
 import torch
 
 from mslk_dsl.errors import InputError
+from mslk_dsl.ops import random_problems as draw
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Fixed, Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import call_scratch, dtype_name, placeholder, sm_count, zeroed_counters
@@ -89,6 +90,11 @@ def _merge_reference(out_partials, lse_partials):
     return out.to(out_partials.dtype), lse
 
 
+def _random_merge(rng) -> dict:
+    """S of 1-8 partials of R rows (to 4096) of K (8-512, 16-byte rows) values."""
+    return {"S": rng.randint(1, 8), "R": draw.log_int(rng, 1, 4096), "K": draw.log_int(rng, 8, 512, 8)}
+
+
 def _merge_example(problem: dict, sig: dict, device) -> tuple:
     S, R, K = problem["S"], problem["R"], problem["K"]
     dtype = getattr(torch, sig.get("dtype", "float32"))
@@ -105,7 +111,7 @@ merge_attentions = declare(OpDecl(
     check=_check_merge, outputs=_merge_outputs, prepare=_prepare_merge,
     signature=("dtype",), problem=("S", "R", "K"),
     example=_merge_example, reference=_merge_reference, tolerance=(1e-3, 1e-3),
-    small_problem={"S": 3, "R": 5, "K": 64}))
+    small_problem={"S": 3, "R": 5, "K": 64}, random_problem=_random_merge))
 
 
 # -- attention_decode --------------------------------------------------------------------------------
@@ -243,6 +249,16 @@ def decode_reference(q, k, v, kv_seqlen, block_table=None, scale=None, causal=Tr
     return out.to(q.dtype), lse
 
 
+def _random_decode(rng) -> dict:
+    """B to 64 sequences of L keys (Mq to L, to 32768), Mq of 1..MAX_QUERIES queries, Hkv of
+    1-8 key heads and 1-8 query heads per key head; at most 2**19 key rows over all heads."""
+    def one(r):
+        hkv, mq = r.choice((1, 2, 4, 8)), r.randint(1, plan.MAX_QUERIES)
+        return {"B": draw.log_int(r, 1, 64), "Mq": mq, "Hkv": hkv, "Hq": hkv * r.choice((1, 2, 4, 8)),
+                "L": draw.log_int(r, mq, 32768)}
+    return draw.within(rng, one, lambda p: p["B"] * p["L"] * p["Hkv"], 1 << 19)
+
+
 def _decode_example(problem: dict, sig: dict, device) -> tuple:
     B, Mq, Hq, Hkv, L = problem["B"], problem["Mq"], problem["Hq"], problem["Hkv"], problem["L"]
     D = int(sig.get("head_dim", 128))
@@ -266,4 +282,4 @@ attention_decode = declare(OpDecl(
     # The split count (num_splits, or the heuristic's from the layout and the device) sizes the
     # scratch partials; scale and causal are kernel scalars.
     plan_values=("scale", "causal", "num_splits"),
-    small_problem={"B": 2, "Mq": 1, "Hq": 8, "Hkv": 2, "L": 100}))
+    small_problem={"B": 2, "Mq": 1, "Hq": 8, "Hkv": 2, "L": 100}, random_problem=_random_decode))

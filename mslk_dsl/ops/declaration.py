@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from typing import Any, NamedTuple
 from collections.abc import Callable
 
@@ -96,6 +97,7 @@ class OpDecl:
       with another input: the checked path refuses such a call, and every plan (native or
       Python) tests it before it launches.
     - ``composite``: a plain torch function that is the whole op (no kernel).
+    - ``random_problem(rng)``: the sizes of a random call the op serves, for the fuzz tests.
     """
     name: str
     schema: str
@@ -115,6 +117,10 @@ class OpDecl:
     composite: Callable[..., Any] | None = None
     # Sizes for the smallest interesting call (fake tests, smoke runs); names from ``problem``.
     small_problem: dict = dataclasses.field(default_factory=dict)
+    # One random call the op serves: ``random_problem(rng)`` -> sizes for ``example`` (names from
+    # ``problem``; see random_problems.py). The GPU fuzz test draws them with random signatures
+    # of the op's templates and checks each result against ``reference``.
+    random_problem: Callable[[random.Random], dict] | None = None
 
     def __post_init__(self):
         hooks = (self.check, self.outputs, self.prepare)

@@ -6,6 +6,7 @@ import torch
 
 from mslk_dsl.device import target_of
 from mslk_dsl.errors import UnsupportedDeviceError
+from mslk_dsl.ops import random_problems as draw
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder
@@ -162,7 +163,8 @@ silu_mul = declare(OpDecl(
     check=_check_silu_mul,
     outputs=lambda x0, x1, valid_token_count=None: [(tuple(x0.shape), x0.dtype)],
     prepare=_prepare_silu_mul, signature=("vec_bytes", "dtype"), problem=("M", "K"),
-    example=_rows_example(2), reference=_silu_mul_reference, small_problem={"M": 5, "K": 64}))
+    example=_rows_example(2), reference=_silu_mul_reference, small_problem={"M": 5, "K": 64},
+    random_problem=draw.rows))
 
 
 # -- quantize_fp8_row -------------------------------------------------------------------------------------
@@ -192,7 +194,8 @@ quantize_fp8_row = declare(OpDecl(
     ``out``: contiguous (xq, scale) tensors to write into instead of allocating.""",
     check=_check_quantize, outputs=_quant_outputs, prepare=_prepare_quantize,
     signature=("vec_bytes", "dtype", "has_scale_ub"), problem=("M", "K"),
-    example=_rows_example(1), reference=_quantize_reference, small_problem={"M": 5, "K": 64}))
+    example=_rows_example(1), reference=_quantize_reference, small_problem={"M": 5, "K": 64},
+    random_problem=draw.rows))
 
 
 # -- silu_mul_quant -----------------------------------------------------------------------------------------
@@ -232,7 +235,7 @@ silu_mul_quant = declare(OpDecl(
     signature=("vec_bytes", "dtype", "has_scale_ub"), problem=("M", "K"),
     example=_rows_example(2),
     reference=_silu_mul_quant_reference,
-    small_problem={"M": 5, "K": 64}))
+    small_problem={"M": 5, "K": 64}, random_problem=draw.rows))
 
 
 # -- dequantize_fp8_row (plain torch) ---------------------------------------------------------------------------
@@ -257,4 +260,4 @@ declare(OpDecl(
     doc=dequantize_fp8_row.__doc__, composite=dequantize_fp8_row,
     outputs=lambda xq, scale, out_dtype=None: [(tuple(xq.shape), out_dtype or torch.bfloat16)],
     problem=("M", "K"), example=_dequantize_example, reference=dequantize_fp8_row,
-    small_problem={"M": 5, "K": 64}))
+    small_problem={"M": 5, "K": 64}, random_problem=draw.rows))

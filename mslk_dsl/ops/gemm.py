@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from mslk_dsl.errors import ConfigError, InputError, InputTypeError
+from mslk_dsl.ops import random_problems as draw
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import Scratch, call_scratch, dtype_name, placeholder, zeroed_counters
@@ -71,6 +72,16 @@ def _no_launch_needed(y: torch.Tensor, K: int, bias: torch.Tensor | None = None)
     return False
 
 
+def _random_problem(k_multiple: int):
+    """M to 16384 (any), N and K to 16384 in the multiples the ops take, at most 2**36
+    multiply-adds."""
+    def random_problem(rng) -> dict:
+        return draw.within(rng, lambda r: {"M": draw.log_int(r, 1, 16384), "N": draw.log_int(r, 8, 16384, 8),
+                                           "K": draw.log_int(r, k_multiple, 16384, k_multiple)},
+                           lambda p: p["M"] * p["N"] * p["K"], 1 << 36)
+    return random_problem
+
+
 def _gemm_example(fp8: bool):
     def example(problem: dict, sig: dict, device) -> tuple:
         M, N, K = problem["M"], problem["N"], problem["K"]
@@ -131,7 +142,7 @@ bf16_gemm = declare(OpDecl(
     prepare=_prepare_bf16_gemm, signature=("dtype",), problem=("M", "N", "K"),
     example=_gemm_example(fp8=False),
     reference=lambda x, w: (x.float() @ w.float().T).to(x.dtype),
-    small_problem={"M": 5, "N": 32, "K": 64}))
+    small_problem={"M": 5, "N": 32, "K": 64}, random_problem=_random_problem(8)))
 
 
 # -- f8f8bf16_rowwise ---------------------------------------------------------------------------------------
@@ -205,4 +216,4 @@ f8f8bf16_rowwise = declare(OpDecl(
     # Plans are keyed by the inputs' layout, and a bool's layout is its type: only fast (default)
     # calls make and take plans, so a promoted launch never replays for a fast call or the reverse.
     plan_when="use_fast_accum is True",
-    small_problem={"M": 5, "N": 32, "K": 64}))
+    small_problem={"M": 5, "N": 32, "K": 64}, random_problem=_random_problem(16)))

@@ -21,6 +21,7 @@ import random
 import torch
 
 from mslk_dsl.errors import InputError, InputTypeError
+from mslk_dsl.ops import random_problems as draw
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name
@@ -124,6 +125,18 @@ def _group_bounds(M_sizes: torch.Tensor, total_m: int) -> list[tuple[int, int]]:
     return [(min(s, total_m), min(e, total_m)) for s, e in zip(starts, ends)]
 
 
+def _random_problem(k_multiple: int):
+    """G to 128 groups, M to 16384 rows in all (fewer than G included: empty groups), N and K to
+    8192 in the multiples the ops take; weights of at most 2**28 elements, at most 2**36
+    multiply-adds."""
+    def random_problem(rng) -> dict:
+        return draw.within(rng, lambda r: {"M": draw.log_int(r, 1, 16384), "N": draw.log_int(r, 8, 8192, 8),
+                                           "K": draw.log_int(r, k_multiple, 8192, k_multiple),
+                                           "G": draw.log_int(r, 1, 128)},
+                           lambda p: max(p["M"] * p["N"] * p["K"] >> 8, p["G"] * p["N"] * p["K"]), 1 << 28)
+    return random_problem
+
+
 def _example(fp8: bool):
     def example(problem: dict, sig: dict, device) -> tuple:
         M, N, K, G = problem["M"], problem["N"], problem["K"], problem.get("G", 4)
@@ -152,7 +165,7 @@ bf16bf16bf16_grouped_stacked = declare(OpDecl(
     outputs=lambda x, w, M_sizes: [((x.shape[0], w.shape[1]), torch.bfloat16)],
     prepare=_grouped_launch, signature=("index_dtype",), problem=("M", "N", "K", "G"),
     example=_example(fp8=False), reference=_grouped_reference,
-    small_problem={"M": 37, "N": 64, "K": 64, "G": 4}))
+    small_problem={"M": 37, "N": 64, "K": 64, "G": 4}, random_problem=_random_problem(8)))
 
 
 # -- f8f8bf16_rowwise_grouped_stacked --------------------------------------------------------------
@@ -192,4 +205,4 @@ f8f8bf16_rowwise_grouped_stacked = declare(OpDecl(
     outputs=lambda xq, wq, x_scale, w_scale, M_sizes: [((xq.shape[0], wq.shape[1]), torch.bfloat16)],
     prepare=_prepare_f8_grouped, signature=("index_dtype",), problem=("M", "N", "K", "G"),
     example=_example(fp8=True), reference=_f8_grouped_reference,
-    small_problem={"M": 37, "N": 64, "K": 128, "G": 4}))
+    small_problem={"M": 37, "N": 64, "K": 128, "G": 4}, random_problem=_random_problem(16)))

@@ -12,6 +12,7 @@ import torch
 
 from mslk_dsl.device import target_of
 from mslk_dsl.errors import InputError
+from mslk_dsl.ops import random_problems as draw
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Fixed, Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import Scratch, call_scratch, dtype_name, placeholder
@@ -50,6 +51,20 @@ def _check_indices(op: str, name: str, t) -> None:
 
 def _int32(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.int32).contiguous()  # a no-op for contiguous int32 (the kernels take int32)
+
+
+def _random_routing(rng) -> dict:
+    """T to 65536 tokens over any E of 1..MAX_EXPERTS, top_k of 1..min(MAX_TOP_K, E)."""
+    E = draw.log_int(rng, 1, MAX_EXPERTS)
+    return {"T": draw.log_int(rng, 1, 65536), "E": E, "top_k": rng.randint(1, min(MAX_TOP_K, E))}
+
+
+def random_token_rows(rng) -> dict:
+    """A routed rows of D elements from / into T tokens' rows (A up to 262144, T to 65536, D to
+    16384), at most 2**26 elements on either side."""
+    return draw.within(rng, lambda r: {"A": draw.log_int(r, 1, 262144), "T": draw.log_int(r, 1, 65536),
+                                       "D": draw.log_int(r, 1, 16384)},
+                       lambda p: max(p["A"], p["T"]) * p["D"], 1 << 26)
 
 
 def _routing_example(problem: dict, sig: dict, device) -> tuple:
@@ -154,7 +169,8 @@ index_shuffling = declare(OpDecl(
     check=_check_index_shuffling, outputs=_index_shuffling_outputs, prepare=_prepare_index_shuffling,
     signature=("has_valid_count", "score_dtype"), problem=("T", "E"), example=_routing_example,
     reference=_index_shuffling_reference, defined=_routed_prefix,
-    plan_values=("expert_index_start", "expert_index_end", "top_k"), small_problem={"T": 5, "E": 16}))
+    plan_values=("expert_index_start", "expert_index_end", "top_k"), small_problem={"T": 5, "E": 16},
+    random_problem=_random_routing))
 
 
 # -- gather_scale_dense_tokens --------------------------------------------------------------------------------
@@ -216,7 +232,7 @@ gather_scale_dense_tokens = declare(OpDecl(
         ((token_indices.shape[0], x.shape[1]), x.dtype)],
     prepare=_prepare_gather, signature=("vec_bytes", "dtype", "has_valid_count", "score_dtype"),
     problem=("A", "D"), example=_gather_example, reference=_gather_reference,
-    small_problem={"A": 10, "D": 64}))
+    small_problem={"A": 10, "D": 64}, random_problem=random_token_rows))
 
 
 # -- scatter_add_dense_tokens ------------------------------------------------------------------------------------
@@ -288,4 +304,5 @@ scatter_add_dense_tokens = declare(OpDecl(
     check=_check_scatter, outputs=lambda *args: [], prepare=_prepare_scatter,
     signature=("vec_bytes", "dtype", "has_valid_count"), problem=("A", "D", "T"), example=_scatter_example,
     # bf16 atomic adds round after every addition (the small-input method), the reference once.
-    reference=_scatter_reference, tolerance=(2e-2, 8e-2), small_problem={"A": 10, "D": 64}))
+    reference=_scatter_reference, tolerance=(2e-2, 8e-2), small_problem={"A": 10, "D": 64},
+    random_problem=random_token_rows))

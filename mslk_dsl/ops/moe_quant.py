@@ -17,7 +17,8 @@ from mslk_dsl.ops.declaration import Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder
 from mslk_dsl.ops.elementwise import _check_scale_ub, _quantize_reference, fp8_dtype_for
 from mslk_dsl.ops.moe import (_check_gather_inputs, _check_valid_count, _gather_example,
-                              _gather_reference, _int32, _one_column_needs_padding, _two_columns)
+                              _gather_reference, _int32, _one_column_needs_padding, _two_columns,
+                              random_token_rows)
 
 OP = "gather_scale_quant_dense_tokens"
 # The activations of an FP8 MoE; fp32 ones can take gather_scale_dense_tokens, then quantize_fp8_row.
@@ -87,4 +88,4 @@ gather_scale_quant_dense_tokens = declare(OpDecl(
     valid_token_count (default: all rows valid) are left unwritten, as in MSLK.""",
     check=_check, outputs=_outputs, prepare=_prepare, signature=("vec_bytes", "dtype", "score_dtype"),
     problem=("A", "D"), example=_example, reference=_reference,
-    small_problem={"A": 10, "D": 64}))
+    small_problem={"A": 10, "D": 64}, random_problem=random_token_rows))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from mslk_dsl.errors import InputError, InputTypeError
+from mslk_dsl.ops import random_problems as draw
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name
@@ -52,6 +53,11 @@ def _signature(x: torch.Tensor, weight: torch.Tensor, *rows: torch.Tensor) -> tu
             weight.dtype == torch.float32 and x.dtype != torch.float32)
 
 
+def _random_problem(rng) -> dict:
+    """M rows of N elements, N to 131072 (long rows span a thread-block cluster)."""
+    return draw.rows(rng, "N", max_rows=65536, max_width=131072)
+
+
 def _rmsnorm_reference(x, weight, eps=1e-6):
     xf = x.float()
     return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
@@ -82,7 +88,8 @@ rmsnorm = declare(OpDecl(
     check=lambda x, weight, eps: _check("rmsnorm", x, weight, eps),
     outputs=lambda x, weight, eps=1e-6: [(tuple(x.shape), x.dtype)],
     prepare=_prepare_rmsnorm, signature=("vec_bytes", "dtype", "fp32_weight"), problem=("M", "N"),
-    example=_example(1), reference=_rmsnorm_reference, plan_when=_PLAIN_EPS, small_problem={"M": 5, "N": 64}))
+    example=_example(1), reference=_rmsnorm_reference, plan_when=_PLAIN_EPS, small_problem={"M": 5, "N": 64},
+    random_problem=_random_problem))
 
 
 # -- rmsnorm_add ---------------------------------------------------------------------------------------------
@@ -113,4 +120,4 @@ rmsnorm_add = declare(OpDecl(
     outputs=lambda x, residual, weight, eps=1e-6: [(tuple(x.shape), x.dtype)] * 2,
     prepare=_prepare_rmsnorm_add, signature=("vec_bytes", "dtype", "fp32_weight"), problem=("M", "N"),
     example=_example(2), reference=_rmsnorm_add_reference, plan_when=_PLAIN_EPS,
-    small_problem={"M": 5, "N": 64}))
+    small_problem={"M": 5, "N": 64}, random_problem=_random_problem))
