@@ -1,7 +1,9 @@
 """Every declared op on random calls it serves: sizes from the declaration's ``random_problem``
 (log-uniform, any integer: 1-row calls, odd and prime sizes, large ones), a random signature of
-its CuTe template (dtype, weight dtype, bias, accumulation, index dtype, head dim), N(0, 1) data.
-Each result matches the op's plain-torch reference. Each run draws afresh; the seed is printed
+its CuTe template (dtype, weight dtype, bias, accumulation, index dtype, head dim), N(0, 1) data,
+contiguous or (half the calls) with padded rows or off an aligned address. Each result matches
+the op's plain-torch reference; only a call in another layout may be refused, with a ValueError
+or TypeError. Each run draws afresh; the seed is printed
 with every failure, and MSLK_DSL_FUZZ_SEED=<seed> repeats a run (MSLK_DSL_FUZZ_DRAWS: draws per
 op, default 6)."""
 import math
@@ -58,6 +60,19 @@ def _mismatch(decl, got, want) -> str | None:
     return None
 
 
+def _relaid(args: tuple, layout: str, pad: int) -> tuple:
+    """``args`` with each tensor of two or more dims copied into another layout of the same
+    values: rows padded by ``pad`` elements (a row stride past the row), or starting one element
+    past an aligned address."""
+    def relay(a):
+        if not isinstance(a, torch.Tensor) or a.dim() < 2 or a.numel() == 0:
+            return a
+        if layout == "padded":
+            return torch.empty(*a.shape[:-1], a.shape[-1] + pad, dtype=a.dtype, device=a.device)[..., :a.shape[-1]].copy_(a)
+        return torch.empty(a.numel() + 1, dtype=a.dtype, device=a.device)[1:].view(a.shape).copy_(a)
+    return args if layout == "contiguous" else tuple(relay(a) for a in args)
+
+
 @pytest.mark.parametrize("draw", range(DRAWS))
 @pytest.mark.parametrize("name", _names())
 def test_a_random_call_matches_the_reference(name, draw):
@@ -70,17 +85,24 @@ def test_a_random_call_matches_the_reference(name, draw):
     signatures = templates[0].all_signatures() if templates else [{}]
     rng = random.Random(f"{SEED}-{name}-{draw}")
     problem, sig = decl.random_problem(rng), rng.choice(signatures)
+    # Half the calls take their inputs in another layout, which the op may refuse (ValueError /
+    # TypeError: strides, alignment) but must otherwise serve.
+    layout, pad = rng.choice(("contiguous", "contiguous", "padded", "offset")), rng.randint(1, 8)
     torch.manual_seed(rng.randrange(2**31))
     args = decl.example(problem, sig, torch.device("cuda"))
     fresh = lambda: tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)  # noqa: E731
-    call = f"MSLK_DSL_FUZZ_SEED={SEED}: {name} on {problem} {sig}"
-    first_args = fresh()
+    call = f"MSLK_DSL_FUZZ_SEED={SEED}: {name} on {problem} {sig} ({layout} inputs, pad {pad})"
+    first_args = _relaid(fresh(), layout, pad)
     try:
         got = getattr(ops, name)(*first_args)
         torch.cuda.synchronize()
     except TemplateImportError as e:
         pytest.skip(f"{name}: {e}")
-    except Exception as e:  # every draw is a call the op serves: a refusal is a failure too
+    except (ValueError, TypeError) as e:
+        # every draw is a call the op serves: only a relaid input may be refused
+        assert layout != "contiguous", f"{call}: refused: {type(e).__name__}: {e}"
+        return
+    except Exception as e:
         raise AssertionError(f"{call}: {type(e).__name__}: {e}") from e
     if not decl.outputs(*args):                      # in place: compare the updated input
         got = first_args[0]
