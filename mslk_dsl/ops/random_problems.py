@@ -11,6 +11,8 @@ import math
 import random
 from collections.abc import Callable
 
+from mslk_dsl.errors import MslkDslError
+
 
 def log_int(rng: random.Random, low: int, high: int, multiple: int = 1) -> int:
     """An integer in [low, high], log-uniform, a multiple of ``multiple`` (low and high are
@@ -30,7 +32,7 @@ def within(rng: random.Random, draw: Callable[[random.Random], dict], size: Call
         problem = draw(rng)
         if size(problem) <= limit:
             return problem
-    raise ValueError(f"no draw within {limit} in 1000 tries: the draw's lowest sizes exceed it")
+    raise MslkDslError(f"no draw within {limit} in 1000 tries: the draw's lowest sizes exceed it")
 
 
 def rows(rng: random.Random, width: str = "K", max_rows: int = 131072, max_width: int = 65536,
