@@ -1,7 +1,8 @@
 """f8f8bf16_rowwise's MSLK arguments on the CPU, with stand-in kernels: the bias in bf16 or fp32
 and ``use_fast_accum`` reach the kernel choice as the signature parts ``bias`` and
 ``fast_accum``, in MSLK's argument order; a fast and a promoted call of the same layout never
-replay each other's launch plan. (The kernels themselves: tests/gpu/test_gemm_cute.py.)"""
+replay each other's launch plan. The GEMMs and grouped GEMMs hand their kernels 16-byte aligned
+operands. (The kernels themselves: tests/gpu/test_gemm_cute.py.)"""
 import pytest
 import torch
 
@@ -85,3 +86,33 @@ def test_bad_bias_and_fast_accum_arguments(stand_in):
                                  torch.ones(24), b, False)
         assert torch.equal(y, b.to(bf16).expand(5, 24))
     assert stand_in == []
+
+
+@pytest.mark.parametrize("name", ["bf16_gemm", "f8f8bf16_rowwise", "bf16bf16bf16_grouped_stacked",
+                                  "f8f8bf16_rowwise_grouped_stacked"])
+def test_operands_off_a_16_byte_boundary_reach_the_kernel_aligned(name, monkeypatch):
+    """TMA loads x and w from 16-byte aligned addresses, and the kernels' launchers refuse others.
+    A contiguous operand that starts one element past such an address (a view into a larger
+    buffer) reaches the kernel as an aligned copy of the same values; torch's contiguous() would
+    have handed it over as it is."""
+    from mslk_dsl.ops import call, declaration, validate
+
+    decl = declaration.get(name)
+    launched = []
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)
+    monkeypatch.setattr(decl.kernels, "selection", lambda device, signature, problem, config: (
+        lambda *args: launched.append(args), {}))
+    call.clear_python_plans()
+    args = decl.example(decl.small_problem, {}, torch.device("cpu"))
+
+    def off_boundary(t):
+        return torch.empty(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape).copy_(t)
+
+    x, w = off_boundary(args[0]), off_boundary(args[1])
+    assert x.is_contiguous() and x.data_ptr() % 16 and w.data_ptr() % 16
+    getattr(ops, name)(x, w, *args[2:])
+    a, b = launched[0][:2]
+    assert a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
+    assert torch.equal(a.view(torch.uint8), x.view(torch.uint8))
+    assert torch.equal(b.view(torch.uint8).reshape(-1), w.view(torch.uint8).reshape(-1))
+    call.clear_python_plans()

@@ -41,15 +41,11 @@ def _check_operands(op: str, x, w, dtypes, names=("x", "w")) -> None:
 
 def _rows_2d(x: torch.Tensor) -> torch.Tensor:
     """x [..., M, K] as the kernel's compact [M_total, K] matrix (a view when it can be)."""
-    return _compact(x.reshape(x.shape[:-1].numel(), x.shape[-1]) if x.dim() != 2 else x)
+    return check.tma_operand(x.reshape(x.shape[:-1].numel(), x.shape[-1]) if x.dim() != 2 else x)
 
 
 def _output_shape(x: torch.Tensor, w: torch.Tensor) -> tuple[int, ...]:
     return (*x.shape[:-1], w.shape[0])
-
-
-def _compact(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_contiguous() and t.data_ptr() % _ALIGN_BYTES == 0 else t.contiguous()
 
 
 def _store_target(y: torch.Tensor) -> tuple[torch.Tensor, object]:
@@ -101,7 +97,7 @@ def _gemm_example(fp8: bool):
 # -- bf16_gemm ----------------------------------------------------------------------------------------
 def _prepare_bf16_gemm(select, outputs, x, w):
     (y,) = outputs
-    a, b = _rows_2d(x), _compact(w)
+    a, b = _rows_2d(x), check.tma_operand(w)
     (M, K), N = a.shape, b.shape[0]
     if _no_launch_needed(y, K):
         return None
@@ -174,7 +170,7 @@ def _check_f8f8bf16_rowwise(xq, wq, x_scale, w_scale, bias, use_fast_accum):
 
 def _prepare_f8f8bf16_rowwise(select, outputs, xq, wq, x_scale, w_scale, bias, use_fast_accum):
     (y,) = outputs
-    a, b = _rows_2d(xq), _compact(wq)
+    a, b = _rows_2d(xq), check.tma_operand(wq)
     (M, K), N = a.shape, b.shape[0]
     if _no_launch_needed(y, K, bias):
         return None

@@ -54,10 +54,6 @@ def _check_grouped(op: str, x, w, M_sizes, dtypes, names=("x", "w")) -> None:
                          f"output); pad the weight")
 
 
-def _compact(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_contiguous() and t.data_ptr() % _ALIGN_BYTES == 0 else t.contiguous()
-
-
 def _no_launch_needed(y: torch.Tensor, G: int, K: int) -> bool:
     """True when no kernel is needed: an empty result or no groups (nothing written), or K = 0."""
     if y.numel() == 0 or G == 0:
@@ -83,7 +79,7 @@ def _grouped_launch(select, outputs, x, w, M_sizes, scales=()) -> Launch | None:
     G, N, K = w.shape
     if _no_launch_needed(y, G, K):
         return None
-    a, b = _compact(x), _compact(w).view(G * N, K)
+    a, b = check.tma_operand(x), check.tma_operand(w).view(G * N, K)
     kernel, _ = select((dtype_name(M_sizes.dtype),), (a.shape[0], N, K, G))
     target, finish = _store_target(y)
     flat_scales = tuple(s.contiguous().view(-1) for s in scales)

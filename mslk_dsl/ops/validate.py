@@ -80,6 +80,15 @@ def rows(t: torch.Tensor) -> torch.Tensor:
     return t2 if t2.is_contiguous() else t2.contiguous()
 
 
+def tma_operand(t: torch.Tensor) -> torch.Tensor:
+    """``t`` row-major from a 16-byte aligned address, as TMA loads it: ``t`` itself when it is,
+    else a copy. (``contiguous()`` would return a contiguous tensor that starts off the boundary
+    as it is, and the kernel's launcher would refuse it.)"""
+    if t.is_contiguous() and t.data_ptr() % VECTOR_BYTES == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def compact_rows(t: torch.Tensor) -> bool:
     """True for a 2-D tensor laid out exactly row-major (stride (cols, 1)); then torch.empty_like
     of it is row-major too. Plans that allocate outputs with empty_like require it."""
