@@ -5,6 +5,8 @@ import shutil
 import subprocess
 import sys
 
+import torch
+
 
 def run_python(code: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter (fresh memo, fresh imports) and return the result."""
@@ -64,3 +66,16 @@ def tree_snapshot(root) -> dict:
 def copy_tree(src, dst):
     shutil.copytree(src, dst)
     return dst
+
+
+def relaid(args: tuple, layout: str, pad: int) -> tuple:
+    """``args`` with each tensor of two or more dims copied into another layout of the same
+    values: rows padded by ``pad`` elements (a row stride past the row), or starting one element
+    past an aligned address."""
+    def relay(a):
+        if not isinstance(a, torch.Tensor) or a.dim() < 2 or a.numel() == 0:
+            return a
+        if layout == "padded":
+            return torch.empty(*a.shape[:-1], a.shape[-1] + pad, dtype=a.dtype, device=a.device)[..., :a.shape[-1]].copy_(a)
+        return torch.empty(a.numel() + 1, dtype=a.dtype, device=a.device)[1:].view(a.shape).copy_(a)
+    return args if layout == "contiguous" else tuple(relay(a) for a in args)

@@ -1,8 +1,9 @@
 """The random calls of the GPU fuzz test (tests/gpu/test_fuzz_ops.py), on the CPU: every draw of
 a declaration's ``random_problem`` is a call the op serves (its checks pass), and on every
 target the op's whole call path (checks, outputs, ``prepare``) gets a config from the kernel
-choice (tuning or heuristic) that the template's config check accepts. A stand-in replaces the
-compiled kernel, so no kernel is built; CPU tensors stand in for GPU ones."""
+choice (tuning or heuristic) that the template's config check accepts; and every launch, for
+inputs in other layouts too, hands each tensor the alignment its CuTe kernel assumes. A
+stand-in replaces the compiled kernel, so no kernel is built; CPU tensors stand in for GPU ones."""
 import inspect
 import random
 
@@ -75,3 +76,61 @@ def test_each_draw_gets_a_config_the_template_serves(target, monkeypatch):
             getattr(ops, name)(*decl.example(problem, sig, torch.device("cpu")))
             calls += 1
     assert calls >= 8 * 15
+
+
+def test_every_launch_hands_each_tensor_the_alignment_its_kernel_declares(monkeypatch):
+    """10 draws an op (sm90a), a third each with contiguous inputs, rows padded by 1-8 elements
+    and inputs one element past an aligned address: each call either refuses (ValueError /
+    TypeError, never for contiguous inputs) or launches its CuTe kernel with every tensor starting
+    on the alignment the kernel was compiled to assume (the launcher refuses anything else at
+    run time). The kernels' fake arguments (``Template.build``, no compile) say which alignment."""
+    import importlib
+
+    from support import relaid
+
+    import mslk_dsl.ops as ops
+    from mslk_dsl.ops import validate
+
+    monkeypatch.setenv("MSLK_DSL_TARGET", "sm90a")
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)   # CPU tensors stand in for GPU ones
+    for module in ("attention", "attention_decode"):
+        monkeypatch.setattr(importlib.import_module(f"mslk_dsl.ops.{module}"), "sm_count", lambda device: 132)
+    fake_args: dict = {}
+    launches: list = []
+
+    def selection(device, sig, problem, config=None, *, kernels):
+        template, config, sig_dict = kernels.choose("sm90a", sig, problem, config)
+        key = (template.name, repr(config), repr(sig_dict))
+        if key not in fake_args:
+            fake_args[key] = template.build(config, "sm90a", sig_dict)[1]
+        return (lambda *args: launches.append((args, fake_args[key]))), config
+
+    rng = random.Random(f"{SEED}-alignment")
+    launched = 0
+    for name, decl in declarations().items():
+        if decl.composite is not None:
+            continue
+        monkeypatch.setattr(decl.kernels, "selection",
+                            lambda *a, kernels=decl.kernels, **k: selection(*a, **k, kernels=kernels))
+        for _ in range(10):
+            problem, sig = decl.random_problem(rng), rng.choice(_signatures(name))
+            layout, pad = rng.choice(("contiguous", "padded", "offset")), rng.randint(1, 8)
+            args = relaid(decl.example(problem, sig, torch.device("cpu")), layout, pad)
+            launches.clear()
+            try:
+                getattr(ops, name)(*args)
+            except (ValueError, TypeError):
+                assert layout != "contiguous", (name, problem, sig)
+                continue
+            for given, fakes in launches:
+                tensors = [a for a in given if isinstance(a, torch.Tensor)]
+                # (_assumed_align: the alignment a CuTe fake tensor was made with)
+                declared = [f for f in fakes if hasattr(f, "_assumed_align")]
+                assert len(tensors) == len(declared), (name, len(tensors), len(declared))
+                for i, (t, fake) in enumerate(zip(tensors, declared)):
+                    assert t.numel() == 0 or t.data_ptr() % fake._assumed_align == 0, (
+                        f"{name} on {problem} {sig} ({layout} inputs, pad {pad}): tensor argument {i} "
+                        f"starts {t.data_ptr() % 16} bytes past a 16-byte boundary; its kernel assumes "
+                        f"{fake._assumed_align}-byte alignment")
+                launched += 1
+    assert launched >= 60

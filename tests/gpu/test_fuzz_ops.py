@@ -13,6 +13,8 @@ import random
 import pytest
 import torch
 
+from support import relaid
+
 from mslk_dsl import registry
 from mslk_dsl.errors import TemplateImportError
 from mslk_dsl.testing import skipUnlessCudaCapability
@@ -60,19 +62,6 @@ def _mismatch(decl, got, want) -> str | None:
     return None
 
 
-def _relaid(args: tuple, layout: str, pad: int) -> tuple:
-    """``args`` with each tensor of two or more dims copied into another layout of the same
-    values: rows padded by ``pad`` elements (a row stride past the row), or starting one element
-    past an aligned address."""
-    def relay(a):
-        if not isinstance(a, torch.Tensor) or a.dim() < 2 or a.numel() == 0:
-            return a
-        if layout == "padded":
-            return torch.empty(*a.shape[:-1], a.shape[-1] + pad, dtype=a.dtype, device=a.device)[..., :a.shape[-1]].copy_(a)
-        return torch.empty(a.numel() + 1, dtype=a.dtype, device=a.device)[1:].view(a.shape).copy_(a)
-    return args if layout == "contiguous" else tuple(relay(a) for a in args)
-
-
 @pytest.mark.parametrize("draw", range(DRAWS))
 @pytest.mark.parametrize("name", _names())
 def test_a_random_call_matches_the_reference(name, draw):
@@ -92,7 +81,7 @@ def test_a_random_call_matches_the_reference(name, draw):
     args = decl.example(problem, sig, torch.device("cuda"))
     fresh = lambda: tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)  # noqa: E731
     call = f"MSLK_DSL_FUZZ_SEED={SEED}: {name} on {problem} {sig} ({layout} inputs, pad {pad})"
-    first_args = _relaid(fresh(), layout, pad)
+    first_args = relaid(fresh(), layout, pad)
     try:
         got = getattr(ops, name)(*first_args)
         torch.cuda.synchronize()
