@@ -78,6 +78,22 @@ def test_each_draw_gets_a_config_the_template_serves(target, monkeypatch):
     assert calls >= 8 * 15
 
 
+def _assert_layout_fits(where: str, t: torch.Tensor, fake) -> None:
+    """``t``'s sizes and strides are what the kernel's fake tensor declares: a fixed value, or a
+    multiple of a dynamic one's divisibility (strides of dims of one element are free)."""
+    def fits(value: int, declared) -> bool:
+        return value == declared if isinstance(declared, int) else value % declared.divisibility == 0
+
+    shape, stride = tuple(fake.shape), tuple(fake.stride)
+    if any(isinstance(d, tuple) for d in shape + stride):
+        return                                       # a nested layout: not checked here
+    assert t.dim() == len(shape), f"{where} has {t.dim()} dims; its kernel takes {len(shape)}"
+    for d, (size, step) in enumerate(zip(shape, stride)):
+        assert fits(t.shape[d], size), f"{where}: size {t.shape[d]} of dim {d} does not fit {size}"
+        assert t.shape[d] <= 1 or fits(t.stride(d), step), (
+            f"{where}: stride {t.stride(d)} of dim {d} does not fit {step}")
+
+
 def test_every_launch_hands_each_tensor_the_alignment_its_kernel_declares(monkeypatch):
     """10 draws an op (sm90a), a third each with contiguous inputs, rows padded by 1-8 elements
     and inputs one element past an aligned address: each call either refuses (ValueError /
@@ -128,9 +144,10 @@ def test_every_launch_hands_each_tensor_the_alignment_its_kernel_declares(monkey
                 declared = [f for f in fakes if hasattr(f, "_assumed_align")]
                 assert len(tensors) == len(declared), (name, len(tensors), len(declared))
                 for i, (t, fake) in enumerate(zip(tensors, declared)):
+                    where = f"{name} on {problem} {sig} ({layout} inputs, pad {pad}): tensor argument {i}"
                     assert t.numel() == 0 or t.data_ptr() % fake._assumed_align == 0, (
-                        f"{name} on {problem} {sig} ({layout} inputs, pad {pad}): tensor argument {i} "
-                        f"starts {t.data_ptr() % 16} bytes past a 16-byte boundary; its kernel assumes "
-                        f"{fake._assumed_align}-byte alignment")
+                        f"{where} starts {t.data_ptr() % 16} bytes past a 16-byte boundary; its kernel "
+                        f"assumes {fake._assumed_align}-byte alignment")
+                    _assert_layout_fits(where, t, fake)
                 launched += 1
     assert launched >= 60
