@@ -69,12 +69,14 @@ def copy_tree(src, dst):
 
 
 def relaid(args: tuple, layout: str, pad: int) -> tuple:
-    """``args`` with each tensor of two or more dims copied into another layout of the same
-    values: rows padded by ``pad`` elements (a row stride past the row), or starting one element
-    past an aligned address."""
+    """``args`` with each tensor copied into another layout of the same values: rows padded by
+    ``pad`` elements (a row stride past the row; a vector takes every ``pad + 1``-th element of a
+    longer one), or starting one element past an aligned address."""
     def relay(a):
-        if not isinstance(a, torch.Tensor) or a.dim() < 2 or a.numel() == 0:
+        if not isinstance(a, torch.Tensor) or a.numel() == 0:
             return a
+        if layout == "padded" and a.dim() == 1:
+            return torch.empty(a.shape[0] * (pad + 1), dtype=a.dtype, device=a.device)[::pad + 1].copy_(a)
         if layout == "padded":
             return torch.empty(*a.shape[:-1], a.shape[-1] + pad, dtype=a.dtype, device=a.device)[..., :a.shape[-1]].copy_(a)
         return torch.empty(a.numel() + 1, dtype=a.dtype, device=a.device)[1:].view(a.shape).copy_(a)
