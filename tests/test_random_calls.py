@@ -79,11 +79,14 @@ def test_each_draw_gets_a_config_the_template_serves(target, monkeypatch):
 
 
 def _assert_layout_fits(where: str, t: torch.Tensor, fake) -> None:
-    """``t``'s sizes and strides are what the kernel's fake tensor declares: a fixed value, or a
-    multiple of a dynamic one's divisibility (strides of dims of one element are free)."""
+    """``t``'s element width, sizes and strides are what the kernel's fake tensor declares: a fixed
+    value, or a multiple of a dynamic one's divisibility (strides of dims of one element are
+    free)."""
     def fits(value: int, declared) -> bool:
         return value == declared if isinstance(declared, int) else value % declared.divisibility == 0
 
+    width = fake.element_type.width
+    assert t.element_size() * 8 == width, f"{where} is {t.dtype}; its kernel takes {fake.element_type}"
     shape, stride = tuple(fake.shape), tuple(fake.stride)
     if any(isinstance(d, tuple) for d in shape + stride):
         return                                       # a nested layout: not checked here
