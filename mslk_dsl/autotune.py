@@ -37,6 +37,20 @@ def inputs_for(op: str, problem: dict, sig: dict, device="cuda") -> tuple:
     return example(problem, sig, torch.device(device))
 
 
+def tuning_signature(template, sig: dict | None) -> dict:
+    """The whole signature the tuner times and stores: ``sig``'s parts, and for the others the
+    plain call's (no optional input: has_scale_ub, has_valid_count False; 16-byte rows), else
+    each part's first value. ``inputs_for`` builds a call of exactly this signature."""
+    full_sig = {k: False if k.startswith("has_") and False in v else v[0] for k, v in template.signatures.items()}
+    full_sig.update(sig or {})
+    if "vec_bytes" in full_sig and "vec_bytes" not in (sig or {}):
+        full_sig["vec_bytes"] = 16  # full-width rows unless asked otherwise
+    if not template.signature_valid(full_sig):
+        raise InputError(f"tuning {template.op}: signature {full_sig} is no call's; its signatures: "
+                         f"{template.all_signatures()}")
+    return full_sig
+
+
 def tune(op: str, problems: list[dict], sig: dict | None = None, store: bool = True) -> list[tuple[dict, float]]:
     """For each problem: (best config, its time in ms); stored in the tuning DB when ``store``."""
     from triton.testing import do_bench
@@ -49,13 +63,7 @@ def tune(op: str, problems: list[dict], sig: dict | None = None, store: bool = T
     template = registry.templates_for(op, target)[0]
     results = []
     for problem in problems:
-        full_sig = {k: v[0] for k, v in template.signatures.items()}
-        full_sig.update(sig or {})
-        if "vec_bytes" in full_sig and "vec_bytes" not in (sig or {}):
-            full_sig["vec_bytes"] = 16  # full-width rows unless asked otherwise
-        if not template.signature_valid(full_sig):
-            raise InputError(f"tuning {op}: signature {full_sig} is no call's; its signatures: "
-                             f"{template.all_signatures()}")
+        full_sig = tuning_signature(template, sig)
         args = inputs_for(op, problem, full_sig)
         fn = getattr(ops, op)
         default = template.heuristic(target, full_sig, problem)

@@ -96,3 +96,37 @@ def test_storing_a_winner_replaces_a_malformed_db(cache_dir, recwarn):
     assert tuning.lookup("scale_copy", "sm90a", {"factor": 2}, {"M": 1000}) == {"threads": 128}
     assert any("tuning database" in str(w.message) for w in recwarn)
     tuning._load.cache_clear()
+
+
+def test_the_tuner_times_calls_of_the_signature_it_stores(monkeypatch):
+    """For every tunable op, the tuner's inputs (the declaration's example for the signature the
+    tuner stores its winner under, ``autotune.tuning_signature``) make the op choose a kernel of
+    exactly that signature. (The examples once left out scale_ub where the signature had it, so
+    a winner timed on one kernel was stored for another.) The op runs on CPU tensors with a
+    stand-in kernel; the signature it asks for is recorded."""
+    import importlib
+
+
+    import mslk_dsl.ops as ops
+    from mslk_dsl import autotune
+    from mslk_dsl.ops import call, declaration, validate
+
+    monkeypatch.setenv("MSLK_DSL_TARGET", "sm90a")
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)   # CPU tensors stand in for GPU ones
+    for module in ("attention", "attention_decode"):
+        monkeypatch.setattr(importlib.import_module(f"mslk_dsl.ops.{module}"), "sm_count", lambda device: 132)
+    for op in autotune.tunable_ops():
+        decl = declaration.get(op)
+        template = registry.templates_for(op, "sm90a")[0]
+        for sig in (None, {"has_scale_ub": True}, {"has_valid_count": True}):
+            if sig and not set(sig) <= set(template.signatures):
+                continue
+            full_sig = autotune.tuning_signature(template, sig)
+            asked = []
+            monkeypatch.setattr(decl.kernels, "selection", lambda device, signature, problem, config=None: (
+                asked.append(signature) or (lambda *args: None), {}))
+            problem = dict(decl.small_problem)
+            call.clear_python_plans()        # a plan of the previous signature's call would serve it
+            getattr(ops, op)(*autotune.inputs_for(op, problem, full_sig, device="cpu"))
+            want = tuple(full_sig[part] for part in decl.kernels.sig_fields)
+            assert asked and asked[-1] == want, (op, sig, asked, want)

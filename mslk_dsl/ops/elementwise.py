@@ -105,11 +105,20 @@ def _quant_outputs(x: torch.Tensor, *_) -> list:
     return [(tuple(x.shape), fp8_dtype_for(x.device)), (tuple(x.shape[:-1]), torch.float32)]
 
 
+# The scale_ub of examples whose signature has one: below the amax of most N(0, 1) rows of more
+# than ~30 elements, so the cap decides their scales.
+EXAMPLE_SCALE_UB = 2.0
+
+
 def _rows_example(count: int):
-    """``count`` N(0, 1) [M, K] inputs of the signature's dtype."""
+    """``count`` N(0, 1) [M, K] inputs of the signature's dtype, then, where the signature has
+    ``has_scale_ub``, a scale_ub (EXAMPLE_SCALE_UB)."""
     def example(problem: dict, sig: dict, device) -> tuple:
         dtype = getattr(torch, sig.get("dtype", "bfloat16"))
-        return tuple(torch.randn(problem["M"], problem["K"], device=device, dtype=dtype) for _ in range(count))
+        rows = tuple(torch.randn(problem["M"], problem["K"], device=device, dtype=dtype) for _ in range(count))
+        if sig.get("has_scale_ub"):
+            return (*rows, torch.full((1,), EXAMPLE_SCALE_UB, device=device))
+        return rows
     return example
 
 

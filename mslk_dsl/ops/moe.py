@@ -54,24 +54,39 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
 
 
 def _random_routing(rng) -> dict:
-    """T to 65536 tokens over any E of 1..MAX_EXPERTS, top_k of 1..min(MAX_TOP_K, E)."""
-    E = draw.log_int(rng, 1, MAX_EXPERTS)
-    return {"T": draw.log_int(rng, 1, 65536), "E": E, "top_k": rng.randint(1, min(MAX_TOP_K, E))}
+    """T to 65536 tokens over any E of 1..MAX_EXPERTS, top_k of 1..min(MAX_TOP_K, E), a valid
+    token count of 0..T, half the time a range of experts."""
+    T, E = draw.log_int(rng, 1, 65536), draw.log_int(rng, 1, MAX_EXPERTS)
+    problem = {"T": T, "E": E, "top_k": rng.randint(1, min(MAX_TOP_K, E)), "valid": rng.randint(0, T)}
+    if rng.random() < 0.5:                             # a range of local experts (expert parallelism)
+        problem["start"] = rng.randint(0, E)
+        problem["end"] = rng.randint(problem["start"], E)
+    return problem
 
 
 def random_token_rows(rng) -> dict:
     """A routed rows of D elements from / into T tokens' rows (A up to 262144, T to 65536, D to
-    16384), at most 2**26 elements on either side."""
-    return draw.within(rng, lambda r: {"A": draw.log_int(r, 1, 262144), "T": draw.log_int(r, 1, 65536),
-                                       "D": draw.log_int(r, 1, 16384)},
-                       lambda p: max(p["A"], p["T"]) * p["D"], 1 << 26)
+    16384), at most 2**26 elements on either side; a valid row count of 0..A (the scatter's)."""
+    problem = draw.within(rng, lambda r: {"A": draw.log_int(r, 1, 262144), "T": draw.log_int(r, 1, 65536),
+                                          "D": draw.log_int(r, 1, 16384)},
+                          lambda p: max(p["A"], p["T"]) * p["D"], 1 << 26)
+    return {**problem, "valid": rng.randint(0, problem["A"])}
+
+
+def _valid_count(sig: dict, count: int, device) -> torch.Tensor | None:
+    """The examples' valid_token_count: ``count`` where the signature has one, else None."""
+    return torch.full((1,), count, device=device, dtype=torch.int32) if sig.get("has_valid_count") else None
 
 
 def _routing_example(problem: dict, sig: dict, device) -> tuple:
-    """Scores for T tokens over E experts; top_k from the problem (default 2)."""
+    """Scores for T tokens over E experts; top_k from the problem (default 2), and its expert
+    range ("start", "end") and valid token count ("valid", with the signature's
+    has_valid_count) where it has them."""
     dtype = getattr(torch, sig.get("score_dtype", "float32"))
-    scores = torch.rand(problem["T"], problem["E"], device=device).to(dtype)
-    return scores, None, None, None, min(problem.get("top_k", 2), problem["E"])
+    T, E = problem["T"], problem["E"]
+    scores = torch.rand(T, E, device=device).to(dtype)
+    return (scores, problem.get("start"), problem.get("end"), _valid_count(sig, problem.get("valid", T), device),
+            min(problem.get("top_k", 2), E))
 
 
 # -- index_shuffling ------------------------------------------------------------------------------------
@@ -213,7 +228,9 @@ def _gather_example(problem: dict, sig: dict, device) -> tuple:
     x = torch.randn(T, D, device=device, dtype=dtype)
     token_indices = torch.randint(0, T, (A,), device=device, dtype=torch.int32)
     expert_indices = torch.randint(0, 8, (A,), device=device, dtype=torch.int32)
-    return x, token_indices, expert_indices, torch.rand(T, 8, device=device), None
+    scores = torch.rand(T, 8, device=device).to(getattr(torch, sig.get("score_dtype", "float32")))
+    # Every row valid: the op leaves rows past a smaller count uninitialized.
+    return x, token_indices, expert_indices, scores, _valid_count(sig, A, device)
 
 
 def _gather_reference(x, token_indices, expert_indices, scores, valid_token_count=None):
@@ -282,7 +299,8 @@ def _scatter_example(problem: dict, sig: dict, device) -> tuple:
     dtype = getattr(torch, sig.get("dtype", "bfloat16"))
     A, D, T = problem["A"], problem["D"], problem.get("T", problem["A"])
     return (torch.randn(T, D, device=device, dtype=dtype), torch.randn(A, D, device=device, dtype=dtype),
-            torch.randint(0, T, (A,), device=device, dtype=torch.int32), None)
+            torch.randint(0, T, (A,), device=device, dtype=torch.int32),
+            _valid_count(sig, problem.get("valid", A), device))
 
 
 def _scatter_reference(out_tokens, in_tokens, token_indices, valid_token_count=None):
