@@ -250,24 +250,40 @@ def decode_reference(q, k, v, kv_seqlen, block_table=None, scale=None, causal=Tr
 
 
 def _random_decode(rng) -> dict:
-    """B to 64 sequences of L keys (Mq to L, to 32768), Mq of 1..MAX_QUERIES queries, Hkv of
-    1-8 key heads and 1-8 query heads per key head; at most 2**19 key rows over all heads."""
+    """B to 64 sequences of L keys (Mq to L, to 32768; half the time each its own length of Mq..L),
+    Mq of 1..MAX_QUERIES queries, Hkv of 1-8 key heads and 1-8 query heads per key head, a
+    contiguous or (5 in 7) paged cache of 16-256-key pages; at most 2**19 key rows over all
+    heads."""
     def one(r):
         hkv, mq = r.choice((1, 2, 4, 8)), r.randint(1, plan.MAX_QUERIES)
         return {"B": draw.log_int(r, 1, 64), "Mq": mq, "Hkv": hkv, "Hq": hkv * r.choice((1, 2, 4, 8)),
-                "L": draw.log_int(r, mq, 32768)}
+                "L": draw.log_int(r, mq, 32768), "ragged": r.randrange(2),
+                "page": r.choice((0, 0, 16, 32, 64, 128, 256))}
     return draw.within(rng, one, lambda p: p["B"] * p["L"] * p["Hkv"], 1 << 19)
 
 
 def _decode_example(problem: dict, sig: dict, device) -> tuple:
+    """q for B sequences of Mq queries against L keys each, N(0, 1) values, causal. Where the
+    problem says: "ragged" sequences hold Mq..L keys each (drawn), and "page" (a page size) keeps
+    the keys in a paged cache of shuffled pages and a block table."""
     B, Mq, Hq, Hkv, L = problem["B"], problem["Mq"], problem["Hq"], problem["Hkv"], problem["L"]
     D = int(sig.get("head_dim", 128))
     dtype = getattr(torch, sig.get("dtype", "bfloat16"))
+    page = problem.get("page", 0)
     q = torch.randn(B, Mq, Hq, D, device=device, dtype=dtype)
-    k = torch.randn(B, L, Hkv, D, device=device, dtype=dtype)
-    v = torch.randn(B, L, Hkv, D, device=device, dtype=dtype)
-    lengths = torch.full((B,), L, dtype=torch.int32, device=device)
-    return q, k, v, lengths, None, None, True, 0
+    if problem.get("ragged"):
+        lengths = torch.randint(min(Mq, L), L + 1, (B,), device=device, dtype=torch.int32)
+    else:
+        lengths = torch.full((B,), L, dtype=torch.int32, device=device)
+    if not page:
+        k = torch.randn(B, L, Hkv, D, device=device, dtype=dtype)
+        v = torch.randn(B, L, Hkv, D, device=device, dtype=dtype)
+        return q, k, v, lengths, None, None, True, 0
+    per_sequence = -(-L // page)
+    k = torch.randn(B * per_sequence, page, Hkv, D, device=device, dtype=dtype)
+    v = torch.randn(B * per_sequence, page, Hkv, D, device=device, dtype=dtype)
+    table = torch.randperm(B * per_sequence, device=device).to(torch.int32).view(B, per_sequence)
+    return q, k, v, lengths, table, None, True, 0
 
 
 attention_decode = declare(OpDecl(
