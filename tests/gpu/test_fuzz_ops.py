@@ -3,9 +3,8 @@
 its CuTe template (dtype, weight dtype, bias, accumulation, index dtype, head dim), N(0, 1) data,
 contiguous or (half the calls) with padded rows or off an aligned address. Each result matches
 the op's plain-torch reference; only a call in another layout may be refused, with a ValueError
-or TypeError. Each run draws afresh; the seed is printed
-with every failure, and MSLK_DSL_FUZZ_SEED=<seed> repeats a run (MSLK_DSL_FUZZ_DRAWS: draws per
-op, default 6)."""
+or TypeError. Each run draws afresh; the seed is printed with every failure, and
+MSLK_DSL_FUZZ_SEED=<seed> repeats a run (MSLK_DSL_FUZZ_DRAWS: draws per op, default 6)."""
 import math
 import os
 import random
