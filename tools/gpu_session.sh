@@ -17,6 +17,11 @@ export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD PYTHO
 unset PYTHONDONTWRITEBYTECODE
 python3 -m compileall -q -j 0 /tmp/site mslk_dsl templates >/dev/null 2>&1
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "editable install failed; using PYTHONPATH"
+# pyproject.toml maps templates/, arch/ and aot/ into the package; without the editable install,
+# links give the checkout on PYTHONPATH the same import names (git-ignored).
+if ! python3 -c "import mslk_dsl.templates, mslk_dsl.arch, mslk_dsl.manifests" >/dev/null 2>&1; then
+  ln -sfn ../templates mslk_dsl/templates && ln -sfn ../arch mslk_dsl/arch && ln -sfn ../aot mslk_dsl/manifests
+fi
 export MSLK_DSL_CACHE_DIR=${MSLK_DSL_CACHE_DIR:-/tmp/mslk-cache}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 if [ "${PREBUILD:-0}" = 1 ]; then   # every sm90a kernel of the manifest (benchmarks of many configs)
