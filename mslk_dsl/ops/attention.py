@@ -243,4 +243,4 @@ attention_fwd = declare(OpDecl(
     # The mask arguments choose the kernel (its mask family) and its window scalars.
     plan_values=("causal", "bottom_right", "window_left", "window_right", "scale"),
     small_problem={"B": 2, "Mq": 17, "Mk": 33, "Hq": 4, "Hkv": 2, "mask": MASK_CAUSAL, "varlen": 0},
-    random_problem=_random_problem))
+    random_problem=_random_problem, long_sums=True))

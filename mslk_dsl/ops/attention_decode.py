@@ -298,4 +298,4 @@ attention_decode = declare(OpDecl(
     # The split count (num_splits, or the heuristic's from the layout and the device) sizes the
     # scratch partials; scale and causal are kernel scalars.
     plan_values=("scale", "causal", "num_splits"),
-    small_problem={"B": 2, "Mq": 1, "Hq": 8, "Hkv": 2, "L": 100}, random_problem=_random_decode))
+    small_problem={"B": 2, "Mq": 1, "Hq": 8, "Hkv": 2, "L": 100}, random_problem=_random_decode, long_sums=True))

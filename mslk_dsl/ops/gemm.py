@@ -138,7 +138,7 @@ bf16_gemm = declare(OpDecl(
     prepare=_prepare_bf16_gemm, signature=("dtype",), problem=("M", "N", "K"),
     example=_gemm_example(fp8=False),
     reference=lambda x, w: (x.float() @ w.float().T).to(x.dtype),
-    small_problem={"M": 5, "N": 32, "K": 64}, random_problem=_random_problem(8)))
+    small_problem={"M": 5, "N": 32, "K": 64}, random_problem=_random_problem(8), long_sums=True))
 
 
 # -- f8f8bf16_rowwise ---------------------------------------------------------------------------------------
@@ -212,4 +212,4 @@ f8f8bf16_rowwise = declare(OpDecl(
     # Plans are keyed by the inputs' layout, and a bool's layout is its type: only fast (default)
     # calls make and take plans, so a promoted launch never replays for a fast call or the reverse.
     plan_when="use_fast_accum is True",
-    small_problem={"M": 5, "N": 32, "K": 64}, random_problem=_random_problem(16)))
+    small_problem={"M": 5, "N": 32, "K": 64}, random_problem=_random_problem(16), long_sums=True))

@@ -161,7 +161,7 @@ bf16bf16bf16_grouped_stacked = declare(OpDecl(
     outputs=lambda x, w, M_sizes: [((x.shape[0], w.shape[1]), torch.bfloat16)],
     prepare=_grouped_launch, signature=("index_dtype",), problem=("M", "N", "K", "G"),
     example=_example(fp8=False), reference=_grouped_reference,
-    small_problem={"M": 37, "N": 64, "K": 64, "G": 4}, random_problem=_random_problem(8)))
+    small_problem={"M": 37, "N": 64, "K": 64, "G": 4}, random_problem=_random_problem(8), long_sums=True))
 
 
 # -- f8f8bf16_rowwise_grouped_stacked --------------------------------------------------------------
@@ -201,4 +201,4 @@ f8f8bf16_rowwise_grouped_stacked = declare(OpDecl(
     outputs=lambda xq, wq, x_scale, w_scale, M_sizes: [((xq.shape[0], wq.shape[1]), torch.bfloat16)],
     prepare=_prepare_f8_grouped, signature=("index_dtype",), problem=("M", "N", "K", "G"),
     example=_example(fp8=True), reference=_f8_grouped_reference,
-    small_problem={"M": 37, "N": 64, "K": 128, "G": 4}, random_problem=_random_problem(16)))
+    small_problem={"M": 37, "N": 64, "K": 128, "G": 4}, random_problem=_random_problem(16), long_sums=True))
