@@ -81,3 +81,18 @@ def relaid(args: tuple, layout: str, pad: int) -> tuple:
             return torch.empty(*a.shape[:-1], a.shape[-1] + pad, dtype=a.dtype, device=a.device)[..., :a.shape[-1]].copy_(a)
         return torch.empty(a.numel() + 1, dtype=a.dtype, device=a.device)[1:].view(a.shape).copy_(a)
     return args if layout == "contiguous" else tuple(relay(a) for a in args)
+
+
+def cpu_stands_in_for(target: str, monkeypatch) -> None:
+    """Ops on CPU tensors run their whole call path as on ``target`` (forced): the device check
+    passes, and the SM count the attention ops size their grids by is that target's. The
+    caller stands a kernel in for the compiled one (``KernelOp.selection``)."""
+    import importlib
+
+    from mslk_dsl.ops import validate
+
+    monkeypatch.setenv("MSLK_DSL_TARGET", target)
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)
+    sms = {"sm90a": 132, "gfx942": 304, "gfx950": 256}[target]
+    for module in ("attention", "attention_decode"):   # (the package's names are the ops)
+        monkeypatch.setattr(importlib.import_module(f"mslk_dsl.ops.{module}"), "sm_count", lambda device: sms)

@@ -10,6 +10,8 @@ import random
 import pytest
 import torch
 
+from support import cpu_stands_in_for, relaid
+
 from mslk_dsl import registry
 from mslk_dsl.ops import declarations, eager_functions
 
@@ -51,16 +53,9 @@ def test_each_draw_gets_a_config_the_template_serves(target, monkeypatch):
     choice of each call (its signature and sizes as the op's ``prepare`` makes them) is a config
     of that target's template that serves the call, or the call fails here with the
     ConfigError the GPU would raise."""
-    import importlib
-
     import mslk_dsl.ops as ops
-    from mslk_dsl.ops import validate
 
-    monkeypatch.setenv("MSLK_DSL_TARGET", target)
-    monkeypatch.setattr(validate, "gpu", lambda *args: None)   # CPU tensors stand in for GPU ones
-    sms = 132 if target == "sm90a" else 304 if target == "gfx942" else 256
-    for module in ("attention", "attention_decode"):   # (the package's names are the ops)
-        monkeypatch.setattr(importlib.import_module(f"mslk_dsl.ops.{module}"), "sm_count", lambda device: sms)
+    cpu_stands_in_for(target, monkeypatch)
     rng = random.Random(f"{SEED}-{target}")
     calls = 0
     for name, decl in declarations().items():
@@ -103,17 +98,9 @@ def test_every_launch_hands_each_tensor_the_alignment_its_kernel_declares(monkey
     TypeError, never for contiguous inputs) or launches its CuTe kernel with every tensor starting
     on the alignment the kernel was compiled to assume (the launcher refuses anything else at
     run time). The kernels' fake arguments (``Template.build``, no compile) say which alignment."""
-    import importlib
-
-    from support import relaid
-
     import mslk_dsl.ops as ops
-    from mslk_dsl.ops import validate
 
-    monkeypatch.setenv("MSLK_DSL_TARGET", "sm90a")
-    monkeypatch.setattr(validate, "gpu", lambda *args: None)   # CPU tensors stand in for GPU ones
-    for module in ("attention", "attention_decode"):
-        monkeypatch.setattr(importlib.import_module(f"mslk_dsl.ops.{module}"), "sm_count", lambda device: 132)
+    cpu_stands_in_for("sm90a", monkeypatch)
     fake_args: dict = {}
     launches: list = []
 

@@ -104,17 +104,13 @@ def test_the_tuner_times_calls_of_the_signature_it_stores(monkeypatch):
     exactly that signature. (The examples once left out scale_ub where the signature had it, so
     a winner timed on one kernel was stored for another.) The op runs on CPU tensors with a
     stand-in kernel; the signature it asks for is recorded."""
-    import importlib
-
+    from support import cpu_stands_in_for
 
     import mslk_dsl.ops as ops
     from mslk_dsl import autotune
-    from mslk_dsl.ops import call, declaration, validate
+    from mslk_dsl.ops import call, declaration
 
-    monkeypatch.setenv("MSLK_DSL_TARGET", "sm90a")
-    monkeypatch.setattr(validate, "gpu", lambda *args: None)   # CPU tensors stand in for GPU ones
-    for module in ("attention", "attention_decode"):
-        monkeypatch.setattr(importlib.import_module(f"mslk_dsl.ops.{module}"), "sm_count", lambda device: 132)
+    cpu_stands_in_for("sm90a", monkeypatch)
     for op in autotune.tunable_ops():
         decl = declaration.get(op)
         template = registry.templates_for(op, "sm90a")[0]
