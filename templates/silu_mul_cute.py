@@ -58,7 +58,12 @@ CONFIGS = plan.expand(
                    (96, 1, 4), (160, 1, 4), (192, 1, 4), (224, 1, 4), *SHORT_ROWS],
     scalar_shapes=[(128, 4, 4), (128, 1, 16), (256, 1, 8), (256, 1, 16), *SHORT_SCALAR_ROWS, *FITTED_SCALAR_ROWS],
 )
-_valid, _pick = plan.rules(CONFIGS, arrays=2)
+# Flat tiles (plan's ``layout`` "flat"; _cute_flat_rows.map_flat): compact tensors mapped as one
+# flat array of 16-byte vectors, whatever the row length (odd included), 2K-8K elements a CTA.
+FLAT = plan.flat(plan.expand(vector_shapes=[(256, 1, 4), (256, 1, 2), (128, 1, 4), (512, 1, 2)], scalar_shapes=[]))
+CONFIGS = CONFIGS + [{**c, "l1": "keep"} for c in FLAT]
+_valid, _ = plan.rules(CONFIGS, arrays=2)
+_, _pick = plan.rules([c for c in CONFIGS if "layout" not in c], arrays=2)   # the row tiles' smallest cover
 
 # Rows of one element per access: the tiles of one row per CTA holding two vectors per thread
 # (phased), 2048 elements in 128 threads or 4096 in 256. Rows up to 2048 take the smallest
@@ -74,8 +79,19 @@ SCALAR_LONG_ROWS = [plan.config(256, 1, 1, 16), plan.config(128, 1, 1, 16)]
 FITTED_PICKS = [plan.config(threads, rows, 1, chunks) for threads, rows, chunks in FITTED_SCALAR_ROWS]
 
 
+# Rows of FLAT_ROW_BYTES (16 bytes to 2 KiB) take the flat tile of FLAT_SHAPE: a compact call reads
+# its rows as one flat array of 16-byte vectors, every lane busy (a call that is not compact
+# runs the tile's fallback rows, plan.flat_fallback). Not yet timed: see docs/benchmarks.md
+# "Flat tiles".
+FLAT_ROW_BYTES = (16, 2048)
+FLAT_SHAPE = (256, 1, 4)
+
+
 def _heuristic(target, sig, problem):
     k = problem["K"]
+    flat = plan.flat_pick(CONFIGS, sig, k, 2, FLAT_SHAPE, FLAT_ROW_BYTES)
+    if flat is not None:
+        return flat
     if (limits.one_element(sig) and limits.ELEM_BYTES[sig["dtype"]] == 2
             and FITTED_ROWS[0] <= k <= FITTED_ROWS[1]):
         return plan.pick_fitted(FITTED_PICKS, sig, k, arrays=2)
@@ -85,11 +101,16 @@ def _heuristic(target, sig, problem):
 
 
 def build(config, target, sig):
+    import cutlass
     import cutlass.cute as cute
 
+    from mslk_dsl.templates import _cute_flat_rows as flat
     from mslk_dsl.templates import _cute_rowwise as rw
 
     tile = plan.check("silu_mul_cute", config, sig, arrays=2)
+    # A flat config's row kernels (calls the flat kernel does not serve) run its fallback config.
+    rows_config = plan.flat_fallback(sig) if tile.flat else config
+    rows_tile = plan.access_tile(rows_config, sig) if tile.flat else tile
     dtype = rw.dsl_dtype(sig["dtype"])
 
     def values(a, b):
@@ -98,33 +119,49 @@ def build(config, target, sig):
     # Rows of one element per access run their aligned middle in vectors where the three
     # tensors are congruent (rw.PhasedRow), in this tile, if it holds PHASED_MIN_VECTORS per
     # thread; in a kernel of its own (rw.launch_rows).
-    phased = plan.phased_tile(tile, limits.ELEM_BYTES[sig["dtype"]]) if tile.vec == 1 else None
+    phased = plan.phased_tile(rows_tile, limits.ELEM_BYTES[sig["dtype"]]) if rows_tile.vec == 1 else None
     take_phased = phased is not None and phased.chunks >= PHASED_MIN_VECTORS
 
     @cute.kernel
     def kernel(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, mCount: cute.Tensor):
-        row, _, lane, nvec = rw.cta_row(tile, rw.rows_to_write(mO, mCount), mO.shape[1])
+        row, _, lane, nvec = rw.cta_row(rows_tile, rw.rows_to_write(mO, mCount), mO.shape[1])
         _, bidy, _ = cute.arch.block_idx()
         _, gdimy, _ = cute.arch.grid_dim()
-        rw.map_row((rw.row_vectors(mX0, row, tile.vec), rw.row_vectors(mX1, row, tile.vec)), values,
-                   rw.row_vectors(mO, row, tile.vec), tile, lane, nvec, bidy, gdimy)
+        rw.map_row((rw.row_vectors(mX0, row, rows_tile.vec), rw.row_vectors(mX1, row, rows_tile.vec)), values,
+                   rw.row_vectors(mO, row, rows_tile.vec), rows_tile, lane, nvec, bidy, gdimy)
 
     @cute.kernel
     def phased_kernel(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, mCount: cute.Tensor):
-        row, _, lane, nvec = rw.cta_row(tile, rw.rows_to_write(mO, mCount), mO.shape[1])
+        row, _, lane, nvec = rw.cta_row(rows_tile, rw.rows_to_write(mO, mCount), mO.shape[1])
         _, bidy, _ = cute.arch.block_idx()
         _, gdimy, _ = cute.arch.grid_dim()
         pr = rw.phased_row(mX0, row, mO.shape[1], phased.vec, nvec > 0)
         rw.map_row_phased((mX0, mX1), values, mO, phased, pr, lane, bidy, gdimy)
 
+    @cute.kernel
+    def flat_kernel(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, mCount: cute.Tensor):
+        flat.map_flat((mX0, mX1), values, mO, tile, rw.rows_to_write(mO, mCount))
+
     @cute.jit
-    def silu_mul(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, mCount: cute.Tensor, stream):
-        col_tiles = cute.ceil_div(mX0.shape[1], tile.tile_k)
-        grid = (cute.ceil_div(mX0.shape[0], tile.rows_per_block), min(col_tiles, MAX_GRID_Y), 1)
+    def launch_row_kernels(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, mCount: cute.Tensor, stream):
+        col_tiles = cute.ceil_div(mX0.shape[1], rows_tile.tile_k)
+        grid = (cute.ceil_div(mX0.shape[0], rows_tile.rows_per_block), min(col_tiles, MAX_GRID_Y), 1)
         rw.launch_rows((mX0, mX1, mO), phased.vec if take_phased else None, kernel, phased_kernel,
                        (mX0, mX1, mO, mCount),
-                       {"grid": grid, "block": (tile.threads, 1, 1), "stream": stream,
-                        **rw.launch_hints(tile, REGS if config["chunks"] <= 4 else REGS_LONG)})
+                       {"grid": grid, "block": (rows_tile.threads, 1, 1), "stream": stream,
+                        **rw.launch_hints(rows_tile, REGS if rows_config["chunks"] <= 4 else REGS_LONG)})
+
+    @cute.jit
+    def silu_mul(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, mCount: cute.Tensor, stream):
+        if cutlass.const_expr(tile.flat):
+            # elementwise: any row length is served
+            if flat.flat_serves((mX0, mX1, mO), 1, 2**31 - 1):
+                flat_kernel(mX0, mX1, mO, mCount).launch(**flat.flat_launch(tile, mX0.shape[0], mX0.shape[1]),
+                                                         stream=stream, **rw.launch_hints(tile, REGS))
+            else:
+                launch_row_kernels(mX0, mX1, mO, mCount, stream)
+        else:
+            launch_row_kernels(mX0, mX1, mO, mCount, stream)
 
     v, align = rw.row_alignment(sig)
     m, k = rw.dynamic_rows_cols(v)

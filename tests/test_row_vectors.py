@@ -93,14 +93,15 @@ def test_a_128_bit_config_runs_on_8_and_4_byte_rows_in_more_narrower_accesses():
 
 @pytest.mark.parametrize("op", ["silu_mul", "quantize_fp8_row", "silu_mul_quant", "rmsnorm", "rmsnorm_add"])
 def test_one_element_configs_run_phased_rows_in_16_byte_vectors(op):
-    """Every single-CTA one-element config of the CuTe templates that take phased rows
-    (_cute_rowwise.PhasedRow) runs their middle in the same tile as vectors of at most 16 bytes,
+    """Every single-CTA one-element config (flat tiles aside: their rows are not read as rows) of
+    the CuTe templates that take phased rows (_cute_rowwise.PhasedRow) runs their middle in the same tile as vectors of at most 16 bytes,
     and its row groups hold a row's edges (at most 2 (vec - 1) elements)."""
     template = _cute(op)
     for dtype in ("bfloat16", "float16", "float32"):
         esize = limits.ELEM_BYTES[dtype]
         sig = {**template.all_signatures()[0], "dtype": dtype, "vec_bytes": esize}
-        configs = [c for c in template.all_configs() if template.valid(c, "sm90a", sig) and "cluster" not in c]
+        configs = [c for c in template.all_configs()
+                   if template.valid(c, "sm90a", sig) and "cluster" not in c and not plan.RowTile.of(c).flat]
         assert configs, (op, dtype)
         for c in configs:
             tile = plan.access_tile(c, sig)
@@ -609,3 +610,27 @@ def test_silu_mul_quant_takes_16_lanes_on_one_element_rows_of_513_to_1024():
         assert shape(t.heuristic("sm90a", sig, {"M": 50000, "K": 511})) == (128, 4, 16, 1)
     fp32 = {"dtype": "float32", "vec_bytes": 4, "has_scale_ub": False}
     assert shape(t.heuristic("sm90a", fp32, {"M": 50000, "K": 757})) == (128, 4, 32, 1)
+
+
+@pytest.mark.parametrize("op, arrays", [("quantize_fp8_row", 1), ("silu_mul_quant", 2)])
+def test_flat_configs_read_every_row_width_in_16_byte_vectors(op, arrays):
+    """The quantizers' flat tiles serve every signature (odd rows included: the flat array is
+    read in 16-byte vectors whatever the row length), are never cut into narrower accesses, and
+    their launches fall back to a row config that serves the signature."""
+    template = _cute(op)
+    flat = [c for c in template.all_configs() if plan.RowTile.of(c).flat]
+    assert flat
+    for sig in template.all_signatures():
+        elem = limits.ELEM_BYTES[sig["dtype"]]
+        served = [c for c in flat if template.valid(c, "sm90a", sig)]
+        assert served, (op, sig)
+        for c in served:
+            tile = plan.check(template.name, c, sig, arrays)
+            assert tile.flat and tile.vec * elem == 16 and tile.flat_k_max == tile.threads * tile.vec, (op, c)
+        fallback = plan.flat_fallback(sig)
+        assert plan.valid(fallback, sig, arrays) and not plan.RowTile.of(fallback).flat, (op, sig)
+    sig = {"dtype": "bfloat16", "vec_bytes": 2, "has_scale_ub": False}
+    pick = plan.flat_pick(template.all_configs(), sig, 69, arrays, (256, 1, 2), (16, 2048))
+    assert pick is not None and plan.RowTile.of(pick).flat and pick["threads"] == 256 and pick["chunks"] == 2
+    assert plan.flat_pick(template.all_configs(), sig, 1025, arrays, (256, 1, 2), (16, 2048)) is None   # 2050 bytes
+    assert plan.flat_pick(template.all_configs(), sig, 7, arrays, (256, 1, 2), (16, 2048)) is None      # under 16 bytes
