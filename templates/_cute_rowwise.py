@@ -510,13 +510,7 @@ def fp8_quantize_tile(values, scale, rcp, fp8_max: float, fp8_dtype, bounded: bo
     quotient correctly rounded (see above); a TensorSSA (packed conversions). ``bounded``: every
     |value| <= the row's amax (no scale_ub), so the quotient needs no pre-clamp."""
     x = values.to(Float32)
-    return fp8_quantize_values(values, cute.full_like(x, scale), cute.full_like(x, rcp), fp8_max, fp8_dtype, bounded)
-
-
-def fp8_quantize_values(values, s, r, fp8_max: float, fp8_dtype, bounded: bool):
-    """``fp8_quantize_tile`` with a scale and a reciprocal per value (fp32 TensorSSAs shaped as
-    ``values``): values of several rows in one tile (``_cute_flat_rows``)."""
-    x = values.to(Float32)
+    s, r = cute.full_like(x, scale), cute.full_like(x, rcp)
     q = x * r
     if not bounded:
         c = cute.full_like(x, 2.0 * fp8_max)

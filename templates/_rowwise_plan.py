@@ -28,11 +28,10 @@ A config is ``{"threads", "rows_per_block", "vec", "chunks"}``, and for the FP8 
     elements (``STAGED_SMEM_BYTES``); one CTA per row. On one-element rows it applies to the
     phased kernel (its aligned middle); the other kernel of such a config (rows that are not
     congruent) runs ``plain_tile``.
-  * ``layout`` (absent: "rows"; the FP8 row quantizers): "flat" reads compact [M, K] tensors as
-    one flat array of 16-byte vectors, whatever K is (odd included), a CTA owning the rows that
-    start in its ``threads * chunks * vec`` elements (``_cute_flat_rows``); a call it does not
-    serve (K outside [vec, ``flat_k_max``], padded rows, a base off a 16-byte boundary) runs
-    ``flat_fallback``'s row tile instead, picked at launch.
+  * ``layout`` (absent: "rows"; silu_mul): "flat" maps compact [M, K] tensors as one flat array
+    of 16-byte vectors, whatever K is (odd included), ``threads * chunks * vec`` elements a CTA
+    (``_cute_flat_rows``); a call it does not serve (padded rows, a base off a 16-byte boundary)
+    runs ``flat_fallback``'s row tile instead, picked at launch.
 """
 from __future__ import annotations
 
@@ -83,13 +82,6 @@ class RowTile:
         """The tensors are read as one flat array of vectors (the ``layout`` key)."""
         return self.layout == "flat"
 
-    @property
-    def flat_k_max(self) -> int:
-        """The longest row a flat tile serves: the rows that start in a CTA's ``threads * chunks``
-        vectors (a whole number of them, so every CTA starts on a vector) end at most
-        ceil((K - 1) / vec) vectors past them, which one more vector per thread holds while
-        K <= threads * vec."""
-        return self.threads * self.vec
 
     @property
     def staged(self) -> bool:
@@ -166,8 +158,7 @@ def flat(configs) -> list[dict]:
 
 def flat_fallback(sig: dict) -> dict:
     """The config of the row kernels a flat config's launch runs where the flat kernel does not
-    serve the call (padded rows, a base off 16 bytes, a quantizer's row outside its range): 8
-    rows per CTA of 128 threads, 256 elements a pass (2 vectors or 16 single elements per lane),
+    serve the call (padded rows, a base off 16 bytes): 8 rows per CTA of 128 threads, 256 elements a pass (2 vectors or 16 single elements per lane),
     as short rows are what the heuristics pick flat configs for."""
     vec = 1 if one_element(sig) else VECTOR_BYTES // ELEM_BYTES[sig["dtype"]]
     return config(128, 8, vec, 16 if vec == 1 else 2)
@@ -175,17 +166,12 @@ def flat_fallback(sig: dict) -> dict:
 
 def flat_pick(configs: list[dict], sig: dict, k: int, arrays: int, shape, row_bytes: tuple[int, int]) -> dict | None:
     """The flat config of ``shape`` ((threads, rows_per_block, chunks)) for the rows of ``sig``
-    where a row of ``k`` elements is ``row_bytes[0]`` to ``row_bytes[1]`` bytes long (and its
-    tile serves it); else None. The templates that take it say where it was measured."""
-    elem = ELEM_BYTES[sig["dtype"]]
-    if not row_bytes[0] <= k * elem <= row_bytes[1]:
+    where a row of ``k`` elements is ``row_bytes[0]`` to ``row_bytes[1]`` bytes long; else None.
+    The templates that take it say where it was measured."""
+    if not row_bytes[0] <= k * ELEM_BYTES[sig["dtype"]] <= row_bytes[1]:
         return None
-    for c in configs:
-        tile = RowTile.of(c)
-        if (tile.flat and (c["threads"], c["rows_per_block"], c["chunks"]) == tuple(shape)
-                and valid(c, sig, arrays) and tile.vec <= k <= tile.flat_k_max):
-            return c
-    return None
+    return next((c for c in configs if RowTile.of(c).flat and valid(c, sig, arrays)
+                 and (c["threads"], c["rows_per_block"], c["chunks"]) == tuple(shape)), None)
 
 
 def plain_tile(tile: RowTile) -> RowTile:
@@ -220,11 +206,10 @@ def valid(config: dict, sig: dict, arrays: int = 1) -> bool:
     if tile.layout not in LAYOUTS:
         return False
     if tile.flat:
-        # 16-byte vectors of the flat array whatever the rows admit, one "row" of threads per
-        # CTA; a thread holds chunks + 1 vectors of each input
+        # 16-byte vectors of the flat array whatever the rows admit, one "row" of threads per CTA
         return (tile.vec == VECTOR_BYTES // elem and tile.rows_per_block == 1 and tile.cluster == 1
                 and tile.threads in FLAT_THREADS and not tile.staged and tile.l1 == L1_POLICIES[0]
-                and arrays * (tile.chunks + 1) * tile.vec * elem <= MAX_TILE_BYTES_PER_THREAD)
+                and arrays * tile.chunks * tile.vec * elem <= MAX_TILE_BYTES_PER_THREAD)
     if tile.vec != (1 if one_element(sig) else VECTOR_BYTES // elem):
         return False
     tpr = tile.tpr

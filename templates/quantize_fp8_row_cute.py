@@ -57,13 +57,7 @@ SHORT_ROWS = plan.expand(vector_shapes=plan.QUANT_SHORT_VECTOR_ROWS, scalar_shap
 # one-element accesses take the register tile, 77-99% of copy; its staged twin is not yet timed).
 STAGED = plan.staged(plan.expand(vector_shapes=[(224, 1, 4), (224, 1, 8), (256, 1, 8), (256, 1, 16)],
                                  scalar_shapes=[(256, 1, 16), (256, 1, 32), (256, 1, 64), (256, 1, 128)]))
-# Flat tiles (plan's ``layout`` "flat"; _cute_flat_rows): short rows of a compact tensor read as
-# one flat array of 16-byte vectors, a CTA owning the rows that start in its 4K-16K elements.
-FLAT = plan.flat(plan.expand(vector_shapes=[(256, 1, 4), (256, 1, 2), (128, 1, 4), (512, 1, 2), (256, 1, 8)],
-                             scalar_shapes=[]))
-FLAT_REGS = 64
-CONFIGS = (plan.with_l1(SHAPES + STAGED)
-           + plan.with_l1(SHORT_ROWS + plan.expand([], plan.SHORT_SCALAR_GROUP_ROWS) + FLAT, ("keep",)))
+CONFIGS = plan.with_l1(SHAPES + STAGED) + plan.with_l1(SHORT_ROWS + plan.expand([], plan.SHORT_SCALAR_GROUP_ROWS), ("keep",))
 
 # Rows of 7168-16384 elements (and one-element rows of 4097-16384) take a staged tile first
 # (STAGED_PICKS, below). For the others the heuristic (H200, bf16, 1 GiB moved unless noted;
@@ -83,7 +77,7 @@ CONFIGS = (plan.with_l1(SHAPES + STAGED)
 # accesses"), the 2-row 2048 tile in one pass, which pick_fitted takes, beat both.
 HEURISTIC_L1 = "keep"
 HEURISTIC_CONFIGS = [c for c in CONFIGS if c["l1"] == HEURISTIC_L1 and "cluster" not in c and c["threads"] <= 256
-                     and "stage" not in c and "layout" not in c and not plan.short_scalar_groups(c)]
+                     and "stage" not in c and not plan.short_scalar_groups(c)]
 _valid, _ = plan.rules(CONFIGS, arrays=1)
 
 
@@ -124,19 +118,8 @@ STAGED_PICKS = ([{**c, "l1": "keep"} for c in STAGED if c["vec"] > 1 and c["chun
 SHORT_GROUP_PICKS = [(128, 16, 8), (128, 16, 16), (128, 16, 32), (128, 8, 32)]
 
 
-# Rows of FLAT_ROW_BYTES (16 bytes to 2 KiB) take the flat tile of FLAT_SHAPE: a compact call reads
-# its rows as one flat array of 16-byte vectors, every lane busy (a call that is not compact
-# runs the tile's fallback rows, plan.flat_fallback). Not yet timed: see docs/benchmarks.md
-# "Flat tiles".
-FLAT_ROW_BYTES = (16, 2048)
-FLAT_SHAPE = (256, 1, 4)
-
-
 def _heuristic(target, sig, problem):
     k = problem["K"]
-    flat = plan.flat_pick(CONFIGS, sig, k, 1, FLAT_SHAPE, FLAT_ROW_BYTES)
-    if flat is not None:
-        return flat
     short = plan.short_group_pick(CONFIGS, sig, k, 1, SHORT_GROUP_PICKS, rest_past_64=True)
     if short is not None:
         return short
@@ -155,22 +138,17 @@ def _registers(config, tile, target, sig) -> int:
 
 
 def build(config, target, sig):
-    import cutlass
     import cutlass.cute as cute
 
-    from mslk_dsl.templates import _cute_flat_rows as flat
     from mslk_dsl.templates import _cute_rowwise as rw
 
     tile, fp8, dtype, fp8_dtype = rw.quantize_setup("quantize_fp8_row_cute", config, target, sig, arrays=1)
-    # A flat config's row kernels (calls the flat kernel does not serve) run its fallback config.
-    rows_config = plan.flat_fallback(sig) if tile.flat else config
-    rows_tile = plan.access_tile(rows_config, sig) if tile.flat else tile
 
     def values(x):
         return x.load()
 
     def body(mX, mUB, mQ, mS, phased):
-        rw.quantize_rows((mX,), values, mUB, mQ, mS, rows_tile, sig["has_scale_ub"], plan.FP8_ROW_EPS,
+        rw.quantize_rows((mX,), values, mUB, mQ, mS, tile, sig["has_scale_ub"], plan.FP8_ROW_EPS,
                          fp8.fp8_max, phased=phased)
 
     # One-element rows: the phased path in a kernel of its own (rw.launch_rows).
@@ -182,30 +160,12 @@ def build(config, target, sig):
     def phased_kernel(mX: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
         body(mX, mUB, mQ, mS, True)
 
-    @cute.kernel
-    def flat_kernel(mX: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor):
-        flat.quantize_flat((mX,), values, mUB, mQ, mS, tile, sig["has_scale_ub"], plan.FP8_ROW_EPS, fp8.fp8_max,
-                           mQ.shape[0])
-
-    @cute.jit
-    def launch_row_kernels(mX: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, stream):
-        launch = {**rw.row_launch(rows_tile, mX.shape[0]), "stream": stream}
-        rw.launch_rows((mX, mQ), rw.phased_vec(rows_tile, dtype.width // 8), kernel, phased_kernel,
-                       (mX, mUB, mQ, mS),
-                       {**launch, **rw.launch_hints(rows_tile, _registers(rows_config, rows_tile, target, sig))},
-                       {**launch, **rw.launch_hints(rows_tile, _registers(rows_config, plan.plain_tile(rows_tile), target,
-                                                                          sig))})
-
     @cute.jit
     def quantize_fp8_row(mX: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, stream):
-        if cutlass.const_expr(tile.flat):
-            if flat.flat_serves((mX, mQ), tile.vec, tile.flat_k_max):
-                flat_kernel(mX, mUB, mQ, mS).launch(**flat.flat_launch(tile, mX.shape[0], mX.shape[1]), stream=stream,
-                                                    **rw.launch_hints(tile, FLAT_REGS))
-            else:
-                launch_row_kernels(mX, mUB, mQ, mS, stream)
-        else:
-            launch_row_kernels(mX, mUB, mQ, mS, stream)
+        launch = {**rw.row_launch(tile, mX.shape[0]), "stream": stream}
+        rw.launch_rows((mX, mQ), rw.phased_vec(tile, dtype.width // 8), kernel, phased_kernel, (mX, mUB, mQ, mS),
+                       {**launch, **rw.launch_hints(tile, _registers(config, tile, target, sig))},
+                       {**launch, **rw.launch_hints(tile, _registers(config, plan.plain_tile(tile), target, sig))})
 
     args = rw.fake_quantize_args(dtype, fp8_dtype, 1, sig)
     return quantize_fp8_row, args

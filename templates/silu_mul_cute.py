@@ -61,7 +61,7 @@ CONFIGS = plan.expand(
 # Flat tiles (plan's ``layout`` "flat"; _cute_flat_rows.map_flat): compact tensors mapped as one
 # flat array of 16-byte vectors, whatever the row length (odd included), 2K-8K elements a CTA.
 FLAT = plan.flat(plan.expand(vector_shapes=[(256, 1, 4), (256, 1, 2), (128, 1, 4), (512, 1, 2)], scalar_shapes=[]))
-CONFIGS = CONFIGS + [{**c, "l1": "keep"} for c in FLAT]
+CONFIGS = CONFIGS + FLAT
 _valid, _ = plan.rules(CONFIGS, arrays=2)
 _, _pick = plan.rules([c for c in CONFIGS if "layout" not in c], arrays=2)   # the row tiles' smallest cover
 
@@ -79,11 +79,15 @@ SCALAR_LONG_ROWS = [plan.config(256, 1, 1, 16), plan.config(128, 1, 1, 16)]
 FITTED_PICKS = [plan.config(threads, rows, 1, chunks) for threads, rows, chunks in FITTED_SCALAR_ROWS]
 
 
-# Rows of FLAT_ROW_BYTES (16 bytes to 2 KiB) take the flat tile of FLAT_SHAPE: a compact call reads
-# its rows as one flat array of 16-byte vectors, every lane busy (a call that is not compact
-# runs the tile's fallback rows, plan.flat_fallback). Not yet timed: see docs/benchmarks.md
-# "Flat tiles".
-FLAT_ROW_BYTES = (16, 2048)
+# Rows of at most 2 KiB (FLAT_ROW_BYTES) take the flat tile of 256 threads x 4 vectors (FLAT_SHAPE): a
+# compact call is mapped as one flat array of 16-byte vectors, every lane busy, odd rows
+# included (a call that is not compact runs the tile's fallback rows, plan.flat_fallback). H100,
+# bf16, CUDA-graph replays, every config near the row in one run (docs/benchmarks.md "Flat
+# tiles"): the flat tile against the fastest row tile 25.0 against 28.7 us at 131072 x 70, 24.9 /
+# 30.7 at 131072 x 69, 24.3 / 26.8 at 14603 x 597, 17.8 / 20.0 at 9654 x 575, within 1% at the
+# other rows of 76-2000 elements; at 3000 x 14336 and 8192 x 4095 also level, so longer rows
+# keep their row tiles.
+FLAT_ROW_BYTES = (2, 2048)
 FLAT_SHAPE = (256, 1, 4)
 
 
@@ -154,8 +158,7 @@ def build(config, target, sig):
     @cute.jit
     def silu_mul(mX0: cute.Tensor, mX1: cute.Tensor, mO: cute.Tensor, mCount: cute.Tensor, stream):
         if cutlass.const_expr(tile.flat):
-            # elementwise: any row length is served
-            if flat.flat_serves((mX0, mX1, mO), 1, 2**31 - 1):
+            if flat.flat_serves((mX0, mX1, mO)):
                 flat_kernel(mX0, mX1, mO, mCount).launch(**flat.flat_launch(tile, mX0.shape[0], mX0.shape[1]),
                                                          stream=stream, **rw.launch_hints(tile, REGS))
             else:

@@ -54,12 +54,7 @@ SHORT_ROWS = plan.expand(vector_shapes=plan.QUANT_SHORT_VECTOR_ROWS, scalar_shap
 STAGED = plan.staged(plan.expand(vector_shapes=[(224, 1, 4), (256, 1, 4), (160, 1, 8), (256, 1, 6), (224, 1, 8),
                                                 (256, 1, 8)],
                                  scalar_shapes=[(256, 1, 16), (256, 1, 32), (256, 1, 48), (256, 1, 64)]))
-# Flat tiles (plan's ``layout`` "flat"; _cute_flat_rows): short rows of compact tensors read as
-# one flat array of 16-byte vectors, a CTA owning the rows that start in its 2K-8K elements.
-FLAT = plan.flat(plan.expand(vector_shapes=[(256, 1, 4), (256, 1, 2), (128, 1, 4), (512, 1, 2)], scalar_shapes=[]))
-FLAT_REGS = 80
-CONFIGS = (plan.with_l1(TRIMMED + SHAPES + STAGED)
-           + plan.with_l1(SHORT_ROWS + plan.expand([], plan.SHORT_SCALAR_GROUP_ROWS) + FLAT, ("keep",)))
+CONFIGS = plan.with_l1(TRIMMED + SHAPES + STAGED) + plan.with_l1(SHORT_ROWS + plan.expand([], plan.SHORT_SCALAR_GROUP_ROWS), ("keep",))
 _valid, _ = plan.rules(CONFIGS, arrays=2)
 
 # Rows of 7168-16384 elements (and one-element rows of 4097-16384) take a staged tile first
@@ -92,7 +87,7 @@ _valid, _ = plan.rules(CONFIGS, arrays=2)
 # 704 us). H200, bf16, CUDA-graph replays, docs/benchmarks.md "Rows of 8-byte accesses".
 HEURISTIC_L1 = "keep"
 HEURISTIC_CONFIGS = [c for c in CONFIGS if c["threads"] <= 256 and c["l1"] == HEURISTIC_L1 and "regs" not in c
-                     and "stage" not in c and "layout" not in c and not plan.short_scalar_groups(c)]
+                     and "stage" not in c and not plan.short_scalar_groups(c)]
 
 
 # Rows of one element per access past 1024 elements: the 512 tile of 4 rows reading the rest
@@ -164,19 +159,8 @@ SHORT_GROUP_PICKS = [(128, 16, 8), (128, 16, 16), (128, 8, 16)]
 MIDDLE_ONE_ELEMENT_PICKS = ((768, (128, 8, 16)), (1024, (128, 4, 16)))
 
 
-# Rows of FLAT_ROW_BYTES (16 bytes to 2 KiB) take the flat tile of FLAT_SHAPE: a compact call reads
-# its rows as one flat array of 16-byte vectors, every lane busy (a call that is not compact
-# runs the tile's fallback rows, plan.flat_fallback). Not yet timed: see docs/benchmarks.md
-# "Flat tiles".
-FLAT_ROW_BYTES = (16, 2048)
-FLAT_SHAPE = (256, 1, 2)
-
-
 def _heuristic(target, sig, problem):
     k = problem["K"]
-    flat = plan.flat_pick(CONFIGS, sig, k, 2, FLAT_SHAPE, FLAT_ROW_BYTES)
-    if flat is not None:
-        return flat
     short = plan.short_group_pick(CONFIGS, sig, k, 2, SHORT_GROUP_PICKS, rest_past_64=True)
     if short is not None:
         return short
@@ -199,22 +183,17 @@ def _registers(config, tile, target, sig) -> int:
 
 
 def build(config, target, sig):
-    import cutlass
     import cutlass.cute as cute
 
-    from mslk_dsl.templates import _cute_flat_rows as flat
     from mslk_dsl.templates import _cute_rowwise as rw
 
     tile, fp8, dtype, fp8_dtype = rw.quantize_setup("silu_mul_quant_cute", config, target, sig, arrays=2)
-    # A flat config's row kernels (calls the flat kernel does not serve) run its fallback config.
-    rows_config = plan.flat_fallback(sig) if tile.flat else config
-    rows_tile = plan.access_tile(rows_config, sig) if tile.flat else tile
 
     def values(a, b):
         return rw.silu_mul_tile(a, b, dtype)
 
     def body(mX0, mX1, mUB, mQ, mS, mCount, phased):
-        rw.quantize_rows((mX0, mX1), values, mUB, mQ, mS, rows_tile, sig["has_scale_ub"], plan.FP8_ROW_EPS,
+        rw.quantize_rows((mX0, mX1), values, mUB, mQ, mS, tile, sig["has_scale_ub"], plan.FP8_ROW_EPS,
                          fp8.fp8_max, rows=rw.rows_to_write(mQ, mCount), phased=phased)
 
     # One-element rows: the phased path in a kernel of its own (rw.launch_rows).
@@ -228,34 +207,13 @@ def build(config, target, sig):
                       mCount: cute.Tensor):
         body(mX0, mX1, mUB, mQ, mS, mCount, True)
 
-    @cute.kernel
-    def flat_kernel(mX0: cute.Tensor, mX1: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor,
-                    mCount: cute.Tensor):
-        flat.quantize_flat((mX0, mX1), values, mUB, mQ, mS, tile, sig["has_scale_ub"], plan.FP8_ROW_EPS,
-                           fp8.fp8_max, rw.rows_to_write(mQ, mCount))
-
-    @cute.jit
-    def launch_row_kernels(mX0: cute.Tensor, mX1: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor,
-                           mS: cute.Tensor, mCount: cute.Tensor, stream):
-        launch = {**rw.row_launch(rows_tile, mX0.shape[0]), "stream": stream}
-        rw.launch_rows((mX0, mX1, mQ), rw.phased_vec(rows_tile, dtype.width // 8), kernel, phased_kernel,
-                       (mX0, mX1, mUB, mQ, mS, mCount),
-                       {**launch, **rw.launch_hints(rows_tile, _registers(rows_config, rows_tile, target, sig))},
-                       {**launch, **rw.launch_hints(rows_tile, _registers(rows_config, plan.plain_tile(rows_tile), target,
-                                                                          sig))})
-
     @cute.jit
     def silu_mul_quant(mX0: cute.Tensor, mX1: cute.Tensor, mUB: cute.Tensor, mQ: cute.Tensor,
                        mS: cute.Tensor, mCount: cute.Tensor, stream):
-        if cutlass.const_expr(tile.flat):
-            if flat.flat_serves((mX0, mX1, mQ), tile.vec, tile.flat_k_max):
-                flat_kernel(mX0, mX1, mUB, mQ, mS, mCount).launch(
-                    **flat.flat_launch(tile, mX0.shape[0], mX0.shape[1]), stream=stream,
-                    **rw.launch_hints(tile, FLAT_REGS))
-            else:
-                launch_row_kernels(mX0, mX1, mUB, mQ, mS, mCount, stream)
-        else:
-            launch_row_kernels(mX0, mX1, mUB, mQ, mS, mCount, stream)
+        launch = {**rw.row_launch(tile, mX0.shape[0]), "stream": stream}
+        rw.launch_rows((mX0, mX1, mQ), rw.phased_vec(tile, dtype.width // 8), kernel, phased_kernel,
+                       (mX0, mX1, mUB, mQ, mS, mCount), {**launch, **rw.launch_hints(tile, _registers(config, tile, target, sig))},
+                       {**launch, **rw.launch_hints(tile, _registers(config, plan.plain_tile(tile), target, sig))})
 
     args = rw.fake_quantize_args(dtype, fp8_dtype, 2, sig)
     return silu_mul_quant, args[:-1] + [rw.fake_count(), args[-1]]
@@ -270,10 +228,7 @@ def _may_spill(config, target, sig) -> bool:
     vectors per thread in 128 threads (40-48 bytes at 80 registers, 16-bit rows; so since it was
     added, its timings in docs/benchmarks.md "Short rows" included). sm100a's ptxas also spills
     16 bytes in some staged fp32 tiles at their register budget (plan.staged_registers); sm90a's
-    does not. A flat tile of 4 chunks (5 vectors of each input held per thread) spills 48 bytes
-    at 80 registers on sm90a."""
-    if config.get("layout") == "flat":
-        return config["chunks"] >= 4
+    does not."""
     resident = config["vec"] * config["chunks"] >= 32
     staged_sm100 = target == "sm100a" and config.get("stage") == "smem" and sig["dtype"] == "float32"
     short_8_rows = config["threads"] == 128 and config["rows_per_block"] == 8

@@ -225,11 +225,10 @@ def test_short_rows_take_their_measured_tiles():
     assert tile("rmsnorm", 1309, 2, fp32_weight=False) == (128, 2, 32, 1)
     assert tile("rmsnorm_add", 1250, 2, fp32_weight=False) == (128, 2, 32, 1)
     assert tile("rmsnorm", 1500, 2, fp32_weight=False) == (128, 2, 32, 1)
-    assert tile("silu_mul", 128, 16) == (128, 16, 2, 8)
-    assert tile("silu_mul", 722, 4) == (128, 4, 3, 8)
-    assert tile("silu_mul", 826, 4) == (128, 4, 4, 8)
+    # silu_mul maps rows of at most 2 KiB flat (test_flat_configs_read_every_row_width_...)
+    for n, vec_bytes in ((128, 16), (722, 4), (826, 4), (379, 2)):
+        assert tile("silu_mul", n, vec_bytes) == (256, 1, 4, 8)
     assert tile("silu_mul", 1408, 16) == (128, 2, 3, 8)
-    assert tile("silu_mul", 379, 2) == (128, 4, 16, 1)
     assert tile("silu_mul", 1309, 2) == (128, 1, 16, 1)
     for op in ("quantize_fp8_row", "silu_mul_quant"):
         quant = functools.partial(tile, op, has_scale_ub=False)
@@ -612,25 +611,26 @@ def test_silu_mul_quant_takes_16_lanes_on_one_element_rows_of_513_to_1024():
     assert shape(t.heuristic("sm90a", fp32, {"M": 50000, "K": 757})) == (128, 4, 32, 1)
 
 
-@pytest.mark.parametrize("op, arrays", [("quantize_fp8_row", 1), ("silu_mul_quant", 2)])
-def test_flat_configs_read_every_row_width_in_16_byte_vectors(op, arrays):
-    """The quantizers' flat tiles serve every signature (odd rows included: the flat array is
-    read in 16-byte vectors whatever the row length), are never cut into narrower accesses, and
-    their launches fall back to a row config that serves the signature."""
-    template = _cute(op)
+def test_flat_configs_read_every_row_width_in_16_byte_vectors():
+    """silu_mul's flat tiles serve every signature (odd rows included: the flat array is read in
+    16-byte vectors whatever the row length), are never cut into narrower accesses, and their
+    launches fall back to a row config that serves the signature. The heuristic takes them for
+    rows of at most 2 KiB."""
+    template = _cute("silu_mul")
     flat = [c for c in template.all_configs() if plan.RowTile.of(c).flat]
     assert flat
     for sig in template.all_signatures():
         elem = limits.ELEM_BYTES[sig["dtype"]]
         served = [c for c in flat if template.valid(c, "sm90a", sig)]
-        assert served, (op, sig)
+        assert served, sig
         for c in served:
-            tile = plan.check(template.name, c, sig, arrays)
-            assert tile.flat and tile.vec * elem == 16 and tile.flat_k_max == tile.threads * tile.vec, (op, c)
+            tile = plan.check(template.name, c, sig, 2)
+            assert tile.flat and tile.vec * elem == 16, c
         fallback = plan.flat_fallback(sig)
-        assert plan.valid(fallback, sig, arrays) and not plan.RowTile.of(fallback).flat, (op, sig)
-    sig = {"dtype": "bfloat16", "vec_bytes": 2, "has_scale_ub": False}
-    pick = plan.flat_pick(template.all_configs(), sig, 69, arrays, (256, 1, 2), (16, 2048))
-    assert pick is not None and plan.RowTile.of(pick).flat and pick["threads"] == 256 and pick["chunks"] == 2
-    assert plan.flat_pick(template.all_configs(), sig, 1025, arrays, (256, 1, 2), (16, 2048)) is None   # 2050 bytes
-    assert plan.flat_pick(template.all_configs(), sig, 7, arrays, (256, 1, 2), (16, 2048)) is None      # under 16 bytes
+        assert plan.valid(fallback, sig, 2) and not plan.RowTile.of(fallback).flat, sig
+    bf16_odd = {"dtype": "bfloat16", "vec_bytes": 2}
+    for k in (1, 69, 1023, 1024):
+        assert plan.RowTile.of(template.heuristic("sm90a", bf16_odd, {"M": 9, "K": k})).flat, k
+    assert not plan.RowTile.of(template.heuristic("sm90a", bf16_odd, {"M": 9, "K": 1025})).flat
+    assert plan.RowTile.of(template.heuristic("sm90a", {"dtype": "float32", "vec_bytes": 16}, {"M": 9, "K": 512})).flat
+    assert not plan.RowTile.of(template.heuristic("sm90a", {"dtype": "float32", "vec_bytes": 16}, {"M": 9, "K": 516})).flat

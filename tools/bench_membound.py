@@ -221,7 +221,7 @@ def _configs_near(op, d, dtype: str = "bfloat16", fp32_weight: bool = False):
     (the share of all the CTAs of a row) is 0.4-2.5x the row (at most 2.5x for silu_mul, whose
     tiles loop over a longer row, and for rows of one element per access); for scatter_add, every method
     (with and without programmatic dependent launch) at unroll 1, 2 and 4; for the gather, every
-    unroll; and the flat tiles (silu_mul's all, the quantizers' whose rows reach ``d``)."""
+    unroll; and silu_mul's flat tiles, whatever the row."""
     from mslk_dsl import registry
     from mslk_dsl.ops.elementwise import runs_phased
     from mslk_dsl.templates import _rowwise_plan as plan
@@ -240,9 +240,7 @@ def _configs_near(op, d, dtype: str = "bfloat16", fp32_weight: bool = False):
             and not s.get("has_scale_ub") and bool(s.get("fp32_weight")) == fp32_weight and not s.get("has_valid_count")
             and s.get("score_dtype", "float32") == "float32"]
     valid = [c for c in template.all_configs() if template.valid(c, "sm90a", sigs[0])]
-    # flat tiles (the quantizers): every one whose rows reach this row's length
-    flat = [c for c in valid if plan.RowTile.of(c).flat
-            and (base == "silu_mul" or plan.RowTile.of(c).vec <= d <= plan.RowTile.of(c).flat_k_max)]
+    flat = [c for c in valid if plan.RowTile.of(c).flat]   # silu_mul's flat tiles: any row length
     valid = [c for c in valid if not plan.RowTile.of(c).flat]
     if base == "scatter_add":
         return [c for c in valid if c["unroll"] in (1, 2, 4)]

@@ -98,7 +98,9 @@ class OpDecl:
       Python) tests it before it launches.
     - ``composite``: a plain torch function that is the whole op (no kernel).
     - ``random_problem(rng)``: the sizes of a random call the op serves, for the fuzz tests;
-      ``long_sums``: its results sum over long input rows (the fuzz tests' error measure).
+      ``long_sums``: its results are sums of many terms (GEMM K, attention keys, a token's rows
+      in scatter_add), whose rounding errors add up: the fuzz tests measure the error against
+      the result's largest magnitude rather than elementwise.
     """
     name: str
     schema: str

@@ -268,69 +268,49 @@ def test_writes_stay_in_bounds(case):
 
 
 # ---------------------------------------------------------------------------------------------
-# Flat tiles (the quantizers' ``layout`` "flat"): rows owned by the CTA their start falls in.
+# Flat tiles (silu_mul's ``layout`` "flat"): compact tensors mapped as one flat array.
 
 
 def _flat_cases():
-    return [(op, dtype, c) for op in OPS for dtype in DTYPES
-            for c in _template(op).all_configs()
+    return [("silu_mul", dtype, c) for dtype in DTYPES for c in _template("silu_mul").all_configs()
             if c.get("layout") == "flat" and c["vec"] * dtype.itemsize == 16]
 
 
-def _flat_shapes(tile):
-    """(M, K): one row; rows a vector long; odd rows over many CTAs (rows straddling every CTA
-    boundary, the tensor ending inside a vector); the longest row served; rows too short or too
-    long for the flat kernel (its fallback)."""
-    v, k_max = tile.vec, tile.flat_k_max
-    return [(1, 8), (3, v), (2, 9), (1000, 69), (4099, 70), (333, 127), (2000, 500), (97, k_max), (50, k_max - 1),
-            (41, k_max + 3), (7, 3), (3001, 13), (5, 1), (3, 9001)]
+# (M, K): one element, one row, rows shorter than a vector, odd rows over many CTAs (the tensor
+# ending inside a vector), long rows
+FLAT_SHAPES = [(1, 1), (1, 8), (3, 4), (2, 9), (1000, 69), (4099, 70), (333, 127), (2000, 500), (97, 2048),
+               (41, 2051), (7, 3), (3001, 13), (5, 1), (3, 9001)]
 
 
 @SM90
 @pytest.mark.parametrize("case", _flat_cases(), ids=_case_id)
-def test_flat_configs_on_short_rows(case):
-    """Against the references (the quantizers bit for bit), on fresh rows (the flat kernel) and
-    on rows it does not serve (the quantizers' K outside its range, padded rows, a base off 16
-    bytes: the fallback row kernel)."""
+def test_flat_configs(case):
+    """Against the reference, on fresh tensors (the flat kernel) and on tensors it does not serve
+    (padded rows, a base off 16 bytes: the fallback row kernel)."""
     op, dtype, config = case
-    tile = RowTile.of(config)
-    two = op != "quantize_fp8_row"
-    for m, k in _flat_shapes(tile):
-        for ub in ((None,) if op == "silu_mul" else (None, 0.5)):
-            x0, x1 = _randn(m, k, dtype, 3), (_randn(m, k, dtype, 4) if two else None)
-            check(op, x0, x1, ub, config)
+    for m, k in FLAT_SHAPES:
+        check(op, _randn(m, k, dtype, 3), _randn(m, k, dtype, 4), None, config)
     m, k = 300, 77
     padded = [_randn(m, k + 5, dtype, s)[:, :k] for s in (5, 6)]
     shifted = [_inputs_off_16_bytes(_randn(m, k, dtype, s), dtype.itemsize) for s in (7, 8)]
     for x0, x1 in (padded, shifted):
-        check(op, x0, x1 if two else None, None, config)
+        check(op, x0, x1, None, config)
 
 
 @SM90
-@pytest.mark.parametrize("op", ["silu_mul", "silu_mul_quant"])
 @pytest.mark.parametrize("m, k, n", [(4099, 70, 2500), (1000, 69, 0), (333, 127, 333), (2000, 500, 1)])
-def test_flat_tiles_leave_rows_past_the_count(op, m, k, n):
-    """valid_token_count in a flat tile: rows from the count on (in the middle of a CTA's rows)
-    are not written."""
-    config = next(c for c in _template(op).all_configs() if c.get("layout") == "flat" and c["vec"] == 8)
+def test_flat_tiles_leave_rows_past_the_count(m, k, n):
+    """valid_token_count in a flat tile: the elements of rows from the count on (from the middle
+    of a CTA's span or of a vector) are not written."""
+    config = next(c for c in _template("silu_mul").all_configs() if c.get("layout") == "flat" and c["vec"] == 8)
     x0, x1 = _randn(m, k, torch.bfloat16, 9), _randn(m, k, torch.bfloat16, 10)
     count = torch.tensor([n], dtype=torch.int32, device="cuda")
     v = min(n, m)
-    if op == "silu_mul":
-        want = ops.silu_mul(x0, x1)
-        out = torch.full_like(want, 12345.0)
-        ops.silu_mul(x0, x1, count, out=out, config=config)
-        assert torch.equal(out[:v], want[:v])
-        assert (out[v:] == 12345.0).all(), "a row past valid_token_count was written"
-        return
-    want_q, want_s = ops.silu_mul_quant(x0, x1)
-    xq = torch.full_like(want_q.view(torch.uint8), 0x5A).view(want_q.dtype)
-    scale = torch.full_like(want_s, -7.0)
-    ops.silu_mul_quant(x0, x1, None, count, out=(xq, scale), config=config)
-    assert_same_bits(scale[:v], want_s[:v], "scale")
-    assert_same_bits(xq[:v], want_q[:v], "xq")
-    assert (xq[v:].view(torch.uint8) == 0x5A).all(), "an xq row past valid_token_count was written"
-    assert (scale[v:] == -7.0).all(), "a scale past valid_token_count was written"
+    want = ops.silu_mul(x0, x1)
+    out = torch.full_like(want, 12345.0)
+    ops.silu_mul(x0, x1, count, out=out, config=config)
+    assert torch.equal(out[:v], want[:v])
+    assert (out[v:] == 12345.0).all(), "a row past valid_token_count was written"
 
 
 # ---------------------------------------------------------------------------------------------
