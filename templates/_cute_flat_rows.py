@@ -53,26 +53,34 @@ def map_flat(inputs, combine: cutlass.Constexpr, mO: cute.Tensor, tile: cutlass.
             f.fill(0)
             frags.append(f)
         for src, f in zip(srcs, frags):
-            atom = rw._atom(True, src.element_type, vec, rw.KEEP)
-            for r in cutlass.range_constexpr(chunks):
-                v = tidx + r * threads
-                if v < whole:
-                    cute.copy(atom, src[None, v], f[None, r])
-                elif v < nvec:
-                    for j in cutlass.range_constexpr(vec):
-                        if j < rest:
-                            f[j, r] = src[j, v]
+            _copy_flat(f, src, True, tidx, threads, whole, nvec, rest)
         out = cute.make_rmem_tensor((vec, chunks), mO.element_type)
         out.store(combine(*frags))
-        store = rw._atom(False, mO.element_type, vec, rw.KEEP)
-        for r in cutlass.range_constexpr(chunks):
-            v = tidx + r * threads
-            if v < whole:
-                cute.copy(store, out[None, r], dst[None, v])
-            elif v < nvec:
-                for j in cutlass.range_constexpr(vec):
-                    if j < rest:
-                        dst[j, v] = out[j, r]
+        _copy_flat(out, dst, False, tidx, threads, whole, nvec, rest)
+
+
+@cute.jit
+def _copy_flat(regs: cute.Tensor, view: cute.Tensor, load: cutlass.Constexpr[bool], first: Int32,
+               step: cutlass.Constexpr[int], whole: Int32, nvec: Int32, rest: Int32):
+    """Between a register tile (vec, n) and a ``_flat_view``: column ``i`` and vector
+    ``first + i*step``, one access for vectors below ``whole``; the partial last vector (index
+    ``whole``, below ``nvec``) element by element, its first ``rest`` elements only."""
+    vec = cute.size(regs, mode=[0])
+    atom = rw._atom(load, view.element_type, vec, rw.KEEP)
+    for i in cutlass.range_constexpr(cute.size(regs, mode=[1])):
+        v = first + i * step
+        if v < whole:
+            if cutlass.const_expr(load):
+                cute.copy(atom, view[None, v], regs[None, i])
+            else:
+                cute.copy(atom, regs[None, i], view[None, v])
+        elif v < nvec:
+            for j in cutlass.range_constexpr(vec):
+                if j < rest:
+                    if cutlass.const_expr(load):
+                        regs[j, i] = view[j, v]
+                    else:
+                        view[j, v] = regs[j, i]
 
 
 @cute.jit
