@@ -82,7 +82,6 @@ class RowTile:
         """The tensors are read as one flat array of vectors (the ``layout`` key)."""
         return self.layout == "flat"
 
-
     @property
     def staged(self) -> bool:
         """The first tile of a row waits in shared memory (the ``stage`` key)."""
@@ -158,8 +157,9 @@ def flat(configs) -> list[dict]:
 
 def flat_fallback(sig: dict) -> dict:
     """The config of the row kernels a flat config's launch runs where the flat kernel does not
-    serve the call (padded rows, a base off 16 bytes): 8 rows per CTA of 128 threads, 256 elements a pass (2 vectors or 16 single elements per lane),
-    as short rows are what the heuristics pick flat configs for."""
+    serve the call (padded rows, a base off 16 bytes): 8 rows per CTA of 128 threads, 256
+    elements a pass (2 vectors or 16 single elements per lane), as short rows are what the
+    heuristics pick flat configs for."""
     vec = 1 if one_element(sig) else VECTOR_BYTES // ELEM_BYTES[sig["dtype"]]
     return config(128, 8, vec, 16 if vec == 1 else 2)
 

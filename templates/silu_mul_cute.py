@@ -83,10 +83,10 @@ FITTED_PICKS = [plan.config(threads, rows, 1, chunks) for threads, rows, chunks 
 # compact call is mapped as one flat array of 16-byte vectors, every lane busy, odd rows
 # included (a call that is not compact runs the tile's fallback rows, plan.flat_fallback). H100,
 # bf16, CUDA-graph replays, every config near the row in one run (docs/benchmarks.md "Flat
-# tiles"): the flat tile against the fastest row tile 25.0 against 28.7 us at 131072 x 70, 24.9 /
-# 30.7 at 131072 x 69, 24.3 / 26.8 at 14603 x 597, 17.8 / 20.0 at 9654 x 575, within 1% at the
-# other rows of 76-2000 elements; at 3000 x 14336 and 8192 x 4095 also level, so longer rows
-# keep their row tiles.
+# tiles"): this tile against the fastest row tile 25.1 against 28.7 us at 131072 x 70, 24.9 /
+# 30.7 at 131072 x 69, 24.5 / 26.8 at 14603 x 597, 17.8 / 20.0 at 9654 x 575, level or 1-3%
+# faster at the other rows of 76-1000 elements, 5% slower at 4000 x 300 (7 MiB); level at
+# 20000 x 2000, 3000 x 14336 and 8192 x 4095, so rows past 2 KiB keep their row tiles.
 FLAT_ROW_BYTES = (2, 2048)
 FLAT_SHAPE = (256, 1, 4)
 
