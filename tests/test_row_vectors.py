@@ -93,9 +93,10 @@ def test_a_128_bit_config_runs_on_8_and_4_byte_rows_in_more_narrower_accesses():
 
 @pytest.mark.parametrize("op", ["silu_mul", "quantize_fp8_row", "silu_mul_quant", "rmsnorm", "rmsnorm_add"])
 def test_one_element_configs_run_phased_rows_in_16_byte_vectors(op):
-    """Every single-CTA one-element config (flat tiles aside: their rows are not read as rows) of
-    the CuTe templates that take phased rows (_cute_rowwise.PhasedRow) runs their middle in the same tile as vectors of at most 16 bytes,
-    and its row groups hold a row's edges (at most 2 (vec - 1) elements)."""
+    """Every single-CTA one-element config (flat tiles aside: they do not read rows) of the CuTe
+    templates that take phased rows (_cute_rowwise.PhasedRow) runs their middle in the same tile
+    as vectors of at most 16 bytes, and its row groups hold a row's edges (at most 2 (vec - 1)
+    elements)."""
     template = _cute(op)
     for dtype in ("bfloat16", "float16", "float32"):
         esize = limits.ELEM_BYTES[dtype]

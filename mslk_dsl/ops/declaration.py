@@ -144,8 +144,8 @@ class OpDecl:
         """Why the results ``got`` do not match ``want`` (the reference's on the same inputs), or
         None where they match: integers exactly, FP8 values within one step of their grid (rtol
         0.07), other floats within ``tolerance`` (16-bit ones at least within one unit in the
-        last place); only the ``defined`` parts. The GPU tests and
-        the autotuner judge a kernel by it."""
+        last place); only the ``defined`` parts. The GPU tests and the autotuner judge a kernel
+        by it."""
         got, want = self.defined_results(got), self.defined_results(want)
         if len(got) != len(want):
             return f"{self.name}: {len(got)} results, expected {len(want)}"
