@@ -100,6 +100,19 @@ def test_membound_configs_near_a_row_are_ones_its_call_accepts():
             assert all(template.valid(c, "sm90a", sig) for c in near), (op, d)
 
 
+def test_membound_configs_near_a_row_for_every_op():
+    """Every op of the sweep can name its configs near a row (the MoE ops' configs are no row
+    tiles), and silu_mul's include its flat tiles whatever the row."""
+    from mslk_dsl.templates import _rowwise_plan as plan
+
+    for op in membound.OPS + membound.EXTRA_OPS:
+        for d in (69, 700, 4096):
+            near = membound._configs_near(op, d)
+            assert near or op == "gather_quant_k2", (op, d)   # (no tile of its within 2.5x a 69-element row)
+            if op == "silu_mul":
+                assert any(plan.RowTile.of(c).flat for c in near), d
+
+
 def test_phased_rows_draws_word_rows_in_range_and_keeps_the_routing_table():
     """``phased_rows --random`` draws only rows of 8- or 4-byte accesses (K even, not a multiple of
     8) in --k-range, both widths, the same for a seed; its cut side empties the routing table only

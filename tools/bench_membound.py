@@ -240,12 +240,12 @@ def _configs_near(op, d, dtype: str = "bfloat16", fp32_weight: bool = False):
             and not s.get("has_scale_ub") and bool(s.get("fp32_weight")) == fp32_weight and not s.get("has_valid_count")
             and s.get("score_dtype", "float32") == "float32"]
     valid = [c for c in template.all_configs() if template.valid(c, "sm90a", sigs[0])]
-    flat = [c for c in valid if plan.RowTile.of(c).flat]   # silu_mul's flat tiles: any row length
-    valid = [c for c in valid if not plan.RowTile.of(c).flat]
     if base == "scatter_add":
         return [c for c in valid if c["unroll"] in (1, 2, 4)]
     if base == "gather":
         return valid
+    flat = [c for c in valid if plan.RowTile.of(c).flat]   # silu_mul's flat tiles: any row length
+    valid = [c for c in valid if not plan.RowTile.of(c).flat]
     if base == "silu_mul" or vec_bytes == ELEM_BYTES[dtype]:
         # silu_mul's tiles loop over a longer row; rows of one element per access have few
         # configs, and their tiles that read the rest again can win far below the row's length
