@@ -31,7 +31,8 @@ A config is ``{"threads", "rows_per_block", "vec", "chunks"}``, and for the FP8 
   * ``layout`` (absent: "rows"; silu_mul): "flat" maps compact [M, K] tensors as one flat array
     of 16-byte vectors, whatever K is (odd included), ``threads * chunks * vec`` elements a CTA
     (``_cute_flat_rows``); a call it does not serve (padded rows, a base off a 16-byte boundary)
-    runs ``flat_fallback``'s row tile instead, picked at launch.
+    runs ``flat_fallback``'s row tile instead, picked at launch. (The op layer copies padded rows
+    compact, so through the ops only a base off 16 bytes falls back.)
 """
 from __future__ import annotations
 

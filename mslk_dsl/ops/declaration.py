@@ -124,9 +124,8 @@ class OpDecl:
     # ``problem``; see random_problems.py). The GPU fuzz test draws them with random signatures
     # of the op's templates and checks each result against ``reference``.
     random_problem: Callable[[random.Random], dict] | None = None
-    # True where the results are sums over long rows of the inputs (GEMM K, attention keys), whose
-    # low-precision accumulation (FP8 without promotion) can miss ``tolerance`` elementwise on
-    # results near zero: the fuzz test then judges the error against the result's largest value.
+    # Results that are sums of many terms (see the class docstring): judged by the fuzz test
+    # against the result's largest value rather than elementwise.
     long_sums: bool = False
 
     def __post_init__(self):

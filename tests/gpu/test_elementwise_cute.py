@@ -285,8 +285,9 @@ FLAT_SHAPES = [(1, 1), (1, 8), (3, 4), (2, 9), (1000, 69), (4099, 70), (333, 127
 @SM90
 @pytest.mark.parametrize("case", _flat_cases(), ids=_case_id)
 def test_flat_configs(case):
-    """Against the reference, on fresh tensors (the flat kernel) and on tensors it does not serve
-    (padded rows, a base off 16 bytes: the fallback row kernel)."""
+    """Against the reference, on fresh tensors (the flat kernel), on padded rows (which the op
+    layer hands over compact: the flat kernel) and on inputs one element off a 16-byte boundary
+    (the flat kernel does not serve them: the fallback row kernel)."""
     op, dtype, config = case
     for m, k in FLAT_SHAPES:
         check(op, _randn(m, k, dtype, 3), _randn(m, k, dtype, 4), None, config)
