@@ -59,21 +59,27 @@ class IndexShuffling(space.RouteGeometry):
             off //= 2
         return m
 
-    # -- kernels ---------------------------------------------------------------------------------
-    @cute.kernel
-    def route_kernel(self, mScore: cute.Tensor, mN: cute.Tensor, mSlots: cute.Tensor, mHist: cute.Tensor,
-                     top_k: Int32, e_start: Int32, e_end: Int32, tpw: Int32):
+    def route_smem(self, smem):
+        """whist[e + MAX_E * w]: warp w's count of expert e so far, later its offset in the chunk."""
+        return smem.allocate_tensor(Int32, cute.make_layout(self.max_e * self.route_waves), byte_alignment=16)
+
+    def place_smem(self, smem):
+        """The place step's per-thread prefix and total counts, and the experts' bases."""
+        return (smem.allocate_tensor(Int32, cute.make_layout(PLACE_THREADS), byte_alignment=16),
+                smem.allocate_tensor(Int32, cute.make_layout(PLACE_THREADS), byte_alignment=16),
+                smem.allocate_tensor(Int32, cute.make_layout(self.max_e), byte_alignment=16))
+
+    # -- the two steps, each the work of one block on one chunk of tokens ---------------------------
+    @cute.jit
+    def route_chunk(self, mScore: cute.Tensor, mN: cute.Tensor, mSlots: cute.Tensor, mHist: cute.Tensor,
+                    top_k: Int32, e_start: Int32, e_end: Int32, tpw: Int32, chunk: Int32, whist: cute.Tensor):
         MAX_E, LANES, NWARPS, NT = self.max_e, self.lanes, self.route_waves, self.threads
         P, V, KeyT = self.tokens_per_step, self.keys_per_lane, self.key_t
         tidx, _, _ = cute.arch.thread_idx()
-        chunk, _, _ = cute.arch.block_idx()
         warp, lane = tidx // 32, tidx % 32
         grp, g = lane // LANES, lane % LANES
         n_tok, n_exp = mScore.shape
         n_valid = self.n_routed(mN, n_tok)
-        smem = cutlass.memory.SmemAllocator()
-        # whist[e + MAX_E * w]: warp w's count of expert e so far, later its offset in the chunk.
-        whist = smem.allocate_tensor(Int32, cute.make_layout(MAX_E * NWARPS), byte_alignment=16)
         for i in cutlass.range_constexpr((MAX_E * NWARPS + NT - 1) // NT):
             if i * NT + tidx < MAX_E * NWARPS:
                 whist[i * NT + tidx] = 0
@@ -128,18 +134,14 @@ class IndexShuffling(space.RouteGeometry):
                     if slot >= 0:
                         mSlots[t * top_k + g] = slot + (whist[(slot & self.expert_mask) + MAX_E * warp] << self.expert_bits)
 
-    @cute.kernel
-    def place_kernel(self, mSlots: cute.Tensor, mHist: cute.Tensor, mCounts: cute.Tensor, mExpOut: cute.Tensor,
-                     mTokOut: cute.Tensor, n_tok: Int32, top_k: Int32, e_start: Int32, e_end: Int32,
-                     tpc: Int32, n_chunks: Int32):
+    @cute.jit
+    def place_chunk(self, mSlots: cute.Tensor, mHist: cute.Tensor, mCounts: cute.Tensor, mExpOut: cute.Tensor,
+                    mTokOut: cute.Tensor, n_tok: Int32, top_k: Int32, e_start: Int32, e_end: Int32,
+                    tpc: Int32, n_chunks: Int32, chunk: Int32, s_pre: cute.Tensor, s_tot: cute.Tensor,
+                    s_base: cute.Tensor):
         MAX_E, PB, EPL = self.max_e, self.place_parts, self.experts_per_lane
         tidx, _, _ = cute.arch.thread_idx()
-        chunk, _, _ = cute.arch.block_idx()
         n_exp = mCounts.shape[0] - 2
-        smem = cutlass.memory.SmemAllocator()
-        s_pre = smem.allocate_tensor(Int32, cute.make_layout(PLACE_THREADS), byte_alignment=16)
-        s_tot = smem.allocate_tensor(Int32, cute.make_layout(PLACE_THREADS), byte_alignment=16)
-        s_base = smem.allocate_tensor(Int32, cute.make_layout(MAX_E), byte_alignment=16)
 
         # Per expert: the count of earlier chunks and of all chunks, PB threads per expert. The
         # loads are clamped rather than predicated so that all of them are in flight at once.
@@ -203,6 +205,38 @@ class IndexShuffling(space.RouteGeometry):
                     mExpOut[pos] = ee - e_start
                     mTokOut[pos] = (t0 * top_k + s) // top_k
 
+    # -- kernels ---------------------------------------------------------------------------------
+    @cute.kernel
+    def route_kernel(self, mScore: cute.Tensor, mN: cute.Tensor, mSlots: cute.Tensor, mHist: cute.Tensor,
+                     top_k: Int32, e_start: Int32, e_end: Int32, tpw: Int32):
+        chunk, _, _ = cute.arch.block_idx()
+        whist = self.route_smem(cutlass.memory.SmemAllocator())
+        self.route_chunk(mScore, mN, mSlots, mHist, top_k, e_start, e_end, tpw, chunk, whist)
+
+    @cute.kernel
+    def place_kernel(self, mSlots: cute.Tensor, mHist: cute.Tensor, mCounts: cute.Tensor, mExpOut: cute.Tensor,
+                     mTokOut: cute.Tensor, n_tok: Int32, top_k: Int32, e_start: Int32, e_end: Int32,
+                     tpc: Int32, n_chunks: Int32):
+        chunk, _, _ = cute.arch.block_idx()
+        s_pre, s_tot, s_base = self.place_smem(cutlass.memory.SmemAllocator())
+        self.place_chunk(mSlots, mHist, mCounts, mExpOut, mTokOut, n_tok, top_k, e_start, e_end, tpc, n_chunks,
+                         chunk, s_pre, s_tot, s_base)
+
+    @cute.kernel
+    def single_kernel(self, mScore: cute.Tensor, mN: cute.Tensor, mSlots: cute.Tensor, mHist: cute.Tensor,
+                      mCounts: cute.Tensor, mExpOut: cute.Tensor, mTokOut: cute.Tensor, top_k: Int32,
+                      e_start: Int32, e_end: Int32, tpw: Int32):
+        """Both steps in one block over all tokens (one chunk): one launch where the two kernels
+        take two. The place step reads what the route step wrote to the workspaces once the
+        block's barrier has made those writes visible to every thread of the block."""
+        smem = cutlass.memory.SmemAllocator()
+        whist = self.route_smem(smem)
+        s_pre, s_tot, s_base = self.place_smem(smem)
+        self.route_chunk(mScore, mN, mSlots, mHist, top_k, e_start, e_end, tpw, Int32(0), whist)
+        cute.arch.sync_threads()
+        self.place_chunk(mSlots, mHist, mCounts, mExpOut, mTokOut, mScore.shape[0], top_k, e_start, e_end,
+                         tpw * self.route_waves, Int32(1), Int32(0), s_pre, s_tot, s_base)
+
     # -- host launcher ---------------------------------------------------------------------------
     @cute.jit
     def __call__(self, mScore: cute.Tensor, mN: cute.Tensor, mCounts: cute.Tensor, mExpOut: cute.Tensor,
@@ -210,14 +244,19 @@ class IndexShuffling(space.RouteGeometry):
                  e_start: Int32, e_end: Int32, stream):
         n_tok = mScore.shape[0]
         step = self.route_waves * self.tokens_per_step
-        n_chunks = cutlass.min((n_tok + step - 1) // step, MAX_CHUNKS)
-        tpw = ((n_tok + n_chunks - 1) // n_chunks + step - 1) // step * self.tokens_per_step  # tokens per warp
-        tpc = tpw * self.route_waves                                                        # tokens per chunk
-        n_chunks = (n_tok + tpc - 1) // tpc
-        self.route_kernel(mScore, mN, mSlots, mHist, top_k, e_start, e_end, tpw).launch(
-            grid=(n_chunks, 1, 1), block=(self.threads, 1, 1), stream=stream)
-        self.place_kernel(mSlots, mHist, mCounts, mExpOut, mTokOut, n_tok, top_k, e_start, e_end, tpc,
-                          n_chunks).launch(grid=(n_chunks, 1, 1), block=(PLACE_THREADS, 1, 1), stream=stream)
+        if const_expr(self.single):  # one block, one chunk of every token
+            tpw = (n_tok + step - 1) // step * self.tokens_per_step
+            self.single_kernel(mScore, mN, mSlots, mHist, mCounts, mExpOut, mTokOut, top_k, e_start, e_end,
+                               tpw).launch(grid=(1, 1, 1), block=(self.threads, 1, 1), stream=stream)
+        else:
+            n_chunks = cutlass.min((n_tok + step - 1) // step, MAX_CHUNKS)
+            tpw = ((n_tok + n_chunks - 1) // n_chunks + step - 1) // step * self.tokens_per_step  # per warp
+            tpc = tpw * self.route_waves                                                        # per chunk
+            n_chunks = (n_tok + tpc - 1) // tpc
+            self.route_kernel(mScore, mN, mSlots, mHist, top_k, e_start, e_end, tpw).launch(
+                grid=(n_chunks, 1, 1), block=(self.threads, 1, 1), stream=stream)
+            self.place_kernel(mSlots, mHist, mCounts, mExpOut, mTokOut, n_tok, top_k, e_start, e_end, tpc,
+                              n_chunks).launch(grid=(n_chunks, 1, 1), block=(PLACE_THREADS, 1, 1), stream=stream)
 
     def fake_args(self):
         """Compile-time stand-ins for ``__call__``'s arguments, every size dynamic."""

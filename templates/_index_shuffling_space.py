@@ -3,7 +3,8 @@ config checks and the heuristic (plain Python: the registry runs them without a 
 
 A config is ``max_experts`` (E the kernel is built for, rounded up), ``lanes`` (threads that
 hold one token's scores; each keeps max_experts / lanes of them) and the number of warps (CuTe,
-32 threads) or waves (FlyDSL, 64 threads) of a route block.
+32 threads) or waves (FlyDSL, 64 threads) of a route block; with ``single`` (CuTe), one block of
+PLACE_THREADS threads runs both steps over every token in one launch (see ``heuristic``).
 """
 from mslk_dsl.errors import ConfigError
 from mslk_dsl.templates._kernel_limits import MAX_CHUNKS, MAX_EXPERTS, MAX_TOP_K, SCORE_DTYPES
@@ -20,19 +21,27 @@ def configs(groups: str, shapes) -> tuple[dict, ...]:
     return tuple({"max_experts": e, "lanes": lanes, groups: n} for e, lanes, n in shapes)
 
 
-CUTE_CONFIGS = configs("warps", [(32, 8, 32), (64, 8, 32), (128, 8, 32), (128, 16, 32),
-                                 (256, 16, 32), (256, 8, 16), (512, 16, 16)])
+_CUTE_SHAPES = [(32, 8, 32), (64, 8, 32), (128, 8, 32), (128, 16, 32), (256, 16, 32), (256, 8, 16), (512, 16, 16)]
+# The single-block twins of the configs whose route block is a place block (32 warps).
+CUTE_CONFIGS = configs("warps", _CUTE_SHAPES) + tuple(
+    {**c, "single": True} for c in configs("warps", _CUTE_SHAPES) if c["warps"] * 32 == PLACE_THREADS)
 FLYDSL_CONFIGS = configs("waves", [(32, 8, 16), (64, 8, 16), (128, 16, 16), (128, 8, 8),
                                    (256, 16, 8), (256, 32, 16), (512, 32, 8)])
 
 
 def heuristic(configs, problem) -> dict:
     """The first listed config of the smallest max_experts that holds the problem's E (the
-    largest when none does)."""
-    e = int(problem.get("E", 128))
+    largest when none does); its single-block twin where there is one and the two-kernel form
+    would route the T tokens in one chunk (T at most one step of its route block: the same work
+    in one launch instead of two, so decode pays one launch)."""
+    e, t = int(problem.get("E", 128)), int(problem.get("T", 1 << 30))
     sizes = sorted({c["max_experts"] for c in configs})
     size = next((s for s in sizes if s >= e), sizes[-1])
-    return dict(next(c for c in configs if c["max_experts"] == size))
+    pick = next(c for c in configs if c["max_experts"] == size and not c.get("single"))
+    twin = next((c for c in configs if c == {**pick, "single": True}), None)
+    if twin is not None and t <= PLACE_THREADS // pick["lanes"]:  # a 32-warp block's tokens a step
+        return dict(twin)
+    return dict(pick)
 
 
 def check(template: str, config, wave: int) -> None:
@@ -48,6 +57,9 @@ def check(template: str, config, wave: int) -> None:
     if lanes & (lanes - 1) or not MAX_TOP_K <= lanes <= wave or max_e % lanes:
         problems.append(f"lanes must be a power of two in [{MAX_TOP_K}, {wave}] (one lane per "
                         f"selected expert) that divides max_experts")
+    if config.get("single") and config.get("warps", config.get("waves", 0)) * wave != PLACE_THREADS:
+        problems.append(f"single runs both steps in one block, so its route block must have "
+                        f"{PLACE_THREADS} threads (warps = {PLACE_THREADS // wave})")
     if problems:
         raise ConfigError(f"{template}: config {dict(config)} is not usable: " + "; ".join(problems))
 
@@ -60,6 +72,7 @@ class RouteGeometry:
     def __init__(self, template: str, config, sig, wave: int, groups: str):
         check(template, config, wave)
         self.max_e, self.lanes, self.route_waves = config["max_experts"], config["lanes"], config[groups]
+        self.single = bool(config.get("single"))
         self.keys_per_lane = self.max_e // self.lanes
         self.tokens_per_step = wave // self.lanes           # tokens a warp / wave routes at once
         self.threads = self.route_waves * wave              # of a route block

@@ -40,6 +40,9 @@ Two kernels, no grid-wide barrier:
          per-expert counts go to ws_hist.
   place  (one block per chunk): prefix-sums ws_hist over chunks and experts to the chunk's
          base per expert and writes expert_indices / token_indices. Block 0 writes counts.
+A ``single`` config runs both steps in one block of 1024 threads over all T tokens (one chunk),
+one launch instead of two; the heuristic takes it where the two kernels would route the tokens
+in one chunk anyway (T <= 1024 / lanes: decode), so the work is the same.
 
 The kernels are the class ``_cute_index_shuffling.IndexShuffling``; this module declares the
 template (configs, checks, heuristic) without importing the DSL.

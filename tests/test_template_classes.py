@@ -31,6 +31,7 @@ def test_every_listed_index_shuffling_config_passes_its_checks(configs, wave):
     ({"max_experts": 1024, "lanes": 8, "warps": 32}, "max_experts must be a power of two"),
     ({"max_experts": 64, "lanes": 4, "warps": 32}, "lanes must be a power of two"),
     ({"max_experts": 128, "lanes": 64, "warps": 32}, "lanes must be a power of two"),
+    ({"max_experts": 512, "lanes": 16, "warps": 16, "single": True}, "single runs both steps in one block"),
 ])
 def test_an_index_shuffling_config_check_names_the_template_and_config(config, why):
     with pytest.raises(ValueError, match=why) as raised:
@@ -203,6 +204,23 @@ def test_index_shuffling_heuristics_pick_the_smallest_size_that_holds_e():
         {"max_experts": 256, "lanes": 16, "warps": 32}
     assert registry.get_template("index_shuffling_flydsl").heuristic("x", {}, {"E": 256}) == \
         {"max_experts": 256, "lanes": 16, "waves": 8}
+
+
+def test_index_shuffling_takes_one_launch_where_its_tokens_fit_one_route_step():
+    """The CuTe heuristic's single-block twin (both steps in one launch) where the two kernels would
+    route every token in one chunk: T up to 32 warps x 32 / lanes; past that, and where the
+    size's config has no twin (16-warp blocks) or the template none (FlyDSL), the two kernels."""
+    cute_t, fly_t = (registry.get_template(n) for n in ("index_shuffling_cute", "index_shuffling_flydsl"))
+    for e, lanes in ((16, 8), (128, 8), (256, 16)):
+        step = 1024 // lanes
+        assert cute_t.heuristic("x", {}, {"T": 1, "E": e}).get("single") is True
+        assert cute_t.heuristic("x", {}, {"T": step, "E": e}) == {
+            **cute_t.heuristic("x", {}, {"T": step + 1, "E": e}), "single": True}
+        assert "single" not in cute_t.heuristic("x", {}, {"T": step + 1, "E": e})
+    assert "single" not in cute_t.heuristic("x", {}, {"T": 1, "E": 320})
+    assert not any("single" in fly_t.heuristic("x", {}, {"T": t, "E": 128}) for t in (1, 100))
+    singles = [c for c in space.CUTE_CONFIGS if c.get("single")]
+    assert singles and all(c["warps"] == 32 for c in singles)
 
 
 def test_the_op_layer_takes_its_moe_limits_from_the_templates():

@@ -119,6 +119,10 @@ def test_index_shuffling_options(dtype):
     _check_index_shuffling(5000, 320, 8, dtype, n_valid=4321)
     _check_index_shuffling(20000, 320, 4, dtype, start=64, end=300)
     _check_index_shuffling(1, 320, 1, dtype)
+    # T within one route step: the single-block kernel, with each option.
+    _check_index_shuffling(100, 128, 8, dtype, start=32, end=64, n_valid=77)
+    _check_index_shuffling(64, 16, 2, dtype, column_major=True, n_valid=0)
+    _check_index_shuffling(1, 256, 8, dtype, start=5, end=250)
 
 
 # ------------------------------------------------------------------ gather_scale_dense_tokens
