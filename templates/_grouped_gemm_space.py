@@ -1,8 +1,9 @@
 """Config space and default choice of the grouped (stacked) GEMM templates (plain Python: no DSL).
 
 A config names one persistent grouped kernel: tile_m x tile_n output tiles (tile_m // 64
-consumer warpgroups), and for FP8 ``promote`` (0: the wgmma accumulates over all of K; 4: every
-4 k-tiles into fp32 registers, as the dense FP8 GEMM, needing tile_n <= 128); with ``swap``,
+consumer warpgroups), and for FP8 ``promote`` (0: the wgmma accumulates over all of K, MSLK's
+fast accumulation; 4: every 4 k-tiles into fp32 registers, as the dense FP8 GEMM, needing
+tile_n <= 128; the op's use_fast_accum picks which kind serves a call); with ``swap``,
 tile_m weight rows by tile_n rows of a group (the operands exchanged, for decode).
 
 The heuristic models one call: the problem is {"M": total_M, "N", "K", "G"}; the groups' sizes
@@ -63,10 +64,12 @@ FP8_PROMOTE = 4
 # few units, so the last wave of the persistent grid is often far from full (Llama-4-Scout down at
 # T = 16: 206 units on 132 SMs). A swapped unit is a 64- or 128-row slice of one expert's
 # weights, so there are 2-4x as many, and the MMA and x loads shrink with the rows. FP8 tiles
-# promote as the default; the heuristic takes the 64-row ones at decode (SWAP_GROUP_ROWS, below).
+# come promoted and unpromoted (fast accumulation); the heuristic takes the 64-row ones at decode
+# (SWAP_GROUP_ROWS, below).
 SWAP_TILES = ((64, 32), (64, 64), (128, 32), (128, 64))
 BF16_SWAP_CONFIGS = tuple({"tile_m": m, "tile_n": n, "swap": 1} for m, n in SWAP_TILES)
-FP8_SWAP_CONFIGS = tuple({"tile_m": m, "tile_n": n, "promote": FP8_PROMOTE, "swap": 1} for m, n in SWAP_TILES)
+FP8_SWAP_CONFIGS = tuple({"tile_m": m, "tile_n": n, "promote": promote, "swap": 1}
+                         for promote in (FP8_PROMOTE, 0) for m, n in SWAP_TILES)
 BF16_CONFIGS = _tiles() + BF16_PINGPONG_CONFIGS + BF16_SWAP_CONFIGS
 FP8_CONFIGS = (_tiles(promote=0) + tuple(c for c in _tiles(promote=FP8_PROMOTE) if c["tile_n"] <= 128)
                + FP8_SWAP_CONFIGS)
@@ -168,21 +171,24 @@ SWAP_TOKEN_MARGIN = 1.5
 DRAM_MODEL_ROWS = 64
 
 
-def heuristic(problem, fp8, device_bandwidth=None):
+def heuristic(problem, fp8, device_bandwidth=None, fast_accum=False):
     """At decode (at most SWAP_GROUP_ROWS expected rows per non-empty group) the swapped 64-row
     tile (see SWAP_GROUP_ROWS); up to DRAM_MODEL_ROWS the cheapest config by ``cost``, past it by
     ``seconds`` at the device's DRAM bandwidth (bytes/s; None: an H200's), 2x1 clusters included.
-    FP8: tiles of <= 128 columns, promoted every 4 k-tiles (the error of unpromoted FP8
-    accumulation grows with K). Ties go to the larger tile, then the single CTA. A promoted FP8
-    128-row tile then runs in a 2x1 cluster also where K >= CLUSTER_K_MIN and the expected rows
-    per non-empty group reach CLUSTER_GROUP_ROWS."""
+    FP8 with ``fast_accum`` (MSLK's FP8FastAccum kernels): unpromoted configs, any tile; else
+    tiles of <= 128 columns promoted every 4 k-tiles (the error of unpromoted FP8 accumulation
+    grows with K). Ties go to the larger tile, then the single CTA. A promoted FP8 128-row tile
+    then runs in a 2x1 cluster also where K >= CLUSTER_K_MIN and the expected rows per non-empty
+    group reach CLUSTER_GROUP_ROWS (a gain of the promoted mainloop; unpromoted tiles ran fastest
+    single at 4 of the three layers' 6 prefill GEMMs on the H200)."""
     m = problem["M"]
+    promote = 0 if fast_accum else FP8_PROMOTE
     busy = active_groups(m, problem.get("G", 1))
     if busy and m / busy <= SWAP_GROUP_ROWS:
         tokens = 32 if SWAP_TOKEN_MARGIN * m / busy <= 32 else 64
-        return {"tile_m": 64, "tile_n": tokens, **({"promote": FP8_PROMOTE} if fp8 else {}), "swap": 1}
+        return {"tile_m": 64, "tile_n": tokens, **({"promote": promote} if fp8 else {}), "swap": 1}
     configs = [c for c in (FP8_CONFIGS if fp8 else BF16_CONFIGS)
-               if (not fp8 or c["promote"] == FP8_PROMOTE) and not c.get("pingpong") and not c.get("swap")]
+               if (not fp8 or c["promote"] == promote) and not c.get("pingpong") and not c.get("swap")]
     if busy and m / busy > DRAM_MODEL_ROWS:
         def model(c):
             return seconds(c, problem, fp8, device_bandwidth)
@@ -192,7 +198,7 @@ def heuristic(problem, fp8, device_bandwidth=None):
         def model(c):
             return cost(c, problem)
     pick = dict(min(configs, key=lambda c: (model(c), -c["tile_m"] * c["tile_n"], c.get("cluster_m", 1))))
-    if (fp8 and pick["tile_m"] == 128 and problem.get("K", 0) >= CLUSTER_K_MIN and busy
+    if (fp8 and promote and pick["tile_m"] == 128 and problem.get("K", 0) >= CLUSTER_K_MIN and busy
             and m / busy >= CLUSTER_GROUP_ROWS):
         pick["cluster_m"] = 2
     return pick

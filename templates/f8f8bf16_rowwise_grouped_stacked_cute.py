@@ -9,12 +9,15 @@ K a multiple of 16 and N of 8 (16-byte rows for TMA; the op layer checks).
 The kernel is ``_cute_grouped_gemm_sm90.GroupedHopperGemm`` with FP8 wgmma (128-deep k-tiles)
 and the dense FP8 GEMM's scale epilogue (``_cute_rowwise_scale``), fused: each tile's x_scale rows and w_scale columns are
 loaded when the tile starts (hidden under the main loop), staged in shared memory, and applied to
-the fp32 accumulators before the one rounding to bf16. ``promote`` as in f8f8bf16_rowwise_cute:
-0 accumulates in the wgmma over all of K (MSLK's fast accumulation), 4 (the default) adds every
-4 k-tiles into fp32 registers (error below bf16 rounding; tiles of <= 128 columns).
+the fp32 accumulators before the one rounding to bf16. ``promote`` as in f8f8bf16_rowwise_cute,
+and the signature part ``fast_accum`` (the op's use_fast_accum) picks the kind as there: True
+(the default, MSLK's grouped kernels are CUTLASS's FP8FastAccum schedules) serves promote 0, the
+wgmma accumulating over all of K; False serves promote 4, every 4 k-tiles added into fp32
+registers (error below bf16 rounding; tiles of <= 128 columns).
 """
 from mslk_dsl import device
 from mslk_dsl.template import Template
+from mslk_dsl.templates import _cute_gemm_configs as gemm_configs
 from mslk_dsl.templates import _grouped_gemm_space as space
 from mslk_dsl.templates import _kernel_limits as limits
 
@@ -23,7 +26,12 @@ INDEX_DTYPES = limits.GROUPED_INDEX_DTYPES
 
 def _heuristic(target, sig, problem):
     # the 2x1-cluster choice weighs DRAM traffic at this GPU's bandwidth (an H100's or an H200's)
-    return space.heuristic(problem, fp8=True, device_bandwidth=device.memory_bandwidth())
+    return space.heuristic(problem, fp8=True, device_bandwidth=device.memory_bandwidth(),
+                           fast_accum=sig["fast_accum"])
+
+
+def _valid(config, target, sig):
+    return gemm_configs.fp8_valid(config, sig["fast_accum"])
 
 
 def build(config, target, sig):
@@ -50,8 +58,8 @@ def build(config, target, sig):
 
 
 TEMPLATE = Template(op="f8f8bf16_rowwise_grouped_stacked", backend="cute", targets=("sm90a",),
-                    signatures={"index_dtype": INDEX_DTYPES}, configs=space.FP8_CONFIGS,
-                    heuristic=_heuristic, build=build, occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR,
+                    signatures={"index_dtype": INDEX_DTYPES, "fast_accum": (True, False)},
+                    configs=space.FP8_CONFIGS, valid=_valid, heuristic=_heuristic, build=build, occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR,
                     instructions={"ptx": [r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3",
                                          r"cp\.async\.bulk\.tensor\.3d\.global\.shared::cta",
                                          r"vote\.sync\.ballot",

@@ -7,6 +7,10 @@ M_sizes [G] int32 or int64 (sig["index_dtype"]):
     out[rows of g] = bf16((xq[rows].float() @ wq[g].float().T) * x_scale[rows, None] * w_scale[g][None, :])
 with fp32 accumulation; the scales apply to the fp32 accumulators. Sizes are dynamic; K % 16 == 0,
 N % 8 == 0. Kernel: templates/_flydsl_grouped_gemm.py over templates/_flydsl_gemm.py.
+
+``fast_accum`` (the op's use_fast_accum) is a signature part because the CuTe template's
+accumulation depends on it; CDNA's FP8 MFMAs accumulate in full fp32 either way, so both values
+build the same kernel (as f8f8bf16_rowwise_flydsl's).
 """
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
@@ -38,7 +42,8 @@ def build(config, target, sig):
 
 
 TEMPLATE = Template(op="f8f8bf16_rowwise_grouped_stacked", backend="flydsl", targets=("gfx942", "gfx950"),
-                    signatures={"index_dtype": INDEX_DTYPES}, configs=CONFIGS, valid=_valid,
+                    signatures={"index_dtype": INDEX_DTYPES, "fast_accum": (True, False)}, configs=CONFIGS,
+                    valid=_valid,
                     heuristic=_heuristic, build=build, spills_allowed=gemm.spills_sgprs,
                     occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR,
                     instructions={"isa": [r"v_mfma_f32_\w+fp8"]})

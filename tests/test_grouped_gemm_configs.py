@@ -129,24 +129,42 @@ MEASURED_DECODE = [(dict(M=128, N=4096, K=7168, G=128), 32), (dict(M=1024, N=716
 
 @pytest.mark.parametrize("fp8", [False, True])
 def test_decode_takes_swapped_64_row_tiles(fp8):
-    """Swapped tiles are in both CuTe templates' spaces (single CTAs, token tiles of 32 or 64 rows,
-    FP8 promoted). The heuristic takes the 64-row one where a busy group expects at most
-    SWAP_GROUP_ROWS rows, with the token tile measured fastest at the decode GEMMs timed, and
-    never at prefill or past that (48 rows per group: an unswapped 64-row tile mostly full)."""
+    """Swapped tiles are in both CuTe templates' spaces (single CTAs, token tiles of 32 or 64 rows;
+    FP8 promoted and not, each serving its accumulation). The heuristic takes the 64-row one where
+    a busy group expects at most SWAP_GROUP_ROWS rows, with the token tile measured fastest at the
+    decode GEMMs timed, and never at prefill or past that (48 rows per group: an unswapped 64-row
+    tile mostly full)."""
     op = "f8f8bf16_rowwise_grouped_stacked" if fp8 else "bf16bf16bf16_grouped_stacked"
     swapped = space.FP8_SWAP_CONFIGS if fp8 else space.BF16_SWAP_CONFIGS
     (template,) = registry.get_templates(op=op, backend="cute")
     assert {c["tile_n"] for c in swapped} == {32, 64} and all("cluster_m" not in c for c in swapped)
-    assert all(c.get("promote", space.FP8_PROMOTE) == space.FP8_PROMOTE for c in swapped)
     for sig in template.all_signatures():
-        assert all(c in template.valid_configs("sm90a", sig) for c in swapped), sig
-    for problem, tokens in MEASURED_DECODE + [(dict(M=1, N=5120, K=8192, G=16), 32),
-                                              (dict(M=8, N=4096, K=7168, G=128), 32)]:
-        pick = space.heuristic(problem, fp8)
-        assert pick.get("swap") and (pick["tile_m"], pick["tile_n"]) == (64, tokens), (problem, pick)
-        assert pick.get("promote") == (space.FP8_PROMOTE if fp8 else None)
-    for problem in PREFILL + [dict(M=384, N=4096, K=4096, G=8)]:
-        assert not space.heuristic(problem, fp8).get("swap"), problem
+        served = [c for c in swapped if not fp8 or (c["promote"] == 0) == sig["fast_accum"]]
+        assert served and all(c in template.valid_configs("sm90a", sig) for c in served), sig
+    for fast in ((False, True) if fp8 else (False,)):
+        for problem, tokens in MEASURED_DECODE + [(dict(M=1, N=5120, K=8192, G=16), 32),
+                                                  (dict(M=8, N=4096, K=7168, G=128), 32)]:
+            pick = space.heuristic(problem, fp8, fast_accum=fast)
+            assert pick.get("swap") and (pick["tile_m"], pick["tile_n"]) == (64, tokens), (problem, pick)
+            assert pick.get("promote") == ((0 if fast else space.FP8_PROMOTE) if fp8 else None)
+        for problem in PREFILL + [dict(M=384, N=4096, K=4096, G=8)]:
+            assert not space.heuristic(problem, fp8, fast_accum=fast).get("swap"), problem
+
+
+def test_fast_accumulation_takes_unpromoted_tiles():
+    """use_fast_accum (MSLK's grouped FP8 kernels always accumulate so) serves only unpromoted
+    configs, and promoted calls only promoted ones. At the three MoE layers' prefill GEMMs the
+    fast pick is the unpromoted 128 x 256 single CTA, the fastest config at 4 of the 6 on the H200
+    (docs/benchmarks.md "Grouped GEMMs: fast accumulation"); promoted calls keep their picks."""
+    (template,) = registry.get_templates(op="f8f8bf16_rowwise_grouped_stacked", backend="cute")
+    for sig in template.all_signatures():
+        for config in template.valid_configs("sm90a", sig):
+            assert (config["promote"] == 0) == sig["fast_accum"], (sig, config)
+    for problem in PREFILL:
+        assert space.heuristic(problem, fp8=True, fast_accum=True) == {"tile_m": 128, "tile_n": 256, "promote": 0}
+        fast = template.heuristic("sm90a", {"index_dtype": "int32", "fast_accum": True}, problem)
+        slow = template.heuristic("sm90a", {"index_dtype": "int32", "fast_accum": False}, problem)
+        assert fast["promote"] == 0 and slow == space.heuristic(problem, fp8=True), (fast, slow)
 
 
 def test_a_swapped_tile_in_a_cluster_is_a_config_error():

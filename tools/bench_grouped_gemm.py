@@ -97,7 +97,8 @@ def _sweep(torch, do_bench, op, flop, ops, x, w, sizes, xq, wq, xs, ws):
         if op == "bf16":
             fn = lambda c=config: ops.bf16bf16bf16_grouped_stacked(x, w, sizes, config=c)  # noqa: E731
         else:
-            fn = lambda c=config: ops.f8f8bf16_rowwise_grouped_stacked(xq, wq, xs, ws, sizes, config=c)  # noqa: E731
+            fn = lambda c=config: ops.f8f8bf16_rowwise_grouped_stacked(  # noqa: E731
+                xq, wq, xs, ws, sizes, c["promote"] == 0, config=c)
         # replayed from a CUDA graph: an explicit config takes the op's checked path, whose host
         # time would hide the 25-150 us decode kernels
         result[config_name(config)] = flop / graph_timed(torch, lambda r: do_bench(r, warmup=5, rep=30), fn) * 1e-9
@@ -115,7 +116,8 @@ def _pick(op, x, sizes, n, k):
     name = "bf16bf16bf16_grouped_stacked" if op == "bf16" else "f8f8bf16_rowwise_grouped_stacked"
     kernels = declaration.get(name).kernels
     problem = (x.shape[0], n, k, sizes.numel())
-    _, config, _ = kernels.choose(target_of(x.device).name, (dtype_name(sizes.dtype),), problem, None)
+    parts = (dtype_name(sizes.dtype),) + (() if op == "bf16" else (True,))  # FP8: the default, fast accumulation
+    _, config, _ = kernels.choose(target_of(x.device).name, parts, problem, None)
     return config_name(config)
 
 

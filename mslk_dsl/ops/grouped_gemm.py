@@ -72,15 +72,15 @@ def _store_target(y: torch.Tensor):
     return temporary, lambda: y.copy_(temporary)
 
 
-def _grouped_launch(select, outputs, x, w, M_sizes, scales=()) -> Launch | None:
+def _grouped_launch(select, outputs, x, w, M_sizes, scales=(), parts=()) -> Launch | None:
     """The launch of a grouped kernel, kernel(x, w viewed as [G * N, K], *scales flattened, out,
-    M_sizes), or None when none is needed."""
+    M_sizes), or None when none is needed; ``parts``: the signature parts after index_dtype."""
     (y,) = outputs
     G, N, K = w.shape
     if _no_launch_needed(y, G, K):
         return None
     a, b = check.tma_operand(x), check.tma_operand(w).view(G * N, K)
-    kernel, _ = select((dtype_name(M_sizes.dtype),), (a.shape[0], N, K, G))
+    kernel, _ = select((dtype_name(M_sizes.dtype), *parts), (a.shape[0], N, K, G))
     target, finish = _store_target(y)
     flat_scales = tuple(s.contiguous().view(-1) for s in scales)
     return Launch(kernel, (a, b, *flat_scales, target, M_sizes.contiguous()), finish=finish)
@@ -144,7 +144,7 @@ def _example(fp8: bool):
             return x.to(torch.bfloat16), w.to(torch.bfloat16), sizes
         xq, xs = _quantize_reference(x.to(torch.bfloat16))
         wq, ws = _quantize_reference(w.to(torch.bfloat16))
-        return xq, wq, xs, ws, sizes
+        return xq, wq, xs, ws, sizes, sig.get("fast_accum", True)
     return example
 
 
@@ -165,8 +165,10 @@ bf16bf16bf16_grouped_stacked = declare(OpDecl(
 
 
 # -- f8f8bf16_rowwise_grouped_stacked --------------------------------------------------------------
-def _check_f8_grouped(xq, wq, x_scale, w_scale, M_sizes):
+def _check_f8_grouped(xq, wq, x_scale, w_scale, M_sizes, use_fast_accum=True):
     op = "f8f8bf16_rowwise_grouped_stacked"
+    if not isinstance(use_fast_accum, bool):
+        raise InputTypeError(f"{op}: use_fast_accum must be a bool, got {type(use_fast_accum).__name__}")
     _check_grouped(op, xq, wq, M_sizes, check.FP8_DTYPES, names=("xq", "wq"))
     fp8 = fp8_dtype_for(xq.device)
     if xq.dtype != fp8:
@@ -180,25 +182,31 @@ def _check_f8_grouped(xq, wq, x_scale, w_scale, M_sizes):
     check.same_device(op, "xq", xq, x_scale=x_scale, w_scale=w_scale)
 
 
-def _prepare_f8_grouped(select, outputs, xq, wq, x_scale, w_scale, M_sizes):
-    return _grouped_launch(select, outputs, xq, wq, M_sizes, scales=(x_scale, w_scale))
+def _prepare_f8_grouped(select, outputs, xq, wq, x_scale, w_scale, M_sizes, use_fast_accum=True):
+    return _grouped_launch(select, outputs, xq, wq, M_sizes, scales=(x_scale, w_scale), parts=(use_fast_accum,))
 
 
-def _f8_grouped_reference(xq, wq, x_scale, w_scale, M_sizes):
+def _f8_grouped_reference(xq, wq, x_scale, w_scale, M_sizes, use_fast_accum=True):
     """The op's arguments in its own order (M_sizes last) to the shared reference."""
     return _grouped_reference(xq, wq, M_sizes, x_scale, w_scale)
 
 
 f8f8bf16_rowwise_grouped_stacked = declare(OpDecl(
     name="f8f8bf16_rowwise_grouped_stacked",
-    schema="(Tensor xq, Tensor wq, Tensor x_scale, Tensor w_scale, Tensor M_sizes) -> Tensor",
+    schema="(Tensor xq, Tensor wq, Tensor x_scale, Tensor w_scale, Tensor M_sizes, "
+           "bool use_fast_accum=True) -> Tensor",
     doc="""out[rows of group g] = (xq[rows] @ wq[g].T) * x_scale[rows, None] * w_scale[g][None, :],
     bf16 out; FP8 rowwise scales as quantize_fp8_row returns them. xq [total_M, K], wq [G, N, K],
     x_scale [total_M] and w_scale [G, N] fp32, M_sizes [G] (int32 or int64, on the device) ->
     out [total_M, N]. K a multiple of 16, N of 8. Rows past sum(M_sizes) are not written (as
-    MSLK's); see the module docstring.""",
+    MSLK's); see the module docstring. ``use_fast_accum`` as f8f8bf16_rowwise's: True (the
+    default; MSLK's grouped kernels always accumulate so) accumulates in the FP8 MMA across all
+    of K, False promotes the partial sums into fp32 every 512 products.""",
     check=_check_f8_grouped,
-    outputs=lambda xq, wq, x_scale, w_scale, M_sizes: [((xq.shape[0], wq.shape[1]), torch.bfloat16)],
-    prepare=_prepare_f8_grouped, signature=("index_dtype",), problem=("M", "N", "K", "G"),
+    outputs=lambda xq, wq, x_scale, w_scale, M_sizes, use_fast_accum=True: [
+        ((xq.shape[0], wq.shape[1]), torch.bfloat16)],
+    prepare=_prepare_f8_grouped, signature=("index_dtype", "fast_accum"), problem=("M", "N", "K", "G"),
     example=_example(fp8=True), reference=_f8_grouped_reference,
+    # As f8f8bf16_rowwise's: only fast (default) calls make and take plans.
+    plan_when="use_fast_accum is True",
     small_problem={"M": 37, "N": 64, "K": 128, "G": 4}, random_problem=_random_problem(16), long_sums=True))
