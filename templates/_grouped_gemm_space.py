@@ -166,6 +166,12 @@ SWAP_GROUP_ROWS = 32
 SWAP_TOKEN_MARGIN = 1.5
 
 
+# TIES: where ``seconds`` gives a pair and a single CTA the same time, compute decides both and
+# the groups hold whole pairs (no odd last tile to waste), and the pair multicasts each weight
+# tile to two CTAs, so it moves half the weight bytes from L2; the pick is the pair. This happens
+# at the long-K, 8-expert down GEMMs (Mixtral-like: K 14336, 1024+ rows per expert), where the
+# H200 sweeps of every config ran the 2x1 128 x 256 tile 1.05-1.07x the single CTA with fast FP8
+# accumulation and level in bf16 (docs/benchmarks.md "Grouped GEMMs: fast accumulation").
 # Up to this many expected rows per busy group the heuristic ranks tiles by ``cost`` alone: a
 # group then fits one 64-row tile, so no tile reads the weights twice. Past it, ``seconds``.
 DRAM_MODEL_ROWS = 64
@@ -177,7 +183,7 @@ def heuristic(problem, fp8, device_bandwidth=None, fast_accum=False):
     ``seconds`` at the device's DRAM bandwidth (bytes/s; None: an H200's), 2x1 clusters included.
     FP8 with ``fast_accum`` (MSLK's FP8FastAccum kernels): unpromoted configs, any tile; else
     tiles of <= 128 columns promoted every 4 k-tiles (the error of unpromoted FP8 accumulation
-    grows with K). Ties go to the larger tile, then the single CTA. A promoted FP8 128-row tile
+    grows with K). Ties go to the larger tile, then the 2x1 cluster (see TIES). A promoted FP8 128-row tile
     then runs in a 2x1 cluster also where K >= CLUSTER_K_MIN and the expected rows per non-empty
     group reach CLUSTER_GROUP_ROWS (a gain of the promoted mainloop; unpromoted tiles ran fastest
     single at 4 of the three layers' 6 prefill GEMMs on the H200)."""
@@ -197,7 +203,7 @@ def heuristic(problem, fp8, device_bandwidth=None, fast_accum=False):
 
         def model(c):
             return cost(c, problem)
-    pick = dict(min(configs, key=lambda c: (model(c), -c["tile_m"] * c["tile_n"], c.get("cluster_m", 1))))
+    pick = dict(min(configs, key=lambda c: (model(c), -c["tile_m"] * c["tile_n"], -c.get("cluster_m", 1))))
     if (fp8 and promote and pick["tile_m"] == 128 and problem.get("K", 0) >= CLUSTER_K_MIN and busy
             and m / busy >= CLUSTER_GROUP_ROWS):
         pick["cluster_m"] = 2

@@ -42,7 +42,7 @@ def test_promoted_fp8_prefill_runs_in_clusters_where_k_is_long_and_groups_large(
     for problem in (deepseek_gate_up, scout_gate_up, mixtral_down):
         assert space.heuristic(problem, fp8=True) == {"tile_m": 128, "tile_n": 128, "promote": 4, "cluster_m": 2}
     assert "cluster_m" not in space.heuristic(deepseek_down, fp8=True)
-    for problem in PREFILL + DECODE:
+    for problem in PREFILL[:3] + DECODE:
         assert "cluster_m" not in space.heuristic(problem, fp8=False)
     for problem in DECODE:
         assert "cluster_m" not in space.heuristic(problem, fp8=True)
@@ -151,17 +151,34 @@ def test_decode_takes_swapped_64_row_tiles(fp8):
             assert not space.heuristic(problem, fp8, fast_accum=fast).get("swap"), problem
 
 
+def test_model_ties_go_to_the_pair():
+    """Where compute decides both and the groups hold whole pairs, a 2x1 cluster and a single CTA
+    model the same time; the pair, which moves half the weight bytes from L2, takes the tie: the
+    Mixtral-like down GEMM (K 14336, 1024 rows per expert), in bf16 and with fast FP8 accumulation."""
+    mixtral_down = PREFILL[3]
+    single, pair = {"tile_m": 128, "tile_n": 256}, {"tile_m": 128, "tile_n": 256, "cluster_m": 2}
+    for fp8 in (False, True):
+        assert space.seconds(single, mixtral_down, fp8) == space.seconds(pair, mixtral_down, fp8)
+    assert space.heuristic(mixtral_down, fp8=False) == pair
+    assert space.heuristic(mixtral_down, fp8=True, fast_accum=True) == {**pair, "promote": 0}
+    # where the pair's odd last tiles cost compute, the single CTA stays
+    assert space.heuristic(dict(mixtral_down, M=1500), fp8=False) == single
+
+
 def test_fast_accumulation_takes_unpromoted_tiles():
     """use_fast_accum (MSLK's grouped FP8 kernels always accumulate so) serves only unpromoted
     configs, and promoted calls only promoted ones. At the three MoE layers' prefill GEMMs the
-    fast pick is the unpromoted 128 x 256 single CTA, the fastest config at 4 of the 6 on the H200
-    (docs/benchmarks.md "Grouped GEMMs: fast accumulation"); promoted calls keep their picks."""
+    fast pick is the unpromoted 128 x 256 tile (in a 2x1 cluster at Mixtral's down, a model tie),
+    the fastest config at 4 of the 6 on the H200 (docs/benchmarks.md "Grouped GEMMs: fast
+    accumulation"); promoted calls keep their picks."""
     (template,) = registry.get_templates(op="f8f8bf16_rowwise_grouped_stacked", backend="cute")
     for sig in template.all_signatures():
         for config in template.valid_configs("sm90a", sig):
             assert (config["promote"] == 0) == sig["fast_accum"], (sig, config)
     for problem in PREFILL:
-        assert space.heuristic(problem, fp8=True, fast_accum=True) == {"tile_m": 128, "tile_n": 256, "promote": 0}
+        pair = {"cluster_m": 2} if problem is PREFILL[3] else {}
+        assert space.heuristic(problem, fp8=True, fast_accum=True) == {"tile_m": 128, "tile_n": 256, "promote": 0,
+                                                                      **pair}
         fast = template.heuristic("sm90a", {"index_dtype": "int32", "fast_accum": True}, problem)
         slow = template.heuristic("sm90a", {"index_dtype": "int32", "fast_accum": False}, problem)
         assert fast["promote"] == 0 and slow == space.heuristic(problem, fp8=True), (fast, slow)
