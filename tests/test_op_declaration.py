@@ -169,3 +169,25 @@ def test_16_bit_results_may_differ_by_one_unit_in_the_last_place():
         assert (merge.mismatch((two_off, lse), (want, lse)) is not None) == two_fail, (dtype, value)
     want = torch.tensor([[[[0.41]]]])
     assert merge.mismatch((want * (1 + 4e-3), lse), (want, lse)) is not None
+
+
+def test_fp8_results_may_differ_by_one_step_of_their_grid():
+    """An FP8 result rounded from fp32 math done in another order than the reference's may land
+    one step of the FP8 grid away where its value sits at a rounding midpoint (the GPU fuzz found
+    silu_mul_quant's 72 as 80 and 52 as 56, one e4m3 step each): one step passes at any value,
+    the subnormal step near zero too; two steps do not."""
+    import torch
+
+    from mslk_dsl.ops import declarations
+
+    quant = declarations()["quantize_fp8_row"]
+    fp8 = torch.float8_e4m3fn
+    scale = torch.ones(4)
+    want = torch.tensor([72.0, 52.0, 1.0, 2.0 ** -9]).to(fp8)
+    one_step = torch.tensor([80.0, 56.0, 1.125, 2.0 ** -8]).to(fp8)
+    two_steps = torch.tensor([88.0, 60.0, 1.25, 3 * 2.0 ** -9]).to(fp8)
+    assert quant.mismatch((one_step, scale), (want, scale)) is None
+    for i in range(4):
+        off = want.clone()
+        off[i] = two_steps[i]
+        assert quant.mismatch((off, scale), (want, scale)) is not None, i
