@@ -33,15 +33,18 @@ fi
 # Together that many processes can run an 80 GB GPU out of memory, so what failed runs once more
 # with 3 (its kernels compiled by then). A first pass cut short by TEST_TIMEOUT (SIGINT: pytest
 # still reports and saves what it ran) is followed by the whole suite with 4 processes (100 s
-# with every kernel cached), since the tests it never reached are not among the failed.
-timeout -s INT -k 30 "${TEST_TIMEOUT:-480}" python3 -m pytest -n "${TEST_WORKERS:-14}" "${@:-tests/gpu}" -q -rs \
-  --durations=10 > "$OUT/gpu_tests.log" 2>&1
+# with every kernel cached), since the tests it never reached are not among the failed. The
+# largest tests (full-size MoE layers, long-KV decode) share the xdist group "gpu-memory", which
+# `--dist loadgroup` runs on one worker, one after another (a full-size FP8 layer beside five other
+# workers ran an 80 GB H100 out of memory under plain `-n 6`).
+timeout -s INT -k 30 "${TEST_TIMEOUT:-480}" python3 -m pytest -n "${TEST_WORKERS:-14}" --dist loadgroup "${@:-tests/gpu}" \
+  -q -rs --durations=10 > "$OUT/gpu_tests.log" 2>&1
 first=$?
 tail -25 "$OUT/gpu_tests.log"
 if [ "$first" = 1 ]; then
-  again=(-n 3 --lf)
+  again=(-n 3 --dist loadgroup --lf)
 elif [ "$first" != 0 ] && [ "$first" != 5 ]; then
-  again=(-n 4)
+  again=(-n 4 --dist loadgroup)
 fi
 if [ -n "${again+x}" ]; then
   echo "first pass: pytest exit $first; again with ${again[*]}"
