@@ -75,7 +75,9 @@ def test_torture_build_prune_verify_serve_with_kills(cache_dir, tmp_path, monkey
     damaged = [p for e in events if e["event"] == "verified" for p in e["problems"]]
 
     # Every kernel reported built: still there and served with its own bytes, without
-    # compiling, unless a removal of it was logged after the build (then it is rebuilt here).
+    # compiling, unless a removal of it was logged after the build began (then it is rebuilt
+    # here). The build publishes the entry before its "built" line is written, so a prune in
+    # between removes it legitimately: a build counts from its start.
     fake = fake_backend.install(monkeypatch)
     store = KernelCache(str(cache_dir))
     store.sweep()  # leftovers of the killed builds
@@ -87,7 +89,7 @@ def test_torture_build_prune_verify_serve_with_kills(cache_dir, tmp_path, monkey
     built = {}
     for e in events:
         if e["event"] == "built":
-            built[e["digest"]] = (max(built.get(e["digest"], (0.0,))[0], e["t"]), e["threads"], e["factor"])
+            built[e["digest"]] = (max(built.get(e["digest"], (0.0,))[0], e["started"]), e["threads"], e["factor"])
     lost, served_after, wrong_after = [], 0, []
     for digest, (t, threads, factor) in built.items():
         want = fake_backend.expected({"threads": threads}, "sm90a", {"factor": factor})

@@ -43,6 +43,7 @@ def main() -> int:
             if action in ("build", "serve"):
                 jit._memo.clear()
                 before = jit.stats["compile"]
+                started = time.time()   # a build is published before its "built" line is written
                 if action == "serve":
                     with jit.jit_disabled():
                         kernel = jit.load_prebuilt(fake_backend.key(threads, factor))
@@ -54,7 +55,8 @@ def main() -> int:
                     kind = "stale" if text.startswith("{") and text.endswith("}") else "torn"
                     record(kind, threads=threads, factor=factor, got=text[:200])
                 elif jit.stats["compile"] > before:
-                    record("built", threads=threads, factor=factor, digest=fake_backend.key(threads, factor).digest)
+                    record("built", threads=threads, factor=factor, digest=fake_backend.key(threads, factor).digest,
+                           started=started)
                 else:
                     record("served", threads=threads, factor=factor)
             elif action == "prune":
