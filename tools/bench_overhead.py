@@ -5,8 +5,12 @@ native launcher bypassed (the Python path), and the torch.ops path (torch.ops.ms
 next to torch.add(x, y, out=z) in the same run.
 
 Each time is the median over --runs rounds of (wall time of --calls back-to-back calls) / calls,
-after a warm-up; tensors are tiny, so the GPU finishes each kernel before the host issues the next
-and the figure is the host cost of validation, kernel lookup and launch. Every round times
+after a warm-up; tensors are tiny, so for most ops the GPU finishes each kernel before the host
+issues the next and the figure is the host cost of validation, kernel lookup and launch. Not for
+an op whose kernels take longer than its host time (a split-KV decode with its merge, a one-block
+routing kernel): the loop then waits for the GPU and measures it. So a second table times the
+host alone: each batch of calls is queued behind a GPU sleep that outlasts it, and next to it the
+GPU's own time per call of the same kernels queued back to back. Every round times
 torch.add and each path of the op in turn, and each ratio is the median over rounds of the path's
 time / that round's torch.add time (the host's speed drifts by 10-30% over a run, and by more
 between rounds than within one).
@@ -54,6 +58,55 @@ def _rounds(fns, calls: int, runs: int, sync=None) -> list[tuple[float, float]]:
                 sync()
                 out.append((time.perf_counter() - start) / calls * 1e6)
     return [(statistics.median(s), statistics.median(t / b for t, b in zip(s, samples[0]))) for s in samples]
+
+
+def _host_rounds(fns, calls: int, runs: int, batch: int = 200) -> list[tuple[float, float, float]]:
+    """(median host us/call, median ratio to the first function's host time in the same round,
+    median GPU us/call) of each function, the functions taking turns as in _rounds. Each batch
+    of ``batch`` calls is queued behind a GPU sleep that outlasts it, so the host never waits for
+    the GPU (checked: the sleep is still running when the batch is queued; such a batch is
+    retried with a longer sleep): the time is the host's alone, whatever the kernels take. The
+    back-to-back loop of _rounds measures the GPU instead when an op's kernels take longer than
+    its host time. GPU us/call: CUDA events around the batch's queued kernels (their durations
+    and the gaps between them, no host time)."""
+    import torch
+
+    hz = 2.0e9  # cycles per second of the sleep, about an H100 / H200 SM clock
+    per_call_s = 40e-6  # sleep per call of the batch: several times any op's host time
+    host = [[] for _ in fns]
+    gpu = [[] for _ in fns]
+    for fn in fns:  # warm: plans made, kernels loaded
+        for _ in range(batch):
+            fn()
+    torch.cuda.synchronize()
+    for _ in range(runs):
+        for fn, h_out, g_out in zip(fns, host, gpu):
+            h_total, g_total, done = 0.0, 0.0, 0
+            sleep = per_call_s
+            while done < calls:
+                started, ended, slept = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+                torch.cuda._sleep(int(batch * sleep * hz))
+                slept.record()
+                started.record()
+                start = time.perf_counter()
+                for _ in range(batch):
+                    fn()
+                elapsed = time.perf_counter() - start
+                still_asleep = not slept.query()
+                ended.record()
+                torch.cuda.synchronize()
+                if not still_asleep and sleep < 16 * per_call_s:  # the GPU caught up: the host may
+                    sleep *= 2                                      # have waited; a longer sleep
+                    continue
+                if not still_asleep:  # a call that waits for the GPU itself (a host sync)
+                    raise RuntimeError("a call outlasted a sleep of 16 x 40 us per call: it waits for the GPU")
+                h_total += elapsed
+                g_total += started.elapsed_time(ended) * 1e-3
+                done += batch
+            h_out.append(h_total / done * 1e6)
+            g_out.append(g_total / done * 1e6)
+    return [(statistics.median(h), statistics.median(t / b for t, b in zip(h, host[0])), statistics.median(g))
+            for h, g in zip(host, gpu)]
 
 
 @contextlib.contextmanager
@@ -212,6 +265,22 @@ def main(argv: list[str]) -> int:
                      "torch_ops_ratio": orr, "native": launcher is not None})
         print(f"| {name} | {add:.2f} | {e:.2f} | {er:.2f} | {i:.2f} | {ir:.2f} | {p:.2f} | {pr:.2f} | {o:.2f} | "
               f"{orr:.2f} |", flush=True)
+    print("\nHost time alone (each batch of calls queued behind a GPU sleep, so no call waits for the "
+          "GPU), and the GPU's time per call of the same kernels queued back to back:\n")
+    print("| op | torch.add host us/call | eager host us/call | x torch.add | eager, out= given, host us/call | "
+          "x torch.add | eager GPU us/call |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    host_rows = []
+    for name, (eager, _, eager_out) in cases().items():
+        try:
+            (add, _, _), (e, er, eg), (i, ir, _) = _host_rounds(
+                [lambda: torch.add(a, b, out=z), eager, eager_out], args.calls, args.runs)
+        except RuntimeError as error:
+            print(f"| {name} | {error} |", flush=True)
+            continue
+        host_rows.append({"op": name, "torch_add_host_us": add, "eager_host_us": e, "eager_host_ratio": er,
+                          "eager_out_host_us": i, "eager_out_host_ratio": ir, "eager_gpu_us": eg})
+        print(f"| {name} | {add:.2f} | {e:.2f} | {er:.2f} | {i:.2f} | {ir:.2f} | {eg:.2f} |", flush=True)
     floor = _launch_floor(args.calls, args.runs, lambda: torch.add(a, b, out=z))
     print("\nWhere the eager time goes (same run):\n")
     print("| part | us/call | x torch.add |")
@@ -220,6 +289,6 @@ def main(argv: list[str]) -> int:
         print(f"| {part} | {us:.2f} | {ratio:.2f} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "eager_parts": {k: {"us": us, "ratio": r} for k, (us, r) in floor.items()}},
+            json.dump({"rows": rows, "host_rows": host_rows, "eager_parts": {k: {"us": us, "ratio": r} for k, (us, r) in floor.items()}},
                       f, indent=1)
     return 0
