@@ -289,6 +289,6 @@ def main(argv: list[str]) -> int:
         print(f"| {part} | {us:.2f} | {ratio:.2f} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "host_rows": host_rows, "eager_parts": {k: {"us": us, "ratio": r} for k, (us, r) in floor.items()}},
-                      f, indent=1)
+            parts = {k: {"us": us, "ratio": r} for k, (us, r) in floor.items()}
+            json.dump({"rows": rows, "host_rows": host_rows, "eager_parts": parts}, f, indent=1)
     return 0
