@@ -127,5 +127,4 @@ def test_template_heuristic_picks_a_valid_config_that_serves_the_call():
                 assert t.serves(config, problem)
                 other = dict(problem, mask=(mask + 1) % 3)
                 assert not t.serves(config, other)
-    # the AOT build stays modest: at most 64 attention kernels (~3-40 s of compile each)
-    assert len(t.all_configs()) * len(attn.limits.DTYPES) <= 64
+    assert len(t.all_configs()) * len(attn.limits.DTYPES) <= 60  # the AOT build stays modest
