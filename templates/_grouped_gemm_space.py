@@ -12,20 +12,18 @@ sends them: about A = G (1 - (1 - 1/G)^M) groups are non-empty (at decode fewer 
 16 rows over 16 experts fill ~10.3 of them), r = M / A rows each. By r:
   * r <= SWAP_GROUP_ROWS (decode): a swapped tile, a rule measured apart from the models (see
     SWAP_GROUP_ROWS): these GEMMs stream the busy experts' weights.
-  * r <= DRAM_MODEL_ROWS (a group fits one 64-row tile, so every tile reads the weights once):
-    ``cost``, a compute model. A group's last M tile is on average half empty, so the M tiles
-    number about M / tile_m + A / 2 (at least one per non-empty group), the tiles are that times
-    ceil(N / tile_n), and the persistent grid runs them in waves of NUM_SMS; the cost is waves x
-    tile_m x tile_n / efficiency(tile), efficiency a first guess of the relative wgmma throughput
-    of a full tile (narrow or 64-row tiles do more loading and epilogue per FLOP).
-  * larger groups: ``seconds``, time in seconds, the larger of that compute (at the wgmma peak)
-    and the bytes through DRAM at the device's bandwidth, where every further M tile of a group
-    (or pair of tiles, in a 2x1 cluster that multicasts each weight tile to both) reads its weight
-    tile from DRAM again at a rate of L2_REREAD. A group of a few hundred rows then streams its
-    weights up to ~2x over in single CTAs and the pair halves that, which pays where DRAM decides
-    (more often on an H100 than on an H200: 3.35 against 4.8 TB/s for the same wgmma peak); where
-    compute decides, a pair only adds the waste of an odd last tile, and 64-row tiles their extra
-    reads.
+  * r + sqrt(r) <= 64 (``fits_one_tile``: a group's rows, spread about r by about sqrt(r), fit one
+    64-row tile): the 64 x 128 tile (see ONE_TILE_CONFIG). Every tile reads its weights once and
+    the weight stream decides, so finer units balance the grid better than a compute model's
+    wide tiles.
+  * larger groups: ``seconds``, time in seconds, the larger of the tiles' compute (at the wgmma
+    peak) and the bytes through DRAM at the device's bandwidth, where every further M tile of a
+    group (or pair of tiles, in a 2x1 cluster that multicasts each weight tile to both) reads its
+    weight tile from DRAM again at a rate of L2_REREAD. A group of a few hundred rows then
+    streams its weights up to ~2x over in single CTAs and the pair halves that, which pays where
+    DRAM decides (more often on an H100 than on an H200: 3.35 against 4.8 TB/s for the same wgmma
+    peak); where compute decides, a pair only adds the waste of an odd last tile, and 64-row tiles
+    their extra reads.
 """
 
 import math
@@ -74,7 +72,7 @@ BF16_CONFIGS = _tiles() + BF16_PINGPONG_CONFIGS + BF16_SWAP_CONFIGS
 FP8_CONFIGS = (_tiles(promote=0) + tuple(c for c in _tiles(promote=FP8_PROMOTE) if c["tile_n"] <= 128)
                + FP8_SWAP_CONFIGS)
 
-# Relative throughput of a full tile (first guesses; the tuner measures the real ones).
+# Relative throughput of a full tile in ``seconds`` (first guesses; the tuner measures the real ones).
 _EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.9, (64, 256): 0.8, (64, 128): 0.7}
 
 
@@ -90,21 +88,7 @@ def active_groups(m, groups):
     return max(math.ceil(groups * (1 - (1 - 1 / groups) ** m) - 1e-9), 1)
 
 
-def m_tiles_estimate(m, groups, tile_m):
-    """Expected M tiles of ``m`` rows over the non-empty groups of ``groups``."""
-    active = active_groups(m, groups)
-    return max(_ceil_div(m, tile_m) + active // 2, active) if m else 0
-
-
-def cost(config, problem):
-    """Model time of a config (arbitrary units): waves x tile work / efficiency."""
-    tm, tn = config["tile_m"], config["tile_n"]
-    tiles = m_tiles_estimate(problem["M"], problem.get("G", 1), tm) * _ceil_div(problem["N"], tn)
-    waves = _ceil_div(tiles, NUM_SMS)
-    return waves * tm * tn / _EFFICIENCY[(tm, tn)]
-
-
-# The second model (``seconds``): the dense wgmma peak of an sm_90 part (bf16, FP8; FLOP/s), the
+# The model of larger groups (``seconds``): the dense wgmma peak of an sm_90 part (bf16, FP8; FLOP/s), the
 # share of it a full 128 x 256 tile of the grouped kernel reaches (~650 bf16 TFLOP/s at the
 # compute-bound prefill GEMMs), and the share of a group's weight bytes each further M tile (or
 # pair) reads again from DRAM. L2_REREAD is set from two sets of timings of every config
@@ -166,45 +150,58 @@ SWAP_GROUP_ROWS = 32
 SWAP_TOKEN_MARGIN = 1.5
 
 
+# Groups that fit one 64-row tile: where a busy group expects more than SWAP_GROUP_ROWS rows and
+# its rows (spread about r by about sqrt(r) under a random router) fit one 64-row tile, the 64 x 128
+# tile. Every config timed at the 22 drawn grouped GEMMs of 33-63 rows per busy expert (bf16 and
+# unpromoted FP8; four draws over 16 MoE models, H100, docs/benchmarks.md "Grouped GEMMs: groups of
+# one 64-row tile"): 64 x 128 ran 0.979-1.000 of the fastest config (0.951 at 62.8 rows, where
+# half the groups overflow the tile), the compute model's 64 x 256 pick 0.962-0.991. These GEMMs
+# stream each busy expert's weights once at a few dozen FLOP per byte, far below the ridge of an
+# H100 or H200, so tile width shapes only how evenly the weight stream spreads over the grid.
+ONE_TILE_ROWS = 64
+ONE_TILE_CONFIG = {"tile_m": 64, "tile_n": 128}
+
+
+def fits_one_tile(rows_per_group):
+    """Whether a busy group of ``rows_per_group`` expected rows fits one 64-row tile, its spread
+    (about the square root, as the rows fall at random) included."""
+    return rows_per_group + math.sqrt(rows_per_group) <= ONE_TILE_ROWS
+
+
 # TIES: where ``seconds`` gives a pair and a single CTA the same time, compute decides both and
 # the groups hold whole pairs (no odd last tile to waste), and the pair multicasts each weight
 # tile to two CTAs, so it moves half the weight bytes from L2; the pick is the pair. This happens
 # at the long-K, 8-expert down GEMMs (Mixtral-like: K 14336, 1024+ rows per expert), where the
 # H200 sweeps of every config ran the 2x1 128 x 256 tile 1.05-1.07x the single CTA with fast FP8
 # accumulation and level in bf16 (docs/benchmarks.md "Grouped GEMMs: fast accumulation").
-# Up to this many expected rows per busy group the heuristic ranks tiles by ``cost`` alone: a
-# group then fits one 64-row tile, so no tile reads the weights twice. Past it, ``seconds``.
-DRAM_MODEL_ROWS = 64
 
 
 def heuristic(problem, fp8, device_bandwidth=None, fast_accum=False):
     """At decode (at most SWAP_GROUP_ROWS expected rows per non-empty group) the swapped 64-row
-    tile (see SWAP_GROUP_ROWS); up to DRAM_MODEL_ROWS the cheapest config by ``cost``, past it by
-    ``seconds`` at the device's DRAM bandwidth (bytes/s; None: an H200's), 2x1 clusters included.
-    FP8 with ``fast_accum`` (MSLK's FP8FastAccum kernels): unpromoted configs, any tile; else
-    tiles of <= 128 columns promoted every 4 k-tiles (the error of unpromoted FP8 accumulation
-    grows with K). Ties go to the larger tile, then the 2x1 cluster (see TIES). A promoted FP8 128-row tile
-    then runs in a 2x1 cluster also where K >= CLUSTER_K_MIN and the expected rows per non-empty
-    group reach CLUSTER_GROUP_ROWS (a gain of the promoted mainloop; unpromoted tiles ran fastest
-    single at 4 of the three layers' 6 prefill GEMMs on the H200)."""
+    tile (see SWAP_GROUP_ROWS); where a group fits one 64-row tile the 64 x 128 tile (see
+    ONE_TILE_CONFIG); past that the fastest config by ``seconds`` at the device's DRAM bandwidth
+    (bytes/s; None: an H200's), 2x1 clusters included. FP8 with ``fast_accum`` (MSLK's
+    FP8FastAccum kernels): unpromoted configs, any tile; else tiles of <= 128 columns promoted
+    every 4 k-tiles (the error of unpromoted FP8 accumulation grows with K). Ties go to the larger
+    tile, then the 2x1 cluster (see TIES). A promoted FP8 128-row tile then runs in a 2x1 cluster
+    also where K >= CLUSTER_K_MIN and the expected rows per non-empty group reach
+    CLUSTER_GROUP_ROWS (a gain of the promoted mainloop; unpromoted tiles ran fastest single at 4
+    of the three layers' 6 prefill GEMMs on the H200)."""
     m = problem["M"]
-    promote = 0 if fast_accum else FP8_PROMOTE
+    promote = {"promote": 0 if fast_accum else FP8_PROMOTE} if fp8 else {}
     busy = active_groups(m, problem.get("G", 1))
     if busy and m / busy <= SWAP_GROUP_ROWS:
         tokens = 32 if SWAP_TOKEN_MARGIN * m / busy <= 32 else 64
-        return {"tile_m": 64, "tile_n": tokens, **({"promote": promote} if fp8 else {}), "swap": 1}
+        return {"tile_m": 64, "tile_n": tokens, **promote, "swap": 1}
+    if not busy or fits_one_tile(m / busy):
+        return {**ONE_TILE_CONFIG, **promote}
     configs = [c for c in (FP8_CONFIGS if fp8 else BF16_CONFIGS)
-               if (not fp8 or c["promote"] == promote) and not c.get("pingpong") and not c.get("swap")]
-    if busy and m / busy > DRAM_MODEL_ROWS:
-        def model(c):
-            return seconds(c, problem, fp8, device_bandwidth)
-    else:
-        configs = [c for c in configs if "cluster_m" not in c]
+               if (not fp8 or c["promote"] == promote["promote"]) and not c.get("pingpong") and not c.get("swap")]
 
-        def model(c):
-            return cost(c, problem)
+    def model(c):
+        return seconds(c, problem, fp8, device_bandwidth)
     pick = dict(min(configs, key=lambda c: (model(c), -c["tile_m"] * c["tile_n"], -c.get("cluster_m", 1))))
-    if (fp8 and promote and pick["tile_m"] == 128 and problem.get("K", 0) >= CLUSTER_K_MIN and busy
+    if (fp8 and promote["promote"] and pick["tile_m"] == 128 and problem.get("K", 0) >= CLUSTER_K_MIN
             and m / busy >= CLUSTER_GROUP_ROWS):
         pick["cluster_m"] = 2
     return pick
