@@ -37,8 +37,17 @@ fi
 # largest tests (full-size MoE layers, long-KV decode) share the xdist group "gpu-memory", which
 # `--dist loadgroup` runs on one worker, one after another (a full-size FP8 layer beside five other
 # workers ran an 80 GB H100 out of memory under plain `-n 6`).
+# pytest-xdist workers of a pass cut short can outlive it and keep their GPU memory (2026-12-07:
+# ~60 GB held by the workers of a killed pass, and every memory-hungry test of the next pass ran
+# out of memory). The visit machine is this session's own, so before each pass every process
+# still on the GPU is ended.
+free_gpu() {
+  nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9 2>/dev/null
+  sleep 2
+}
+free_gpu
 timeout -s INT -k 30 "${TEST_TIMEOUT:-480}" python3 -m pytest -n "${TEST_WORKERS:-14}" --dist loadgroup "${@:-tests/gpu}" \
-  -q -rs --durations=10 > "$OUT/gpu_tests.log" 2>&1
+  -q -rfEs --durations=10 > "$OUT/gpu_tests.log" 2>&1
 first=$?
 tail -25 "$OUT/gpu_tests.log"
 if [ "$first" = 1 ]; then
@@ -48,10 +57,12 @@ elif [ "$first" != 0 ] && [ "$first" != 5 ]; then
 fi
 if [ -n "${again+x}" ]; then
   echo "first pass: pytest exit $first; again with ${again[*]}"
-  timeout -s INT -k 30 "${TEST_TIMEOUT:-480}" python3 -m pytest "${again[@]}" "${@:-tests/gpu}" -q -rs \
+  free_gpu
+  timeout -s INT -k 30 "${TEST_TIMEOUT:-480}" python3 -m pytest "${again[@]}" "${@:-tests/gpu}" -q -rfEs \
     > "$OUT/gpu_tests_rerun.log" 2>&1
   tail -25 "$OUT/gpu_tests_rerun.log"
 fi
+free_gpu   # the benchmarks time an otherwise idle GPU
 IFS=';' read -r -a benches <<< "${BENCH:-}"
 for b in "${benches[@]}"; do
   name=${b//[^a-z_]/_}; read -r -a argv <<< "$b"
