@@ -151,13 +151,15 @@ SWAP_TOKEN_MARGIN = 1.5
 
 
 # Groups that fit one 64-row tile: where a busy group expects more than SWAP_GROUP_ROWS rows and
-# its rows (spread about r by about sqrt(r) under a random router) fit one 64-row tile, the 64 x 128
-# tile. Every config timed at the 22 drawn grouped GEMMs of 33-63 rows per busy expert (bf16 and
-# unpromoted FP8; four draws over 16 MoE models, H100, docs/benchmarks.md "Grouped GEMMs: groups of
-# one 64-row tile"): 64 x 128 ran 0.979-1.000 of the fastest config (0.951 at 62.8 rows, where
-# half the groups overflow the tile), the compute model's 64 x 256 pick 0.962-0.991. These GEMMs
-# stream each busy expert's weights once at a few dozen FLOP per byte, far below the ridge of an
-# H100 or H200, so tile width shapes only how evenly the weight stream spreads over the grid.
+# its rows (spread about r by about sqrt(r) under a random router) fit one 64-row tile, the
+# 64 x 128 tile. Every config was timed at the 22 drawn grouped GEMMs of 33-63 rows per busy
+# expert (bf16 and unpromoted FP8; four draws over 16 MoE models, H100, docs/benchmarks.md
+# "Grouped GEMMs: groups of one 64-row tile"). At 34-58 rows 64 x 128 ran 0.979-1.000 of the
+# fastest config, the 64 x 256 of an earlier compute model 0.962-0.991. At 62.8 rows (0.951-0.957
+# and 0.940-0.956) about half the groups overflow a 64-row tile and the 128-row tiles win: hence
+# the sqrt(r) margin. These GEMMs stream each busy expert's weights once at a few dozen FLOP per
+# byte, far below the ridge of an H100 or H200, so the tile width shapes only how evenly the
+# weight stream spreads over the grid.
 ONE_TILE_ROWS = 64
 ONE_TILE_CONFIG = {"tile_m": 64, "tile_n": 128}
 
