@@ -12,10 +12,10 @@ sends them: about A = G (1 - (1 - 1/G)^M) groups are non-empty (at decode fewer 
 16 rows over 16 experts fill ~10.3 of them), r = M / A rows each. By r:
   * r <= SWAP_GROUP_ROWS (decode): a swapped tile, a rule measured apart from the models (see
     SWAP_GROUP_ROWS): these GEMMs stream the busy experts' weights.
-  * r + sqrt(r) <= 64 (``fits_one_tile``: a group's rows, spread about r by about sqrt(r), fit one
-    64-row tile): the 64 x 128 tile (see ONE_TILE_CONFIG). Every tile reads its weights once and
-    the weight stream decides, so finer units balance the grid better than a compute model's
-    wide tiles.
+  * r + sqrt(r) <= 64, else <= 128 (``fits_one_tile``: a group's rows, spread about r by about
+    sqrt(r), fit one M tile of 64, else 128 rows): that tile, 128 columns wide (see
+    ONE_TILE_WIDTH). Every tile then reads its weights once and the weight stream decides, so
+    finer units balance the grid better than wide tiles or pairs.
   * larger groups: ``seconds``, time in seconds, the larger of the tiles' compute (at the wgmma
     peak) and the bytes through DRAM at the device's bandwidth, where every further M tile of a
     group (or pair of tiles, in a 2x1 cluster that multicasts each weight tile to both) reads its
@@ -150,24 +150,27 @@ SWAP_GROUP_ROWS = 32
 SWAP_TOKEN_MARGIN = 1.5
 
 
-# Groups that fit one 64-row tile: where a busy group expects more than SWAP_GROUP_ROWS rows and
-# its rows (spread about r by about sqrt(r) under a random router) fit one 64-row tile, the
-# 64 x 128 tile. Every config was timed at the 22 drawn grouped GEMMs of 33-63 rows per busy
-# expert (bf16 and unpromoted FP8; four draws over 16 MoE models, H100, docs/benchmarks.md
-# "Grouped GEMMs: groups of one 64-row tile"). At 34-58 rows 64 x 128 ran 0.979-1.000 of the
-# fastest config, the 64 x 256 of an earlier compute model 0.962-0.991. At 62.8 rows (0.951-0.957
-# and 0.940-0.956) about half the groups overflow a 64-row tile and the 128-row tiles win: hence
-# the sqrt(r) margin. These GEMMs stream each busy expert's weights once at a few dozen FLOP per
-# byte, far below the ridge of an H100 or H200, so the tile width shapes only how evenly the
-# weight stream spreads over the grid.
-ONE_TILE_ROWS = 64
-ONE_TILE_CONFIG = {"tile_m": 64, "tile_n": 128}
+# Groups that fit one M tile: where a busy group expects more than SWAP_GROUP_ROWS rows and its
+# rows (spread about r by about sqrt(r) under a random router) fit one tile of 64 rows, else of
+# 128, that tile with ONE_TILE_WIDTH columns. Every config was timed at the drawn grouped GEMMs of
+# four draws over 16 MoE models (bf16 and unpromoted FP8, H100; docs/benchmarks.md "Grouped GEMMs:
+# groups of one M tile"):
+#   * 34-53 rows per busy expert (18 GEMMs): 64 x 128 ran 0.979-1.000 of the fastest config, the
+#     64 x 256 of an earlier compute model 0.962-0.991;
+#   * 58-111 rows (16 GEMMs): 128 x 128 ran 0.984-1.000, the DRAM model's 128 x 256 (single or
+#     paired) 0.922-0.992; at 115 rows 128 x 128 ran 0.928 / 0.995 against the pair's 0.958 / 1.0;
+#   * 120-128 rows, where about half the groups overflow a 128-row tile (hence the sqrt(r)
+#     margin): 128 x 128 0.76-1.00, and 128 x 256 tiles, mostly in pairs, won.
+# These GEMMs stream each busy expert's weights once at r (bf16) or 2r (FP8) FLOP per byte, below
+# the ridge of an H100 or an H200, so the tile width shapes only how evenly the weight stream
+# spreads over the grid: 128 columns make twice the units of 256.
+ONE_TILE_WIDTH = 128
 
 
-def fits_one_tile(rows_per_group):
-    """Whether a busy group of ``rows_per_group`` expected rows fits one 64-row tile, its spread
-    (about the square root, as the rows fall at random) included."""
-    return rows_per_group + math.sqrt(rows_per_group) <= ONE_TILE_ROWS
+def fits_one_tile(rows_per_group, tile_m):
+    """Whether a busy group of ``rows_per_group`` expected rows fits one ``tile_m``-row tile, its
+    spread (about the square root, as the rows fall at random) included."""
+    return rows_per_group + math.sqrt(rows_per_group) <= tile_m
 
 
 # TIES: where ``seconds`` gives a pair and a single CTA the same time, compute decides both and
@@ -180,8 +183,8 @@ def fits_one_tile(rows_per_group):
 
 def heuristic(problem, fp8, device_bandwidth=None, fast_accum=False):
     """At decode (at most SWAP_GROUP_ROWS expected rows per non-empty group) the swapped 64-row
-    tile (see SWAP_GROUP_ROWS); where a group fits one 64-row tile the 64 x 128 tile (see
-    ONE_TILE_CONFIG); past that the fastest config by ``seconds`` at the device's DRAM bandwidth
+    tile (see SWAP_GROUP_ROWS); where a group fits one M tile of 64, else 128 rows, that tile
+    128 columns wide (see ONE_TILE_WIDTH); past that the fastest config by ``seconds`` at the device's DRAM bandwidth
     (bytes/s; None: an H200's), 2x1 clusters included. FP8 with ``fast_accum`` (MSLK's
     FP8FastAccum kernels): unpromoted configs, any tile; else tiles of <= 128 columns promoted
     every 4 k-tiles (the error of unpromoted FP8 accumulation grows with K). Ties go to the larger
@@ -195,8 +198,9 @@ def heuristic(problem, fp8, device_bandwidth=None, fast_accum=False):
     if busy and m / busy <= SWAP_GROUP_ROWS:
         tokens = 32 if SWAP_TOKEN_MARGIN * m / busy <= 32 else 64
         return {"tile_m": 64, "tile_n": tokens, **promote, "swap": 1}
-    if not busy or fits_one_tile(m / busy):
-        return {**ONE_TILE_CONFIG, **promote}
+    for tile_m in (64, 128):
+        if not busy or fits_one_tile(m / busy, tile_m):
+            return {"tile_m": tile_m, "tile_n": ONE_TILE_WIDTH, **promote}
     configs = [c for c in (FP8_CONFIGS if fp8 else BF16_CONFIGS)
                if (not fp8 or c["promote"] == promote["promote"]) and not c.get("pingpong") and not c.get("swap")]
 
