@@ -88,10 +88,10 @@ def active_groups(m, groups):
     return max(math.ceil(groups * (1 - (1 - 1 / groups) ** m) - 1e-9), 1)
 
 
-# The model of larger groups (``seconds``): the dense wgmma peak of an sm_90 part (bf16, FP8; FLOP/s), the
-# share of it a full 128 x 256 tile of the grouped kernel reaches (~650 bf16 TFLOP/s at the
-# compute-bound prefill GEMMs), and the share of a group's weight bytes each further M tile (or
-# pair) reads again from DRAM. L2_REREAD is set from two sets of timings of every config
+# The model of larger groups (``seconds``): the dense wgmma peak of an sm_90 part (bf16, FP8;
+# FLOP/s), the share of it a full 128 x 256 tile of the grouped kernel reaches (~650 bf16 TFLOP/s
+# at the compute-bound prefill GEMMs), and the share of a group's weight bytes each further M
+# tile (or pair) reads again from DRAM. L2_REREAD is set from two sets of timings of every config
 # (docs/benchmarks.md "Grouped GEMMs on drawn MoE shapes"): prefill GEMMs of a draw over 16 open
 # MoE models on an H100, where single CTAs ran as if each further M tile read 50-100% of the
 # weight again, and the three layers' prefill GEMMs on an H200, where pairs lost.
@@ -184,14 +184,14 @@ def fits_one_tile(rows_per_group, tile_m):
 def heuristic(problem, fp8, device_bandwidth=None, fast_accum=False):
     """At decode (at most SWAP_GROUP_ROWS expected rows per non-empty group) the swapped 64-row
     tile (see SWAP_GROUP_ROWS); where a group fits one M tile of 64, else 128 rows, that tile
-    128 columns wide (see ONE_TILE_WIDTH); past that the fastest config by ``seconds`` at the device's DRAM bandwidth
-    (bytes/s; None: an H200's), 2x1 clusters included. FP8 with ``fast_accum`` (MSLK's
-    FP8FastAccum kernels): unpromoted configs, any tile; else tiles of <= 128 columns promoted
-    every 4 k-tiles (the error of unpromoted FP8 accumulation grows with K). Ties go to the larger
-    tile, then the 2x1 cluster (see TIES). A promoted FP8 128-row tile then runs in a 2x1 cluster
-    also where K >= CLUSTER_K_MIN and the expected rows per non-empty group reach
-    CLUSTER_GROUP_ROWS (a gain of the promoted mainloop; unpromoted tiles ran fastest single at 4
-    of the three layers' 6 prefill GEMMs on the H200)."""
+    128 columns wide (see ONE_TILE_WIDTH); past that the fastest config by ``seconds`` at the
+    device's DRAM bandwidth (bytes/s; None: an H200's), 2x1 clusters included. FP8 with
+    ``fast_accum`` (MSLK's FP8FastAccum kernels): unpromoted configs, any tile; else tiles of
+    <= 128 columns promoted every 4 k-tiles (the error of unpromoted FP8 accumulation grows with
+    K). Ties go to the larger tile, then the 2x1 cluster (see TIES). A promoted FP8 128-row tile
+    then runs in a 2x1 cluster also where K >= CLUSTER_K_MIN and the expected rows per non-empty
+    group reach CLUSTER_GROUP_ROWS (a gain of the promoted mainloop; unpromoted tiles ran fastest
+    single at 4 of the three layers' 6 prefill GEMMs on the H200)."""
     m = problem["M"]
     promote = {"promote": 0 if fast_accum else FP8_PROMOTE} if fp8 else {}
     busy = active_groups(m, problem.get("G", 1))

@@ -39,8 +39,8 @@ fi
 # workers ran an 80 GB H100 out of memory under plain `-n 6`).
 # pytest-xdist workers of a pass cut short can outlive it and keep their GPU memory (2026-12-07:
 # ~60 GB held by the workers of a killed pass, and every memory-hungry test of the next pass ran
-# out of memory). The visit machine is this session's own, so before each pass every process
-# still on the GPU is ended.
+# out of memory). A visit's machine runs nothing else, so before each pass every process still
+# on the GPU is ended.
 free_gpu() {
   nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9 2>/dev/null
   sleep 2
