@@ -12,7 +12,7 @@ sends them: about A = G (1 - (1 - 1/G)^M) groups are non-empty (at decode fewer 
 16 rows over 16 experts fill ~10.3 of them), r = M / A rows each. By r:
   * r <= SWAP_GROUP_ROWS (decode): a swapped tile, a rule measured apart from the models (see
     SWAP_GROUP_ROWS): these GEMMs stream the busy experts' weights.
-  * r + sqrt(r) <= 64, else <= 128 (``fits_one_tile``: a group's rows, spread about r by about
+  * r + sqrt(r) <= 64, else <= 128 (``one_tile``: a group's rows, spread about r by about
     sqrt(r), fit one M tile of 64, else 128 rows): that tile, 128 columns wide (see
     ONE_TILE_WIDTH). Every tile then reads its weights once and the weight stream decides, so
     finer units balance the grid better than wide tiles or pairs.
@@ -152,9 +152,9 @@ SWAP_TOKEN_MARGIN = 1.5
 
 # Groups that fit one M tile: where a busy group expects more than SWAP_GROUP_ROWS rows and its
 # rows (spread about r by about sqrt(r) under a random router) fit one tile of 64 rows, else of
-# 128, that tile with ONE_TILE_WIDTH columns. Every config was timed at the drawn grouped GEMMs of
-# four draws over 16 MoE models (bf16 and unpromoted FP8, H100; docs/benchmarks.md "Grouped GEMMs:
-# groups of one M tile"):
+# 128 (ONE_TILE_ROWS), that tile with ONE_TILE_WIDTH columns. Every config was timed at the drawn
+# grouped GEMMs of four draws over 16 MoE models (bf16 and unpromoted FP8, H100;
+# docs/benchmarks.md "Grouped GEMMs: groups of one M tile"):
 #   * 34-53 rows per busy expert (18 GEMMs): 64 x 128 ran 0.979-1.000 of the fastest config, the
 #     64 x 256 of an earlier compute model 0.962-0.991;
 #   * 58-111 rows (16 GEMMs): 128 x 128 ran 0.984-1.000, the DRAM model's 128 x 256 (single or
@@ -165,12 +165,23 @@ SWAP_TOKEN_MARGIN = 1.5
 # the ridge of an H100 or an H200, so the tile width shapes only how evenly the weight stream
 # spreads over the grid: 128 columns make twice the units of 256.
 ONE_TILE_WIDTH = 128
+ONE_TILE_ROWS = (64, 128)
 
 
-def fits_one_tile(rows_per_group, tile_m):
-    """Whether a busy group of ``rows_per_group`` expected rows fits one ``tile_m``-row tile, its
-    spread (about the square root, as the rows fall at random) included."""
-    return rows_per_group + math.sqrt(rows_per_group) <= tile_m
+def one_tile(rows_per_group):
+    """The smallest M tile of ONE_TILE_ROWS that a busy group of ``rows_per_group`` expected rows
+    fits, its spread (about the square root, as the rows fall at random) included; None if none."""
+    return next((t for t in ONE_TILE_ROWS if rows_per_group + math.sqrt(rows_per_group) <= t), None)
+
+
+def band(m, groups):
+    """Which rule of ``heuristic`` serves ``m`` rows over ``groups`` groups (by the expected rows
+    per busy group): "swapped" (decode), "one 64-row tile", "one 128-row tile" or "DRAM model"."""
+    busy = active_groups(m, groups)
+    if busy and m / busy <= SWAP_GROUP_ROWS:
+        return "swapped"
+    tile_m = one_tile(m / busy) if busy else ONE_TILE_ROWS[0]
+    return f"one {tile_m}-row tile" if tile_m else "DRAM model"
 
 
 # TIES: where ``seconds`` gives a pair and a single CTA the same time, compute decides both and
@@ -198,9 +209,9 @@ def heuristic(problem, fp8, device_bandwidth=None, fast_accum=False):
     if busy and m / busy <= SWAP_GROUP_ROWS:
         tokens = 32 if SWAP_TOKEN_MARGIN * m / busy <= 32 else 64
         return {"tile_m": 64, "tile_n": tokens, **promote, "swap": 1}
-    for tile_m in (64, 128):
-        if not busy or fits_one_tile(m / busy, tile_m):
-            return {"tile_m": tile_m, "tile_n": ONE_TILE_WIDTH, **promote}
+    tile_m = one_tile(m / busy) if busy else ONE_TILE_ROWS[0]
+    if tile_m:
+        return {"tile_m": tile_m, "tile_n": ONE_TILE_WIDTH, **promote}
     configs = [c for c in (FP8_CONFIGS if fp8 else BF16_CONFIGS)
                if (not fp8 or c["promote"] == promote["promote"]) and not c.get("pingpong") and not c.get("swap")]
 

@@ -136,11 +136,13 @@ def test_groups_of_one_m_tile_take_that_tile_128_wide(fp8):
                     assert pick == {"tile_m": tile_m, "tile_n": 128, **promote}, (problem, pick)
         for problem in OVERFLOWING:
             rows = problem["M"] / space.active_groups(problem["M"], problem["G"])
-            assert not space.fits_one_tile(rows, 128), problem
+            assert space.one_tile(rows) is None and space.band(problem["M"], problem["G"]) == "DRAM model", problem
             # on the H100 the pairs the sweeps found fastest there
             assert space.heuristic(problem, fp8, H100_BANDWIDTH, fast_accum=fast).get("cluster_m") == 2, problem
-    assert space.fits_one_tile(56, 64) and not space.fits_one_tile(57, 64)
-    assert space.fits_one_tile(117, 128) and not space.fits_one_tile(118, 128)
+    assert [space.one_tile(r) for r in (33, 56, 57, 117, 118)] == [64, 64, 128, 128, None]
+    assert space.band(16, 16) == "swapped" and space.band(0, 8) == "one 64-row tile"
+    assert [space.band(p["M"], p["G"]) for p in (ONE_64_ROW_TILE[0], ONE_128_ROW_TILE[0])] == [
+        "one 64-row tile", "one 128-row tile"]
 
 
 @pytest.mark.parametrize("total,groups,empty_every", [(0, 3, 0), (1, 1, 0), (37, 4, 0), (777, 8, 3), (5, 128, 0),

@@ -28,6 +28,8 @@ current open MoE models), T log-uniform over t_min..T_MAX (any integer: decode t
 or down. With --sweep all it also reports our default pick against the fastest config of the
 sweep, both replayed from CUDA graphs (pick_vs_best < 1: the heuristic left that much on the
 table). Use fresh seeds: a set of shapes tuned for is no longer a test.
+Every row names the heuristic's rule for its call (``band``: swapped decode tiles, one 64- or
+128-row tile, the DRAM model), and the summary ends with each rule's geometric means.
 """
 from __future__ import annotations
 
@@ -149,6 +151,7 @@ def main(argv: list[str]) -> int:
         return 1
     torch, do_bench = found
     from mslk_dsl import ops
+    from mslk_dsl.templates import _grouped_gemm_space as space
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the DeepSeek-V3-like layer only")
@@ -205,7 +208,8 @@ def main(argv: list[str]) -> int:
                    "ours_tflops": flop / t["ours"] * 1e-9, "torch_tflops": flop / t["torch"] * 1e-9,
                    "dense_tflops": flop / t["dense"] * 1e-9, "ours_us": t["ours"] * 1e3,
                    "torch_us": t["torch"] * 1e3, "ratio": t["torch"] / t["ours"], "pick": _pick(op, x, sizes, n, k),
-                   "weights_tbps": int((sizes > 0).sum()) * n * k * (2 if op == "bf16" else 1) / t["ours"] * 1e-9}
+                   "weights_tbps": int((sizes > 0).sum()) * n * k * (2 if op == "bf16" else 1) / t["ours"] * 1e-9,
+                   "band": space.band(total, experts)}
             decode = tokens <= max(DECODE_T)
             if args.sweep == "all" or args.sweep == ("decode" if decode else "prefill"):
                 row["sweep"] = _sweep(torch, do_bench, op, flop, ops, x, w, sizes, xq, wq, xs, ws)
@@ -229,6 +233,17 @@ def main(argv: list[str]) -> int:
             if regrets:
                 print(f"{op} {phase}: default pick / fastest config geomean "
                       f"{math.exp(sum(map(math.log, regrets)) / len(regrets)):.3f} (min {min(regrets):.3f})")
+    # By the heuristic's rule for the call (rows per busy expert: swapped decode tiles, one 64- or
+    # 128-row tile, the DRAM model), so each rule's picks can be checked on their own.
+    for op in ("bf16", "fp8"):
+        for rule in ("swapped", "one 64-row tile", "one 128-row tile", "DRAM model"):
+            ratios = [r["ratio"] for r in rows if r["op"] == op and r["band"] == rule]
+            if ratios:
+                regrets = [r["pick_vs_best"] for r in rows if r["op"] == op and r["band"] == rule and "pick_vs_best" in r]
+                regret = (f"; default pick / fastest config {math.exp(sum(map(math.log, regrets)) / len(regrets)):.3f}"
+                          f" (min {min(regrets):.3f})" if regrets else "")
+                print(f"{op} {rule}: geomean ratio {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} "
+                      f"(min {min(ratios):.3f}) over {len(ratios)} shapes{regret}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
