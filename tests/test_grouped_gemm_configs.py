@@ -139,6 +139,11 @@ def test_groups_of_one_m_tile_take_that_tile_128_wide(fp8):
             assert space.one_tile(rows) is None and space.band(problem["M"], problem["G"]) == "DRAM model", problem
             # on the H100 the pairs the sweeps found fastest there
             assert space.heuristic(problem, fp8, H100_BANDWIDTH, fast_accum=fast).get("cluster_m") == 2, problem
+    op = "f8f8bf16_rowwise_grouped_stacked" if fp8 else "bf16bf16bf16_grouped_stacked"
+    (template,) = registry.get_templates(op=op, backend="cute")
+    for sig in template.all_signatures():
+        for problem in (ONE_64_ROW_TILE[0], ONE_128_ROW_TILE[0]):
+            assert template.heuristic("sm90a", sig, problem) in template.valid_configs("sm90a", sig), (sig, problem)
     assert [space.one_tile(r) for r in (33, 56, 57, 117, 118)] == [64, 64, 128, 128, None]
     assert space.band(16, 16) == "swapped" and space.band(0, 8) == "one 64-row tile"
     assert [space.band(p["M"], p["G"]) for p in (ONE_64_ROW_TILE[0], ONE_128_ROW_TILE[0])] == [
