@@ -174,9 +174,15 @@ def one_tile(rows_per_group):
     return next((t for t in ONE_TILE_ROWS if rows_per_group + math.sqrt(rows_per_group) <= t), None)
 
 
+# The rules of ``heuristic``, by the expected rows per busy group (``band``); the one-tile rules
+# with the M tile they take.
+ONE_TILE_BANDS = {f"one {t}-row tile": t for t in ONE_TILE_ROWS}
+BANDS = ("swapped", *ONE_TILE_BANDS, "DRAM model")
+
+
 def band(m, groups):
-    """Which rule of ``heuristic`` serves ``m`` rows over ``groups`` groups (by the expected rows
-    per busy group): "swapped" (decode), "one 64-row tile", "one 128-row tile" or "DRAM model"."""
+    """Which rule of ``heuristic`` (one of BANDS) serves ``m`` rows over ``groups`` groups:
+    "swapped" (decode), a one-tile rule, or the "DRAM model"."""
     busy = active_groups(m, groups)
     if busy and m / busy <= SWAP_GROUP_ROWS:
         return "swapped"
@@ -206,12 +212,12 @@ def heuristic(problem, fp8, device_bandwidth=None, fast_accum=False):
     m = problem["M"]
     promote = {"promote": 0 if fast_accum else FP8_PROMOTE} if fp8 else {}
     busy = active_groups(m, problem.get("G", 1))
-    if busy and m / busy <= SWAP_GROUP_ROWS:
+    rule = band(m, problem.get("G", 1))
+    if rule == "swapped":
         tokens = 32 if SWAP_TOKEN_MARGIN * m / busy <= 32 else 64
         return {"tile_m": 64, "tile_n": tokens, **promote, "swap": 1}
-    tile_m = one_tile(m / busy) if busy else ONE_TILE_ROWS[0]
-    if tile_m:
-        return {"tile_m": tile_m, "tile_n": ONE_TILE_WIDTH, **promote}
+    if rule in ONE_TILE_BANDS:
+        return {"tile_m": ONE_TILE_BANDS[rule], "tile_n": ONE_TILE_WIDTH, **promote}
     configs = [c for c in (FP8_CONFIGS if fp8 else BF16_CONFIGS)
                if (not fp8 or c["promote"] == promote["promote"]) and not c.get("pingpong") and not c.get("swap")]
 

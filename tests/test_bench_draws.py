@@ -133,3 +133,11 @@ def test_phased_rows_draws_word_rows_in_range_and_keeps_the_routing_table():
     for argv in (["--sizes", "100x4096"], ["--sizes", "100x4097"], ["--ops", "gemm", "--sizes", "9x4098"], []):
         with pytest.raises(SystemExit):
             phased.main(argv)
+
+
+def test_grouped_summary_lines_give_the_geomean_and_the_minimum(capsys):
+    rows = [{"ratio": 0.8, "pick_vs_best": 0.9}, {"ratio": 1.25}]
+    grouped._summarize("bf16 one 64-row tile", rows)
+    grouped._summarize("bf16 DRAM model", [])
+    assert capsys.readouterr().out == ("bf16 one 64-row tile: geomean ratio 1.000 (min 0.800) over 2 shapes; "
+                                       "default pick / fastest config 0.900 (min 0.900)\n")

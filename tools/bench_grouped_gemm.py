@@ -145,6 +145,21 @@ def draw(count, seed, t_min=1):
     return sorted(cases, key=lambda c: (c[0], c[4], c[1]))
 
 
+def _geomean(values):
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
+def _summarize(label, rows):
+    """One line for ``rows`` (if any): the geometric mean and minimum of torch time / ours, and of
+    the default pick / the fastest config where the rows were swept."""
+    if not rows:
+        return
+    ratios = [r["ratio"] for r in rows]
+    regrets = [r["pick_vs_best"] for r in rows if "pick_vs_best" in r]
+    regret = f"; default pick / fastest config {_geomean(regrets):.3f} (min {min(regrets):.3f})" if regrets else ""
+    print(f"{label}: geomean ratio {_geomean(ratios):.3f} (min {min(ratios):.3f}) over {len(ratios)} shapes{regret}")
+
+
 def main(argv: list[str]) -> int:
     found = cuda_or_exit("bench_grouped_gemm")
     if found is None:
@@ -210,8 +225,8 @@ def main(argv: list[str]) -> int:
                    "torch_us": t["torch"] * 1e3, "ratio": t["torch"] / t["ours"], "pick": _pick(op, x, sizes, n, k),
                    "weights_tbps": int((sizes > 0).sum()) * n * k * (2 if op == "bf16" else 1) / t["ours"] * 1e-9,
                    "band": space.band(total, experts)}
-            decode = tokens <= max(DECODE_T)
-            if args.sweep == "all" or args.sweep == ("decode" if decode else "prefill"):
+            row["phase"] = "decode" if tokens <= max(DECODE_T) else "prefill"
+            if args.sweep in ("all", row["phase"]):
                 row["sweep"] = _sweep(torch, do_bench, op, flop, ops, x, w, sizes, xq, wq, xs, ws)
                 best = max(row["sweep"], key=row["sweep"].get)
                 row["best_config"], row["pick_vs_best"] = best, row["sweep"].get(row["pick"], row["ours_tflops"]) / row["sweep"][best]
@@ -223,27 +238,11 @@ def main(argv: list[str]) -> int:
     table(rows, ["layer", "proj", "T", "op", "ours_tflops", "torch_tflops", "dense_tflops", "ours_us",
                  "torch_us", "ratio", "weights_tbps", "pick"]
           + (["best_config", "pick_vs_best"] if any("pick_vs_best" in r for r in rows) else []))
+    # By phase, then by the heuristic's rule for the call (rows per busy expert: swapped decode
+    # tiles, one 64- or 128-row tile, the DRAM model), so each rule's picks can be checked alone.
     for op in ("bf16", "fp8"):
-        for phase, pick in (("prefill", lambda r: r["T"] > max(DECODE_T)), ("decode", lambda r: r["T"] <= max(DECODE_T))):
-            ratios = [r["ratio"] for r in rows if r["op"] == op and pick(r)]
-            if ratios:
-                print(f"{op} {phase}: geomean ratio {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} "
-                      f"(min {min(ratios):.3f}) over {len(ratios)} shapes")
-            regrets = [r["pick_vs_best"] for r in rows if r["op"] == op and pick(r) and "pick_vs_best" in r]
-            if regrets:
-                print(f"{op} {phase}: default pick / fastest config geomean "
-                      f"{math.exp(sum(map(math.log, regrets)) / len(regrets)):.3f} (min {min(regrets):.3f})")
-    # By the heuristic's rule for the call (rows per busy expert: swapped decode tiles, one 64- or
-    # 128-row tile, the DRAM model), so each rule's picks can be checked on their own.
-    for op in ("bf16", "fp8"):
-        for rule in ("swapped", "one 64-row tile", "one 128-row tile", "DRAM model"):
-            ratios = [r["ratio"] for r in rows if r["op"] == op and r["band"] == rule]
-            if ratios:
-                regrets = [r["pick_vs_best"] for r in rows if r["op"] == op and r["band"] == rule and "pick_vs_best" in r]
-                regret = (f"; default pick / fastest config {math.exp(sum(map(math.log, regrets)) / len(regrets)):.3f}"
-                          f" (min {min(regrets):.3f})" if regrets else "")
-                print(f"{op} {rule}: geomean ratio {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} "
-                      f"(min {min(ratios):.3f}) over {len(ratios)} shapes{regret}")
+        for label in ("prefill", "decode", *space.BANDS):
+            _summarize(f"{op} {label}", [r for r in rows if r["op"] == op and label in (r["phase"], r["band"])])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
