@@ -375,3 +375,23 @@ def test_stream_scratch_grows_in_few_generations(monkeypatch):
     assert len(storages) <= 8, len(storages)       # 1000 .. 64000 elements: powers of two from 1024
     assert sum(t.untyped_storage().nbytes() for t in {t.untyped_storage().data_ptr(): t for t in held}.values()) \
         <= 2 * 65536 * 4
+
+
+def test_a_constant_placeholder_first_asked_for_during_a_capture_is_not_cached(monkeypatch):
+    """A CUDA graph capture records a new tensor's fill without running it: a constant placeholder
+    (a row count of "all rows") made then would hold garbage for eager calls. It serves that call
+    only and is no placeholder (no plan holds it); the next call outside a capture makes and caches
+    one. Unread placeholders (fill 0) are cached either way."""
+    from mslk_dsl.ops import dispatch
+
+    monkeypatch.setattr(dispatch, "_placeholders", {})
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(dispatch, "_capturing", lambda device: True)
+    during = dispatch.placeholder(cpu, torch.int32, fill=2**31 - 1)
+    unread = dispatch.placeholder(cpu, torch.int32)
+    assert not dispatch.is_placeholder(during) and dispatch.is_placeholder(unread)
+    assert dispatch.placeholder(cpu, torch.int32, fill=2**31 - 1) is not during
+    monkeypatch.setattr(dispatch, "_capturing", lambda device: False)
+    after = dispatch.placeholder(cpu, torch.int32, fill=2**31 - 1)
+    assert after is not during and dispatch.is_placeholder(after) and int(after) == 2**31 - 1
+    assert dispatch.placeholder(cpu, torch.int32, fill=2**31 - 1) is after

@@ -40,11 +40,19 @@ def placeholder(device: torch.device, dtype: torch.dtype, fill: int | float = 0,
     kernel, compiled for the absent case, never reads it; or, with ``fill``, a constant a kernel
     reads in place of the absent input (a row count of "all rows"). ``shape``: for a kernel that
     takes the input with more dimensions (a [1, 1] block table). Cached so calls allocate
-    nothing (and launch plans may hold it)."""
+    nothing (and launch plans may hold it).
+
+    A constant first asked for while the stream captures a CUDA graph is made for that call
+    only: the capture records its fill without running it (the graph fills it at each replay),
+    so, cached, it would hold garbage for every eager call and every other graph. Not cached, it
+    is no placeholder either (is_placeholder), so no launch plan holds it. An unread placeholder
+    (fill 0) may be cached whatever it holds."""
     key = (device, dtype) if fill == 0 and shape == (1,) else (device, dtype, fill, shape)
     t = _placeholders.get(key)
     if t is None:
-        t = _placeholders[key] = torch.full(shape, fill, dtype=dtype, device=device)
+        t = torch.full(shape, fill, dtype=dtype, device=device)
+        if fill == 0 or not _capturing(device):
+            _placeholders[key] = t
     return t
 
 

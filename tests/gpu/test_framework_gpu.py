@@ -91,6 +91,32 @@ def test_cuda_graph_replays_the_chain():
 
 
 
+def test_a_row_count_placeholder_first_made_in_a_capture_serves_eager_calls_after(monkeypatch):
+    """silu_mul without valid_token_count hands its kernel a cached "all rows" count. Made first
+    inside a CUDA graph capture, whose fill runs only at replay, it must not be cached: eager
+    calls afterwards would read garbage (rows left uncomputed)."""
+    import mslk_dsl.ops as ops
+    from mslk_dsl import native
+    from mslk_dsl.ops import call, dispatch
+
+    x, y = torch.randn(300, 512, device="cuda", dtype=bf16), torch.randn(300, 512, device="cuda", dtype=bf16)
+    ops.silu_mul(x, y)                                      # the kernel, loaded before the capture
+    native.fast_op("silu_mul").clear()                      # no plan holding the count made then
+    call.clear_python_plans()
+    monkeypatch.setattr(dispatch, "_placeholders", {})
+    graph = torch.cuda.CUDAGraph()
+    with jit.jit_disabled(), torch.cuda.graph(graph):
+        captured = ops.silu_mul(x, y)
+    graph.replay()
+    graph.replay()
+    eager = ops.silu_mul(x, y)
+    del graph
+    again = ops.silu_mul(x, y)
+    torch.cuda.synchronize()
+    want = silu_mul_ref(x, y)
+    assert torch.equal(captured, want) and torch.equal(eager, want) and torch.equal(again, want)
+
+
 def _native_cases():
     import mslk_dsl.ops as ops
 
