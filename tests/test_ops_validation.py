@@ -142,6 +142,37 @@ def test_rmsnorm_picks_the_weight_signature(monkeypatch, x_dtype, w_dtype, fp32_
     assert y.dtype == x_dtype and args[1].dtype == w_dtype
 
 
+@pytest.mark.parametrize("op", ["rmsnorm", "rmsnorm_add"])
+@pytest.mark.parametrize("x_dtype", [bf16, torch.float16, f32], ids=str)
+def test_a_norm_without_weight_gets_a_cached_weight_of_ones(monkeypatch, op, x_dtype):
+    """weight=None (torch's F.rms_norm and quack's rmsnorm without a weight): the kernels of x's
+    dtype (not the fp32-weight ones) get ones of x's dtype and width, cached, so every call (and
+    a launch plan) passes the same tensor; another width gets its own."""
+    from mslk_dsl.ops import dispatch
+
+    launched = _launched_with(monkeypatch, op)
+    rest = (t(3, 72, dtype=x_dtype),) if op == "rmsnorm_add" else ()
+    for _ in range(2):
+        getattr(ops, op)(t(3, 72, dtype=x_dtype), *rest, None)
+    getattr(ops, op)(t(2, 40, dtype=x_dtype), *(r[:2, :40] for r in rest), None)
+    (sig, first), (_, second), (_, narrower) = launched
+    w = first[1 + len(rest)]
+    assert sig == (16, str(x_dtype).removeprefix("torch."), False)
+    assert w.dtype == x_dtype and w.shape == (72,) and torch.equal(w, torch.ones(72, dtype=x_dtype))
+    assert second[1 + len(rest)] is w and dispatch.is_placeholder(w)
+    assert narrower[1 + len(rest)].shape == (40,)
+
+
+def test_a_norm_without_weight_equals_a_weight_of_ones_in_the_reference():
+    from mslk_dsl.ops import declaration
+
+    x, r = t(5, 24), t(5, 24)
+    decl, add = declaration.get("rmsnorm"), declaration.get("rmsnorm_add")
+    assert torch.equal(decl.reference(x, None), decl.reference(x, torch.ones(24, dtype=bf16)))
+    for a, b in zip(add.reference(x, r, None), add.reference(x, r, torch.ones(24, dtype=bf16))):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("n, w_dtype, x_offset, want", [
     (64, bf16, 0, 16), (4098, bf16, 0, 4), (4097, bf16, 0, 2), (64, bf16, 2, 4), (64, bf16, 1, 2),
     (4098, f32, 0, 4), (64, f32, 0, 16)])

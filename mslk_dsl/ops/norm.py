@@ -1,7 +1,10 @@
 """RMSNorm and the fused residual-add RMSNorm (bf16/fp16/fp32 in, fp32 math).
 
 The weight has x's dtype or is fp32 (mixed-precision checkpoints keep norm weights in fp32); the
-results take x's dtype either way, as quack's and MSLK's norms do."""
+results take x's dtype either way, as quack's and MSLK's norms do. A weight of None normalizes
+only (torch's ``F.rms_norm`` and quack's ``rmsnorm`` without a weight): the kernels get a cached
+weight of ones (one per device, dtype and hidden size; read from L2), so no second set of kernels
+exists for it."""
 from __future__ import annotations
 
 import torch
@@ -10,7 +13,7 @@ from mslk_dsl.errors import InputError, InputTypeError
 from mslk_dsl.ops import random_problems as draw
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
-from mslk_dsl.ops.dispatch import dtype_name
+from mslk_dsl.ops.dispatch import dtype_name, placeholder
 
 # Rows up to quack's limit. Rows longer than a config's register tile are streamed and read again
 # (mostly from L2); see the templates.
@@ -24,11 +27,13 @@ _PLAIN_EPS = "type(eps) is float and eps >= 0"
 
 def _check(op: str, x, weight, eps) -> None:
     check.tensor(op, "x", x, check.FLOAT_DTYPES)
-    check.tensor(op, "weight", weight, WEIGHT_DTYPES, ndim=1)
-    if weight.dtype not in (x.dtype, torch.float32):
-        raise InputTypeError(f"{op}: weight has dtype {weight.dtype}; it must be x's dtype ({x.dtype}) or torch.float32")
-    check.shape(op, "weight", weight, x.shape[-1:], "one weight per hidden element of x")
-    check.same_device(op, "x", x, weight=weight)
+    if weight is not None:
+        check.tensor(op, "weight", weight, WEIGHT_DTYPES, ndim=1)
+        if weight.dtype not in (x.dtype, torch.float32):
+            raise InputTypeError(f"{op}: weight has dtype {weight.dtype}; it must be x's dtype ({x.dtype}), "
+                                 "torch.float32 or None")
+        check.shape(op, "weight", weight, x.shape[-1:], "one weight per hidden element of x")
+        check.same_device(op, "x", x, weight=weight)
     check.nonempty_rows(op, "x", x)
     if x.shape[-1] > MAX_HIDDEN:
         raise InputError(f"{op}: hidden size {x.shape[-1]} of x exceeds the supported {MAX_HIDDEN}")
@@ -46,6 +51,13 @@ def _example(count: int):
     return example
 
 
+def _weight_arg(weight, x: torch.Tensor) -> torch.Tensor:
+    """The kernels' weight: the caller's, or for None the cached ones of x's dtype and width."""
+    if weight is not None:
+        return weight
+    return placeholder(x.device, x.dtype, fill=1, shape=(x.shape[-1],))
+
+
 def _signature(x: torch.Tensor, weight: torch.Tensor, *rows: torch.Tensor) -> tuple:
     """(vec_bytes, dtype, fp32_weight): the templates' signature of a call. An fp32 weight with fp32
     x is the plain case."""
@@ -60,7 +72,8 @@ def _random_problem(rng) -> dict:
 
 def _rmsnorm_reference(x, weight, eps=1e-6):
     xf = x.float()
-    return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+    y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    return (y if weight is None else y * weight.float()).to(x.dtype)
 
 
 def _rmsnorm_add_reference(x, residual, weight, eps=1e-6):
@@ -75,15 +88,16 @@ def _prepare_rmsnorm(select, outputs, x, weight, eps):
         return None
     a = check.rows(x)
     o = y.view(a.shape)
+    weight = _weight_arg(weight, a)
     kernel, _ = select(_signature(a, weight, a, o), tuple(a.shape))
     # An int eps becomes a new float object, which no plan may keep (see _PLAIN_EPS).
     return Launch(kernel, (a, weight, o, eps if type(eps) is float else float(eps)))
 
 
 rmsnorm = declare(OpDecl(
-    name="rmsnorm", schema="(Tensor x, Tensor weight, float eps=1e-06) -> Tensor",
+    name="rmsnorm", schema="(Tensor x, Tensor? weight, float eps=1e-06) -> Tensor",
     doc="""y = x / sqrt(mean(x^2) + eps) * weight over the last dim, fp32 math; x bf16/fp16/fp32,
-    weight of x's dtype or fp32, y in x's dtype. ``out``: a contiguous tensor of x's shape and
+    weight of x's dtype or fp32 (None: no weight), y in x's dtype. ``out``: a contiguous tensor of x's shape and
     dtype to write into instead of allocating.""",
     check=lambda x, weight, eps: _check("rmsnorm", x, weight, eps),
     outputs=lambda x, weight, eps=1e-6: [(tuple(x.shape), x.dtype)],
@@ -108,13 +122,15 @@ def _prepare_rmsnorm_add(select, outputs, x, residual, weight, eps):
         return None
     a, r = check.rows(x), check.rows(residual)
     o, res = y.view(a.shape), new_residual.view(a.shape)
+    weight = _weight_arg(weight, a)
     kernel, _ = select(_signature(a, weight, a, r, o, res), tuple(a.shape))
     return Launch(kernel, (a, r, weight, o, res, eps if type(eps) is float else float(eps)))
 
 
 rmsnorm_add = declare(OpDecl(
-    name="rmsnorm_add", schema="(Tensor x, Tensor residual, Tensor weight, float eps=1e-06) -> (Tensor, Tensor)",
-    doc="""new_residual = x + residual; y = rmsnorm(new_residual, weight, eps). Returns (y, new_residual).
+    name="rmsnorm_add", schema="(Tensor x, Tensor residual, Tensor? weight, float eps=1e-06) -> (Tensor, Tensor)",
+    doc="""new_residual = x + residual; y = rmsnorm(new_residual, weight, eps) (weight None: no
+    weight). Returns (y, new_residual).
     ``out``: contiguous (y, new_residual) tensors of x's shape and dtype to write into.""",
     check=_check_rmsnorm_add,
     outputs=lambda x, residual, weight, eps=1e-6: [(tuple(x.shape), x.dtype)] * 2,

@@ -1,7 +1,7 @@
 """The memory-bound ops' wider coverage on sm_90 GPUs and on ROCm ones (skipUnlessCudaCapability
 passes ROCm through, so the same tests check the FlyDSL kernels there): fp32 norms, an fp32 weight
-with bf16 / fp16 x, rows of 32K to 256K elements, and MSLK's valid_token_count on silu_mul /
-silu_mul_quant.
+with bf16 / fp16 x, no weight, rows of 32K to 256K elements, and MSLK's valid_token_count on
+silu_mul / silu_mul_quant.
 
 fp32 norms are compared with quack's reference formula (x / sqrt(mean(x^2) + eps) * w, all fp32;
 its residual form normalizes x + residual, which is exact in fp32): the kernels' fp32 results
@@ -104,6 +104,32 @@ def test_long_rows(op, dtype, m, n):
         assert_within_one_ulp(y, want, f"{op} {dtype} {m}x{n}")
     if new_residual is not None:
         assert torch.equal(new_residual, h)
+
+
+@SM90
+@pytest.mark.parametrize("op", ["rmsnorm", "rmsnorm_add"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("m, n", [(1, 8), (1000, 4096), (33, 1309), (17, 45), (5, 65536), (7, 4098)])
+def test_no_weight_is_a_weight_of_ones(op, dtype, m, n):
+    """weight=None (torch's F.rms_norm, quack's rmsnorm without one): the same bytes as a weight of
+    ones, eager and through torch.ops; torch's F.rms_norm agrees within one ulp."""
+    g = _gen(m * 7 + n)
+    x, residual = (torch.randn(m, n, device="cuda", generator=g).to(dtype) for _ in range(2))
+    ones = torch.ones(n, device="cuda", dtype=dtype)
+    got, got_residual = _run(op, x, residual, None)
+    want, want_residual = _run(op, x, residual, ones)
+    assert torch.equal(got, want)
+    if op == "rmsnorm":
+        assert torch.equal(torch.ops.mslk_dsl.rmsnorm(x, None, EPS), want)
+        h = x
+    else:
+        assert torch.equal(got_residual, want_residual)
+        h = want_residual
+    torch_y = torch.nn.functional.rms_norm(h.float(), (n,), eps=EPS).to(dtype)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, torch_y, rtol=2e-5, atol=2e-5)
+    else:
+        assert_within_one_ulp(got, torch_y, f"{op} {dtype} {m}x{n} no weight")
 
 
 def _silu_mul_ref(x0, x1):
