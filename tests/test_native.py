@@ -151,6 +151,13 @@ def test_kernel_errors_raise(launcher):
         native.fast_op("test_fails")(x)
 
 
+def _quantize_layout(x):
+    """The Python plan key of quantize_fp8_row(x): its layout with every schema argument's default."""
+    from mslk_dsl.ops import call
+
+    return call._layout((x, None, None, True, None))
+
+
 def test_kernel_errors_are_kernel_launch_errors_on_the_python_path(monkeypatch):
     """A kernel call that fails (the checked path, a plan still offered to the launcher, the bare
     replay) raises KernelLaunchError naming the op, the runtime's error as its cause."""
@@ -172,7 +179,7 @@ def test_kernel_errors_are_kernel_launch_errors_on_the_python_path(monkeypatch):
         with native.bypassed():
             if answer != "checked":
                 elementwise.quantize_fp8_row(x), elementwise.quantize_fp8_row(x)   # plans made
-                plan = call._plans["quantize_fp8_row"][call._layout((x, None))]
+                plan = call._plans["quantize_fp8_row"][_quantize_layout(x)]
                 # The failing call below runs the plan object (offered again) or the bare replay.
                 assert (getattr(plan, "__name__", None) == "replay") == (answer is False), (answer, plan)
             failing.append(True)
@@ -275,7 +282,7 @@ def test_python_plans_serve_where_the_launcher_cannot(monkeypatch):
         # Once the launcher says no (False: it never will), the plan table holds the bare replay.
         monkeypatch.setattr(native, "remember", lambda *args, **kw: offers.append(args[0]) or False)
         elementwise.quantize_fp8_row(y)
-        replay = call._plans["quantize_fp8_row"][call._layout((y, None))]
+        replay = call._plans["quantize_fp8_row"][_quantize_layout(y)]
         assert replay.__name__ == "replay" and len(offers) == 4   # (the 5 x 64 call offered one)
         xq2, scale2 = elementwise.quantize_fp8_row(y)
         assert len(offers) == 4 and checked == ["x", "x"]             # no offer, no checks

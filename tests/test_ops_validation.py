@@ -38,6 +38,14 @@ CASES = [
     ("quantize scale_ub shape", lambda: ops.quantize_fp8_row(t(4, 8), scale_ub=t(2, dtype=f32)), ValueError,
      ["scale_ub", "one element"]),
     ("quantize cpu", lambda: ops.quantize_fp8_row(t(4, 8)), ValueError, ["x", "cpu"]),
+    ("quantize zero_start_index_M count", lambda: ops.quantize_fp8_row(
+        t(3, 4, 8), zero_start_index_M=torch.zeros(4, dtype=torch.int64)), ValueError,
+     ["zero_start_index_M", "3", "matrix"]),
+    ("quantize zero_start_index_M dtype", lambda: ops.quantize_fp8_row(
+        t(3, 4, 8), zero_start_index_M=torch.zeros(3)), TypeError, ["zero_start_index_M", "dtype"]),
+    ("quantize output_device", lambda: ops.quantize_fp8_row(t(4, 8), output_device=torch.device("meta")),
+     ValueError, ["output_device", "x's device"]),
+    ("quantize use_triton", lambda: ops.quantize_fp8_row(t(4, 8), use_triton="yes"), TypeError, ["use_triton"]),
     ("silu_mul_quant shapes", lambda: ops.silu_mul_quant(t(4, 8), t(3, 8)), ValueError, ["x1"]),
     ("dequantize dtype", lambda: ops.dequantize_fp8_row(t(4, 8), t(4, dtype=f32)), TypeError, ["xq"]),
     ("dequantize scale shape", lambda: ops.dequantize_fp8_row(t(4, 8).to(fp8), t(3, dtype=f32)), ValueError,
@@ -171,6 +179,38 @@ def test_a_norm_without_weight_equals_a_weight_of_ones_in_the_reference():
     assert torch.equal(decl.reference(x, None), decl.reference(x, torch.ones(24, dtype=bf16)))
     for a, b in zip(add.reference(x, r, None), add.reference(x, r, torch.ones(24, dtype=bf16))):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("shape, starts", [((20, 30), [7]), ((6, 4, 2, 3), [0, 1, 2, 5] * 6), ((5, 17), [-1]),
+                                            ((4, 2, 9), [2, 0, 1, 9]), ((33,), [0]), ((33,), [1])])
+@pytest.mark.parametrize("with_ub", [False, True])
+def test_quantize_rows_past_zero_start_index_m_come_out_as_zero_rows(monkeypatch, shape, starts, with_ub):
+    """MSLK's zero_start_index_M: one row count per [N, K] matrix of x; the rows from it on give
+    what a row of zeros gives (xq 0, the floor's scale, capped by scale_ub), whatever they hold
+    (NaN here), the others their own quantization. The kernel (stood in for by the reference)
+    quantizes every row; the op then sets the rows past on the device."""
+    from mslk_dsl.ops import declaration, validate
+
+    decl = declaration.get("quantize_fp8_row")
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)
+
+    def kernel(a, ub, q, s):
+        want_q, want_s = decl.reference(a, ub if with_ub else None)
+        q.copy_(want_q)
+        s.copy_(want_s)
+
+    monkeypatch.setattr(decl.kernels, "selection", lambda device, sig, problem, config=None: (kernel, {}))
+    x = torch.randn(shape).to(bf16)
+    counts = torch.tensor(starts, dtype=torch.int64)
+    past = (torch.arange(x.shape[-2] if x.dim() > 1 else 1).view(1, -1) >= counts.view(-1, 1)).view(*shape[:-1], 1)
+    x = x.masked_fill(past, float("nan"))
+    ub = torch.tensor([0.5]) if with_ub else None
+    xq, scale = ops.quantize_fp8_row(x, ub, counts, True, None)
+    want_q, want_s = decl.reference(x.masked_fill(past, 0.0), ub)
+    assert torch.equal(xq.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(scale, want_s)
+    assert torch.equal(decl.reference(x, ub, counts)[1], want_s)
+    floor = min(1 / 512, 0.5 if with_ub else 1.0) / 448
+    assert torch.all(scale[past.squeeze(-1)] == torch.tensor(floor, dtype=f32))
 
 
 @pytest.mark.parametrize("n, w_dtype, x_offset, want", [

@@ -2,10 +2,12 @@
 silu_mul_quant. MSLK's names, argument order and semantics."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from mslk_dsl.device import target_of
-from mslk_dsl.errors import UnsupportedDeviceError
+from mslk_dsl.errors import InputError, InputTypeError, UnsupportedDeviceError
 from mslk_dsl.ops import random_problems as draw
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
@@ -134,17 +136,34 @@ def _silu_mul_reference(x0, x1, valid_token_count=None):
     return y
 
 
-def _quantize_reference(x, scale_ub=None):
+def _quantize_reference(x, scale_ub=None, zero_start_index_M=None, use_triton=True, output_device=None):
     """MSLK's Triton quantize_fp8_row in fp32: amax floored at 1/512 and capped by scale_ub,
-    scale = amax / fp8_max, xq = fp8(clamp(x / scale)) (tensor / tensor: IEEE division)."""
+    scale = amax / fp8_max, xq = fp8(clamp(x / scale)) (tensor / tensor: IEEE division); with
+    ``zero_start_index_M``, the rows from it on (of each [N, K] matrix) quantized as zeros."""
     fp8 = fp8_dtype_for(x.device)
     xf = x.float()
+    if zero_start_index_M is not None:
+        xf = xf.masked_fill(_rows_past(x, zero_start_index_M).view(*x.shape[:-1], 1), 0.0)
     amax = torch.clamp(xf.abs().amax(dim=-1), min=FP8_AMAX_FLOOR)
     if scale_ub is not None:
         amax = torch.minimum(amax, scale_ub.float().reshape(()))
     scale = amax / torch.full_like(amax, FP8_MAX[fp8])
     xq = (xf / scale.unsqueeze(-1)).clamp(-FP8_MAX[fp8], FP8_MAX[fp8]).to(fp8)
     return xq, scale
+
+
+def _jagged_shape(x: torch.Tensor) -> tuple[int, int]:
+    """(matrices, rows per matrix) of x as MSLK's zero_start_index_M sees it: x's dims but the
+    last two are the matrices (one count each), the second-to-last their rows."""
+    rows = x.shape[-2] if x.dim() >= 2 else 1
+    return math.prod(x.shape[:-2]), rows
+
+
+def _rows_past(x: torch.Tensor, zero_start_index_M: torch.Tensor) -> torch.Tensor:
+    """[matrices, rows] bool: the rows at or past their matrix's zero_start_index_M."""
+    matrices, rows = _jagged_shape(x)
+    starts = zero_start_index_M.reshape(matrices, 1)
+    return torch.arange(rows, device=x.device, dtype=starts.dtype).view(1, rows) >= starts
 
 
 # -- silu_mul -------------------------------------------------------------------------------------------
@@ -177,14 +196,28 @@ silu_mul = declare(OpDecl(
 
 
 # -- quantize_fp8_row -------------------------------------------------------------------------------------
-def _check_quantize(x, scale_ub):
+def _check_quantize(x, scale_ub, zero_start_index_M=None, use_triton=True, output_device=None):
     op = "quantize_fp8_row"
     check.tensor(op, "x", x, check.FLOAT_DTYPES)
     check.nonempty_rows(op, "x", x)
     _check_scale_ub(op, scale_ub, x, "x")
+    if zero_start_index_M is not None:
+        check.tensor(op, "zero_start_index_M", zero_start_index_M, (torch.int32, torch.int64), min_ndim=0,
+                     unit_last_stride=False)
+        check.same_device(op, "x", x, zero_start_index_M=zero_start_index_M)
+        matrices, _ = _jagged_shape(x)
+        if zero_start_index_M.numel() != matrices:
+            raise InputError(f"{op}: zero_start_index_M must hold one row count per [N, K] matrix of x "
+                             f"({matrices} for x of shape {tuple(x.shape)}), got shape "
+                             f"{tuple(zero_start_index_M.shape)}")
+    if not isinstance(use_triton, bool):
+        raise InputTypeError(f"{op}: use_triton must be a bool, got {type(use_triton).__name__}")
+    if output_device is not None and torch.device(output_device) != x.device:
+        raise InputError(f"{op}: output_device {output_device} differs from x's device {x.device}: the "
+                         "results are made on x's device (move them with .to())")
 
 
-def _prepare_quantize(select, outputs, x, scale_ub):
+def _prepare_quantize(select, outputs, x, scale_ub, zero_start_index_M=None, use_triton=True, output_device=None):
     xq, scale = outputs
     if x.numel() == 0:
         return None
@@ -193,15 +226,42 @@ def _prepare_quantize(select, outputs, x, scale_ub):
     ub = scale_ub.reshape(1) if scale_ub is not None else placeholder(a.device, torch.float32)
     kernel, _ = select((_access_bytes("quantize_fp8_row", a, q), dtype_name(a.dtype), scale_ub is not None),
                        tuple(a.shape))
-    return Launch(kernel, (a, ub, q, scale.view(-1)))
+    launch = Launch(kernel, (a, ub, q, scale.view(-1)))
+    if zero_start_index_M is None:
+        return launch
+    # The rows past each matrix's count: the kernel quantizes them as they are (whatever they
+    # hold), then they are set to what a row of zeros gives (xq 0, the floor's scale), on the
+    # device, so the call neither syncs nor reads the counts on the host.
+    return launch._replace(finish=lambda: _zero_rows_past(xq, scale, zero_start_index_M, scale_ub),
+                           plannable=False)
+
+
+def _zero_rows_past(xq: torch.Tensor, scale: torch.Tensor, zero_start_index_M: torch.Tensor, scale_ub) -> None:
+    past = _rows_past(xq, zero_start_index_M)
+    matrices, rows = past.shape
+    amax = torch.full((), FP8_AMAX_FLOOR, device=scale.device)
+    if scale_ub is not None:
+        amax = torch.minimum(amax, scale_ub.float().reshape(()))
+    zero_row_scale = amax / FP8_MAX[xq.dtype]
+    # (FP8 tensors have no masked_fill; an FP8 zero is the all-zero byte.)
+    xq.view(torch.uint8).view(matrices, rows, -1).masked_fill_(past.unsqueeze(-1), 0)
+    scale.view(matrices, rows).masked_fill_(past, zero_row_scale)
 
 
 quantize_fp8_row = declare(OpDecl(
-    name="quantize_fp8_row", schema="(Tensor x, Tensor? scale_ub=None) -> (Tensor, Tensor)",
+    name="quantize_fp8_row",
+    schema="(Tensor x, Tensor? scale_ub=None, Tensor? zero_start_index_M=None, bool use_triton=True, "
+           "Device? output_device=None) -> (Tensor, Tensor)",
     doc="""Per-row absmax FP8 quantization. Returns (xq [..., K] fp8, scale [...] fp32) where
     ``x ~= xq.float() * scale[..., None]``; rows of zeros give xq = 0 and a finite scale.
+    MSLK's arguments: ``scale_ub`` (one fp32 element) caps each row's absmax;
+    ``zero_start_index_M`` (int32/int64, one count per [N, K] matrix of x, i.e. x.shape[:-2]
+    elements) makes the rows from that count on come out as a row of zeros would (xq 0, the
+    smallest scale), whatever they hold; ``use_triton`` (MSLK's choice of its Triton kernel or
+    torch) is accepted and has no effect; ``output_device`` must be None or x's device.
     ``out``: contiguous (xq, scale) tensors to write into instead of allocating.""",
     check=_check_quantize, outputs=_quant_outputs, prepare=_prepare_quantize,
+    plan_when="output_device is None",
     signature=("vec_bytes", "dtype", "has_scale_ub"), problem=("M", "K"),
     example=_rows_example(1), reference=_quantize_reference, small_problem={"M": 5, "K": 64},
     random_problem=draw.rows))

@@ -173,3 +173,39 @@ def test_silu_mul_quant_valid_token_count_leaves_later_rows_untouched(m, k, n, w
     assert torch.equal(scale[:v], want_s[:v])
     assert (xq[v:].view(torch.uint8) == 0x5A).all(), "an xq row past valid_token_count was written"
     assert (scale[v:] == -7.0).all(), "a scale past valid_token_count was written"
+
+
+@SM90
+@pytest.mark.parametrize("shape", [(20, 30), (6, 4, 2, 3), (8, 300, 4096), (3, 1000, 7168), (128, 16, 2880)])
+@pytest.mark.parametrize("with_ub", [False, True])
+def test_quantize_fp8_row_zero_start_index_m(shape, with_ub):
+    """MSLK's zero_start_index_M (one row count per [N, K] matrix, int64 as MSLK's test makes it):
+    the rows past it come out as rows of zeros, whatever they hold (NaN here); the other rows as
+    without it; the call replays from a CUDA graph with new counts (no host sync)."""
+    from mslk_dsl import jit
+    from mslk_dsl.ops import declaration
+
+    decl = declaration.get("quantize_fp8_row")
+    g = _gen(sum(shape))
+    clean = torch.randn(shape, device="cuda", generator=g).to(torch.bfloat16)
+    matrices, rows = clean[..., 0, 0].numel(), clean.shape[-2]
+    counts = torch.randint(0, rows + 1, (matrices,), device="cuda", generator=g)
+    past = torch.arange(rows, device="cuda").view(1, -1) >= counts.view(-1, 1)
+    x = clean.masked_fill(past.view(*shape[:-1], 1), float("nan"))
+    ub = torch.tensor([1.5], device="cuda") if with_ub else None
+    xq, scale = ops.quantize_fp8_row(x, scale_ub=ub, zero_start_index_M=counts, use_triton=True)
+    want_q, want_s = decl.reference(x.masked_fill(past.view(*shape[:-1], 1), 0.0), ub)
+    assert torch.equal(xq.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(scale, want_s)
+    ops_q, ops_s = torch.ops.mslk_dsl.quantize_fp8_row(x, ub, counts)
+    assert torch.equal(ops_q.view(torch.uint8), xq.view(torch.uint8)) and torch.equal(ops_s, scale)
+    graph = torch.cuda.CUDAGraph()
+    with jit.jit_disabled(), torch.cuda.graph(graph):
+        gq, gs = ops.quantize_fp8_row(clean, ub, counts)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(gs, want_s) and torch.equal(gq.view(torch.uint8), want_q.view(torch.uint8))
+    counts.fill_(rows)          # every row counted now: the replay quantizes them all
+    graph.replay()
+    all_q, all_s = decl.reference(clean, ub)
+    torch.cuda.synchronize()
+    assert torch.equal(gs, all_s) and torch.equal(gq.view(torch.uint8), all_q.view(torch.uint8))
