@@ -183,8 +183,8 @@ def test_a_norm_without_weight_equals_a_weight_of_ones_in_the_reference():
 
 @pytest.mark.parametrize("shape, starts", [((20, 30), [7]), ((6, 4, 2, 3), [0, 1, 2, 5] * 6), ((5, 17), [-1]),
                                             ((4, 2, 9), [2, 0, 1, 9]), ((33,), [0]), ((33,), [1])])
-@pytest.mark.parametrize("with_ub", [False, True])
-def test_quantize_rows_past_zero_start_index_m_come_out_as_zero_rows(monkeypatch, shape, starts, with_ub):
+@pytest.mark.parametrize("ub_value", [None, 0.5, 1e-3])
+def test_quantize_rows_past_zero_start_index_m_come_out_as_zero_rows(monkeypatch, shape, starts, ub_value):
     """MSLK's zero_start_index_M: one row count per [N, K] matrix of x; the rows from it on give
     what a row of zeros gives (xq 0, the floor's scale, capped by scale_ub), whatever they hold
     (NaN here), the others their own quantization. The kernel (stood in for by the reference)
@@ -195,7 +195,7 @@ def test_quantize_rows_past_zero_start_index_m_come_out_as_zero_rows(monkeypatch
     monkeypatch.setattr(validate, "gpu", lambda *args: None)
 
     def kernel(a, ub, q, s):
-        want_q, want_s = decl.reference(a, ub if with_ub else None)
+        want_q, want_s = decl.reference(a, ub if ub_value is not None else None)
         q.copy_(want_q)
         s.copy_(want_s)
 
@@ -204,13 +204,13 @@ def test_quantize_rows_past_zero_start_index_m_come_out_as_zero_rows(monkeypatch
     counts = torch.tensor(starts, dtype=torch.int64)
     past = (torch.arange(x.shape[-2] if x.dim() > 1 else 1).view(1, -1) >= counts.view(-1, 1)).view(*shape[:-1], 1)
     x = x.masked_fill(past, float("nan"))
-    ub = torch.tensor([0.5]) if with_ub else None
+    ub = torch.tensor([ub_value]) if ub_value is not None else None
     xq, scale = ops.quantize_fp8_row(x, ub, counts, True, None)
     want_q, want_s = decl.reference(x.masked_fill(past, 0.0), ub)
     assert torch.equal(xq.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(scale, want_s)
     assert torch.equal(decl.reference(x, ub, counts)[1], want_s)
-    floor = min(1 / 512, 0.5 if with_ub else 1.0) / 448
-    assert torch.all(scale[past.squeeze(-1)] == torch.tensor(floor, dtype=f32))
+    floor = torch.tensor(min(1 / 512, ub_value or 1.0), dtype=f32) / torch.tensor(448.0)
+    assert torch.all(scale[past.squeeze(-1)] == floor)
 
 
 @pytest.mark.parametrize("n, w_dtype, x_offset, want", [

@@ -242,7 +242,7 @@ def _zero_rows_past(xq: torch.Tensor, scale: torch.Tensor, zero_start_index_M: t
     amax = torch.full((), FP8_AMAX_FLOOR, device=scale.device)
     if scale_ub is not None:
         amax = torch.minimum(amax, scale_ub.float().reshape(()))
-    zero_row_scale = amax / FP8_MAX[xq.dtype]
+    zero_row_scale = amax / torch.full_like(amax, FP8_MAX[xq.dtype])   # IEEE division, as the kernels
     # (FP8 tensors have no masked_fill; an FP8 zero is the all-zero byte.)
     xq.view(torch.uint8).view(matrices, rows, -1).masked_fill_(past.unsqueeze(-1), 0)
     scale.view(matrices, rows).masked_fill_(past, zero_row_scale)
