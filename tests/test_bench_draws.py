@@ -141,3 +141,14 @@ def test_grouped_summary_lines_give_the_geomean_and_the_minimum(capsys):
     grouped._summarize("bf16 DRAM model", [])
     assert capsys.readouterr().out == ("bf16 one 64-row tile: geomean ratio 1.000 (min 0.800) over 2 shapes; "
                                        "default pick / fastest config 0.900 (min 0.900)\n")
+
+
+def test_gemm_space_summary_compares_the_pick_with_the_fastest_config():
+    import bench_gemm_space
+
+    row = {"torch_ms": 0.040, "pick": "a", "configs": {"a": 0.050, "b": 0.044, "c": 0.060}}
+    s = bench_gemm_space.summary(row)
+    assert s["fastest"] == "b" and abs(s["pick_ratio"] - 0.8) < 1e-9
+    assert abs(s["fastest_ratio"] - 0.040 / 0.044) < 1e-9 and abs(s["pick_vs_fastest"] - 0.88) < 1e-9
+    gone = bench_gemm_space.summary({**row, "pick": "wrong-results"})   # the pick left out of the sweep
+    assert gone["fastest"] == "b" and gone["pick_ratio"] != gone["pick_ratio"]
