@@ -245,7 +245,10 @@ def _zero_rows_past(xq: torch.Tensor, scale: torch.Tensor, zero_start_index_M: t
     zero_row_scale = amax / torch.full_like(amax, FP8_MAX[xq.dtype])   # IEEE division, as the kernels
     # (FP8 tensors have no masked_fill; an FP8 zero is the all-zero byte.)
     xq.view(torch.uint8).view(matrices, rows, -1).masked_fill_(past.unsqueeze(-1), 0)
-    scale.view(matrices, rows).masked_fill_(past, zero_row_scale)
+    # (masked_fill_ with a tensor value reads it on the host: torch.where keeps the call
+    # capturable in a CUDA graph.)
+    rows_scale = scale.view(matrices, rows)
+    rows_scale.copy_(torch.where(past, zero_row_scale, rows_scale))
 
 
 quantize_fp8_row = declare(OpDecl(
