@@ -155,7 +155,7 @@ def _quantize_layout(x):
     """The Python plan key of quantize_fp8_row(x): its layout with every schema argument's default."""
     from mslk_dsl.ops import call
 
-    return call._layout((x, None, None, True, None))
+    return call._layout((x, None, None, True, None, None))
 
 
 def test_kernel_errors_are_kernel_launch_errors_on_the_python_path(monkeypatch):

@@ -46,6 +46,7 @@ CASES = [
     ("quantize output_device", lambda: ops.quantize_fp8_row(t(4, 8), output_device=torch.device("meta")),
      ValueError, ["output_device", "x's device"]),
     ("quantize use_triton", lambda: ops.quantize_fp8_row(t(4, 8), use_triton="yes"), TypeError, ["use_triton"]),
+    ("quantize align_rows_to", lambda: ops.quantize_fp8_row(t(4, 8), align_rows_to=0), ValueError, ["align_rows_to"]),
     ("silu_mul_quant shapes", lambda: ops.silu_mul_quant(t(4, 8), t(3, 8)), ValueError, ["x1"]),
     ("dequantize dtype", lambda: ops.dequantize_fp8_row(t(4, 8), t(4, dtype=f32)), TypeError, ["xq"]),
     ("dequantize scale shape", lambda: ops.dequantize_fp8_row(t(4, 8).to(fp8), t(3, dtype=f32)), ValueError,
@@ -211,6 +212,39 @@ def test_quantize_rows_past_zero_start_index_m_come_out_as_zero_rows(monkeypatch
     assert torch.equal(decl.reference(x, ub, counts)[1], want_s)
     floor = torch.tensor(min(1 / 512, ub_value or 1.0), dtype=f32) / torch.tensor(448.0)
     assert torch.all(scale[past.squeeze(-1)] == floor)
+
+
+@pytest.mark.parametrize("shape, align, starts", [((2, 13), 8, None), ((4, 2, 13), 16, [1, 0, 2, 1]),
+                                                   ((3, 16), 8, None), ((20, 30), 16, [7]), ((5, 1), 4, None)])
+def test_quantize_align_rows_to_pads_xq_with_zeros(monkeypatch, shape, align, starts):
+    """MSLK's align_rows_to: xq's rows padded with zero bytes to a multiple of it (the scales and
+    the values as without it); with zero_start_index_M too, the rows past the counts are zero
+    rows in full. The kernel (stood in for by the reference) writes compact rows."""
+    from mslk_dsl.ops import declaration, validate
+
+    decl = declaration.get("quantize_fp8_row")
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)
+    launched = []
+
+    def kernel(a, ub, q, s):
+        launched.append(q.shape)
+        want_q, want_s = decl.reference(a)
+        q.copy_(want_q)
+        s.copy_(want_s)
+
+    monkeypatch.setattr(decl.kernels, "selection", lambda device, sig, problem, config=None: (kernel, {}))
+    x = torch.randn(shape).to(bf16)
+    counts = None if starts is None else torch.tensor(starts, dtype=torch.int32)
+    xq, scale = ops.quantize_fp8_row(x, zero_start_index_M=counts, align_rows_to=align)
+    k = shape[-1]
+    padded = -(-k // align) * align
+    assert xq.shape == (*shape[:-1], padded) and scale.shape == shape[:-1]
+    assert launched == [(x.numel() // k, k)]                      # the kernel's rows stay compact
+    want_q, want_s = decl.reference(x, None, counts, True, None, align)
+    assert torch.equal(xq.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(scale, want_s)
+    assert not xq.view(torch.uint8)[..., k:].any()
+    plain_q, _ = decl.reference(x, None, counts)
+    assert torch.equal(xq.view(torch.uint8)[..., :k], plain_q.view(torch.uint8))
 
 
 @pytest.mark.parametrize("n, w_dtype, x_offset, want", [

@@ -136,10 +136,12 @@ def _silu_mul_reference(x0, x1, valid_token_count=None):
     return y
 
 
-def _quantize_reference(x, scale_ub=None, zero_start_index_M=None, use_triton=True, output_device=None):
+def _quantize_reference(x, scale_ub=None, zero_start_index_M=None, use_triton=True, output_device=None,
+                        align_rows_to=None):
     """MSLK's Triton quantize_fp8_row in fp32: amax floored at 1/512 and capped by scale_ub,
     scale = amax / fp8_max, xq = fp8(clamp(x / scale)) (tensor / tensor: IEEE division); with
-    ``zero_start_index_M``, the rows from it on (of each [N, K] matrix) quantized as zeros."""
+    ``zero_start_index_M``, the rows from it on (of each [N, K] matrix) quantized as zeros; with
+    ``align_rows_to``, xq's rows padded with zeros to a multiple of it."""
     fp8 = fp8_dtype_for(x.device)
     xf = x.float()
     if zero_start_index_M is not None:
@@ -149,7 +151,15 @@ def _quantize_reference(x, scale_ub=None, zero_start_index_M=None, use_triton=Tr
         amax = torch.minimum(amax, scale_ub.float().reshape(()))
     scale = amax / torch.full_like(amax, FP8_MAX[fp8])
     xq = (xf / scale.unsqueeze(-1)).clamp(-FP8_MAX[fp8], FP8_MAX[fp8]).to(fp8)
+    padding = _padded_width(x.shape[-1], align_rows_to) - x.shape[-1]
+    if padding:
+        xq = torch.nn.functional.pad(xq.view(torch.uint8), (0, padding)).view(fp8)
     return xq, scale
+
+
+def _padded_width(k: int, align_rows_to) -> int:
+    """K rounded up to a multiple of ``align_rows_to`` (K itself without one)."""
+    return k if align_rows_to is None else -(-k // align_rows_to) * align_rows_to
 
 
 def _jagged_shape(x: torch.Tensor) -> tuple[int, int]:
@@ -196,7 +206,7 @@ silu_mul = declare(OpDecl(
 
 
 # -- quantize_fp8_row -------------------------------------------------------------------------------------
-def _check_quantize(x, scale_ub, zero_start_index_M=None, use_triton=True, output_device=None):
+def _check_quantize(x, scale_ub, zero_start_index_M=None, use_triton=True, output_device=None, align_rows_to=None):
     op = "quantize_fp8_row"
     check.tensor(op, "x", x, check.FLOAT_DTYPES)
     check.nonempty_rows(op, "x", x)
@@ -215,25 +225,46 @@ def _check_quantize(x, scale_ub, zero_start_index_M=None, use_triton=True, outpu
     if output_device is not None and torch.device(output_device) != x.device:
         raise InputError(f"{op}: output_device {output_device} differs from x's device {x.device}: the "
                          "results are made on x's device (move them with .to())")
+    if align_rows_to is not None and (isinstance(align_rows_to, bool) or not isinstance(align_rows_to, int)
+                                      or align_rows_to < 1):
+        raise InputError(f"{op}: align_rows_to must be a positive int or None, got {align_rows_to!r}")
 
 
-def _prepare_quantize(select, outputs, x, scale_ub, zero_start_index_M=None, use_triton=True, output_device=None):
+def _quantize_outputs(x: torch.Tensor, scale_ub=None, zero_start_index_M=None, use_triton=True, output_device=None,
+                      align_rows_to=None) -> list:
+    """quantize_fp8_row's results: as _quant_outputs, xq's rows padded to ``align_rows_to``."""
+    (shape, fp8), scale = _quant_outputs(x)
+    return [((*shape[:-1], _padded_width(shape[-1], align_rows_to)), fp8), scale]
+
+
+def _prepare_quantize(select, outputs, x, scale_ub, zero_start_index_M=None, use_triton=True, output_device=None,
+                      align_rows_to=None):
     xq, scale = outputs
     if x.numel() == 0:
         return None
     a = check.rows(x)
-    q = xq.view(a.shape)
+    padded = xq.shape[-1] != x.shape[-1]
+    # Padded rows: the kernels write compact rows, so into a temporary copied into place after.
+    q = torch.empty(a.shape, dtype=xq.dtype, device=a.device) if padded else xq.view(a.shape)
     ub = scale_ub.reshape(1) if scale_ub is not None else placeholder(a.device, torch.float32)
     kernel, _ = select((_access_bytes("quantize_fp8_row", a, q), dtype_name(a.dtype), scale_ub is not None),
                        tuple(a.shape))
-    launch = Launch(kernel, (a, ub, q, scale.view(-1)))
-    if zero_start_index_M is None:
+    launch = Launch(kernel, (a, ub, q, scale.view(-1)), scratch=(q,) if padded else ())
+    if zero_start_index_M is None and not padded:
         return launch
-    # The rows past each matrix's count: the kernel quantizes them as they are (whatever they
-    # hold), then they are set to what a row of zeros gives (xq 0, the floor's scale), on the
-    # device, so the call neither syncs nor reads the counts on the host.
-    return launch._replace(finish=lambda: _zero_rows_past(xq, scale, zero_start_index_M, scale_ub),
-                           plannable=False)
+
+    def finish():
+        if padded:
+            rows = xq.view(torch.uint8).view(-1, xq.shape[-1])
+            rows[:, :x.shape[-1]].copy_(q.view(torch.uint8))
+            rows[:, x.shape[-1]:].zero_()
+        if zero_start_index_M is not None:
+            # The rows past each matrix's count: the kernel quantized them as they are (whatever
+            # they hold); they become what a row of zeros gives (xq 0, the floor's scale), on the
+            # device, so the call neither syncs nor reads the counts on the host.
+            _zero_rows_past(xq, scale, zero_start_index_M, scale_ub)
+
+    return launch._replace(finish=finish, plannable=False)
 
 
 def _zero_rows_past(xq: torch.Tensor, scale: torch.Tensor, zero_start_index_M: torch.Tensor, scale_ub) -> None:
@@ -254,17 +285,18 @@ def _zero_rows_past(xq: torch.Tensor, scale: torch.Tensor, zero_start_index_M: t
 quantize_fp8_row = declare(OpDecl(
     name="quantize_fp8_row",
     schema="(Tensor x, Tensor? scale_ub=None, Tensor? zero_start_index_M=None, bool use_triton=True, "
-           "Device? output_device=None) -> (Tensor, Tensor)",
+           "Device? output_device=None, int? align_rows_to=None) -> (Tensor, Tensor)",
     doc="""Per-row absmax FP8 quantization. Returns (xq [..., K] fp8, scale [...] fp32) where
     ``x ~= xq.float() * scale[..., None]``; rows of zeros give xq = 0 and a finite scale.
     MSLK's arguments: ``scale_ub`` (one fp32 element) caps each row's absmax;
     ``zero_start_index_M`` (int32/int64, one count per [N, K] matrix of x, i.e. x.shape[:-2]
     elements) makes the rows from that count on come out as a row of zeros would (xq 0, the
     smallest scale), whatever they hold; ``use_triton`` (MSLK's choice of its Triton kernel or
-    torch) is accepted and has no effect; ``output_device`` must be None or x's device.
+    torch) is accepted and has no effect; ``output_device`` must be None or x's device;
+    ``align_rows_to`` pads xq's rows with zeros to a multiple of it (xq [..., K rounded up]).
     ``out``: contiguous (xq, scale) tensors to write into instead of allocating.""",
-    check=_check_quantize, outputs=_quant_outputs, prepare=_prepare_quantize,
-    plan_when="output_device is None",
+    check=_check_quantize, outputs=_quantize_outputs, prepare=_prepare_quantize,
+    plan_when="output_device is None and align_rows_to is None",
     signature=("vec_bytes", "dtype", "has_scale_ub"), problem=("M", "K"),
     example=_rows_example(1), reference=_quantize_reference, small_problem={"M": 5, "K": 64},
     random_problem=draw.rows))

@@ -130,7 +130,7 @@ def _native_cases():
     return {
         "silu_mul": (ops.silu_mul, (x3, x3 * 2, None)),       # 3-D: the kernel sees a 2-D view
         # Every argument of the schema, as the op passes them to its plans (scale_ub left out: None).
-        "quantize_fp8_row": (ops.quantize_fp8_row, (x, None, None, True, None)),
+        "quantize_fp8_row": (ops.quantize_fp8_row, (x, None, None, True, None, None)),
         "silu_mul_quant": (ops.silu_mul_quant, (x, x2, None, None)),
         "rmsnorm": (ops.rmsnorm, (x3, weight, 1e-5)),
         "rmsnorm_add": (ops.rmsnorm_add, (x, x2, weight, 1e-6)),

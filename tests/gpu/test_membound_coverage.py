@@ -209,3 +209,31 @@ def test_quantize_fp8_row_zero_start_index_m(shape, with_ub):
     all_q, all_s = decl.reference(clean, ub)
     torch.cuda.synchronize()
     assert torch.equal(gs, all_s) and torch.equal(gq.view(torch.uint8), all_q.view(torch.uint8))
+
+
+@SM90
+@pytest.mark.parametrize("shape, align", [((2, 4001), 8), ((4, 2, 13), 16), ((300, 4096), 128), ((20, 30), 16)])
+def test_quantize_fp8_row_align_rows_to(shape, align):
+    """MSLK's align_rows_to: xq's rows padded with zero bytes to a multiple of it, the values and
+    scales bit-equal to the unpadded call; with zero_start_index_M as well; in a CUDA graph."""
+    from mslk_dsl import jit
+    from mslk_dsl.ops import declaration
+
+    decl = declaration.get("quantize_fp8_row")
+    x = torch.randn(shape, device="cuda", generator=_gen(sum(shape))).to(torch.bfloat16)
+    k = shape[-1]
+    xq, scale = ops.quantize_fp8_row(x, align_rows_to=align)
+    plain_q, plain_s = ops.quantize_fp8_row(x)
+    assert xq.shape[-1] == -(-k // align) * align and torch.equal(scale, plain_s)
+    assert torch.equal(xq.view(torch.uint8)[..., :k], plain_q.view(torch.uint8))
+    assert not xq.view(torch.uint8)[..., k:].any()
+    counts = torch.zeros(x[..., 0, 0].numel(), dtype=torch.int64, device="cuda") + 1
+    jq, js = ops.quantize_fp8_row(x, None, counts, True, None, align)
+    want_q, want_s = decl.reference(x, None, counts, True, None, align)
+    assert torch.equal(jq.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(js, want_s)
+    graph = torch.cuda.CUDAGraph()
+    with jit.jit_disabled(), torch.cuda.graph(graph):
+        gq, gs = ops.quantize_fp8_row(x, align_rows_to=align)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(gq.view(torch.uint8), xq.view(torch.uint8)) and torch.equal(gs, scale)
