@@ -39,7 +39,7 @@ import math
 import random
 import statistics
 
-from bench_common import cuda_or_exit, graph_timed, table
+from bench_common import cuda_or_exit, geomean, graph_timed, table
 
 LAYERS = (("deepseek-v3", 4096, 128, 8, 7168, 2048), ("llama4-scout", 8192, 16, 1, 5120, 8192),
           ("mixtral", 4096, 8, 2, 4096, 14336))
@@ -145,10 +145,6 @@ def draw(count, seed, t_min=1):
     return sorted(cases, key=lambda c: (c[0], c[4], c[1]))
 
 
-def _geomean(values):
-    return math.exp(sum(map(math.log, values)) / len(values))
-
-
 def _summarize(label, rows):
     """One line for ``rows`` (if any): the geometric mean and minimum of torch time / ours, and of
     the default pick / the fastest config where the rows were swept."""
@@ -156,8 +152,8 @@ def _summarize(label, rows):
         return
     ratios = [r["ratio"] for r in rows]
     regrets = [r["pick_vs_best"] for r in rows if "pick_vs_best" in r]
-    regret = f"; default pick / fastest config {_geomean(regrets):.3f} (min {min(regrets):.3f})" if regrets else ""
-    print(f"{label}: geomean ratio {_geomean(ratios):.3f} (min {min(ratios):.3f}) over {len(ratios)} shapes{regret}")
+    regret = f"; default pick / fastest config {geomean(regrets):.3f} (min {min(regrets):.3f})" if regrets else ""
+    print(f"{label}: geomean ratio {geomean(ratios):.3f} (min {min(ratios):.3f}) over {len(ratios)} shapes{regret}")
 
 
 def main(argv: list[str]) -> int:
