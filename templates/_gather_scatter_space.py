@@ -25,9 +25,21 @@ def vec(sig) -> int:
     return vector_elems(sig)
 
 
+# Tokens that receive this many rows each on average (A >= 16 T) leave the atomic method at any
+# size. Their atomic adds meet on the same out elements, where they serialize in L2 and round
+# after every addition: a bf16 element summed from n rows carries an error growing like sqrt(n)
+# half-steps of its partial sums (a random call with ~530 rows per token was off by 4.5 at 106).
+# The grouped methods sum each token's rows in fp32 and round once. MoE routing gives a token at
+# most top_k (<= 8 in current models) rows, so model calls keep the size rule.
+DEEP_ROWS_PER_TOKEN = 16
+
+
 def scatter_method(sig, problem, min_bytes: int = SORTED_MIN_BYTES) -> str:
-    """"sorted" once the rows to add (A x D) reach ``min_bytes``, else "atomic"."""
-    rows, width = int(problem.get("A", 65536)), int(problem.get("D", 8192))
+    """"sorted" once the rows to add (A x D) reach ``min_bytes`` or the tokens receive
+    DEEP_ROWS_PER_TOKEN rows each on average, else "atomic"."""
+    rows, width, tokens = int(problem.get("A", 65536)), int(problem.get("D", 8192)), int(problem.get("T", 0))
+    if 0 < tokens and rows >= DEEP_ROWS_PER_TOKEN * tokens:
+        return "sorted"
     return "sorted" if rows * width * ELEM_BYTES[sig["dtype"]] >= min_bytes else "atomic"
 
 

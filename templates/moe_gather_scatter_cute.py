@@ -38,7 +38,8 @@ scatter_add_dense_tokens:
     With config["pdl"], the kernels after the first of "sorted" and "linked" use programmatic
     dependent launch: each starts while its predecessor runs and waits (griddepcontrol.wait)
     before it reads anything, which hides the launch gaps of the chain.
-    "atomic" (small problems, where the extra launches would cost more than they save):
+    "atomic" (small problems, where the extra launches would cost more than they save, unless
+        the tokens receive _gather_scatter_space.DEEP_ROWS_PER_TOKEN rows each on average):
         atomic adds, like MSLK: vector reductions as wide as the rows admit (REDG.ADD.BF16x8 /
         F16x8 / F32x4 on 16-byte rows, BF16x4 / F16x4 / F32x2 on 8-byte ones, BF16x2 / F16x2 on
         4-byte ones); rows of one element per access run phased (below), their edges adding

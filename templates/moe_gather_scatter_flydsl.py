@@ -11,7 +11,7 @@ scatter_add_dense_tokens:  kernel(out, y, token_indices, valid_count, workspace)
     are skipped. workspace [3 * T + 1 + 2 * A] int32 (torch.empty; used by method "sorted" only):
     counts [T], offsets [T + 1], positions [A], row lists [A], first rows [T] at offsets 0, T,
     2T+1, 2T+1+A, 2T+1+2A, the CuTe template's layout. Two methods (config["method"]), chosen as in the CuTe template (sorted
-    once A * D * itemsize >= _gather_scatter_space.SORTED_MIN_BYTES):
+    once A * D * itemsize >= _gather_scatter_space.SORTED_MIN_BYTES or A >= DEEP_ROWS_PER_TOKEN * T):
     "sorted": group the rows by token, then add each token's rows in fp32 and write its out row
         once (rounded once; no data atomics). Five kernels on the stream: zero the counts; count
         (an int32 atomic add with return per row, global_atomic_add ... sc0, also gives the row's

@@ -159,6 +159,15 @@ def test_memory_bound_heuristics_take_the_measured_configs():
     assert pick("scatter_add_dense_tokens", s, {"A": 3276, "D": 5120, "T": 1638})["method"] == "linked"
     assert pick("scatter_add_dense_tokens", s, {"A": 3276, "D": 5120, "T": 3276})["method"] == "atomic"
     assert pick("scatter_add_dense_tokens", s, {"A": 1312, "D": 5120, "T": 164})["method"] == "atomic"
+    # Tokens of 16 or more rows each take the fp32 sums at any size (atomics would round after
+    # every one of the additions meeting on an element): two random calls that missed by 1.75 / 4.5
+    assert pick("scatter_add_dense_tokens", s, {"A": 56424, "D": 1, "T": 1})["method"] == "linked"
+    assert pick("scatter_add_dense_tokens", s, {"A": 257923, "D": 34, "T": 336})["method"] == "linked"
+    assert pick("scatter_add_dense_tokens", s, {"A": 150, "D": 64, "T": 9})["method"] == "linked"
+    assert pick("scatter_add_dense_tokens", s, {"A": 150, "D": 64, "T": 10})["method"] == "atomic"
+    fly = registry.get_template("moe_gather_scatter_flydsl.scatter_add_dense_tokens")
+    assert fly.heuristic("gfx942", s, {"A": 257923, "D": 34, "T": 336})["method"] == "sorted"
+    assert fly.heuristic("gfx942", s, {"A": 150, "D": 64, "T": 10})["method"] == "atomic"
 
 
 def test_a_cute_gemm_config_check_names_the_template_and_config():

@@ -315,8 +315,9 @@ scatter_add_dense_tokens = declare(OpDecl(
     name="scatter_add_dense_tokens",
     schema="(Tensor(a!) out_tokens, Tensor in_tokens, Tensor token_indices, Tensor? valid_token_count=None) -> ()",
     doc="""out_tokens[token_indices[i]] += in_tokens[i] for the first valid_token_count (default: all)
-    rows, in place. Large inputs are grouped by token and each token's rows summed in fp32 (one
-    rounding per out element); small ones use atomic adds, like MSLK. Either way the order of a
+    rows, in place. Large inputs, and inputs whose tokens get 16 or more rows each on average,
+    are grouped by token and each token's rows summed in fp32 (one rounding per out element);
+    other small ones use atomic adds, like MSLK. Either way the order of a
     token's additions is unspecified, so results are order-independent only where the sums are
     exact. Rows whose token index is outside [0, T) are skipped.""",
     check=_check_scatter, outputs=lambda *args: [], prepare=_prepare_scatter,

@@ -210,12 +210,14 @@ def test_gather_phased_rows(dtype, unroll):
 # ------------------------------------------------------------------ scatter_add_dense_tokens
 def _scatter_config(method, t, a):
     """The heuristic's config for the method (None: the heuristic's own choice) with T = t
-    tokens and A = a rows; a width that forces the method."""
+    tokens and A = a rows; a width (and, for atomics, a token count of one row each) that forces
+    the method."""
     if method is None:
         return None
     (tpl,) = registry.get_templates(op="scatter_add_dense_tokens", backend="cute")
     sig = {"dtype": "bfloat16", "vec_bytes": 16, "has_valid_count": False}
-    config = tpl.heuristic("sm90a", sig, {"A": a, "D": 1 << 40 if method != "atomic" else 1, "T": t})
+    atomic = method == "atomic"
+    config = tpl.heuristic("sm90a", sig, {"A": a, "D": 1 if atomic else 1 << 40, "T": a if atomic else t})
     if method in ("sorted", "linked"):   # the large-input config's unroll and pdl, this method
         assert config["method"] in ("sorted", "linked")
         return {**config, "method": method}
