@@ -123,6 +123,9 @@ def test_meta_tensors_use_the_fakes():
     x = torch.empty(3, 16, dtype=bf16, device="meta")
     y, res = torch.ops.mslk_dsl.rmsnorm_add(x, x, torch.empty(16, dtype=bf16, device="meta"))
     assert y.shape == (3, 16) and res.device.type == "meta"
+    # an fp32 residual stream: new_residual stays fp32, y takes x's dtype
+    y, res = torch.ops.mslk_dsl.rmsnorm_add(x, x.float(), None)
+    assert (y.dtype, res.dtype) == (bf16, torch.float32) and res.shape == (3, 16)
 
 
 def test_compile_chain_is_one_graph():

@@ -172,6 +172,47 @@ def test_a_norm_without_weight_gets_a_cached_weight_of_ones(monkeypatch, op, x_d
     assert narrower[1 + len(rest)].shape == (40,)
 
 
+@pytest.mark.parametrize("x_dtype", [bf16, torch.float16], ids=str)
+@pytest.mark.parametrize("w_dtype", [None, "x", f32])
+@pytest.mark.parametrize("shape", [(5, 24), (2, 3, 40), (1, 7)])
+def test_rmsnorm_add_keeps_an_fp32_residual_in_fp32(monkeypatch, x_dtype, w_dtype, shape):
+    """16-bit x with an fp32 residual (quack's residual_dtype, flash-attn's residual_in_fp32): the
+    fp32 kernel (stood in for by the fp32 reference) gets x in fp32, an fp32 weight and fp32
+    outputs; the op returns y in x's dtype and the fp32 sum, equal to the reference's, into
+    ``out=`` tensors too. It never keeps a plan."""
+    from mslk_dsl.ops import call, declaration, validate
+
+    decl = declaration.get("rmsnorm_add")
+    monkeypatch.setattr(validate, "gpu", lambda *args: None)
+    launched = []
+
+    def kernel(x, r, w, y, res, eps):
+        launched.append((x.dtype, r.dtype, w.dtype, y.dtype, res.dtype))
+        want_y, want_res = decl.reference(x, r, w, eps)
+        y.copy_(want_y)
+        res.copy_(want_res)
+
+    monkeypatch.setattr(decl.kernels, "selection", lambda device, sig, problem, config=None: (kernel, {}))
+    x, r = torch.randn(shape).to(x_dtype), torch.randn(shape) * 100
+    w = None if w_dtype is None else torch.randn(shape[-1]).to(x_dtype if w_dtype == "x" else w_dtype)
+    want_y, want_res = decl.reference(x, r, w, 1e-6)
+    assert want_y.dtype == x_dtype and want_res.dtype == f32
+    assert torch.equal(want_res, x.float() + r)          # the sum is not rounded to x's dtype
+    for _ in range(2):
+        y, res = ops.rmsnorm_add(x, r, w, 1e-6)
+        assert y.dtype == x_dtype and res.dtype == f32 and y.shape == res.shape == x.shape
+        assert torch.equal(y, want_y) and torch.equal(res, want_res)
+    out = (torch.empty(shape, dtype=x_dtype), torch.empty(shape, dtype=f32))
+    assert ops.rmsnorm_add(x, r, w, 1e-6, out=out) is not None
+    assert torch.equal(out[0], want_y) and torch.equal(out[1], want_res)
+    assert set(launched) == {(f32,) * 5}
+    assert call._plan_key("rmsnorm_add", (x, r, w, 1e-6)) not in (call._plans.get("rmsnorm_add") or {})
+    with pytest.raises(TypeError, match="residual"):
+        ops.rmsnorm_add(x.float(), r.to(x_dtype), None)      # fp32 x with a 16-bit residual
+    with pytest.raises(TypeError, match="out"):
+        ops.rmsnorm_add(x, r, w, 1e-6, out=(out[0], out[1].to(x_dtype)))
+
+
 def test_a_norm_without_weight_equals_a_weight_of_ones_in_the_reference():
     from mslk_dsl.ops import declaration
 

@@ -77,8 +77,9 @@ def _rmsnorm_reference(x, weight, eps=1e-6):
 
 
 def _rmsnorm_add_reference(x, residual, weight, eps=1e-6):
-    new_residual = (x.float() + residual.float()).to(x.dtype)
-    return _rmsnorm_reference(new_residual, weight, eps), new_residual
+    new_residual = (x.float() + residual.float()).to(residual.dtype)
+    y = _rmsnorm_reference(new_residual, weight, eps)
+    return y.to(x.dtype), new_residual
 
 
 # -- rmsnorm -------------------------------------------------------------------------------------------
@@ -107,11 +108,19 @@ rmsnorm = declare(OpDecl(
 
 
 # -- rmsnorm_add ---------------------------------------------------------------------------------------------
+def _fp32_residual(x, residual) -> bool:
+    """A 16-bit x with an fp32 residual stream (quack's residual_dtype=torch.float32, flash-attn's
+    residual_in_fp32): the sum stays fp32, y takes x's dtype."""
+    return residual.dtype == torch.float32 and x.dtype != torch.float32
+
+
 def _check_rmsnorm_add(x, residual, weight, eps):
     op = "rmsnorm_add"
     _check(op, x, weight, eps)
     check.tensor(op, "residual", residual, check.FLOAT_DTYPES)
-    check.same_dtype(op, "residual", residual, x.dtype, "x")
+    if residual.dtype != x.dtype and not _fp32_residual(x, residual):
+        raise InputTypeError(f"{op}: residual has dtype {residual.dtype}; it must be x's dtype ({x.dtype}) "
+                             "or, for 16-bit x, torch.float32")
     check.shape(op, "residual", residual, x.shape, "residual must have the shape of x")
     check.same_device(op, "x", x, residual=residual)
 
@@ -122,18 +131,37 @@ def _prepare_rmsnorm_add(select, outputs, x, residual, weight, eps):
         return None
     a, r = check.rows(x), check.rows(residual)
     o, res = y.view(a.shape), new_residual.view(a.shape)
+    eps = eps if type(eps) is float else float(eps)
+    if _fp32_residual(a, r):
+        return _fp32_residual_launch(select, a, r, weight, o, res, eps)
     weight = _weight_arg(weight, a)
     kernel, _ = select(_signature(a, weight, a, r, o, res), tuple(a.shape))
-    return Launch(kernel, (a, r, weight, o, res, eps if type(eps) is float else float(eps)))
+    return Launch(kernel, (a, r, weight, o, res, eps))
+
+
+def _fp32_residual_launch(select, a, r, weight, o, res, eps) -> Launch:
+    """An fp32 residual with 16-bit x, composed from the fp32 kernel: x converted to fp32 first,
+    y written to an fp32 temporary and converted into the output after (28 bytes moved an
+    element, where a fused kernel would move 12; no template has that signature yet). The fp32
+    sum is exact as the fused form's, and y rounds once, from the fp32 result."""
+    x32 = a.float()
+    y32 = torch.empty(a.shape, device=a.device, dtype=torch.float32)
+    weight = _weight_arg(None, x32) if weight is None else weight.float()
+    kernel, _ = select(_signature(x32, weight, x32, r, y32, res), tuple(a.shape))
+    return Launch(kernel, (x32, r, weight, y32, res, eps), finish=lambda: o.copy_(y32))
 
 
 rmsnorm_add = declare(OpDecl(
     name="rmsnorm_add", schema="(Tensor x, Tensor residual, Tensor? weight, float eps=1e-06) -> (Tensor, Tensor)",
     doc="""new_residual = x + residual; y = rmsnorm(new_residual, weight, eps) (weight None: no
-    weight). Returns (y, new_residual).
-    ``out``: contiguous (y, new_residual) tensors of x's shape and dtype to write into.""",
+    weight). Returns (y, new_residual): y in x's dtype, new_residual in residual's. The residual
+    has x's dtype or, with 16-bit x, is fp32 (a residual stream kept in fp32, as quack's
+    residual_dtype and flash-attn's residual_in_fp32): the sum then stays fp32 and y is
+    normalized from it (served by the fp32 kernel between two conversions: slower than the
+    fused same-dtype form).
+    ``out``: contiguous (y, new_residual) tensors of x's shape and those dtypes to write into.""",
     check=_check_rmsnorm_add,
-    outputs=lambda x, residual, weight, eps=1e-6: [(tuple(x.shape), x.dtype)] * 2,
+    outputs=lambda x, residual, weight, eps=1e-6: [(tuple(x.shape), x.dtype), (tuple(x.shape), residual.dtype)],
     prepare=_prepare_rmsnorm_add, signature=("vec_bytes", "dtype", "fp32_weight"), problem=("M", "N"),
     example=_example(2), reference=_rmsnorm_add_reference, plan_when=_PLAIN_EPS,
     small_problem={"M": 5, "N": 64}, random_problem=_random_problem))

@@ -1,6 +1,6 @@
 """The memory-bound ops' wider coverage on sm_90 GPUs and on ROCm ones (skipUnlessCudaCapability
 passes ROCm through, so the same tests check the FlyDSL kernels there): fp32 norms, an fp32 weight
-with bf16 / fp16 x, no weight, rows of 32K to 256K elements, and MSLK's valid_token_count on
+with bf16 / fp16 x, an fp32 residual with bf16 / fp16 x, no weight, rows of 32K to 256K elements, and MSLK's valid_token_count on
 silu_mul / silu_mul_quant.
 
 fp32 norms are compared with quack's reference formula (x / sqrt(mean(x^2) + eps) * w, all fp32;
@@ -85,6 +85,33 @@ def test_fp32_weight_with_16_bit_x(op, dtype, m, n):
     # The fp32 weight is used as such, not rounded to x's dtype first.
     rounded, _ = quack_rmsnorm_ref(h, w.to(dtype))
     assert not torch.equal(y, rounded) or n < 64
+
+
+@SM90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("w_dtype", ["x", "float32", None])
+@pytest.mark.parametrize("m, n", [(1, 8), (7, 13), (1000, 4096), (33, 14336), (3, 4097), (2, 65536), (5, 20001),
+                                  (65, 722), (17, 45)])
+def test_fp32_residual_with_16_bit_x(dtype, w_dtype, m, n):
+    """A residual stream kept in fp32 (quack's residual_dtype=torch.float32): new_residual is the
+    exact fp32 sum, y (x's dtype) is normalized from that sum, within one ulp of quack's formula
+    on it, eager, through torch.ops and into out= tensors."""
+    g = _gen(m * 13 + n)
+    x = torch.randn(m, n, device="cuda", generator=g).to(dtype)
+    residual = torch.randn(m, n, device="cuda", generator=g) * 30
+    w = None if w_dtype is None else (torch.rand(n, device="cuda", generator=g) + 0.5).to(
+        dtype if w_dtype == "x" else torch.float32)
+    y, new_residual = ops.rmsnorm_add(x, residual, w, EPS)
+    h = x.float() + residual
+    want, _ = quack_rmsnorm_ref(h, torch.ones(n, device="cuda") if w is None else w)
+    assert y.dtype == dtype and new_residual.dtype == torch.float32
+    assert torch.equal(new_residual, h)
+    assert_within_one_ulp(y, want.to(dtype), f"rmsnorm_add {dtype} {m}x{n} fp32 residual, weight {w_dtype}")
+    y_op, res_op = torch.ops.mslk_dsl.rmsnorm_add(x, residual, w, EPS)
+    assert torch.equal(y_op, y) and torch.equal(res_op, new_residual)
+    out = (torch.empty_like(y), torch.empty_like(new_residual))
+    ops.rmsnorm_add(x, residual, w, EPS, out=out)
+    assert torch.equal(out[0], y) and torch.equal(out[1], new_residual)
 
 
 @SM90
