@@ -11,10 +11,12 @@ are medians of triton.testing.do_bench (CUDA events), all in the same run.
 
   python tools/bench_norm.py [--op rmsnorm|rmsnorm_add|all] [--dtype bfloat16|float16]
                              [--shapes 1024x8192,16384x8192,65536x5120] [--config NAME | --sweep]
-                             [--json PATH]
+                             [--residual-dtype float32] [--json PATH]
 --config forces one config (its name as in mslk_dsl.template.config_name, e.g.
 chunks8_rows_per_block1_threads128_vec8); --sweep times every valid config of each shape (for
-tuning the heuristic) instead of the heuristic's choice.
+tuning the heuristic) instead of the heuristic's choice. --residual-dtype float32 times
+rmsnorm_add with an fp32 residual stream (16-bit x; new_residual fp32) against quack's
+rmsnorm_fwd with the same residual and the fp32 torch composite.
 """
 from __future__ import annotations
 
@@ -61,15 +63,16 @@ def _quack():
     return rmsnorm_fwd
 
 
-def _bench_shape(op, t, n, dtype, configs, torch, ops, do_bench):
+def _bench_shape(op, t, n, dtype, configs, torch, ops, do_bench, residual_dtype=None):
     import torch.nn.functional as F
 
     x = torch.randn(t, n, device="cuda", dtype=dtype)
-    residual = torch.randn(t, n, device="cuda", dtype=dtype)
+    residual = torch.randn(t, n, device="cuda", dtype=residual_dtype or dtype)
     weight = torch.randn(n, device="cuda", dtype=dtype)
-    arrays = 2 if op == "rmsnorm" else 4
-    nbytes = arrays * t * n * x.element_size() + n * weight.element_size()
-    src = torch.empty(arrays // 2 * t * n + n // 2, device="cuda", dtype=dtype).normal_()
+    # x in, y out; rmsnorm_add also residual in, new_residual out (in residual's dtype)
+    row_bytes = 2 * x.element_size() + (0 if op == "rmsnorm" else 2 * residual.element_size())
+    nbytes = t * n * row_bytes + n * weight.element_size()
+    src = torch.empty(nbytes // 2 // x.element_size(), device="cuda", dtype=dtype).normal_()
     dst = torch.empty_like(src)
 
     def manual(h):
@@ -81,10 +84,10 @@ def _bench_shape(op, t, n, dtype, configs, torch, ops, do_bench):
     else:
         def add_then(norm):
             def run():
-                h = x + residual
-                return norm(h), h
+                h = x + residual        # fp32 with an fp32 residual (type promotion)
+                return norm(h).to(dtype), h
             return run
-        torch_fns = {"F.rms_norm": add_then(lambda h: F.rms_norm(h, (n,), weight, EPS)),
+        torch_fns = {"F.rms_norm": add_then(lambda h: F.rms_norm(h, (n,), weight.to(h.dtype), EPS)),
                      "manual": add_then(manual)}
     quack = _quack()
     if quack is not None:
@@ -107,7 +110,9 @@ def _bench_shape(op, t, n, dtype, configs, torch, ops, do_bench):
             fn = lambda: ops.rmsnorm_add(x, residual, weight, EPS, config=config)  # noqa: E731
         ms = timed(fn)
         rows.append({"op": op, "T": t, "N": n, "dtype": str(dtype).removeprefix("torch."),
-                     "config": config or _chosen(op, t, n, x.dtype), "ms": ms, "bytes": nbytes,
+                     "residual_dtype": str(residual.dtype).removeprefix("torch.") if op == "rmsnorm_add" else None,
+                     "config": config or _chosen(op, t, n, residual.dtype if residual_dtype else x.dtype), "ms": ms,
+                     "bytes": nbytes,
                      "gbps": nbytes / ms * 1e-6, "copy_gbps": nbytes / base["copy"] * 1e-6,
                      "pct_copy": 100.0 * base["copy"] / ms,
                      "baseline_ms": base, "speedup": {k: v / ms for k, v in base.items() if k != "copy"}})
@@ -120,6 +125,7 @@ def _chosen(op, t, n, dtype):
 
     kernel_op = declaration.get(op).kernels
     # the declaration's signature parts (vec_bytes, dtype, fp32_weight): the weight is x's dtype here
+    # (an fp32 residual: the fp32 kernel's choice, which serves that call)
     return kernel_op.choose("sm90a", (row_vec_bytes(n, dtype_name(dtype)), dtype_name(dtype), False), (t, n), None)[1]
 
 
@@ -132,6 +138,8 @@ def main(argv=None) -> int:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--config", help="force this config (by name) for every shape")
     group.add_argument("--sweep", action="store_true", help="time every valid config")
+    parser.add_argument("--residual-dtype", choices=("float32",),
+                        help="rmsnorm_add with a residual stream of this dtype (x stays --dtype)")
     found = parse_with_gpu(parser, argv, "bench_norm")
     if found is None:
         return 2
@@ -142,14 +150,19 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     shapes = parse_shapes(args.shapes)
     op_names = ("rmsnorm", "rmsnorm_add") if args.op == "all" else (args.op,)
+    residual_dtype = getattr(torch, args.residual_dtype) if args.residual_dtype else None
+    if residual_dtype is not None:
+        if args.op != "rmsnorm_add" or args.config or args.sweep:
+            parser.error("--residual-dtype goes with --op rmsnorm_add and the heuristic's config")
     results = []
     for op in op_names:
-        print(f"\n### {op} {args.dtype} on {torch.cuda.get_device_name()}\n")
+        residual_note = f" (residual {args.residual_dtype})" if residual_dtype is not None else ""
+        print(f"\n### {op} {args.dtype}{residual_note} on {torch.cuda.get_device_name()}\n")
         print("| T x N | config | ms | GB/s | copy GB/s | % copy | vs F.rms_norm | vs manual | vs quack |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for t, n in shapes:
             configs = _configs_to_time(op, args, n, args.dtype)
-            for r in _bench_shape(op, t, n, dtype, configs, torch, ops, do_bench):
+            for r in _bench_shape(op, t, n, dtype, configs, torch, ops, do_bench, residual_dtype):
                 results.append(r)
                 s = r["speedup"]
                 quack = f"{s['quack']:.2f}x" if "quack" in s else "-"
