@@ -143,7 +143,7 @@ def _fp32_residual_launch(select, a, r, weight, o, res, eps) -> Launch:
     """An fp32 residual with 16-bit x, composed from the fp32 kernel: x converted to fp32 first,
     y written to an fp32 temporary and converted into the output after (28 bytes moved an
     element, where a fused kernel would move 12; no template has that signature yet). The fp32
-    sum is exact as the fused form's, and y rounds once, from the fp32 result."""
+    sum is the one a fused kernel would keep, and y rounds once, from the fp32 result."""
     x32 = a.float()
     y32 = torch.empty(a.shape, device=a.device, dtype=torch.float32)
     weight = _weight_arg(None, x32) if weight is None else weight.float()
