@@ -20,6 +20,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
+from mslk_dsl.templates._kernel_limits import VECTOR_BYTES
+
 WARP_SIZE = 32
 
 DSL_DTYPES = {
@@ -198,14 +200,24 @@ def copy_vectors(src: cute.Tensor, dst: cute.Tensor, first: Int32, step: cutlass
     ``count``; the other columns are left as they are. ``evict`` applies to loads; stores keep
     their lines."""
     regs, view = (dst, src) if const_expr(load) else (src, dst)
-    atom = _atom(load, view.element_type, cute.size(regs, mode=[0]), evict if const_expr(load) else KEEP)
+    vec = cute.size(regs, mode=[0])
+    # A vector wider than 16 bytes (an fp32 row beside a 16-bit one: 8 values, 32 bytes) moves
+    # as ``parts`` 16-byte accesses, the widest a thread has.
+    parts = max(1, vec * view.element_type.width // (8 * VECTOR_BYTES))
+    atom = _atom(load, view.element_type, vec // parts, evict if const_expr(load) else KEEP)
     for i in cutlass.range_constexpr(cute.size(regs, mode=[1])):
         j = first + i * step
         if j < count:
-            if const_expr(load):
-                cute.copy(atom, src[None, j], dst[None, i])
+            if const_expr(parts == 1):
+                if const_expr(load):
+                    cute.copy(atom, src[None, j], dst[None, i])
+                else:
+                    cute.copy(atom, src[None, i], dst[None, j])
             else:
-                cute.copy(atom, src[None, i], dst[None, j])
+                s, d = (src[None, j], dst[None, i]) if const_expr(load) else (src[None, i], dst[None, j])
+                s, d = cute.zipped_divide(s, (vec // parts,)), cute.zipped_divide(d, (vec // parts,))
+                for p in cutlass.range_constexpr(parts):
+                    cute.copy(atom, s[None, p], d[None, p])
 
 
 def tile_fragments(tile, dtypes):

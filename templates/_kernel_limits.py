@@ -62,9 +62,19 @@ def mixed_weight_signature(sig: dict) -> bool:
     return not (sig.get("fp32_weight") and sig.get("dtype") == "float32")
 
 
+def fp32_residual_signature(sig: dict) -> bool:
+    """rmsnorm_add's ``fp32_residual`` flag marks an fp32 residual stream (residual and
+    new_residual fp32) beside 16-bit x; its kernels take rows of whole 16-byte vectors of x
+    (each two 16-byte accesses of the residual). Rows that admit only narrower accesses are
+    rare beside an fp32 residual: the op layer serves them with the fp32 kernel between
+    conversions, so no second set of kernels exists for them."""
+    return not sig.get("fp32_residual") or (ELEM_BYTES[sig["dtype"]] == 2 and sig["vec_bytes"] == VECTOR_BYTES)
+
+
 def norm_signature(sig: dict) -> bool:
-    """The norms' signatures: a vector width of the dtype, the fp32-weight flag only beside 16-bit x."""
-    return vector_signature(sig) and mixed_weight_signature(sig)
+    """The norms' signatures: a vector width of the dtype, the fp32-weight flag only beside 16-bit x,
+    the fp32-residual flag (rmsnorm_add) only beside 16-bit x in whole 16-byte vectors."""
+    return vector_signature(sig) and mixed_weight_signature(sig) and fp32_residual_signature(sig)
 
 
 # -- grouped GEMMs -----------------------------------------------------------------------------

@@ -8,7 +8,10 @@
 
 x, residual, y, new_residual: [M, N] compact row-major, bf16, fp16 or fp32 (sig["dtype"]);
 weight: [N] of that dtype, or fp32 with sig["fp32_weight"] (mixed-precision checkpoints); fp32
-math; eps: a Python float. M and N are dynamic: one artifact serves every shape.
+math; eps: a Python float. M and N are dynamic: one artifact serves every shape. With
+sig["fp32_residual"] (16-bit x, rows of whole 16-byte vectors) residual and new_residual are fp32
+(a residual stream kept in fp32): new_residual = x.float() + residual, unrounded, and y is
+normalized from it; each vector of x meets two 16-byte accesses of the residual.
 
 A CTA owns ``rows_per_block`` rows, each handled by ``threads / rows_per_block`` threads (see
 ``_rowwise_plan``). A thread issues all loads of its part of the row's first tile (``chunks``
@@ -239,9 +242,14 @@ def _build(config, target, sig, residual):
     tile = plan.access_tile(config, sig)
     dtype = rw.dsl_dtype(sig["dtype"])
     wdtype = Float32 if sig.get("fp32_weight") else dtype
+    # The residual stream's dtype: x's, or fp32 (sig["fp32_residual"]: the sum is kept in fp32,
+    # stored as new_residual and normalized unrounded; only y rounds to x's dtype).
+    fp32_residual = bool(sig.get("fp32_residual"))
+    rdtype = Float32 if fp32_residual else dtype
 
     def add_rounded(a, b):
-        return (a.load().to(Float32) + b.load().to(Float32)).to(dtype)
+        """x + residual in fp32, rounded to the residual's dtype."""
+        return (a.load().to(Float32) + b.load().to(Float32)).to(rdtype)
 
     def row_body(t, phased: bool):
         """The kernel body for tile ``t``; ``phased``: t is the phased tile of a one-element
@@ -378,10 +386,13 @@ def _build(config, target, sig, residual):
             buf = rw.reduction_buffer(smem, t) if const_expr(t.cluster == 1) else None
 
             # Pass 1, first tile: every load in flight before the first use. `held` becomes the
-            # row to normalize: x, or the new residual rounded to dtype (stored right away).
-            ins = rw.tile_fragments(t, [dtype] * len(srcs))
+            # row to normalize: x, or the new residual in its dtype (stored right away).
+            ins = rw.tile_fragments(t, [dtype, rdtype][:len(srcs)])
             rw.load_tile(srcs, ins, first, tpr, nvec)
-            held = ins[0]
+            # The row to normalize is held in the residual's fragment when that is fp32 (x's
+            # fragment, free once added, then takes y); else in x's.
+            held = ins[1] if const_expr(fp32_residual) else ins[0]
+            out = ins[0]
             if const_expr(phased):
                 # The row's edges, one element per lane, read with the first tile and kept as it is.
                 row_tensors = (mX, mR) if const_expr(residual) else (mX,)
@@ -416,14 +427,17 @@ def _build(config, target, sig, residual):
             # Rest of a row longer than the tile, one vector per thread per step (the compiler
             # unrolls and batches the loads); nothing is kept.
             a = cute.make_rmem_tensor((vec, 1), dtype)
-            b = cute.make_rmem_tensor((vec, 1), dtype)
+            b = cute.make_rmem_tensor((vec, 1), rdtype)
             for j in cutlass.range(first + t.tile_vecs, nvec, tpr):
                 rw.copy_vectors(vX, a, j, tpr, nvec, load=True)
                 if const_expr(residual):
                     rw.copy_vectors(srcs[1], b, j, tpr, nvec, load=True)
-                    a.store(add_rounded(a, b))
-                    rw.copy_vectors(a, vRO, j, tpr, nvec, load=False)
-                ss = ss + red.sum_squares(a)
+                    h = b if const_expr(fp32_residual) else a
+                    h.store(add_rounded(a, b))
+                    rw.copy_vectors(h, vRO, j, tpr, nvec, load=False)
+                    ss = ss + red.sum_squares(h)
+                else:
+                    ss = ss + red.sum_squares(a)
 
             # One element per access: the first tile's weight, issued now: its loads overlap the
             # row reduction. Loaded in pass 2 instead, a vector at a time between the stores of
@@ -455,19 +469,20 @@ def _build(config, target, sig, residual):
                 ss = rw.row_allreduce(ss, operator.add, tpr, buf, row_in_cta, lane)
             rstd = cute.math.rsqrt(ss / Float32(n) + eps, fastmath=True)
 
-            # Pass 2: y = (h * rstd) * w, rounded once, into the registers of the row (held);
-            # the tile is stored once all of it is computed.
+            # Pass 2: y = (h * rstd) * w, rounded once, into the registers of x's tile (out: the
+            # row itself unless that is an fp32 residual); the tile is stored once all of it is
+            # computed.
             if const_expr(weight_mode == "smem"):
                 cute.arch.cp_async_wait_group(0)
             for i in cutlass.range_constexpr(chunks):
                 h = red.after(held[None, i].load(), ss).to(Float32)
                 if const_expr(weight_mode == "smem"):
-                    held[None, i].store((h * rstd * smem_weight_values(sW, wf, tidx, i)).to(dtype))
+                    out[None, i].store((h * rstd * smem_weight_values(sW, wf, tidx, i)).to(dtype))
                 elif const_expr(weight_mode == "shifted"):
-                    held[None, i].store((h * rstd * shifted_values(wwords, i, woff, ss)).to(dtype))
+                    out[None, i].store((h * rstd * shifted_values(wwords, i, woff, ss)).to(dtype))
                 else:
-                    held[None, i].store((h * rstd * weight_values(wtile, wf, i, ss)).to(dtype))
-            rw.copy_vectors(held, vY, first, tpr, nvec, load=False)
+                    out[None, i].store((h * rstd * weight_values(wtile, wf, i, ss)).to(dtype))
+            rw.copy_vectors(out, vY, first, tpr, nvec, load=False)
             if const_expr(phased):
                 y_edges = edge_held.load().to(Float32) * rstd * edge_w.load().to(Float32)
                 rw.store_edges(y_edges.to(dtype), pr.elements(mY), pr, lane, tpr)
@@ -476,14 +491,15 @@ def _build(config, target, sig, residual):
             if const_expr(shifted):
                 rest_words = cute.make_rmem_tensor((4, w_loads, 1), Int32)
                 rest_words.fill(0)   # the last load's words, where it is not issued (woff == 0)
+            h = b if const_expr(fp32_residual) else a   # what pass 1 wrote: new_residual's dtype
             for j in cutlass.range(first + t.tile_vecs, nvec, tpr):
-                rw.copy_vectors(vH, a, j, tpr, nvec, load=True, evict=rw.KEEP)
+                rw.copy_vectors(vH, h, j, tpr, nvec, load=True, evict=rw.KEEP)
                 if const_expr(shifted):
                     load_shifted(wbase, woff, rest_words, 0, j)
-                    a.store((a.load().to(Float32) * rstd * shifted_values(rest_words, 0, woff)).to(dtype))
+                    a.store((h.load().to(Float32) * rstd * shifted_values(rest_words, 0, woff)).to(dtype))
                 else:
                     load_weight(vW, wraw, 0, j)
-                    a.store((a.load().to(Float32) * rstd * weight_values(wraw, wf, 0)).to(dtype))
+                    a.store((h.load().to(Float32) * rstd * weight_values(wraw, wf, 0)).to(dtype))
                 rw.copy_vectors(a, vY, j, tpr, nvec, load=False)
 
         return body
@@ -532,9 +548,9 @@ def _build(config, target, sig, residual):
 
     # N a multiple of the signature's vector (v elements), every row and the weight starting on one
     # (the weight on 16 bytes at most: an fp32 weight under 8 16-bit values is two accesses).
-    v, align = rw.row_alignment(sig)
+    v, _ = rw.row_alignment(sig)
     m, n = rw.dynamic_rows_cols(v)
-    rows = [rw.fake_rows(dtype, m, n, align) for _ in range(4)]
+    rows = [rw.fake_rows(dt, m, n, min(v * dt.width // 8, 16)) for dt in (dtype, rdtype, dtype, rdtype)]
     weight = rw.fake_vector(wdtype, n, min(v * wdtype.width // 8, 16))   # an access moves at most 16 bytes
     tail = [Float32(1e-6), rw.env_stream()]
     if residual:
@@ -562,9 +578,15 @@ def _spilling_configs(config, target, sig, residual: bool = False) -> bool:
     return (config["vec"] == 1 and config["chunks"] >= 32) or long_fp32 or long_add or plan.cut_into_words(config, sig)
 
 
+def signatures(residual: bool) -> dict:
+    """The norms' signature parts; rmsnorm_add's ``fp32_residual``: see _kernel_limits."""
+    parts = {"dtype": DTYPES, "vec_bytes": limits.VECTOR_WIDTHS, "fp32_weight": (False, True)}
+    return {**parts, "fp32_residual": (False, True)} if residual else parts
+
+
 def _template(op, residual):
     return Template(op=op, backend="cute", targets=("sm90a",),
-                    signatures={"dtype": DTYPES, "vec_bytes": limits.VECTOR_WIDTHS, "fp32_weight": (False, True)},
+                    signatures=signatures(residual),
                     signature_valid=limits.norm_signature,
                     configs=CONFIGS, valid=_valid, heuristic=functools.partial(_heuristic, residual=residual),
                     build=functools.partial(_build, residual=residual),

@@ -6,6 +6,9 @@ rmsnorm_add:  kernel(x, residual, weight, y, new_residual, eps)
               new_residual = (x.float() + residual.float()).to(dtype); y = rmsnorm(new_residual)
 x, residual, y, new_residual: contiguous [M, N] bf16, fp16 or fp32; weight [N] of x's dtype, or
 fp32 with sig["fp32_weight"] (read as two 16-byte vectors under 8 values of x); eps an fp32 scalar.
+With sig["fp32_residual"] (16-bit x in 16-byte vectors) residual and new_residual are fp32:
+new_residual = x.float() + residual unrounded, y normalized from it; the residual under a vector
+of x is read and written as two 16-byte vectors.
 M and N are dynamic: one artifact serves every shape. Each element is read, then written, by one
 thread only, so new_residual may alias x or residual and y may alias x (the op layer allocates
 fresh outputs, so this is not exercised).
@@ -132,13 +135,17 @@ def _make_launcher(config, sig, fused_add: bool):
     # The weight under a vector of x: WPARTS accesses of WVEC elements (at most 16 bytes).
     WVEC = min(VEC, 4) if W32 else VEC
     WPARTS = VEC // WVEC
+    # An fp32 residual stream: the residual under a vector of x in RPARTS accesses of RVEC.
+    R32 = FUSED and bool(sig.get("fp32_residual"))
+    RVEC = min(VEC, 4) if R32 else VEC
+    RPARTS = VEC // RVEC
     GROUP = THREADS // ROWS           # threads per row
     # One-element configs run congruent rows phased (_flydsl_rowwise.PhasedRow): the same
     # elements per thread and chunk, PTILES vectors of PVEC elements.
     PHASED = phased_rows(config, sig, fused_add)
     PVEC = rw.phase_vec(sig)
     PTILES = max(1, TILES // PVEC)
-    NAME = (f"mslk_{'rmsnorm_add' if FUSED else 'rmsnorm'}_{DTYPE}{'_w32' if W32 else ''}"
+    NAME = (f"mslk_{'rmsnorm_add' if FUSED else 'rmsnorm'}_{DTYPE}{'_w32' if W32 else ''}{'_r32' if R32 else ''}"
             f"_t{THREADS}r{ROWS}v{VEC}x{TILES}")
     storage = rw.reduce_storage(THREADS)
 
@@ -150,8 +157,19 @@ def _make_launcher(config, sig, fused_add: bool):
         RowGroups views, or PhasedViews of a phased row: then each lane also normalizes its
         edge element, under the weight ``edge_weight()``."""
         elem = rw.elem_type(DTYPE)
+        relem = fx.Float32 if const_expr(R32) else elem   # the residual stream's element type
         xv, rv, yv, hv = views
         again = hv if const_expr(FUSED) else xv      # where pass 2 reads a row again
+
+        def load_res(view, j):
+            # Vector j of the residual stream, as one vector of vec elements.
+            if const_expr(RPARTS == 1):
+                return rw.load(view, j, vec)
+            parts = [rw.load(view, j * RPARTS + p, RVEC) for p in range_constexpr(RPARTS)]
+            return parts[0].shuffle(parts[1], list(range(vec)))
+
+        def load_again(j):
+            return load_res(again, j) if const_expr(FUSED) else rw.load(again, j, vec)
         chunk_v = GROUP * tiles                      # vectors per chunk of a row
         last = ((N + vec - 1) // vec + chunk_v - 1) // chunk_v - 1   # chunks before the last
 
@@ -163,20 +181,25 @@ def _make_launcher(config, sig, fused_add: bool):
             # Issue the loads of chunk c: x, and the residual when fused.
             js = columns(c)
             xs = [rw.load(xv, j, vec) for j in js]
-            rs = [rw.load(rv, j, vec) for j in js] if const_expr(FUSED) else None
+            rs = [load_res(rv, j) for j in js] if const_expr(FUSED) else None
             return js, xs, rs
 
         def row_values(js, xs, rs, store):
-            # The row's values: x, or h = x + residual rounded to dtype (stored to new_residual).
+            # The row's values: x, or h = x + residual rounded to the residual's dtype (stored to
+            # new_residual).
             if const_expr(not FUSED):
                 return xs
-            hs = [(a.to(fx.Float32) + b.to(fx.Float32)).to(elem) for a, b in zip(xs, rs)]
+            hs = [(a.to(fx.Float32) + b.to(fx.Float32)).to(relem) for a, b in zip(xs, rs)]
             for t in range_constexpr(len(js)):
                 store(js[t], hs[t])
             return hs
 
         def store_h(j, h):
-            rw.store(hv, j, h, vec)
+            if const_expr(RPARTS == 1):
+                rw.store(hv, j, h, vec)
+            else:
+                for p in range_constexpr(RPARTS):
+                    rw.store(hv, j * RPARTS + p, h.shuffle(h, list(range(p * RVEC, (p + 1) * RVEC))), RVEC)
 
         def sum_sq(vs):
             total = fx.Float32(0.0)
@@ -218,7 +241,7 @@ def _make_launcher(config, sig, fused_add: bool):
             yv.store_edge(normalized(edge, edge_w, rstd))
         for c in range(last):
             js = columns(c)
-            vs = [rw.load(again, j, vec) for j in js]
+            vs = [load_again(j) for j in js]
             ws = [weight_of(j) for j in js]
             write_y(c, vs, ws, rstd)
 
@@ -241,7 +264,7 @@ def _make_launcher(config, sig, fused_add: bool):
     def plain_row(X, R, W, Y, H, eps, groups, slots, row, N):
         views = [groups.view(X, row, VEC), None, groups.view(Y, row, VEC), None]
         if const_expr(FUSED):
-            views[1], views[3] = groups.view(R, row, VEC), groups.view(H, row, VEC)
+            views[1], views[3] = groups.view(R, row, RVEC), groups.view(H, row, RVEC)
         wv = red.vector_view(W, WVEC)
 
         def weight_of(j):
@@ -301,7 +324,8 @@ def _placeholders(sig, fused_add: bool):
     x = torch.zeros(m, n, dtype=dtype)
     w = torch.zeros(n, dtype=torch.float32 if sig.get("fp32_weight") else dtype)
     if fused_add:
-        return [x, x.clone(), w, x.clone(), x.clone(), 1e-6]
+        r = torch.zeros(m, n, dtype=torch.float32) if sig.get("fp32_residual") else x.clone()
+        return [x, r, w, x.clone(), r.clone(), 1e-6]
     return [x, w, x.clone(), 1e-6]
 
 
@@ -312,8 +336,9 @@ def _builder(fused_add: bool):
 
 
 def _template(op: str, fused_add: bool) -> Template:
+    parts = {"dtype": DTYPES, "vec_bytes": limits.VECTOR_WIDTHS, "fp32_weight": (False, True)}
     return Template(op=op, backend="flydsl", targets=TARGETS,
-                    signatures={"dtype": DTYPES, "vec_bytes": limits.VECTOR_WIDTHS, "fp32_weight": (False, True)},
+                    signatures={**parts, "fp32_residual": (False, True)} if fused_add else parts,
                     signature_valid=limits.norm_signature,
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=_builder(fused_add),
                     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR,

@@ -290,6 +290,11 @@ def test_cute_template_compiles(cute_case, cute_built):
         _check_swapped_store(cute_case.id, key, ptx)
     if key["op"] in ("rmsnorm", "rmsnorm_add") and _runs_phased_rows(key):
         _check_phased_weight_loads(cute_case.id, key, ptx)
+    if key["signature"].get("fp32_residual"):
+        # An fp32 residual beside 16-bit x: each 32-byte vector of it moves as two 16-byte
+        # accesses, like x's and y's (no access is split narrower).
+        accesses = set(re.findall(r"(?:ld|st)\.global[\w.:]*", ptx))
+        assert accesses and all(".v4." in a for a in accesses), (cute_case.id, accesses)
     if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") in ("sorted", "linked"):
         # The sorted scatter counts with integer atomics, the linked one links rows with atomic
         # exchanges; both add the data without atomics.

@@ -166,7 +166,8 @@ def test_a_norm_without_weight_gets_a_cached_weight_of_ones(monkeypatch, op, x_d
     getattr(ops, op)(t(2, 40, dtype=x_dtype), *(r[:2, :40] for r in rest), None)
     (sig, first), (_, second), (_, narrower) = launched
     w = first[1 + len(rest)]
-    assert sig == (16, str(x_dtype).removeprefix("torch."), False)
+    # (rmsnorm_add's fourth part: no fp32 residual)
+    assert sig == (16, str(x_dtype).removeprefix("torch."), False, *([False] if rest else []))
     assert w.dtype == x_dtype and w.shape == (72,) and torch.equal(w, torch.ones(72, dtype=x_dtype))
     assert second[1 + len(rest)] is w and dispatch.is_placeholder(w)
     assert narrower[1 + len(rest)].shape == (40,)
@@ -174,25 +175,29 @@ def test_a_norm_without_weight_gets_a_cached_weight_of_ones(monkeypatch, op, x_d
 
 @pytest.mark.parametrize("x_dtype", [bf16, torch.float16], ids=str)
 @pytest.mark.parametrize("w_dtype", [None, "x", f32])
-@pytest.mark.parametrize("shape", [(5, 24), (2, 3, 40), (1, 7)])
+@pytest.mark.parametrize("shape", [(5, 24), (2, 3, 40), (1, 7), (3, 36)])
 def test_rmsnorm_add_keeps_an_fp32_residual_in_fp32(monkeypatch, x_dtype, w_dtype, shape):
-    """16-bit x with an fp32 residual (quack's residual_dtype, flash-attn's residual_in_fp32): the
-    fp32 kernel (stood in for by the fp32 reference) gets x in fp32, an fp32 weight and fp32
-    outputs; the op returns y in x's dtype and the fp32 sum, equal to the reference's, into
-    ``out=`` tensors too. It never keeps a plan."""
+    """16-bit x with an fp32 residual (quack's residual_dtype, flash-attn's residual_in_fp32):
+    rows of whole 16-byte vectors of x go to the fused kernels' fp32_residual signature (x, y in
+    x's dtype, residual and new_residual fp32, the caller's weight); other rows to the fp32
+    kernel (stood in for by the fp32 reference), which gets x in fp32, an fp32 weight and fp32
+    outputs and keeps no plan. Either way the op returns y in x's dtype and the fp32 sum, equal
+    to the reference's, into ``out=`` tensors too."""
     from mslk_dsl.ops import call, declaration, validate
 
     decl = declaration.get("rmsnorm_add")
     monkeypatch.setattr(validate, "gpu", lambda *args: None)
     launched = []
 
-    def kernel(x, r, w, y, res, eps):
-        launched.append((x.dtype, r.dtype, w.dtype, y.dtype, res.dtype))
-        want_y, want_res = decl.reference(x, r, w, eps)
-        y.copy_(want_y)
-        res.copy_(want_res)
+    def selection(device, sig, problem, config=None):
+        def kernel(x, r, w, y, res, eps):
+            launched.append((sig, (x.dtype, r.dtype, w.dtype, y.dtype, res.dtype)))
+            want_y, want_res = decl.reference(x, r, w, eps)
+            y.copy_(want_y)
+            res.copy_(want_res)
+        return kernel, {}
 
-    monkeypatch.setattr(decl.kernels, "selection", lambda device, sig, problem, config=None: (kernel, {}))
+    monkeypatch.setattr(decl.kernels, "selection", selection)
     x, r = torch.randn(shape).to(x_dtype), torch.randn(shape) * 100
     w = None if w_dtype is None else torch.randn(shape[-1]).to(x_dtype if w_dtype == "x" else w_dtype)
     want_y, want_res = decl.reference(x, r, w, 1e-6)
@@ -205,8 +210,14 @@ def test_rmsnorm_add_keeps_an_fp32_residual_in_fp32(monkeypatch, x_dtype, w_dtyp
     out = (torch.empty(shape, dtype=x_dtype), torch.empty(shape, dtype=f32))
     assert ops.rmsnorm_add(x, r, w, 1e-6, out=out) is not None
     assert torch.equal(out[0], want_y) and torch.equal(out[1], want_res)
-    assert set(launched) == {(f32,) * 5}
-    assert call._plan_key("rmsnorm_add", (x, r, w, 1e-6)) not in (call._plans.get("rmsnorm_add") or {})
+    w_kernel = x_dtype if w_dtype in (None, "x") else f32
+    fused = shape[-1] % 8 == 0
+    x_name = str(x_dtype).removeprefix("torch.")
+    if fused:
+        assert set(launched) == {((16, x_name, w_kernel == f32, True), (x_dtype, f32, w_kernel, x_dtype, f32))}
+    else:
+        assert {(sig[1:], dtypes) for sig, dtypes in launched} == {(("float32", False, False), (f32,) * 5)}
+        assert call._plan_key("rmsnorm_add", (x, r, w, 1e-6)) not in (call._plans.get("rmsnorm_add") or {})
     with pytest.raises(TypeError, match="residual"):
         ops.rmsnorm_add(x.float(), r.to(x_dtype), None)      # fp32 x with a 16-bit residual
     with pytest.raises(TypeError, match="out"):

@@ -14,6 +14,7 @@ from mslk_dsl.ops import random_problems as draw
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder
+from mslk_dsl.templates import _kernel_limits as limits
 
 # Rows up to quack's limit. Rows longer than a config's register tile are streamed and read again
 # (mostly from L2); see the templates.
@@ -42,11 +43,13 @@ def _check(op: str, x, weight, eps) -> None:
 
 
 def _example(count: int):
-    """``count`` N(0, 1) [M, N] activations, then a weight (fp32 where the signature says) and eps."""
+    """``count`` N(0, 1) [M, N] activations (x, and the residual: fp32 where the signature says),
+    then a weight (fp32 where the signature says) and eps."""
     def example(problem: dict, sig: dict, device) -> tuple:
         dtype = getattr(torch, sig.get("dtype", "bfloat16"))
         wdtype = torch.float32 if sig.get("fp32_weight") else dtype
-        xs = [torch.randn(problem["M"], problem["N"], device=device, dtype=dtype) for _ in range(count)]
+        dtypes = [dtype, torch.float32 if sig.get("fp32_residual") else dtype][:count]
+        xs = [torch.randn(problem["M"], problem["N"], device=device, dtype=dt) for dt in dtypes]
         return (*xs, torch.randn(problem["N"], device=device, dtype=wdtype), 1e-6)
     return example
 
@@ -132,22 +135,25 @@ def _prepare_rmsnorm_add(select, outputs, x, residual, weight, eps):
     a, r = check.rows(x), check.rows(residual)
     o, res = y.view(a.shape), new_residual.view(a.shape)
     eps = eps if type(eps) is float else float(eps)
-    if _fp32_residual(a, r):
+    fp32_residual = _fp32_residual(a, r)
+    w = _weight_arg(weight, a)
+    sig = (*_signature(a, w, a, r, o, res), fp32_residual)
+    if fp32_residual and sig[0] != limits.VECTOR_BYTES:
         return _fp32_residual_launch(select, a, r, weight, o, res, eps)
-    weight = _weight_arg(weight, a)
-    kernel, _ = select(_signature(a, weight, a, r, o, res), tuple(a.shape))
-    return Launch(kernel, (a, r, weight, o, res, eps))
+    kernel, _ = select(sig, tuple(a.shape))
+    return Launch(kernel, (a, r, w, o, res, eps))
 
 
 def _fp32_residual_launch(select, a, r, weight, o, res, eps) -> Launch:
-    """An fp32 residual with 16-bit x, composed from the fp32 kernel: x converted to fp32 first,
-    y written to an fp32 temporary and converted into the output after (28 bytes moved an
-    element, where a fused kernel would move 12; no template has that signature yet). The fp32
-    sum is the one a fused kernel would keep, and y rounds once, from the fp32 result."""
+    """An fp32 residual with 16-bit x on rows narrower than whole 16-byte vectors (the fused
+    kernels' fp32_residual signature takes only those; see _kernel_limits): composed from the fp32
+    kernel, x converted to fp32 first, y written to an fp32 temporary and converted into the
+    output after (28 bytes moved an element, where the fused kernel moves 12). The fp32 sum is
+    the one the fused kernel keeps, and y rounds once, from the fp32 result."""
     x32 = a.float()
     y32 = torch.empty(a.shape, device=a.device, dtype=torch.float32)
     weight = _weight_arg(None, x32) if weight is None else weight.float()
-    kernel, _ = select(_signature(x32, weight, x32, r, y32, res), tuple(a.shape))
+    kernel, _ = select((*_signature(x32, weight, x32, r, y32, res), False), tuple(a.shape))
     return Launch(kernel, (x32, r, weight, y32, res, eps), finish=lambda: o.copy_(y32))
 
 
@@ -157,11 +163,11 @@ rmsnorm_add = declare(OpDecl(
     weight). Returns (y, new_residual): y in x's dtype, new_residual in residual's. The residual
     has x's dtype or, with 16-bit x, is fp32 (a residual stream kept in fp32, as quack's
     residual_dtype and flash-attn's residual_in_fp32): the sum then stays fp32 and y is
-    normalized from it (served by the fp32 kernel between two conversions: slower than the
-    fused same-dtype form).
+    normalized from it (rows of whole 16-byte vectors of x in one fused kernel; other rows by
+    the fp32 kernel between two conversions).
     ``out``: contiguous (y, new_residual) tensors of x's shape and those dtypes to write into.""",
     check=_check_rmsnorm_add,
     outputs=lambda x, residual, weight, eps=1e-6: [(tuple(x.shape), x.dtype), (tuple(x.shape), residual.dtype)],
-    prepare=_prepare_rmsnorm_add, signature=("vec_bytes", "dtype", "fp32_weight"), problem=("M", "N"),
+    prepare=_prepare_rmsnorm_add, signature=("vec_bytes", "dtype", "fp32_weight", "fp32_residual"), problem=("M", "N"),
     example=_example(2), reference=_rmsnorm_add_reference, plan_when=_PLAIN_EPS,
     small_problem={"M": 5, "N": 64}, random_problem=_random_problem))

@@ -13,6 +13,7 @@ import torch
 from test_norm_cute import assert_within_one_ulp
 
 from mslk_dsl import ops
+from mslk_dsl.template import config_name
 from mslk_dsl.testing import skipUnlessCudaCapability
 
 SM90 = skipUnlessCudaCapability((9, 0))
@@ -264,3 +265,35 @@ def test_quantize_fp8_row_align_rows_to(shape, align):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(gq.view(torch.uint8), xq.view(torch.uint8)) and torch.equal(gs, scale)
+
+
+def _fp32_residual_configs():
+    from mslk_dsl import registry
+
+    (t,) = registry.get_templates(op="rmsnorm_add", backend="cute")
+    sig = {"vec_bytes": 16, "dtype": "bfloat16", "fp32_weight": False, "fp32_residual": True}
+    return [c for c in t.all_configs() if t.valid(c, "sm90a", sig)]
+
+
+@SM90
+@pytest.mark.parametrize("config", _fp32_residual_configs(), ids=config_name)
+def test_every_fused_fp32_residual_config(config):
+    """The fused fp32-residual kernels (bf16 x, fp32 residual and new_residual; rows of whole
+    16-byte vectors of x), every config, on rows shorter than its tile, as long as it and longer
+    (the rest streamed and read again): new_residual is the exact fp32 sum and y within one ulp
+    of quack's formula on it; fp16 x and an fp32 weight on the longest row."""
+    from mslk_dsl.templates._rowwise_plan import RowTile
+
+    row_k = RowTile.of(config).row_k
+    shapes = [(1, 8), (7, 136), (3, row_k), (2, min(row_k + 1032, 262144)), (33, 4096)]
+    for i, (m, n) in enumerate(shapes):
+        dtype = torch.float16 if i == 3 else torch.bfloat16
+        g = _gen(m * 7 + n)
+        x = torch.randn(m, n, device="cuda", generator=g).to(dtype)
+        residual = torch.randn(m, n, device="cuda", generator=g) * 30
+        w = (torch.rand(n, device="cuda", generator=g) + 0.5).to(torch.float32 if i == 3 else dtype)
+        y, new_residual = ops.rmsnorm_add(x, residual, w, EPS, config=config)
+        h = x.float() + residual
+        want, _ = quack_rmsnorm_ref(h, w)
+        assert new_residual.dtype == torch.float32 and torch.equal(new_residual, h), (m, n)
+        assert_within_one_ulp(y, want.to(dtype), f"rmsnorm_add {dtype} {m}x{n} fp32 residual {config}")
