@@ -111,7 +111,8 @@ def _bench_shape(op, t, n, dtype, configs, torch, ops, do_bench, residual_dtype=
         ms = timed(fn)
         rows.append({"op": op, "T": t, "N": n, "dtype": str(dtype).removeprefix("torch."),
                      "residual_dtype": str(residual.dtype).removeprefix("torch.") if op == "rmsnorm_add" else None,
-                     "config": config or _chosen(op, t, n, residual.dtype if residual_dtype else x.dtype), "ms": ms,
+                     "config": config or _chosen(op, t, n, x.dtype, residual.dtype == torch.float32 != x.dtype),
+                     "ms": ms,
                      "bytes": nbytes,
                      "gbps": nbytes / ms * 1e-6, "copy_gbps": nbytes / base["copy"] * 1e-6,
                      "pct_copy": 100.0 * base["copy"] / ms,
@@ -119,14 +120,22 @@ def _bench_shape(op, t, n, dtype, configs, torch, ops, do_bench, residual_dtype=
     return rows
 
 
-def _chosen(op, t, n, dtype):
+def _chosen(op, t, n, dtype, fp32_residual=False):
+    import torch
+
     from mslk_dsl.ops import declaration
     from mslk_dsl.ops.dispatch import dtype_name
+    from mslk_dsl.templates._kernel_limits import VECTOR_BYTES
 
     kernel_op = declaration.get(op).kernels
-    # the declaration's signature parts (vec_bytes, dtype, fp32_weight): the weight is x's dtype here
-    # (an fp32 residual: the fp32 kernel's choice, which serves that call)
-    return kernel_op.choose("sm90a", (row_vec_bytes(n, dtype_name(dtype)), dtype_name(dtype), False), (t, n), None)[1]
+    # the declaration's signature parts (vec_bytes, dtype, fp32_weight[, fp32_residual]): the
+    # weight is x's dtype here. An fp32 residual: the fused kernel's choice on rows of whole
+    # 16-byte vectors of x, else the fp32 kernel's, which serves that call.
+    vec_bytes = row_vec_bytes(n, dtype_name(dtype))
+    if fp32_residual and vec_bytes != VECTOR_BYTES:
+        dtype, fp32_residual, vec_bytes = torch.float32, False, row_vec_bytes(n, "float32")
+    sig = (vec_bytes, dtype_name(dtype), False) + ((fp32_residual,) if op == "rmsnorm_add" else ())
+    return kernel_op.choose("sm90a", sig, (t, n), None)[1]
 
 
 def main(argv=None) -> int:
