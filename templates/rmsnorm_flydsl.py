@@ -6,7 +6,7 @@ rmsnorm_add:  kernel(x, residual, weight, y, new_residual, eps)
               new_residual = (x.float() + residual.float()).to(dtype); y = rmsnorm(new_residual)
 x, residual, y, new_residual: contiguous [M, N] bf16, fp16 or fp32; weight [N] of x's dtype, or
 fp32 with sig["fp32_weight"] (read as two 16-byte vectors under 8 values of x); eps an fp32 scalar.
-With sig["fp32_residual"] (16-bit x in 16-byte vectors) residual and new_residual are fp32:
+With sig["fp32_residual"] (16-bit x in vectors of 2-8 elements) residual and new_residual are fp32:
 new_residual = x.float() + residual unrounded, y normalized from it; the residual under a vector
 of x is read and written as two 16-byte vectors.
 M and N are dynamic: one artifact serves every shape. Each element is read, then written, by one

@@ -291,10 +291,11 @@ def test_cute_template_compiles(cute_case, cute_built):
     if key["op"] in ("rmsnorm", "rmsnorm_add") and _runs_phased_rows(key):
         _check_phased_weight_loads(cute_case.id, key, ptx)
     if key["signature"].get("fp32_residual"):
-        # An fp32 residual beside 16-bit x: each 32-byte vector of it moves as two 16-byte
-        # accesses, like x's and y's (no access is split narrower).
-        accesses = set(re.findall(r"(?:ld|st)\.global[\w.:]*", ptx))
-        assert accesses and all(".v4." in a for a in accesses), (cute_case.id, accesses)
+        # An fp32 residual beside 16-bit x: its accesses are twice as wide as x's and y's (two
+        # 16-byte ones under a 16-byte vector of x); none is split narrower than the row admits.
+        widths = {_access_bytes(a) for a in re.findall(r"(?:ld|st)\.global[\w.:]*", ptx)}
+        vec_bytes = key["signature"]["vec_bytes"]
+        assert widths == {vec_bytes, min(2 * vec_bytes, 16)}, (cute_case.id, widths)
     if key["op"] == "scatter_add_dense_tokens" and key["config"].get("method") in ("sorted", "linked"):
         # The sorted scatter counts with integer atomics, the linked one links rows with atomic
         # exchanges; both add the data without atomics.
@@ -307,6 +308,13 @@ def test_cute_template_compiles(cute_case, cute_built):
                               check=True).stdout
         for pattern in _patterns(key, "sass"):
             assert re.search(pattern, sass), f"{cute_case.id}: no {pattern} in the SASS"
+
+
+def _access_bytes(op: str) -> int:
+    """Bytes one PTX global access moves, e.g. 16 for ld.global.v4.b32, 4 for st.global.b32."""
+    m = re.search(r"(?:\.v(\d))?\.[bfsu](\d+)$", op)
+    assert m, op
+    return int(m.group(1) or 1) * int(m.group(2)) // 8
 
 
 def _check_phased_weight_loads(case_id: str, key: dict, ptx: str) -> None:

@@ -138,15 +138,15 @@ def _prepare_rmsnorm_add(select, outputs, x, residual, weight, eps):
     fp32_residual = _fp32_residual(a, r)
     w = _weight_arg(weight, a)
     sig = (*_signature(a, w, a, r, o, res), fp32_residual)
-    if fp32_residual and sig[0] != limits.VECTOR_BYTES:
+    if fp32_residual and sig[0] == limits.ELEM_BYTES[sig[1]]:   # one element per access
         return _fp32_residual_launch(select, a, r, weight, o, res, eps)
     kernel, _ = select(sig, tuple(a.shape))
     return Launch(kernel, (a, r, w, o, res, eps))
 
 
 def _fp32_residual_launch(select, a, r, weight, o, res, eps) -> Launch:
-    """An fp32 residual with 16-bit x on rows narrower than whole 16-byte vectors (the fused
-    kernels' fp32_residual signature takes only those; see _kernel_limits): composed from the fp32
+    """An fp32 residual with 16-bit x on rows of one element per access (the fused kernels'
+    fp32_residual signature takes rows of vectors; see _kernel_limits): composed from the fp32
     kernel, x converted to fp32 first, y written to an fp32 temporary and converted into the
     output after (28 bytes moved an element, where the fused kernel moves 12). The fp32 sum is
     the one the fused kernel keeps, and y rounds once, from the fp32 result."""
@@ -163,7 +163,7 @@ rmsnorm_add = declare(OpDecl(
     weight). Returns (y, new_residual): y in x's dtype, new_residual in residual's. The residual
     has x's dtype or, with 16-bit x, is fp32 (a residual stream kept in fp32, as quack's
     residual_dtype and flash-attn's residual_in_fp32): the sum then stays fp32 and y is
-    normalized from it (rows of whole 16-byte vectors of x in one fused kernel; other rows by
+    normalized from it (rows of an even number of elements in one fused kernel; odd rows by
     the fp32 kernel between two conversions).
     ``out``: contiguous (y, new_residual) tensors of x's shape and those dtypes to write into.""",
     check=_check_rmsnorm_add,

@@ -92,7 +92,7 @@ def test_fp32_weight_with_16_bit_x(op, dtype, m, n):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("w_dtype", ["x", "float32", None])
 @pytest.mark.parametrize("m, n", [(1, 8), (7, 13), (1000, 4096), (33, 14336), (3, 4097), (2, 65536), (5, 20001),
-                                  (65, 722), (17, 45)])
+                                  (65, 722), (17, 45), (9, 4100), (3, 4098)])
 def test_fp32_residual_with_16_bit_x(dtype, w_dtype, m, n):
     """A residual stream kept in fp32 (quack's residual_dtype=torch.float32): new_residual is the
     exact fp32 sum, y (x's dtype) is normalized from that sum, within one ulp of quack's formula
@@ -278,14 +278,15 @@ def _fp32_residual_configs():
 @SM90
 @pytest.mark.parametrize("config", _fp32_residual_configs(), ids=config_name)
 def test_every_fused_fp32_residual_config(config):
-    """The fused fp32-residual kernels (bf16 x, fp32 residual and new_residual; rows of whole
-    16-byte vectors of x), every config, on rows shorter than its tile, as long as it and longer
+    """The fused fp32-residual kernels (bf16 x, fp32 residual and new_residual; rows of vectors
+    of x), every config, on rows shorter than its tile, as long as it and longer
     (the rest streamed and read again): new_residual is the exact fp32 sum and y within one ulp
     of quack's formula on it; fp16 x and an fp32 weight on the longest row."""
     from mslk_dsl.templates._rowwise_plan import RowTile
 
     row_k = RowTile.of(config).row_k
-    shapes = [(1, 8), (7, 136), (3, row_k), (2, min(row_k + 1032, 262144)), (33, 4096)]
+    # (the last two: rows of 4- and 8-byte accesses of x, 8- and 16-byte ones of the residual)
+    shapes = [(1, 8), (7, 136), (3, row_k), (2, min(row_k + 1032, 262144)), (33, 4096), (5, 4098), (3, 2052)]
     for i, (m, n) in enumerate(shapes):
         dtype = torch.float16 if i == 3 else torch.bfloat16
         g = _gen(m * 7 + n)
