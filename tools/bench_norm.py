@@ -131,14 +131,14 @@ def _chosen(op, t, n, dtype, fp32_residual=False):
 
     from mslk_dsl.ops import declaration
     from mslk_dsl.ops.dispatch import dtype_name
-    from mslk_dsl.templates._kernel_limits import VECTOR_BYTES
+    from mslk_dsl.templates._kernel_limits import ELEM_BYTES
 
     kernel_op = declaration.get(op).kernels
     # the declaration's signature parts (vec_bytes, dtype, fp32_weight[, fp32_residual]): the
-    # weight is x's dtype here. An fp32 residual: the fused kernel's choice on rows of whole
-    # 16-byte vectors of x, else the fp32 kernel's, which serves that call.
+    # weight is x's dtype here. An fp32 residual: the fused kernel's choice on rows of vectors of
+    # x, on odd rows the fp32 kernel's, which serves that call.
     vec_bytes = row_vec_bytes(n, dtype_name(dtype))
-    if fp32_residual and vec_bytes != VECTOR_BYTES:
+    if fp32_residual and vec_bytes == ELEM_BYTES[dtype_name(dtype)]:
         dtype, fp32_residual, vec_bytes = torch.float32, False, row_vec_bytes(n, "float32")
     sig = (vec_bytes, dtype_name(dtype), False) + ((fp32_residual,) if op == "rmsnorm_add" else ())
     return kernel_op.choose("sm90a", sig, (t, n), None)[1]
