@@ -90,6 +90,16 @@ WEIGHT_VECTOR_CAPPED = tuple({**c, "regs": WEIGHT_VECTOR_REGS} for c in WEIGHT_V
                              if c["rows_per_block"] == 1 and c["chunks"] == 32)
 CONFIGS = (CONFIGS + WEIGHT_VECTOR_CONFIGS + WEIGHT_VECTOR_CAPPED
            + tuple(plan.expand(vector_shapes=[], scalar_shapes=plan.SHORT_SCALAR_GROUP_ROWS)))
+# rmsnorm_add with an fp32 residual stream (sig["fp32_residual"]) holds 6 bytes an element of its
+# tile (x and the fp32 residual in flight together) where the same-dtype form holds 4: its tiles
+# of 8 vectors a thread take 126-128 registers, and cut into 4-byte accesses (capped at
+# NARROW_REGS) they spill 40-88 bytes a thread (80% of copy at 4096 x 7170 on an H100, where the
+# 8- and 16-byte rows reach 97-99%). Each such tile again with twice the threads, 4 vectors each
+# (the same row tile: HALVED_TWINS maps one to the other), for those signatures only.
+HALVED_TWINS = {(128, 4, 8): (256, 4, 4), (128, 2, 8): (256, 2, 4), (128, 1, 8): (256, 1, 4), (256, 1, 8): (512, 1, 4)}
+FP32_RESIDUAL_CONFIGS = tuple(c for c in plan.expand(vector_shapes=list(HALVED_TWINS.values()), scalar_shapes=[])
+                              if c["vec"] == 8)
+
 # Registers per thread for the 1024-thread CTAs (the most a CTA of 1024 threads may use), and
 # for tiles cut into 8- or 4-byte accesses (512 threads per SM: the occupancy floor).
 LONG_ROW_REGS = 64
@@ -108,6 +118,8 @@ def _valid(config, target, sig):
                                or limits.ELEM_BYTES[sig["dtype"]] != 2):
         return False
     if "regs" in config and ("weight" not in config or sig.get("fp32_weight")):
+        return False
+    if config in FP32_RESIDUAL_CONFIGS and not sig.get("fp32_residual"):
         return False
     return plan.valid(config, sig, arrays=ARRAYS)
 
@@ -191,9 +203,20 @@ def _weight_vector_twin(config, sig):
     return capped if capped in WEIGHT_VECTOR_CAPPED else twin if twin in WEIGHT_VECTOR_CONFIGS else config
 
 
+def _halved_twin(config, sig):
+    """An fp32-residual tile cut into 4-byte accesses: its HALVED_TWINS twin (the same row tile in
+    twice the threads; see FP32_RESIDUAL_CONFIGS), where it has one; else ``config``."""
+    shape = (config["threads"], config["rows_per_block"], config["chunks"])
+    if (not sig.get("fp32_residual") or "cluster" in config or shape not in HALVED_TWINS
+            or sig["vec_bytes"] != 4):
+        return config
+    threads, rows, chunks = HALVED_TWINS[shape]
+    return {**config, "threads": threads, "rows_per_block": rows, "chunks": chunks}
+
+
 def _heuristic(target, sig, problem, residual: bool = False):
     config = _plain_heuristic(sig, problem, residual)
-    return config if residual else _weight_vector_twin(config, sig)
+    return _halved_twin(config, sig) if residual else _weight_vector_twin(config, sig)
 
 
 # One-element rows of at most 512 (rmsnorm) or 256 (rmsnorm_add) elements: the group tiles of
@@ -589,7 +612,8 @@ def _template(op, residual):
     return Template(op=op, backend="cute", targets=("sm90a",),
                     signatures=signatures(residual),
                     signature_valid=limits.norm_signature,
-                    configs=CONFIGS, valid=_valid, heuristic=functools.partial(_heuristic, residual=residual),
+                    configs=CONFIGS + FP32_RESIDUAL_CONFIGS if residual else CONFIGS, valid=_valid,
+                    heuristic=functools.partial(_heuristic, residual=residual),
                     build=functools.partial(_build, residual=residual),
                     spills_allowed=functools.partial(_spilling_configs, residual=residual),
                     occupancy_floor=limits.ROWWISE_OCCUPANCY_FLOOR)

@@ -170,6 +170,30 @@ def test_memory_bound_heuristics_take_the_measured_configs():
     assert fly.heuristic("gfx942", s, {"A": 150, "D": 64, "T": 10})["method"] == "atomic"
 
 
+def test_rmsnorm_add_with_an_fp32_residual_halves_the_vectors_of_4_byte_rows():
+    """rmsnorm_add's fp32-residual kernels on rows of 4-byte accesses of x take the same row tile
+    in twice the threads, 4 vectors each (rmsnorm_cute.HALVED_TWINS: the tiles of 8 vectors spilled
+    there); rows of 8- and 16-byte accesses and the same-dtype form keep their tiles; the twins
+    serve no other signature."""
+    from mslk_dsl.templates import rmsnorm_cute
+
+    (t,) = registry.get_templates(op="rmsnorm_add", backend="cute")
+    base = {"dtype": "bfloat16", "fp32_weight": False}
+    for n, plain, twin in ((7170, (128, 1, 8), (256, 1, 4)), (2050, (128, 4, 8), (256, 4, 4)),
+                           (3074, (128, 2, 8), (256, 2, 4)), (14338, (256, 1, 8), (512, 1, 4)),
+                           (1538, (128, 4, 8), (256, 4, 4))):
+        for vec_bytes, residual, want in ((4, True, twin), (4, False, plain), (8, True, plain)):
+            sig = {**base, "vec_bytes": vec_bytes, "fp32_residual": residual}
+            got = t.heuristic("sm90a", sig, {"M": 4096, "N": n + vec_bytes - 4})
+            assert (got["threads"], got["rows_per_block"], got["chunks"]) == want, (n, vec_bytes, residual, got)
+            assert t.valid(got, "sm90a", sig)
+    for config in rmsnorm_cute.FP32_RESIDUAL_CONFIGS:
+        assert not t.valid(config, "sm90a", {**base, "vec_bytes": 16, "fp32_residual": False})
+        assert t.valid(config, "sm90a", {**base, "vec_bytes": 16, "fp32_residual": True})
+    (plain_norm,) = registry.get_templates(op="rmsnorm", backend="cute")
+    assert not set(map(str, rmsnorm_cute.FP32_RESIDUAL_CONFIGS)) & set(map(str, plain_norm.all_configs()))
+
+
 def test_a_cute_gemm_config_check_names_the_template_and_config():
     run_python(textwrap.dedent("""
         from mslk_dsl.templates import _cute_gemm_sm90 as sm90
