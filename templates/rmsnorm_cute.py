@@ -95,7 +95,11 @@ CONFIGS = (CONFIGS + WEIGHT_VECTOR_CONFIGS + WEIGHT_VECTOR_CAPPED
 # of 8 vectors a thread take 126-128 registers, and cut into 4-byte accesses (capped at
 # NARROW_REGS) they spill 40-88 bytes a thread (80% of copy at 4096 x 7170 on an H100, where the
 # 8- and 16-byte rows reach 97-99%). Each such tile again with twice the threads, 4 vectors each
-# (the same row tile: HALVED_TWINS maps one to the other), for those signatures only.
+# (the same row tile: HALVED_TWINS maps one to the other), for those signatures only. Timed beside
+# every config of the fused kernels (H100, CUDA events; docs/benchmarks.md "rmsnorm_add with an
+# fp32 residual stream, fused"): the 4-byte rows' twins ran 99-102% of copy (4096 x 7170: 124
+# against 155 us), so those rows take them (_halved_twin); at 8- and 16-byte rows the tiles of 8
+# stayed within 1% of the fastest config and are kept.
 HALVED_TWINS = {(128, 4, 8): (256, 4, 4), (128, 2, 8): (256, 2, 4), (128, 1, 8): (256, 1, 4), (256, 1, 8): (512, 1, 4)}
 FP32_RESIDUAL_CONFIGS = tuple(c for c in plan.expand(vector_shapes=list(HALVED_TWINS.values()), scalar_shapes=[])
                               if c["vec"] == 8)
