@@ -8,7 +8,7 @@ x, residual, y, new_residual: contiguous [M, N] bf16, fp16 or fp32; weight [N] o
 fp32 with sig["fp32_weight"] (read as two 16-byte vectors under 8 values of x); eps an fp32 scalar.
 With sig["fp32_residual"] (16-bit x in vectors of 2-8 elements) residual and new_residual are fp32:
 new_residual = x.float() + residual unrounded, y normalized from it; the residual under a vector
-of x is read and written as two 16-byte vectors.
+of x moves in accesses twice as wide as x's (two 16-byte ones under a 16-byte vector of x).
 M and N are dynamic: one artifact serves every shape. Each element is read, then written, by one
 thread only, so new_residual may alias x or residual and y may alias x (the op layer allocates
 fresh outputs, so this is not exercised).
@@ -149,6 +149,12 @@ def _make_launcher(config, sig, fused_add: bool):
             f"_t{THREADS}r{ROWS}v{VEC}x{TILES}")
     storage = rw.reduce_storage(THREADS)
 
+    def load_joined(view, j, parts, part_vec):
+        """Vector j of ``parts * part_vec`` elements (an fp32 weight or residual under a vector of
+        16-bit x), loaded in ``parts`` (1 or 2) accesses of ``part_vec`` and joined."""
+        loaded = [rw.load(view, j * parts + p, part_vec) for p in range_constexpr(parts)]
+        return loaded[0] if const_expr(parts == 1) else loaded[0].shuffle(loaded[1], list(range(parts * part_vec)))
+
     @flyc.jit
     def normalize_row(views, groups, slots, N, eps, vec, tiles, weight_of, edge_weight=None):
         """The row of ``views`` = (x, residual, y, new_residual) (residual and new_residual None
@@ -163,10 +169,7 @@ def _make_launcher(config, sig, fused_add: bool):
 
         def load_res(view, j):
             # Vector j of the residual stream, as one vector of vec elements.
-            if const_expr(RPARTS == 1):
-                return rw.load(view, j, vec)
-            parts = [rw.load(view, j * RPARTS + p, RVEC) for p in range_constexpr(RPARTS)]
-            return parts[0].shuffle(parts[1], list(range(vec)))
+            return load_joined(view, j, RPARTS, vec // RPARTS)
 
         def load_again(j):
             return load_res(again, j) if const_expr(FUSED) else rw.load(again, j, vec)
@@ -269,10 +272,7 @@ def _make_launcher(config, sig, fused_add: bool):
 
         def weight_of(j):
             # The weight under vector j of x, as one vector of VEC elements.
-            parts = [rw.load(wv, j * WPARTS + p, WVEC) for p in range_constexpr(WPARTS)]
-            if const_expr(WPARTS == 1):
-                return parts[0]
-            return parts[0].shuffle(parts[1], list(range(VEC)))
+            return load_joined(wv, j, WPARTS, WVEC)
 
         normalize_row(views, groups, slots, N, eps, VEC, TILES, weight_of)
 

@@ -121,7 +121,7 @@ def _bench_shape(op, t, n, dtype, configs, torch, ops, do_bench, residual_dtype=
         ms = timed(fn)
         rows.append({"op": op, "T": t, "N": n, "dtype": str(dtype).removeprefix("torch."),
                      "residual_dtype": str(residual.dtype).removeprefix("torch.") if op == "rmsnorm_add" else None,
-                     "config": config or _chosen(op, t, n, x.dtype, residual.dtype == torch.float32 != x.dtype),
+                     "config": config or _chosen(op, (x, residual, weight, EPS) if op == "rmsnorm_add" else (x, weight, EPS)),
                      "ms": ms,
                      "bytes": nbytes,
                      "gbps": nbytes / ms * 1e-6, "copy_gbps": nbytes / base["copy"] * 1e-6,
@@ -130,22 +130,26 @@ def _bench_shape(op, t, n, dtype, configs, torch, ops, do_bench, residual_dtype=
     return rows
 
 
-def _chosen(op, t, n, dtype, fp32_residual=False):
+def _chosen(op, args):
+    """The config the op itself picks for ``args``: its declaration's prepare, run with a select
+    that records the choice and launches nothing (so the fp32-residual rule, fused or composite,
+    is the op's, not a copy of it)."""
     import torch
 
+    from mslk_dsl import device
     from mslk_dsl.ops import declaration
-    from mslk_dsl.ops.dispatch import dtype_name
-    from mslk_dsl.templates._kernel_limits import ELEM_BYTES
 
-    kernel_op = declaration.get(op).kernels
-    # the declaration's signature parts (vec_bytes, dtype, fp32_weight[, fp32_residual]): the
-    # weight is x's dtype here. An fp32 residual: the fused kernel's choice on rows of vectors of
-    # x, on odd rows the fp32 kernel's, which serves that call.
-    vec_bytes = row_vec_bytes(n, dtype_name(dtype))
-    if fp32_residual and vec_bytes == ELEM_BYTES[dtype_name(dtype)]:
-        dtype, fp32_residual, vec_bytes = torch.float32, False, row_vec_bytes(n, "float32")
-    sig = (vec_bytes, dtype_name(dtype), False) + ((fp32_residual,) if op == "rmsnorm_add" else ())
-    return kernel_op.choose("sm90a", sig, (t, n), None)[1]
+    decl = declaration.get(op)
+    chosen = []
+
+    def select(signature, problem):
+        _, config, _ = decl.kernels.choose(device.current_target().name, signature, problem, None)
+        chosen.append(config)
+        return None, config
+
+    outputs = [torch.empty(shape, dtype=dtype, device=args[0].device) for shape, dtype in decl.outputs(*args)]
+    decl.prepare(select, outputs, *args)
+    return chosen[-1]
 
 
 def main(argv=None) -> int:
