@@ -35,6 +35,18 @@ def test_membound_draws_every_access_class_over_the_whole_range():
             assert abs(moved - m) <= membound._bytes_per_row("silu_mul_quant", d, 2) / 2**20
 
 
+def test_membound_counts_an_fp32_residual_stream_in_its_own_bytes():
+    # rmsnorm_add moves x and the residual in, y and the new residual out: with bf16 x and an fp32
+    # residual that is 2 + 4 + 2 + 4 bytes an element, not the 8 of an all-bf16 call
+    assert membound._bytes_per_row("rmsnorm_add", 1000, 2) == 8000
+    assert membound._bytes_per_row("rmsnorm_add", 1000, 2, 4) == 12000
+    assert membound._bytes_per_row("rmsnorm", 1000, 2, 4) == 4000     # no residual: unchanged
+    rows = membound.shape_rows("rmsnorm_add", 1000, 120.0, 2, 4)
+    assert abs(rows * 12000 / 2**20 - 120.0) <= 12000 / 2**20
+    assert (membound.sizes("rmsnorm_add", (64,), 2, 4)[0][0] * 3
+            == pytest.approx(membound.sizes("rmsnorm_add", (64,), 2)[0][0] * 2, rel=1e-3))
+
+
 def test_membound_summary_names_the_worst_shapes():
     rows = [{"op": "rmsnorm", "rows": r, "hidden": 4096, "MiB": 4.0 * r, "% copy": pct, "vs peer": vs,
              "best peer": "quack"} for r, pct, vs in ((1, 90.0, 1.10), (2, 40.0, 0.80), (3, 95.0, 0.0))]

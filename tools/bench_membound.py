@@ -2,7 +2,7 @@
 copy roofline, over sizes from 4 MiB to 4 GiB moved.
 
   python tools/bench.py membound --sweep [--ops silu_mul,rmsnorm,...] [--peers liger,quack,eager,compile]
-                                 [--dtype bfloat16|float16|float32] [--weight-dtype float32]
+                                 [--dtype bfloat16|float16|float32] [--weight-dtype float32] [--residual-dtype float32]
                                  [--quick] [--warm-only] [--json PATH] [--sizes ROWSxHIDDEN,...]
                                  [--random N --seed S] [--configs [--configs-matching REGEX]]
 
@@ -11,12 +11,13 @@ and 4096 MiB (rows clamped to 1..131072); rmsnorm also runs rows of 64K, 128K an
 Hidden sizes: 2880, 3584, 5120, 7168, 14336, 4000 (a multiple of 8, not of 64) and 4095 (rows
 that are not a multiple of 16 bytes: the one-element-per-access path); the MoE ops 2880, 5120,
 7168 and 4000. ``--weight-dtype float32`` gives the norms an fp32 weight beside 16-bit x (the
-peers get the same weight). Bytes moved count every input read and output written once (the
-weight and row scales included):
+peers get the same weight); ``--residual-dtype float32`` gives rmsnorm_add an fp32 residual stream
+beside 16-bit x (residual in and new residual out in fp32; quack's ``residual_dtype``). Bytes
+moved count every input read and output written once (the weight and row scales included):
 
   silu_mul           x0, x1 in, out             quantize_fp8_row   x in, xq + scales out
   silu_mul_quant     x0, x1 in, xq + scales out rmsnorm            x in, y out
-  rmsnorm_add        x, residual in, y, new_residual out
+  rmsnorm_add        x, residual in, y, new_residual out (the residual's in its own dtype)
   gather k2          A = 2T rows of D gathered and scaled (read A D, write A D)
   gather_quant k2    the same, quantized to FP8 (read A D, write A D FP8 + A scales)
   scatter_add k1..8  A = kT rows added into T rows (read A D + T D, write T D)
@@ -88,8 +89,9 @@ class Case:
         self.op, self.rows, self.hidden, self.nbytes, self.ours, self.peers = op, rows, hidden, nbytes, ours, peers
 
 
-def _bytes_per_row(op, d, elem):
-    """Bytes an op moves per row (per token T for the MoE ops)."""
+def _bytes_per_row(op, d, elem, residual_elem=None):
+    """Bytes an op moves per row (per token T for the MoE ops); ``residual_elem``: the bytes of
+    rmsnorm_add's residual elements where they differ from x's."""
     if op == "silu_mul":
         return 3 * d * elem
     if op == "quantize_fp8_row":
@@ -99,7 +101,7 @@ def _bytes_per_row(op, d, elem):
     if op == "rmsnorm":
         return 2 * d * elem
     if op == "rmsnorm_add":
-        return 4 * d * elem
+        return 2 * d * (elem + (residual_elem or elem))
     k = int(op.rsplit("k", 1)[1])
     if op.startswith("gather_quant"):
         return k * (d * (elem + 1) + 4)
@@ -108,15 +110,17 @@ def _bytes_per_row(op, d, elem):
     return (k + 2) * d * elem
 
 
-def _make_case(op, rows, d, dtype, peers_wanted, torch, ops, weight_dtype=None):
+def _make_case(op, rows, d, dtype, peers_wanted, torch, ops, weight_dtype=None, residual_dtype=None):
     """Inputs and calls of ``op`` at [rows, d] (rows = tokens for the MoE ops); the norms' weight
-    in ``weight_dtype`` (x's dtype by default)."""
+    in ``weight_dtype`` and rmsnorm_add's residual in ``residual_dtype`` (x's dtype by default)."""
     import torch.nn.functional as F
 
     elem = torch.tensor([], dtype=dtype).element_size()
     weight_dtype = weight_dtype or dtype
+    residual_dtype = residual_dtype or dtype
     weight_elem = torch.tensor([], dtype=weight_dtype).element_size()
-    nbytes = rows * _bytes_per_row(op, d, elem) + (d * weight_elem if op.startswith("rmsnorm") else 0)
+    residual_elem = torch.tensor([], dtype=residual_dtype).element_size()
+    nbytes = rows * _bytes_per_row(op, d, elem, residual_elem) + (d * weight_elem if op.startswith("rmsnorm") else 0)
     dev = "cuda"
     peers = {}
 
@@ -160,14 +164,16 @@ def _make_case(op, rows, d, dtype, peers_wanted, torch, ops, weight_dtype=None):
         return Case(op, rows, d, nbytes, ours, peers)
 
     if op.startswith("rmsnorm"):
-        x, r = torch.randn(rows, d, device=dev, dtype=dtype), torch.randn(rows, d, device=dev, dtype=dtype)
+        x, r = torch.randn(rows, d, device=dev, dtype=dtype), torch.randn(rows, d, device=dev, dtype=residual_dtype)
         w = torch.randn(d, device=dev, dtype=weight_dtype)
         fused = op == "rmsnorm_add"
         quack = _quack() if "quack" in peers_wanted else None
         liger = _liger("fused_add_rms_norm" if fused else "rms_norm") if "liger" in peers_wanted else None
         if fused:
             ours = lambda config=None: ops.rmsnorm_add(x, r, w, EPS, config=config)  # noqa: E731
-            composite = lambda p, q: (F.rms_norm(p + q, (d,), w, EPS), p + q)  # noqa: E731
+            def composite(p, q):   # an fp32 residual makes the sum fp32 (type promotion)
+                h = p + q
+                return F.rms_norm(h, (d,), w.to(h.dtype), EPS).to(dtype), h
             if quack is not None:
                 peers["quack"] = lambda: quack(x, w, residual=r, eps=EPS)
             if liger is not None:
@@ -215,7 +221,7 @@ def _make_case(op, rows, d, dtype, peers_wanted, torch, ops, weight_dtype=None):
     return Case(op, rows, d, nbytes, ours, peers)
 
 
-def _configs_near(op, d, dtype: str = "bfloat16", fp32_weight: bool = False):
+def _configs_near(op, d, dtype: str = "bfloat16", fp32_weight: bool = False, fp32_residual: bool = False):
     """The configs of ``op``'s CuTe template for ``dtype`` rows of ``d`` elements (128-bit
     accesses, or one element per access where a row is not a multiple of 16 bytes) whose tile
     (the share of all the CTAs of a row) is 0.4-2.5x the row (at most 2.5x for silu_mul, whose
@@ -238,6 +244,7 @@ def _configs_near(op, d, dtype: str = "bfloat16", fp32_weight: bool = False):
         vec_bytes = ELEM_BYTES[dtype]
     sigs = [s for s in template.all_signatures() if s["dtype"] == dtype and s["vec_bytes"] == vec_bytes
             and not s.get("has_scale_ub") and bool(s.get("fp32_weight")) == fp32_weight and not s.get("has_valid_count")
+            and bool(s.get("fp32_residual")) == fp32_residual
             and s.get("score_dtype", "float32") == "float32"]
     valid = [c for c in template.all_configs() if template.valid(c, "sm90a", sigs[0])]
     if base == "scatter_add":
@@ -253,13 +260,13 @@ def _configs_near(op, d, dtype: str = "bfloat16", fp32_weight: bool = False):
     return [c for c in valid if 0.4 * d <= plan.RowTile.of(c).row_k <= 2.5 * d] + flat
 
 
-def sizes(op, mibs, elem: int = 2):
+def sizes(op, mibs, elem: int = 2, residual_elem: int | None = None):
     """(rows, hidden) of ``op``'s sweep: per hidden size, the rows that move each target size
-    with ``elem``-byte elements."""
+    with ``elem``-byte elements (rmsnorm_add's residual in ``residual_elem``-byte ones)."""
     hidden = MOE_HIDDEN if "_k" in op else HIDDEN
     out = []
     for d in hidden:
-        per_row = _bytes_per_row(op, d, elem)
+        per_row = _bytes_per_row(op, d, elem, residual_elem)
         for mib in mibs:
             rows = max(1, min(MAX_ROWS, round(mib * 2**20 / per_row)))
             if (rows, d) not in out:
@@ -297,9 +304,9 @@ def random_shapes(n: int, seed: int) -> list[tuple[int, float]]:
     return out
 
 
-def shape_rows(op: str, d: int, mib: float, elem: int = 2) -> int:
+def shape_rows(op: str, d: int, mib: float, elem: int = 2, residual_elem: int | None = None) -> int:
     """The rows of ``op`` at hidden size ``d`` that move about ``mib`` MiB (1..MAX_ROWS)."""
-    return max(1, min(MAX_ROWS, round(mib * 2**20 / _bytes_per_row(op, d, elem))))
+    return max(1, min(MAX_ROWS, round(mib * 2**20 / _bytes_per_row(op, d, elem, residual_elem))))
 
 
 # The memory-bound goals' bands: (label, lowest MiB moved, highest, the least % of copy asked there).
@@ -366,6 +373,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--weight-dtype", choices=("float32",),
                         help="the norms' weight dtype (default: x's): an fp32 weight beside 16-bit x")
+    parser.add_argument("--residual-dtype", choices=("float32",),
+                        help="rmsnorm_add's residual dtype (default: x's): an fp32 residual stream beside 16-bit x")
     parser.add_argument("--quick", action="store_true", help=f"only {QUICK_MIB} MiB")
     parser.add_argument("--warm-only", action="store_true", help="call each op once per size; time nothing")
     parser.add_argument("--rep-ms", type=float, default=40.0)
@@ -385,6 +394,8 @@ def main(argv: list[str]) -> int:
 
     dtype = getattr(torch, args.dtype)
     weight_dtype = getattr(torch, args.weight_dtype) if args.weight_dtype else None
+    residual_dtype = getattr(torch, args.residual_dtype) if args.residual_dtype else None
+    residual_elem = residual_dtype.itemsize if residual_dtype is not None else None
     peers_wanted = set(args.peers.split(",")) - {""}
     copy_cache: dict[int, float] = {}
 
@@ -405,22 +416,25 @@ def main(argv: list[str]) -> int:
     results = []
     for op in args.ops.split(","):
         if args.random:
-            points = [(shape_rows(op, d, mib, dtype.itemsize), d) for d, mib in random_shapes(args.random, args.seed)]
+            points = [(shape_rows(op, d, mib, dtype.itemsize, residual_elem), d)
+                      for d, mib in random_shapes(args.random, args.seed)]
         elif args.sizes:
             points = parse_shapes(args.sizes)
         else:
-            points = sizes(op, QUICK_MIB if args.quick else TARGET_MIB, dtype.itemsize)
+            points = sizes(op, QUICK_MIB if args.quick else TARGET_MIB, dtype.itemsize, residual_elem)
         for rows, d in points:
             with torch.no_grad():
                 try:
                     case = _make_case(op, rows, d, dtype, set() if args.warm_only else peers_wanted, torch, ops,
-                                      weight_dtype)
+                                      weight_dtype, residual_dtype)
                     case.ours()
                 except (InputError, InputTypeError) as e:   # an op that does not take this dtype (MoE ops, fp32)
                     print(f"{op} {rows}x{d}: skipped: {e}", file=sys.stderr)
                     continue
                 near = _configs_near(op, d, args.dtype, weight_dtype is not None and dtype != weight_dtype
-                                     and op.startswith("rmsnorm")) if args.configs else []
+                                     and op.startswith("rmsnorm"),
+                                     residual_dtype is not None and dtype != residual_dtype
+                                     and op == "rmsnorm_add") if args.configs else []
                 if args.configs_matching:
                     from mslk_dsl.template import config_name
                     near = [c for c in near if re.search(args.configs_matching, config_name(c))]
@@ -463,7 +477,8 @@ def main(argv: list[str]) -> int:
             torch.cuda.empty_cache()
         if args.json and not args.warm_only:   # after every op: a run cut short keeps what it measured
             with open(args.json, "w") as f:
-                json.dump({"dtype": args.dtype, "weight_dtype": args.weight_dtype, "results": results}, f, indent=1)
+                json.dump({"dtype": args.dtype, "weight_dtype": args.weight_dtype,
+                           "residual_dtype": args.residual_dtype, "results": results}, f, indent=1)
     if not args.warm_only:
         table(results, ["op", "rows", "hidden", "MiB", "us", "% copy", "best peer", "peer % copy", "vs peer"])
         if results:
