@@ -278,12 +278,27 @@ def _phase(t: cute.Tensor, row, vec: int) -> Int32:
 def congruent(tensors, vec: int):
     """Whether the [M, K] ``tensors`` (one row length) start at one phase (see above): then
     every row of each shares it. A dynamic Boolean, computed on the host side of the launch
-    (``launch_rows``) from the base addresses."""
+    (``launch_rows``) from the base addresses, the phases counted in elements. A tensor whose
+    vectors align on fewer elements than the first's (an fp32 residual beside 16-bit x: 4
+    elements to 16 bytes where x needs 8) matches the first's phase modulo its own: where the
+    first's vectors start, its start on a boundary too. One that needs more (the first of wider
+    elements) is not congruent: the rows' heads, set by the first, would not align it."""
     first = _phase(tensors[0], 0, vec)
+    first_align = _align_elems(tensors[0], vec)
     mismatches = Int32(0)
     for t in tensors[1:]:
-        mismatches = mismatches + Int32(_phase(t, 0, vec) != first)
+        align = _align_elems(t, vec)
+        if const_expr(align > first_align):
+            mismatches = mismatches + Int32(1)
+        else:
+            mismatches = mismatches + Int32(_phase(t, 0, vec) != first % align)
     return mismatches == 0
+
+
+def _align_elems(t: cute.Tensor, vec: int) -> int:
+    """Elements of ``t`` between the boundaries its ``vec``-element vectors start on (_phase)."""
+    esize = t.element_type.width // 8
+    return min(vec * esize, 16) // esize
 
 
 @dataclass(frozen=True)   # frozen: the DSL passes it into dynamic ifs and loops as a read-only value

@@ -64,16 +64,15 @@ def mixed_weight_signature(sig: dict) -> bool:
 
 def fp32_residual_signature(sig: dict) -> bool:
     """rmsnorm_add's ``fp32_residual`` flag marks an fp32 residual stream (residual and
-    new_residual fp32) beside 16-bit x; its kernels take rows of vectors of x (16-, 8- or 4-byte
-    accesses, the residual's twice as wide: a 16-byte vector of x meets two 16-byte accesses of
-    the residual). Rows of one element per access are served by the op layer with the fp32
-    kernel between conversions, so no set of one-element kernels exists for them."""
-    return not sig.get("fp32_residual") or (ELEM_BYTES[sig["dtype"]] == 2 and not one_element(sig))
+    new_residual fp32) beside 16-bit x, in every vector width of x (16-, 8- or 4-byte accesses,
+    the residual's twice as wide: a 16-byte vector of x meets two 16-byte accesses of the
+    residual; one element per access, the residual's one fp32 element)."""
+    return not sig.get("fp32_residual") or ELEM_BYTES[sig["dtype"]] == 2
 
 
 def norm_signature(sig: dict) -> bool:
     """The norms' signatures: a vector width of the dtype, the fp32-weight flag only beside 16-bit x,
-    the fp32-residual flag (rmsnorm_add) only beside 16-bit x in vectors of more than one element."""
+    the fp32-residual flag (rmsnorm_add) only beside 16-bit x."""
     return vector_signature(sig) and mixed_weight_signature(sig) and fp32_residual_signature(sig)
 
 

@@ -424,10 +424,10 @@ def _build(config, target, sig, residual):
             if const_expr(phased):
                 # The row's edges, one element per lane, read with the first tile and kept as it is.
                 row_tensors = (mX, mR) if const_expr(residual) else (mX,)
-                edge_ins = rw.edge_fragments(t, [dtype] * len(row_tensors))
+                edge_ins = rw.edge_fragments(t, [dtype, rdtype][:len(row_tensors)])
                 for rt, f in zip(row_tensors, edge_ins):
                     rw.copy_edges(pr.elements(rt), f, pr, lane, tpr, load=True)
-                edge_held = edge_ins[0]
+                edge_held = edge_ins[1] if const_expr(fp32_residual) else edge_ins[0]
             if const_expr(weight_mode == "smem"):
                 # The first tile's weight, behind x: it lands in shared memory while x is
                 # reduced. Column c of thread t at [:, t, c]: a warp's 16-byte accesses of one

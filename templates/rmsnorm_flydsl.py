@@ -6,9 +6,10 @@ rmsnorm_add:  kernel(x, residual, weight, y, new_residual, eps)
               new_residual = (x.float() + residual.float()).to(dtype); y = rmsnorm(new_residual)
 x, residual, y, new_residual: contiguous [M, N] bf16, fp16 or fp32; weight [N] of x's dtype, or
 fp32 with sig["fp32_weight"] (read as two 16-byte vectors under 8 values of x); eps an fp32 scalar.
-With sig["fp32_residual"] (16-bit x in vectors of 2-8 elements) residual and new_residual are fp32:
-new_residual = x.float() + residual unrounded, y normalized from it; the residual under a vector
-of x moves in accesses twice as wide as x's (two 16-byte ones under a 16-byte vector of x).
+With sig["fp32_residual"] (16-bit x) residual and new_residual are fp32: new_residual =
+x.float() + residual unrounded, y normalized from it; the residual under a vector of x moves in
+accesses twice as wide as x's (two 16-byte ones under a 16-byte vector of x; one fp32 element
+under one element of x, whose rows are not phased: see phased_rows).
 M and N are dynamic: one artifact serves every shape. Each element is read, then written, by one
 thread only, so new_residual may alias x or residual and y may alias x (the op layer allocates
 fresh outputs, so this is not exercised).
@@ -100,9 +101,14 @@ def phased_rows(config, sig, fused_add: bool) -> bool:
     """Whether the kernel of a one-element config runs congruent rows phased (the row's middle
     in 16-byte vectors, _flydsl_rowwise.PhasedRow). Not rmsnorm_add in sub-wave groups: its four
     row tensors' descriptors in both paths of one kernel exceed the scalar registers (SGPR
-    spills), and rows of a few hundred elements with a residual stream are rare."""
+    spills), and rows of a few hundred elements with a residual stream are rare. Not an fp32
+    residual stream either: a PhasedView places every tensor's row by x's phase, in x's
+    elements, where the fp32 residual's 16-byte boundaries fall every 4 elements (its middle
+    vector of 8 would be two accesses at offsets of their own); its rows run one element per
+    access."""
     sub_wave = config["threads"] // config["rows"] < rw_space.WAVE
-    return rw_space.phased_rows(config, sig) and not (fused_add and sub_wave)
+    return (rw_space.phased_rows(config, sig) and not (fused_add and sub_wave)
+            and not (fused_add and sig.get("fp32_residual")))
 
 
 def _heuristic(target, sig, problem):

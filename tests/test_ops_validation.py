@@ -179,12 +179,11 @@ def test_a_norm_without_weight_gets_a_cached_weight_of_ones(monkeypatch, op, x_d
 @pytest.mark.parametrize("shape", [(5, 24), (2, 3, 40), (1, 7), (3, 36), (4, 6)])
 def test_rmsnorm_add_keeps_an_fp32_residual_in_fp32(monkeypatch, x_dtype, w_dtype, shape):
     """16-bit x with an fp32 residual (quack's residual_dtype, flash-attn's residual_in_fp32):
-    rows of vectors of x (an even length) go to the fused kernels' fp32_residual signature (x, y in
-    x's dtype, residual and new_residual fp32, the caller's weight); other rows to the fp32
-    kernel (stood in for by the fp32 reference), which gets x in fp32, an fp32 weight and fp32
-    outputs and keeps no plan. Either way the op returns y in x's dtype and the fp32 sum, equal
-    to the reference's, into ``out=`` tensors too."""
-    from mslk_dsl.ops import call, declaration, validate
+    every row length, odd ones (one element per access) included, goes to the fused kernels'
+    fp32_residual signature (x, y in x's dtype, residual and new_residual fp32, the caller's
+    weight). The op returns y in x's dtype and the fp32 sum, equal to the reference's, into
+    ``out=`` tensors too."""
+    from mslk_dsl.ops import declaration, validate
 
     decl = declaration.get("rmsnorm_add")
     monkeypatch.setattr(validate, "gpu", lambda *args: None)
@@ -212,14 +211,9 @@ def test_rmsnorm_add_keeps_an_fp32_residual_in_fp32(monkeypatch, x_dtype, w_dtyp
     assert ops.rmsnorm_add(x, r, w, 1e-6, out=out) is not None
     assert torch.equal(out[0], want_y) and torch.equal(out[1], want_res)
     w_kernel = x_dtype if w_dtype in (None, "x") else f32
-    fused = shape[-1] % 2 == 0    # rows of vectors of x (odd rows: one element per access)
     x_name = str(x_dtype).removeprefix("torch.")
-    if fused:
-        vec_bytes = contiguous_vector_bytes(shape[-1], 2)
-        assert set(launched) == {((vec_bytes, x_name, w_kernel == f32, True), (x_dtype, f32, w_kernel, x_dtype, f32))}
-    else:
-        assert {(sig[1:], dtypes) for sig, dtypes in launched} == {(("float32", False, False), (f32,) * 5)}
-        assert call._plan_key("rmsnorm_add", (x, r, w, 1e-6)) not in (call._plans.get("rmsnorm_add") or {})
+    vec_bytes = contiguous_vector_bytes(shape[-1], 2)      # 2 for odd rows: one element per access
+    assert set(launched) == {((vec_bytes, x_name, w_kernel == f32, True), (x_dtype, f32, w_kernel, x_dtype, f32))}
     with pytest.raises(TypeError, match="residual"):
         ops.rmsnorm_add(x.float(), r.to(x_dtype), None)      # fp32 x with a 16-bit residual
     with pytest.raises(TypeError, match="out"):

@@ -14,7 +14,6 @@ from mslk_dsl.ops import random_problems as draw
 from mslk_dsl.ops import validate as check
 from mslk_dsl.ops.declaration import Launch, OpDecl, declare
 from mslk_dsl.ops.dispatch import dtype_name, placeholder
-from mslk_dsl.templates import _kernel_limits as limits
 
 # Rows up to quack's limit. Rows longer than a config's register tile are streamed and read again
 # (mostly from L2); see the templates.
@@ -138,23 +137,8 @@ def _prepare_rmsnorm_add(select, outputs, x, residual, weight, eps):
     fp32_residual = _fp32_residual(a, r)
     w = _weight_arg(weight, a)
     sig = (*_signature(a, w, a, r, o, res), fp32_residual)
-    if fp32_residual and sig[0] == limits.ELEM_BYTES[sig[1]]:   # one element per access
-        return _fp32_residual_launch(select, a, r, weight, o, res, eps)
     kernel, _ = select(sig, tuple(a.shape))
     return Launch(kernel, (a, r, w, o, res, eps))
-
-
-def _fp32_residual_launch(select, a, r, weight, o, res, eps) -> Launch:
-    """An fp32 residual with 16-bit x on rows of one element per access (the fused kernels'
-    fp32_residual signature takes rows of vectors; see _kernel_limits): composed from the fp32
-    kernel, x converted to fp32 first, y written to an fp32 temporary and converted into the
-    output after (28 bytes moved an element, where the fused kernel moves 12). The fp32 sum is
-    the one the fused kernel keeps, and y rounds once, from the fp32 result."""
-    x32 = a.float()
-    y32 = torch.empty(a.shape, device=a.device, dtype=torch.float32)
-    weight = _weight_arg(None, x32) if weight is None else weight.float()
-    kernel, _ = select((*_signature(x32, weight, x32, r, y32, res), False), tuple(a.shape))
-    return Launch(kernel, (x32, r, weight, y32, res, eps), finish=lambda: o.copy_(y32))
 
 
 rmsnorm_add = declare(OpDecl(
@@ -163,8 +147,7 @@ rmsnorm_add = declare(OpDecl(
     weight). Returns (y, new_residual): y in x's dtype, new_residual in residual's. The residual
     has x's dtype or, with 16-bit x, is fp32 (a residual stream kept in fp32, as quack's
     residual_dtype and flash-attn's residual_in_fp32): the sum then stays fp32 and y is
-    normalized from it (rows of an even number of elements in one fused kernel; odd rows by
-    the fp32 kernel between two conversions).
+    normalized from it, in one fused kernel at every row length.
     ``out``: contiguous (y, new_residual) tensors of x's shape and those dtypes to write into.""",
     check=_check_rmsnorm_add,
     outputs=lambda x, residual, weight, eps=1e-6: [(tuple(x.shape), x.dtype), (tuple(x.shape), residual.dtype)],

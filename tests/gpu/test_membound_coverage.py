@@ -267,12 +267,56 @@ def test_quantize_fp8_row_align_rows_to(shape, align):
     assert torch.equal(gq.view(torch.uint8), xq.view(torch.uint8)) and torch.equal(gs, scale)
 
 
-def _fp32_residual_configs():
+def _fp32_residual_configs(vec_bytes: int = 16):
     from mslk_dsl import registry
 
     (t,) = registry.get_templates(op="rmsnorm_add", backend="cute")
-    sig = {"vec_bytes": 16, "dtype": "bfloat16", "fp32_weight": False, "fp32_residual": True}
+    sig = {"vec_bytes": vec_bytes, "dtype": "bfloat16", "fp32_weight": False, "fp32_residual": True}
     return [c for c in t.all_configs() if t.valid(c, "sm90a", sig)]
+
+
+def _offset_rows(m, n, dtype, offset, g, scale=1.0):
+    """An [m, n] tensor ``offset`` elements past an allocation's start (compact rows), N(0, scale)."""
+    flat = torch.randn(m * n + offset, device="cuda", generator=g) * scale
+    return flat.to(dtype)[offset:].view(m, n)
+
+
+# Layouts of (x and y, residual and new_residual): the elements each starts past a 16-byte
+# boundary. The phased kernels take the rows where the fp32 tensors' phase matches x's modulo 4
+# (x's modulo 8: _cute_rowwise.congruent), else the one-element kernels run.
+ODD_ROW_LAYOUTS = {"aligned": (0, 0), "x_off4": (4, 0), "all_off1": (1, 1), "residual_off1": (0, 1),
+                   "x_off2_residual_off3": (2, 3)}
+
+
+@SM90
+@pytest.mark.parametrize("config", _fp32_residual_configs(vec_bytes=2), ids=config_name)
+def test_every_one_element_fp32_residual_config(config):
+    """The fused fp32-residual kernels on odd rows (one element of x per access, the residual's
+    one fp32 element; the middle of congruent rows in 16-byte vectors of each), every config:
+    rows shorter than its tile, as long and longer, and the layouts of ODD_ROW_LAYOUTS (y and
+    new_residual given as out= tensors at the offsets of x and the residual): new_residual is
+    the exact fp32 sum, y within one ulp of quack's formula on it."""
+    from mslk_dsl.templates._rowwise_plan import RowTile
+
+    row_k = RowTile.of(config).row_k
+    cases = [((1, 7), "aligned"), ((7, 135), "aligned"), ((3, row_k - 1), "aligned"),
+             ((2, min(row_k + 1031, 262143)), "aligned"), ((5, 4097), "aligned")]
+    cases += [((9, 1001), layout) for layout in ODD_ROW_LAYOUTS]
+    for i, ((m, n), layout) in enumerate(cases):
+        dtype = torch.float16 if i == 3 else torch.bfloat16
+        x_off, r_off = ODD_ROW_LAYOUTS[layout]
+        g = _gen(m * 7 + n + 11 * x_off + r_off)
+        x = _offset_rows(m, n, dtype, x_off, g)
+        residual = _offset_rows(m, n, torch.float32, r_off, g, scale=30.0)
+        w = (torch.rand(n, device="cuda", generator=g) + 0.5).to(torch.float32 if i == 3 else dtype)
+        y = _offset_rows(m, n, dtype, x_off, g)
+        new_residual = _offset_rows(m, n, torch.float32, r_off, g)
+        ops.rmsnorm_add(x, residual, w, EPS, config=config, out=(y, new_residual))
+        h = x.float() + residual
+        want, _ = quack_rmsnorm_ref(h, w)
+        what = f"rmsnorm_add {dtype} {m}x{n} {layout} fp32 residual {config}"
+        assert torch.equal(new_residual, h), what
+        assert_within_one_ulp(y, want.to(dtype), what)
 
 
 @SM90
