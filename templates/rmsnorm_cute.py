@@ -9,10 +9,10 @@
 x, residual, y, new_residual: [M, N] compact row-major, bf16, fp16 or fp32 (sig["dtype"]);
 weight: [N] of that dtype, or fp32 with sig["fp32_weight"] (mixed-precision checkpoints); fp32
 math; eps: a Python float. M and N are dynamic: one artifact serves every shape. With
-sig["fp32_residual"] (16-bit x, rows of vectors of more than one element) residual and
-new_residual are fp32 (a residual stream kept in fp32): new_residual = x.float() + residual,
-unrounded, and y is normalized from it; the residual's accesses are twice as wide as x's (a
-16-byte vector of x meets two 16-byte accesses).
+sig["fp32_residual"] (16-bit x) residual and new_residual are fp32 (a residual stream kept in
+fp32): new_residual = x.float() + residual, unrounded, and y is normalized from it; the
+residual's accesses are twice as wide as x's (a 16-byte vector of x meets two 16-byte accesses;
+one element of x, one fp32 element; the phased middle of odd rows, two 16-byte accesses).
 
 A CTA owns ``rows_per_block`` rows, each handled by ``threads / rows_per_block`` threads (see
 ``_rowwise_plan``). A thread issues all loads of its part of the row's first tile (``chunks``
