@@ -635,3 +635,36 @@ def test_flat_configs_read_every_row_width_in_16_byte_vectors():
     assert not plan.RowTile.of(template.heuristic("sm90a", bf16_odd, {"M": 9, "K": 1025})).flat
     assert plan.RowTile.of(template.heuristic("sm90a", {"dtype": "float32", "vec_bytes": 16}, {"M": 9, "K": 512})).flat
     assert not plan.RowTile.of(template.heuristic("sm90a", {"dtype": "float32", "vec_bytes": 16}, {"M": 9, "K": 516})).flat
+
+
+def test_a_wider_tensor_is_congruent_with_x_where_its_phase_is_x_phase_modulo_its_own():
+    """The congruence of the CuTe phased rows for tensors of wider elements than x's
+    (``_cute_rowwise.congruent``: an fp32 residual beside 16-bit x, its phase compared with x's
+    modulo the 4 fp32 elements of 16 bytes), replayed on addresses: where it holds, the fp32
+    tensor's element at the head of every row's middle (x's first 16-byte boundary of that row)
+    and at every middle vector after it sits on a 16-byte boundary; where it does not, some
+    row's middle is misaligned in it, so a test on equal phases would have refused calls that
+    the phased kernels serve (x 8 bytes past a boundary, the residual on one)."""
+    def phase(addr, esize, vec=8):
+        align = min(vec * esize, 16)
+        return ((align - addr % align) % align) // esize
+
+    for x_shift in range(8):               # x's elements past a 16-byte boundary
+        for r_shift in range(4):           # the fp32 tensor's
+            x_addr, r_addr = 4096 + 2 * x_shift, 8192 + 4 * r_shift
+            rule = phase(r_addr, 4) == phase(x_addr, 2) % (16 // 4)
+            for cols in (1, 3, 7, 8, 13, 4097):
+                aligned = True
+                for row in range(9):
+                    head = phase(x_addr + 2 * row * cols, 2)
+                    nmid = max(0, cols - head) // 8
+                    for j in range(nmid):
+                        assert (x_addr + 2 * (row * cols + head + 8 * j)) % 16 == 0
+                        aligned &= (r_addr + 4 * (row * cols + head + 8 * j)) % 16 == 0
+                if cols >= 16:                # rows long enough for middles in every row
+                    assert aligned == rule, (x_shift, r_shift, cols)
+                else:
+                    assert aligned or not rule, (x_shift, r_shift, cols)
+    # the layouts of the GPU test (ODD_ROW_LAYOUTS): congruent at offsets (0, 0), (4, 0), (1, 1)
+    assert [phase(4096 + 4 * r, 4) == phase(4096 + 2 * x, 2) % 4
+            for x, r in ((0, 0), (4, 0), (1, 1), (0, 1), (2, 3))] == [True, True, True, False, False]
