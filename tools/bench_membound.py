@@ -171,9 +171,13 @@ def _make_case(op, rows, d, dtype, peers_wanted, torch, ops, weight_dtype=None, 
         liger = _liger("fused_add_rms_norm" if fused else "rms_norm") if "liger" in peers_wanted else None
         if fused:
             ours = lambda config=None: ops.rmsnorm_add(x, r, w, EPS, config=config)  # noqa: E731
-            def composite(p, q):   # an fp32 residual makes the sum fp32 (type promotion)
+            # an fp32 residual makes the sum fp32 (type promotion): the weight cast to it once,
+            # outside the timed call
+            w_sum = w.to(torch.promote_types(dtype, residual_dtype))
+
+            def composite(p, q):
                 h = p + q
-                return F.rms_norm(h, (d,), w.to(h.dtype), EPS).to(dtype), h
+                return F.rms_norm(h, (d,), w_sum, EPS).to(dtype), h
             if quack is not None:
                 peers["quack"] = lambda: quack(x, w, residual=r, eps=EPS)
             if liger is not None:

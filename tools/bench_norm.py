@@ -16,8 +16,8 @@ are medians of triton.testing.do_bench (CUDA events), all in the same run.
 chunks8_rows_per_block1_threads128_vec8); --sweep times every valid config of each shape (for
 tuning the heuristic) instead of the heuristic's choice. --residual-dtype float32 times
 rmsnorm_add with an fp32 residual stream (16-bit x; new_residual fp32) against quack's
-rmsnorm_fwd with the same residual and the fp32 torch composite (with --sweep: the fused
-kernels' configs; odd rows, which the composite serves, have none).
+rmsnorm_fwd with the same residual and the fp32 torch composite (with --sweep: the configs of
+the fused fp32-residual kernels, odd rows' included).
 """
 from __future__ import annotations
 
@@ -91,7 +91,8 @@ def _bench_shape(op, t, n, dtype, configs, torch, ops, do_bench, residual_dtype=
                 h = x + residual        # fp32 with an fp32 residual (type promotion)
                 return norm(h).to(dtype), h
             return run
-        torch_fns = {"F.rms_norm": add_then(lambda h: F.rms_norm(h, (n,), weight.to(h.dtype), EPS)),
+        w_sum = weight.to(torch.promote_types(x.dtype, residual.dtype))   # cast once, not in the timed call
+        torch_fns = {"F.rms_norm": add_then(lambda h: F.rms_norm(h, (n,), w_sum, EPS)),
                      "manual": add_then(manual)}
     quack = _quack()
     if quack is not None:
@@ -132,8 +133,8 @@ def _bench_shape(op, t, n, dtype, configs, torch, ops, do_bench, residual_dtype=
 
 def _chosen(op, args):
     """The config the op itself picks for ``args``: its declaration's prepare, run with a select
-    that records the choice and launches nothing (so the fp32-residual rule, fused or composite,
-    is the op's, not a copy of it)."""
+    that records the choice and launches nothing (so the op's own signature rules decide, not
+    a copy of them)."""
     import torch
 
     from mslk_dsl import device
