@@ -10,7 +10,7 @@ differ from it only by the summation order and the hardware rsqrt, ~1e-6 relativ
 """
 import pytest
 import torch
-from test_norm_cute import assert_within_one_ulp
+from test_norm_cute import _at_offset, _guards_intact, assert_within_one_ulp
 
 from mslk_dsl import ops
 from mslk_dsl.template import config_name
@@ -275,12 +275,6 @@ def _fp32_residual_configs(vec_bytes: int = 16):
     return [c for c in t.all_configs() if t.valid(c, "sm90a", sig)]
 
 
-def _offset_rows(m, n, dtype, offset, g, scale=1.0):
-    """An [m, n] tensor ``offset`` elements past an allocation's start (compact rows), N(0, scale)."""
-    flat = torch.randn(m * n + offset, device="cuda", generator=g) * scale
-    return flat.to(dtype)[offset:].view(m, n)
-
-
 # Layouts of (x and y, residual and new_residual): the elements each starts past a 16-byte
 # boundary. The phased kernels take the rows where the fp32 tensors' phase matches x's modulo 4
 # (x's modulo 8: _cute_rowwise.congruent), else the one-element kernels run.
@@ -294,8 +288,9 @@ def test_every_one_element_fp32_residual_config(config):
     """The fused fp32-residual kernels on odd rows (one element of x per access, the residual's
     one fp32 element; the middle of congruent rows in 16-byte vectors of each), every config:
     rows shorter than its tile, as long and longer, and the layouts of ODD_ROW_LAYOUTS (y and
-    new_residual given as out= tensors at the offsets of x and the residual): new_residual is
-    the exact fp32 sum, y within one ulp of quack's formula on it."""
+    new_residual given as out= tensors at the offsets of x and the residual, in buffers of NaN
+    guards): new_residual is the exact fp32 sum, y within one ulp of quack's formula on it, and
+    nothing is written outside the outputs."""
     from mslk_dsl.templates._rowwise_plan import RowTile
 
     row_k = RowTile.of(config).row_k
@@ -306,18 +301,19 @@ def test_every_one_element_fp32_residual_config(config):
         dtype = torch.float16 if i == 3 else torch.bfloat16
         x_off, r_off = ODD_ROW_LAYOUTS[layout]
         g = _gen(m * 7 + n + 11 * x_off + r_off)
-        x = _offset_rows(m, n, dtype, x_off, g)
-        residual = _offset_rows(m, n, torch.float32, r_off, g, scale=30.0)
+        x, _ = _at_offset(m, n, dtype, x_off, torch.randn(m, n, device="cuda", generator=g))
+        residual, _ = _at_offset(m, n, torch.float32, r_off, torch.randn(m, n, device="cuda", generator=g) * 30)
         w32 = i == 3 and "regs" not in config   # (the capped weight-vector configs take x's weight dtype)
         w = (torch.rand(n, device="cuda", generator=g) + 0.5).to(torch.float32 if w32 else dtype)
-        y = _offset_rows(m, n, dtype, x_off, g)
-        new_residual = _offset_rows(m, n, torch.float32, r_off, g)
+        y, y_buf = _at_offset(m, n, dtype, x_off)
+        new_residual, r_buf = _at_offset(m, n, torch.float32, r_off)
         ops.rmsnorm_add(x, residual, w, EPS, config=config, out=(y, new_residual))
         h = x.float() + residual
         want, _ = quack_rmsnorm_ref(h, w)
         what = f"rmsnorm_add {dtype} {m}x{n} {layout} fp32 residual {config}"
         assert torch.equal(new_residual, h), what
         assert_within_one_ulp(y, want.to(dtype), what)
+        assert _guards_intact(y_buf, x_off, m * n) and _guards_intact(r_buf, r_off, m * n), f"{what}: out of bounds"
 
 
 @SM90
