@@ -211,9 +211,15 @@ def _phase(tensor, vec: int):
 
 def congruent(tensors, vec: int):
     """Whether the [M, K] ``tensors`` (one row length, compact rows) start at one phase, and with
-    it the phase of the first. A wave-uniform Boolean."""
+    it the phase of the first. A wave-uniform Boolean. A tensor of wider elements than the
+    first (an fp32 residual beside 16-bit x) is congruent when its phase is the first's modulo
+    its own 16-byte vectors (``space.congruent_phases``)."""
     first = _phase(tensors[0], vec)
-    same = [_phase(t, vec) == first for t in tensors[1:]]
+    first_bytes = tensors[0].element_type.width // 8
+    same = [space.congruent_phases(first, first_bytes, _phase(t, vec), t.element_type.width // 8, vec)
+            for t in tensors[1:]]
+    if any(s is None for s in same):
+        raise ConfigError("phased rows: a tensor of wider vector alignment than the first is never congruent")
     for other in same[1:]:
         same[0] = same[0] & other
     return same[0], first
@@ -257,9 +263,9 @@ class PhasedRow:
             edge_col = with_edges.select(edge_col, cols)
         self.edge_col = edge_col
 
-    def view(self, tensor):
-        """``tensor``'s row as a :class:`PhasedView`."""
-        return PhasedView(tensor, self)
+    def view(self, tensor, parts: int = 1):
+        """``tensor``'s row as a :class:`PhasedView` (of ``parts`` accesses per middle vector)."""
+        return PhasedView(tensor, self, parts)
 
 
 class PhasedView:
@@ -274,25 +280,31 @@ class PhasedView:
     Each lane bounds its own accesses: one past its row's middle or edges, or of a row at or past
     M, goes to OOB_BYTES (zeros read, stores dropped), so the descriptor's size is OOB_BYTES,
     whatever the tensor's (its base may also precede the tensor: nothing outside a row is
-    accessed). Rows of a wave span at most OOB_BYTES."""
+    accessed). Rows of a wave span at most OOB_BYTES.
 
-    def __init__(self, tensor, pr: PhasedRow):
+    A tensor of wider elements than the row's middle vectors fit in 16 bytes (an fp32 residual
+    under 16-bit x: 32 bytes under 8 elements) takes ``parts`` accesses per middle vector: its
+    view's vectors are ``vec // parts`` elements, and middle vector ``j`` of the row is its
+    vectors ``j * parts`` to ``j * parts + parts - 1`` (congruent tensors put them on 16-byte
+    boundaries: see congruent)."""
+
+    def __init__(self, tensor, pr: PhasedRow, parts: int = 1):
         elem_bytes = tensor.element_type.width // 8
         vec, cols = pr.vec, pr.cols
         first = fx.Int32(fx.rocdl.readfirstlane(T.i32, pr.row))
-        lead, offset, self.start = space.phased_offsets(pr.phase, first, pr.row, pr.head, cols, vec)
+        lead, offset, start = space.phased_offsets(pr.phase, first, pr.row, pr.head, cols, vec)
         base = fx.get_iter(tensor) + (fx.Int64(first) * fx.Int64(cols) - fx.Int64(lead))
         buf = fx.rocdl.make_buffer_ptr(base, num_records_bytes=fx.Int64(OOB_BYTES))
         whole = fx.make_view(buf, fx.make_layout(OOB_BYTES // elem_bytes, 1))
-        self.vectors = fx.logical_divide(whole, fx.make_layout(vec, 1))
+        self.vectors = fx.logical_divide(whole, fx.make_layout(vec // parts, 1))
         self.elements = fx.logical_divide(whole, fx.make_layout(1, 1))
-        self.live, self.nmid = pr.live, pr.nmid
-        self.outside = fx.Int32(OOB_BYTES // (vec * elem_bytes))
+        self.live, self.nmid, self.start = pr.live, pr.nmid * parts, start * parts
+        self.outside = fx.Int32(OOB_BYTES // (vec // parts * elem_bytes))
         has_edge = pr.live & (pr.edge_col < cols)
         self.edge = has_edge.select(offset + pr.edge_col, fx.Int32(OOB_BYTES // elem_bytes))
 
     def index(self, j):
-        """The view index of middle vector ``j`` of this lane's row (past the descriptor when it is
+        """The view index of middle access ``j`` of this lane's row (past the descriptor when it is
         not there)."""
         inside = self.live & (j < self.nmid)
         return inside.select(self.start + j, self.outside)

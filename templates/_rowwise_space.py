@@ -69,12 +69,32 @@ def phased_rows(config, sig) -> bool:
 # select) and for the tests (Python ints): see _flydsl_rowwise.PhasedRow / PhasedView.
 
 
+def align_elems(vec: int, elem_bytes: int) -> int:
+    """Elements between the boundaries ``vec``-element vectors of ``elem_bytes``-byte elements
+    start on (at most 16 bytes of alignment): the modulus of their phase (phase_of)."""
+    return min(vec * elem_bytes, VECTOR_BYTES) // elem_bytes
+
+
 def phase_of(address, vec: int, elem_bytes: int):
     """Elements from ``address`` to the first address a ``vec``-element vector of
     ``elem_bytes``-byte elements may start on (at most 16 bytes of alignment). Only the low bits
     of ``address`` matter."""
-    align = min(vec * elem_bytes, VECTOR_BYTES)
+    align = align_elems(vec, elem_bytes) * elem_bytes
     return ((align - (address & (align - 1))) & (align - 1)) // elem_bytes
+
+
+def congruent_phases(first: int, first_bytes: int, other: int, other_bytes: int, vec: int):
+    """Whether a tensor of ``other_bytes``-byte elements at phase ``other`` is congruent with the
+    first tensor of a call (``first_bytes``-byte elements at phase ``first``), rows of ``vec``
+    vectors: where the first's vectors start, its start on a boundary too. A tensor whose
+    vectors align on fewer elements than the first's (an fp32 residual beside 16-bit x: 4 to 16
+    bytes where x needs 8) matches the first's phase modulo its own; one that needs more is
+    never congruent (the rows' heads, set by the first, would not align it). Works on ints and
+    on the kernels' Int32 phases (the moduli are compile-time ints); None for never."""
+    align, first_align = align_elems(vec, other_bytes), align_elems(vec, first_bytes)
+    if align > first_align:
+        return None
+    return other == (first & (align - 1))
 
 
 def phased_split(phase, row, cols: int, vec: int, lane, where):

@@ -8,8 +8,8 @@ x, residual, y, new_residual: contiguous [M, N] bf16, fp16 or fp32; weight [N] o
 fp32 with sig["fp32_weight"] (read as two 16-byte vectors under 8 values of x); eps an fp32 scalar.
 With sig["fp32_residual"] (16-bit x) residual and new_residual are fp32: new_residual =
 x.float() + residual unrounded, y normalized from it; the residual under a vector of x moves in
-accesses twice as wide as x's (two 16-byte ones under a 16-byte vector of x; one fp32 element
-under one element of x, whose rows are not phased: see phased_rows).
+accesses twice as wide as x's (two 16-byte ones under a 16-byte vector of x, the middle of a
+phased row included; one fp32 element under one element of x).
 M and N are dynamic: one artifact serves every shape. Each element is read, then written, by one
 thread only, so new_residual may alias x or residual and y may alias x (the op layer allocates
 fresh outputs, so this is not exercised).
@@ -99,16 +99,12 @@ def _access(config, sig) -> tuple[int, int]:
 
 def phased_rows(config, sig, fused_add: bool) -> bool:
     """Whether the kernel of a one-element config runs congruent rows phased (the row's middle
-    in 16-byte vectors, _flydsl_rowwise.PhasedRow). Not rmsnorm_add in sub-wave groups: its four
-    row tensors' descriptors in both paths of one kernel exceed the scalar registers (SGPR
-    spills), and rows of a few hundred elements with a residual stream are rare. Not an fp32
-    residual stream either: a PhasedView places every tensor's row by x's phase, in x's
-    elements, where the fp32 residual's 16-byte boundaries fall every 4 elements (its middle
-    vector of 8 would be two accesses at offsets of their own); its rows run one element per
-    access."""
+    in 16-byte vectors, _flydsl_rowwise.PhasedRow; an fp32 residual stream in two 16-byte
+    accesses under each). Not rmsnorm_add in sub-wave groups: its four row tensors' descriptors
+    in both paths of one kernel exceed the scalar registers (SGPR spills), and rows of a few
+    hundred elements with a residual stream are rare."""
     sub_wave = config["threads"] // config["rows"] < rw_space.WAVE
-    return (rw_space.phased_rows(config, sig) and not (fused_add and sub_wave)
-            and not (fused_add and sig.get("fp32_residual")))
+    return rw_space.phased_rows(config, sig) and not (fused_add and sub_wave)
 
 
 def _heuristic(target, sig, problem):
@@ -141,10 +137,8 @@ def _make_launcher(config, sig, fused_add: bool):
     # The weight under a vector of x: WPARTS accesses of WVEC elements (at most 16 bytes).
     WVEC = min(VEC, 4) if W32 else VEC
     WPARTS = VEC // WVEC
-    # An fp32 residual stream: the residual under a vector of x in RPARTS accesses of RVEC.
+    # An fp32 residual stream: the residual under a vector of x in residual_parts(vec) accesses.
     R32 = FUSED and bool(sig.get("fp32_residual"))
-    RVEC = min(VEC, 4) if R32 else VEC
-    RPARTS = VEC // RVEC
     GROUP = THREADS // ROWS           # threads per row
     # One-element configs run congruent rows phased (_flydsl_rowwise.PhasedRow): the same
     # elements per thread and chunk, PTILES vectors of PVEC elements.
@@ -154,6 +148,11 @@ def _make_launcher(config, sig, fused_add: bool):
     NAME = (f"mslk_{'rmsnorm_add' if FUSED else 'rmsnorm'}_{DTYPE}{'_w32' if W32 else ''}{'_r32' if R32 else ''}"
             f"_t{THREADS}r{ROWS}v{VEC}x{TILES}")
     storage = rw.reduce_storage(THREADS)
+
+    def residual_parts(vec: int) -> int:
+        """Accesses of the residual stream under a vector of ``vec`` elements of x: two 16-byte
+        ones under a 16-byte vector of 16-bit x when the residual is fp32, else one."""
+        return vec // min(vec, 4) if R32 else 1
 
     def load_joined(view, j, parts, part_vec):
         """Vector j of ``parts * part_vec`` elements (an fp32 weight or residual under a vector of
@@ -173,9 +172,12 @@ def _make_launcher(config, sig, fused_add: bool):
         xv, rv, yv, hv = views
         again = hv if const_expr(FUSED) else xv      # where pass 2 reads a row again
 
+        rparts = residual_parts(vec)
+        rvec = vec // rparts
+
         def load_res(view, j):
             # Vector j of the residual stream, as one vector of vec elements.
-            return load_joined(view, j, RPARTS, vec // RPARTS)
+            return load_joined(view, j, rparts, rvec)
 
         def load_again(j):
             return load_res(again, j) if const_expr(FUSED) else rw.load(again, j, vec)
@@ -204,11 +206,11 @@ def _make_launcher(config, sig, fused_add: bool):
             return hs
 
         def store_h(j, h):
-            if const_expr(RPARTS == 1):
+            if const_expr(rparts == 1):
                 rw.store(hv, j, h, vec)
             else:
-                for p in range_constexpr(RPARTS):
-                    rw.store(hv, j * RPARTS + p, h.shuffle(h, list(range(p * RVEC, (p + 1) * RVEC))), RVEC)
+                for p in range_constexpr(rparts):
+                    rw.store(hv, j * rparts + p, h.shuffle(h, list(range(p * rvec, (p + 1) * rvec))), rvec)
 
         def sum_sq(vs):
             total = fx.Float32(0.0)
@@ -273,7 +275,8 @@ def _make_launcher(config, sig, fused_add: bool):
     def plain_row(X, R, W, Y, H, eps, groups, slots, row, N):
         views = [groups.view(X, row, VEC), None, groups.view(Y, row, VEC), None]
         if const_expr(FUSED):
-            views[1], views[3] = groups.view(R, row, RVEC), groups.view(H, row, RVEC)
+            rvec = VEC // residual_parts(VEC)
+            views[1], views[3] = groups.view(R, row, rvec), groups.view(H, row, rvec)
         wv = red.vector_view(W, WVEC)
 
         def weight_of(j):
@@ -286,7 +289,7 @@ def _make_launcher(config, sig, fused_add: bool):
         pr = rw.PhasedRow(groups, X, row, phase, PVEC)
         views = [pr.view(X), None, pr.view(Y), None]
         if const_expr(FUSED):
-            views[1], views[3] = pr.view(R), pr.view(H)
+            views[1], views[3] = pr.view(R, residual_parts(PVEC)), pr.view(H, residual_parts(PVEC))
         weight = PhasedWeight(W, pr)
         normalize_row(views, groups, slots, N, eps, PVEC, PTILES, weight.under, weight.edge)
 
