@@ -20,6 +20,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
+from mslk_dsl.templates import _rowwise_space as space
 from mslk_dsl.templates._kernel_limits import VECTOR_BYTES
 
 WARP_SIZE = 32
@@ -269,36 +270,26 @@ def load_tile(srcs, frags, first: Int32, step: cutlass.Constexpr[int], count: In
 def _phase(t: cute.Tensor, row, vec: int) -> Int32:
     """Elements from the start of row ``row`` of ``t`` to the first address a ``vec``-element
     vector of ``t`` may start on (at most 16 bytes of alignment)."""
-    esize = t.element_type.width // 8
-    align = min(vec * esize, 16)
-    addr = t[row, None].iterator.toint()
-    return Int32(((align - addr % align) % align) // esize)
+    return Int32(space.phase_of(t[row, None].iterator.toint(), vec, t.element_type.width // 8))
 
 
 def congruent(tensors, vec: int):
     """Whether the [M, K] ``tensors`` (one row length) start at one phase (see above): then
     every row of each shares it. A dynamic Boolean, computed on the host side of the launch
     (``launch_rows``) from the base addresses, the phases counted in elements. A tensor whose
-    vectors align on fewer elements than the first's (an fp32 residual beside 16-bit x: 4
-    elements to 16 bytes where x needs 8) matches the first's phase modulo its own: where the
-    first's vectors start, its start on a boundary too. One that needs more (the first of wider
-    elements) is not congruent: the rows' heads, set by the first, would not align it."""
+    vectors align on fewer elements than the first's (an fp32 residual beside 16-bit x) matches
+    the first's phase modulo its own; one that needs more is never congruent
+    (``_rowwise_space.congruent_phases``, shared with the FlyDSL kernels)."""
     first = _phase(tensors[0], 0, vec)
-    first_align = _align_elems(tensors[0], vec)
+    first_bytes = tensors[0].element_type.width // 8
     mismatches = Int32(0)
     for t in tensors[1:]:
-        align = _align_elems(t, vec)
-        if const_expr(align > first_align):
+        same = space.congruent_phases(first, first_bytes, _phase(t, 0, vec), t.element_type.width // 8, vec)
+        if const_expr(same is None):
             mismatches = mismatches + Int32(1)
         else:
-            mismatches = mismatches + Int32(_phase(t, 0, vec) != first % align)
+            mismatches = mismatches + Int32(1) - Int32(same)
     return mismatches == 0
-
-
-def _align_elems(t: cute.Tensor, vec: int) -> int:
-    """Elements of ``t`` between the boundaries its ``vec``-element vectors start on (_phase)."""
-    esize = t.element_type.width // 8
-    return min(vec * esize, 16) // esize
 
 
 @dataclass(frozen=True)   # frozen: the DSL passes it into dynamic ifs and loops as a read-only value

@@ -641,21 +641,25 @@ def test_flat_configs_read_every_row_width_in_16_byte_vectors():
 
 
 def test_a_wider_tensor_is_congruent_with_x_where_its_phase_is_x_phase_modulo_its_own():
-    """The congruence of the CuTe phased rows for tensors of wider elements than x's
-    (``_cute_rowwise.congruent``: an fp32 residual beside 16-bit x, its phase compared with x's
-    modulo the 4 fp32 elements of 16 bytes), replayed on addresses: where it holds, the fp32
-    tensor's element at the head of every row's middle (x's first 16-byte boundary of that row)
-    and at every middle vector after it sits on a 16-byte boundary; where it does not, some
-    row's middle is misaligned in it, so a test on equal phases would have refused calls that
-    the phased kernels serve (x 8 bytes past a boundary, the residual on one)."""
+    """The congruence of the phased rows (CuTe and FlyDSL) for tensors of wider elements than
+    x's (``_rowwise_space.congruent_phases``: an fp32 residual beside 16-bit x, its phase
+    compared with x's modulo the 4 fp32 elements of 16 bytes), replayed on addresses: where it
+    holds, the fp32 tensor's element at the head of every row's middle (x's first 16-byte
+    boundary of that row) and at every middle vector after it sits on a 16-byte boundary; where
+    it does not, some row's middle is misaligned in it, so a test on equal phases would have
+    refused calls that the phased kernels serve (x 8 bytes past a boundary, the residual on
+    one). A tensor of narrower vectors' alignment than the first's is never congruent."""
     def phase(addr, esize, vec=8):
-        align = min(vec * esize, 16)
-        return ((align - addr % align) % align) // esize
+        return rowwise_space.phase_of(addr, vec, esize)
 
+    def rule(x_addr, r_addr):
+        return rowwise_space.congruent_phases(phase(x_addr, 2), 2, phase(r_addr, 4), 4, 8)
+
+    assert rowwise_space.congruent_phases(0, 4, 0, 2, 8) is None   # fp32 first, 16-bit other: never
     for x_shift in range(8):               # x's elements past a 16-byte boundary
         for r_shift in range(4):           # the fp32 tensor's
             x_addr, r_addr = 4096 + 2 * x_shift, 8192 + 4 * r_shift
-            rule = phase(r_addr, 4) == phase(x_addr, 2) % (16 // 4)
+            congruent = rule(x_addr, r_addr)
             for cols in (1, 3, 7, 8, 13, 4097):
                 aligned = True
                 for row in range(9):
@@ -665,9 +669,9 @@ def test_a_wider_tensor_is_congruent_with_x_where_its_phase_is_x_phase_modulo_it
                         assert (x_addr + 2 * (row * cols + head + 8 * j)) % 16 == 0
                         aligned &= (r_addr + 4 * (row * cols + head + 8 * j)) % 16 == 0
                 if cols >= 16:                # rows long enough for middles in every row
-                    assert aligned == rule, (x_shift, r_shift, cols)
+                    assert aligned == congruent, (x_shift, r_shift, cols)
                 else:
-                    assert aligned or not rule, (x_shift, r_shift, cols)
+                    assert aligned or not congruent, (x_shift, r_shift, cols)
     # the layouts of the GPU test (ODD_ROW_LAYOUTS): congruent at offsets (0, 0), (4, 0), (1, 1)
-    assert [phase(4096 + 4 * r, 4) == phase(4096 + 2 * x, 2) % 4
+    assert [rule(4096 + 2 * x, 4096 + 4 * r)
             for x, r in ((0, 0), (4, 0), (1, 1), (0, 1), (2, 3))] == [True, True, True, False, False]
