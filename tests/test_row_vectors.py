@@ -648,7 +648,7 @@ def test_a_wider_tensor_is_congruent_with_x_where_its_phase_is_x_phase_modulo_it
     boundary of that row) and at every middle vector after it sits on a 16-byte boundary; where
     it does not, some row's middle is misaligned in it, so a test on equal phases would have
     refused calls that the phased kernels serve (x 8 bytes past a boundary, the residual on
-    one). A tensor of narrower vectors' alignment than the first's is never congruent."""
+    one). A tensor whose vectors align on more elements than the first's is never congruent."""
     def phase(addr, esize, vec=8):
         return rowwise_space.phase_of(addr, vec, esize)
 

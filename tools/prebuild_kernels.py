@@ -12,7 +12,7 @@ benchmark or a few test files it takes seconds to a minute; a GPU test visit the
 time on compiles spread over the machine's cores instead of one compile after another. The
 tests' torch references still run, one test after another in one process: recording the whole
 of tests/gpu took 231 s on an H100 host (2026-12-07) and found 1607 kernels, of which 16 workers
-built 210 in the next 6 minutes (the heavy GEMM and attention kernels among them), so for the
+built 210 in the next 6 minutes (58 attention_fwd kernels among them), so for the
 whole suite let pytest-xdist compile side by side instead (tools/gpu_session.sh). Bound this
 script with SIGKILL (`timeout -s KILL`): a SIGINT during that build did not stop it.
 """
