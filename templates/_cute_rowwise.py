@@ -278,17 +278,14 @@ def congruent(tensors, vec: int):
     every row of each shares it. A dynamic Boolean, computed on the host side of the launch
     (``launch_rows``) from the base addresses, the phases counted in elements. A tensor whose
     vectors align on fewer elements than the first's (an fp32 residual beside 16-bit x) matches
-    the first's phase modulo its own; one that needs more is never congruent
-    (``_rowwise_space.congruent_phases``, shared with the FlyDSL kernels)."""
+    the first's phase modulo its own (``_rowwise_space.congruent_phases``, shared with the
+    FlyDSL kernels)."""
     first = _phase(tensors[0], 0, vec)
     first_bytes = tensors[0].element_type.width // 8
     mismatches = Int32(0)
     for t in tensors[1:]:
         same = space.congruent_phases(first, first_bytes, _phase(t, 0, vec), t.element_type.width // 8, vec)
-        if const_expr(same is None):
-            mismatches = mismatches + Int32(1)
-        else:
-            mismatches = mismatches + Int32(1) - Int32(same)
+        mismatches = mismatches + Int32(1) - Int32(same)
     return mismatches == 0
 
 

@@ -218,8 +218,6 @@ def congruent(tensors, vec: int):
     first_bytes = tensors[0].element_type.width // 8
     same = [space.congruent_phases(first, first_bytes, _phase(t, vec), t.element_type.width // 8, vec)
             for t in tensors[1:]]
-    if any(s is None for s in same):
-        raise ConfigError("phased rows: a tensor of wider vector alignment than the first is never congruent")
     for other in same[1:]:
         same[0] = same[0] & other
     return same[0], first

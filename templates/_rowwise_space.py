@@ -88,12 +88,15 @@ def congruent_phases(first: int, first_bytes: int, other: int, other_bytes: int,
     first tensor of a call (``first_bytes``-byte elements at phase ``first``), rows of ``vec``
     vectors: where the first's vectors start, its start on a boundary too. A tensor whose
     vectors align on fewer elements than the first's (an fp32 residual beside 16-bit x: 4 to 16
-    bytes where x needs 8) matches the first's phase modulo its own; one that needs more is
-    never congruent (the rows' heads, set by the first, would not align it). Works on ints and
-    on the kernels' Int32 phases (the moduli are compile-time ints); None for never."""
+    bytes where x needs 8) matches the first's phase modulo its own. One that needs more would
+    never be congruent (the rows' heads, set by the first, would not align it): a template
+    that passes such tensors gets a ConfigError. Works on ints and on the kernels' Int32 phases
+    (the moduli are compile-time ints)."""
     align, first_align = align_elems(vec, other_bytes), align_elems(vec, first_bytes)
     if align > first_align:
-        return None
+        raise ConfigError(f"phased rows: a tensor of {other_bytes}-byte elements aligns on more elements than "
+                          f"the first ({first_bytes}-byte elements) and is never congruent with it; pass the "
+                          "tensor of the widest alignment first")
     return other == (first & (align - 1))
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mslk_dsl import registry
+from mslk_dsl.errors import ConfigError
 from mslk_dsl.ops import validate as check
 from mslk_dsl.targets import get_target
 from mslk_dsl.templates import _kernel_limits as limits
@@ -648,14 +649,15 @@ def test_a_wider_tensor_is_congruent_with_x_where_its_phase_is_x_phase_modulo_it
     boundary of that row) and at every middle vector after it sits on a 16-byte boundary; where
     it does not, some row's middle is misaligned in it, so a test on equal phases would have
     refused calls that the phased kernels serve (x 8 bytes past a boundary, the residual on
-    one). A tensor whose vectors align on more elements than the first's is never congruent."""
+    one). A tensor whose vectors align on more elements than the first's is refused."""
     def phase(addr, esize, vec=8):
         return rowwise_space.phase_of(addr, vec, esize)
 
     def rule(x_addr, r_addr):
         return rowwise_space.congruent_phases(phase(x_addr, 2), 2, phase(r_addr, 4), 4, 8)
 
-    assert rowwise_space.congruent_phases(0, 4, 0, 2, 8) is None   # fp32 first, 16-bit other: never
+    with pytest.raises(ConfigError, match="never congruent"):   # fp32 first, 16-bit other: never
+        rowwise_space.congruent_phases(0, 4, 0, 2, 8)
     for x_shift in range(8):               # x's elements past a 16-byte boundary
         for r_shift in range(4):           # the fp32 tensor's
             x_addr, r_addr = 4096 + 2 * x_shift, 8192 + 4 * r_shift
