@@ -438,11 +438,16 @@ def test_flydsl_phased_rows_cover_every_column_once_in_aligned_vectors(in_bytes,
                             at = base + (offset + edge_col) * size
                             assert at == addr + (row * cols + edge_col) * size
                             seen.append((row, edge_col))
+                        # a tensor of wider elements takes `parts` 16-byte accesses per middle
+                        # vector: PhasedView(parts) numbers them from start * parts
+                        parts = max(1, vec * size // 16)
                         for j in range(lane, nmid, group):   # this lane's middle vectors
-                            at = base + (start + j) * vec * size
+                            at = base + (start * parts + j * parts) * (vec // parts) * size
                             assert at % min(vec * size, 16) == 0
                             col = (at - addr) // size - row * cols
                             assert col == head + j * vec and col + vec <= cols
+                            for p in range(parts):
+                                assert (at + p * (vec // parts) * size) % 16 == 0 or vec * size < 16
                             seen.extend((row, col + i) for i in range(vec))
             assert sorted(seen) == [(r, c) for r in range(rows) for c in range(cols)], (name, cols, phase)
 
