@@ -301,10 +301,17 @@ class _RuntimeGqaForward(FlashAttentionForwardSm90):
         pipe.producer_commit(state)
 
 
+def _pv_from_registers(head_dim: int) -> bool:
+    """Whether the PV GEMM takes P from registers (wgmma's RS form) rather than from shared
+    memory: FA4's choice (``_tile_size_fwd_sm90``), RS except at head dim 96, where FA4 measured it
+    "catastrophic" in its 192-row tiles (~300 against ~600 TFLOP/s on an H100)."""
+    return not 64 < head_dim <= 96
+
+
 class HopperAttentionForward:
     """One attention kernel configuration (all compile-time).
 
-    head_dim:  64, 128 or 256 (q, k and v alike).
+    head_dim, head_dim_v: the head dims of q / k and of v / out (_attention_limits.HEAD_DIM_PAIRS).
     tile_m:    query rows per CTA (a multiple of 64; tile_m // 64 consumer warpgroups).
     tile_n:    key rows per pipeline stage.
     stages:    K / V shared-memory stages.
@@ -312,7 +319,7 @@ class HopperAttentionForward:
                schedule between the consumer warpgroups.
     mask:      "none", "causal" or "local" (see _attention_limits.MASKS); local takes its band at
                run time.
-    varlen:    packed sequences: q / k / v / out are [total, H, K] and lse [H, total], with the
+    varlen:    packed sequences: q / k / v / out are [total, H, K or Kv] and lse [H, total], with the
                int32 offsets seqstart_q / seqstart_k.
     persistent: a grid of min(tiles, max_ctas) CTAs, each walking tiles in FA4's L2-swizzled
                order, longest first when masked (dense only; packed sequences keep FA4's one
@@ -323,12 +330,12 @@ class HopperAttentionForward:
     is local, max_ctas (the device's SM count) unless persistent.
     """
 
-    def __init__(self, dtype, head_dim: int, tile_m: int, tile_n: int, stages: int, overlap: bool,
-                 mask: str, varlen: bool, persistent: bool = False):
+    def __init__(self, dtype, head_dim: int, head_dim_v: int, tile_m: int, tile_n: int, stages: int,
+                 overlap: bool, mask: str, varlen: bool, persistent: bool = False):
         if persistent and varlen:
             raise ConfigError(f"attention_fwd_cute: config persistent=True, varlen=True (head_dim {head_dim}, "
                               f"tile {tile_m}x{tile_n}): the persistent schedule serves dense batches only")
-        self.dtype, self.head_dim = dtype, head_dim
+        self.dtype, self.head_dim, self.head_dim_v = dtype, head_dim, head_dim_v
         self.tile_m, self.tile_n, self.stages, self.overlap = tile_m, tile_n, stages, overlap
         self.mask, self.varlen, self.persistent = mask, varlen, persistent
 
@@ -338,10 +345,11 @@ class HopperAttentionForward:
                  window_right: Int32, max_ctas: Int32, stream):
         # Built while tracing, so FA4 reads the target from the compile's --gpu-arch.
         fa = _RuntimeGqaForward(
-            self.dtype, self.head_dim, self.head_dim, 1, is_causal=self.mask == "causal",
+            self.dtype, self.head_dim, self.head_dim_v, 1, is_causal=self.mask == "causal",
             is_local=self.mask == "local", pack_gqa=False, tile_m=self.tile_m, tile_n=self.tile_n,
             num_stages=self.stages, num_threads=block_threads(self.tile_m), Q_in_regs=False,
-            intra_wg_overlap=self.overlap, mma_pv_is_rs=True, persistent=self.persistent)
+            intra_wg_overlap=self.overlap, mma_pv_is_rs=_pv_from_registers(self.head_dim),
+            persistent=self.persistent)
         local = const_expr(self.mask == "local")
         fa(mQ, mK, mV, mO, mLSE, scale,
            mSeqstartQ if const_expr(self.varlen) else None, mSeqstartK if const_expr(self.varlen) else None,

@@ -3,12 +3,13 @@
 One kernel serves prefill (dense or packed sequences), the KV splits of decode over a
 contiguous or paged cache, the masks and GQA:
 
-  dense   q [B, Mq, H, D]  k, v [B, Mk, Hkv, D]  out [B, Mq, H, D]  lse [B, H, Mq] fp32
-  varlen  q [Tq, H, D]     k, v [Tk, Hkv, D]     out [Tq, H, D]     lse [H, Tq]
+  dense   q [B, Mq, H, D]  k [B, Mk, Hkv, D]  v [B, Mk, Hkv, Dv]  out [B, Mq, H, Dv]  lse [B, H, Mq] fp32
+  varlen  q [Tq, H, D]     k [Tk, Hkv, D]     v [Tk, Hkv, Dv]     out [Tq, H, Dv]     lse [H, Tq]
           sequence s: query rows seqstart_q[s]:seqstart_q[s+1], keys seqstart_k[s]:seqstart_k[s+1]
   decode  q [B, Mq, H, D]  k, v [N, page, Hkv, D]  fp32 partials out [S, B, Mq, H, D], lse
           [S, B, H, Mq]; sequence b has kv_seqlen[b] keys, in pages block_table[b, j // page]
           (paged) or in row b of the cache (contiguous: N = B)
+Dv is D but for DeepSeek's MLA prefill (D 192, Dv 128; prefill only, decode takes Dv = D).
 
 A block serves one KV head (``block_idx.y``) of one sequence (``block_idx.z``) and 16 rows per
 wave, where rows are (query, head of the KV head's group) pairs: row r is query r // G of q head
@@ -62,7 +63,6 @@ SLICE_BYTES = 1 << 30
 MERGE_VEC = 4
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-HEAD_DIMS = (64, 128, 256)
 # Mask families a kernel is built for (the attention op's, in its order).
 MASKS = ("none", "causal", "local")
 _DTYPES = {"bfloat16": "BFloat16", "float16": "Float16"}
@@ -72,25 +72,26 @@ def threads_of(config) -> int:
     return WAVE * config["waves"]
 
 
-def lds_bytes(config, head_dim: int, elem_bytes: int = 2) -> int:
-    bn = config["block_n"]
-    return (bn * (head_dim + K_PAD) + head_dim * (bn + V_PAD)) * elem_bytes
+def lds_bytes(config, head_dim: int, head_dim_v: int | None = None, elem_bytes: int = 2) -> int:
+    bn, dv = config["block_n"], head_dim_v or head_dim
+    return (bn * (head_dim + K_PAD) + dv * (bn + V_PAD)) * elem_bytes
 
 
-def check_config(config, target: str, head_dim: int) -> str | None:
-    """Why ``config`` cannot run ``head_dim`` on ``target``, or None if it can."""
-    bn, threads = config["block_n"], threads_of(config)
+def check_config(config, target: str, head_dim: int, head_dim_v: int | None = None) -> str | None:
+    """Why ``config`` cannot run q / k rows of ``head_dim`` and v rows of ``head_dim_v`` (default:
+    ``head_dim``) on ``target``, or None if it can."""
+    bn, threads, dv = config["block_n"], threads_of(config), head_dim_v or head_dim
     if bn % MMA:
         return "block_n must be a multiple of 16"
-    if (bn * head_dim // 8) % threads:
+    if (bn * head_dim // 8) % threads or (bn * dv // 8) % threads:
         return "a K/V tile must split into whole 16-byte chunks per thread"
-    if lds_bytes(config, head_dim) > LDS_BYTES[target]:
+    if lds_bytes(config, head_dim, dv) > LDS_BYTES[target]:
         return "the K and V tiles do not fit in LDS"
-    # registers per lane: O^T accumulators (D / 16 x 4 fp32), Q (D / 16 x 2), scores
-    # (block_n / 16 x 4, and their bf16 / fp16 copies), the next K/V tile in flight (2 x chunks
-    # x 4): at most 160 of them, which leaves room for addresses in 256 VGPRs
-    in_flight = 2 * (bn * head_dim // 8 // threads) * 4
-    if head_dim // 16 * 6 + bn // 16 * 6 + in_flight > 160:
+    # registers per lane: O^T accumulators (Dv / 16 x 4 fp32), Q (D / 16 x 2), scores
+    # (block_n / 16 x 4, and their bf16 / fp16 copies), the next K/V tile in flight (chunks
+    # x 4 each): at most 160 of them, which leaves room for addresses in 256 VGPRs
+    in_flight = (bn * head_dim // 8 // threads + bn * dv // 8 // threads) * 4
+    if head_dim // 16 * 2 + dv // 16 * 4 + bn // 16 * 6 + in_flight > 160:
         return "too many registers per lane"
     return None
 
@@ -101,7 +102,8 @@ def dsl_type(dtype: str):
 
 
 def make_attention_kernel(*, target: str, dtype: str, head_dim: int, waves: int, block_n: int,
-                          mask: str = "local", varlen: bool = False, decode: bool = False):
+                          mask: str = "local", varlen: bool = False, decode: bool = False,
+                          head_dim_v: int | None = None):
     """The ``@flyc.kernel`` and its launch geometry (rows per block, threads per block).
 
     Kernel arguments: (q, k, v, out, lse, seq_q, seq_k, table, scale, window_left, window_right,
@@ -123,17 +125,20 @@ def make_attention_kernel(*, target: str, dtype: str, head_dim: int, waves: int,
     if mask not in MASKS:
         raise ConfigError(f"FlyDSL attention kernel ({target}, head_dim {head_dim}, waves {waves}, block_n {block_n}): "
                           f"mask {mask!r} is not one of {MASKS}")
-    D, BN, W = head_dim, block_n, waves
+    D, DV, BN, W = head_dim, head_dim_v or head_dim, block_n, waves
+    if decode and DV != D:
+        raise ConfigError(f"FlyDSL attention kernel ({target}, head_dim {head_dim}, head_dim_v {head_dim_v}): "
+                          "decode reads k and v through one page table walk and takes one head dim")
     THREADS, BM = WAVE * W, MMA * W
-    D_TILES, N_TILES = D // MMA, BN // MMA
+    D_TILES, N_TILES = DV // MMA, BN // MMA   # O^T's 16-row tiles (of v's head dim), key tiles
     # gfx950's v_mfma_f32_16x16x32 takes 8 elements per lane (twice the K of gfx942's 16x16x16,
     # at twice the rate): QK^T steps 32 head-dim values; PV pairs two 16-key tiles (see below)
     WIDE = target == "gfx950"
     MMA_K = 32 if WIDE else 16
     LANE_K = MMA_K // 4              # elements of one operand per lane
     K_STEPS = D // MMA_K
-    CPR = D // 8                     # 16-byte chunks per K / V row
-    CHUNKS = BN * CPR // THREADS     # chunks per thread per operand and tile
+    CPR, CPR_V = D // 8, DV // 8     # 16-byte chunks per K row, per V row
+    CHUNKS, CHUNKS_V = BN * CPR // THREADS, BN * CPR_V // THREADS   # per thread and tile
     K_ROW, V_ROW = D + K_PAD, BN + V_PAD
     DECODE, VARLEN = bool(decode), bool(varlen) and not decode
     LEFT, RIGHT = mask == "local", mask in ("causal", "local")   # which band sides to compare
@@ -147,12 +152,12 @@ def make_attention_kernel(*, target: str, dtype: str, head_dim: int, waves: int,
     OOB_Q = SLICE_BYTES // (LANE_K * elem.width // 8)
     OOB_OUT = SLICE_BYTES // (OUT_VEC * out_elem.width // 8)
     kind = "decode" if DECODE else ("varlen" if VARLEN else "fwd")
-    name = f"mslk_attention_{kind}_{mask}_{dtype}_d{D}_w{W}_n{BN}"
+    name = f"mslk_attention_{kind}_{mask}_{dtype}_d{D}{'' if DV == D else f'v{DV}'}_w{W}_n{BN}"
 
     @fx.struct
     class Smem:
         k: fx.Array[elem, BN * K_ROW, 16]
-        vt: fx.Array[elem, D * V_ROW, 16]
+        vt: fx.Array[elem, DV * V_ROW, 16]
 
     def view(ptr, vec, dt, nbytes=None):
         size = fx.Int64(SLICE_BYTES) if nbytes is None else nbytes
@@ -326,19 +331,19 @@ def make_attention_kernel(*, target: str, dtype: str, head_dim: int, waves: int,
 
         lds = fx.SharedAllocator().allocate(Smem).peek()
         k_lds = fx.make_view(lds.k.ptr, fx.make_layout(BN * K_ROW, 1))
-        vt_lds = fx.make_view(lds.vt.ptr, fx.make_layout(D * V_ROW, 1))
+        vt_lds = fx.make_view(lds.vt.ptr, fx.make_layout(DV * V_ROW, 1))
         k_lds8 = fx.logical_divide(k_lds, fx.make_layout(8, 1))
         k_lds4 = fx.logical_divide(k_lds, fx.make_layout(4, 1))
         vt_lds4 = fx.logical_divide(vt_lds, fx.make_layout(4, 1))
         lds_copy128 = fx.make_copy_atom(fx.UniversalCopy128b(), elem.width)
         lds_copy64 = fx.make_copy_atom(fx.UniversalCopy64b(), elem.width)
 
-        # -- K / V tile loads: chunk c of a tile is row c // CPR, 16-byte column c % CPR
+        # -- K / V tile loads: chunk c of a tile is row c // CPR, 16-byte column c % CPR (V: CPR_V)
         k_regs = [fx.make_rmem_tensor(8, elem) for _ in range_constexpr(CHUNKS)]
-        v_regs = [fx.make_rmem_tensor(8, elem) for _ in range_constexpr(CHUNKS)]
+        v_regs = [fx.make_rmem_tensor(8, elem) for _ in range_constexpr(CHUNKS_V)]
 
         def load_tile(t):
-            for c in range_constexpr(CHUNKS):
+            for c in range_constexpr(max(CHUNKS, CHUNKS_V)):
                 chunk = tid + c * THREADS
                 key = t * BN + chunk // CPR
                 ok = key < mk
@@ -353,16 +358,25 @@ def make_attention_kernel(*, target: str, dtype: str, head_dim: int, waves: int,
                     k_pass = view(base(k, (page, k_strides[0])), 8, elem)
                     v_pass = view(base(v, (page, v_strides[0])), 8, elem)
                     at = key - slot * mk_all
-                jk = fx.Int32((at * skm + hk * skh + (chunk % CPR) * 8) // 8)
-                jv = fx.Int32((at * svm + hk * svh + (chunk % CPR) * 8) // 8)
-                g_load(k_pass, ok.select(jk, fx.Int32(OOB8)), 8, elem, into=k_regs[c])
-                g_load(v_pass, ok.select(jv, fx.Int32(OOB8)), 8, elem, into=v_regs[c])
+                if const_expr(c < CHUNKS):
+                    jk = fx.Int32((at * skm + hk * skh + (chunk % CPR) * 8) // 8)
+                    g_load(k_pass, ok.select(jk, fx.Int32(OOB8)), 8, elem, into=k_regs[c])
+                if const_expr(c < CHUNKS_V):
+                    v_at, v_ok = at, ok
+                    if const_expr(CPR_V != CPR):   # v rows of another length (prefill only)
+                        v_at = t * BN + chunk // CPR_V
+                        v_ok = v_at < mk
+                    jv = fx.Int32((v_at * svm + hk * svh + (chunk % CPR_V) * 8) // 8)
+                    g_load(v_pass, v_ok.select(jv, fx.Int32(OOB8)), 8, elem, into=v_regs[c])
 
         def store_tile():
             for c in range_constexpr(CHUNKS):
                 chunk = tid + c * THREADS
                 r, c8 = chunk // CPR, chunk % CPR
                 fx.copy(lds_copy128, k_regs[c], fx.slice(k_lds8, (None, r * (K_ROW // 8) + c8)))
+            for c in range_constexpr(CHUNKS_V):
+                chunk = tid + c * THREADS
+                r, c8 = chunk // CPR_V, chunk % CPR_V
                 vals = fx.memref_load_vec(v_regs[c])
                 for e in range_constexpr(8):
                     fx.memref_store(vals[e], vt_lds, (c8 * 8 + e) * V_ROW + r)

@@ -21,6 +21,7 @@ are read once per KV head and split), then the log-sum-exp merge of the S partia
 from mslk_dsl.template import Template
 from mslk_dsl.templates import _kernel_limits as limits
 
+from mslk_dsl.templates import _attention_decode_plan as plan
 from mslk_dsl.templates import _flydsl_attention as attn
 
 DTYPES = ("bfloat16", "float16")
@@ -85,7 +86,7 @@ def build(config, target, sig):
 
 
 TEMPLATE = Template(op="attention_decode", backend="flydsl", targets=TARGETS,
-                    signatures={"dtype": DTYPES, "head_dim": attn.HEAD_DIMS},
+                    signatures={"dtype": DTYPES, "head_dim": plan.HEAD_DIMS},
                     configs=CONFIGS, valid=_valid, heuristic=_heuristic, build=build,
                     block_threads=attn.threads_of, occupancy_floor=limits.GEMM_OCCUPANCY_FLOOR,
                     instructions={"isa": [r"v_mfma_f32_16x16x16_?(bf16|f16)\b",

@@ -3,12 +3,16 @@ producer and consumer warpgroups, intra-warpgroup overlap, ping-pong), see _cute
 
 Runtime args: kernel(q, k, v, out, lse, seqstart_q, seqstart_k, scale, window_left, window_right,
                      max_ctas)
-  dense:   q [B, Mq, Hq, K], k / v [B, Mk, Hkv, K], out [B, Mq, Hq, K], lse fp32 [B, Hq, Mq]
-  varlen:  q [total_q, Hq, K], k / v [total_k, Hkv, K], out [total_q, Hq, K], lse fp32 [Hq, total_q],
+  dense:   q [B, Mq, Hq, K], k [B, Mk, Hkv, K], v [B, Mk, Hkv, Kv], out [B, Mq, Hq, Kv],
+           lse fp32 [B, Hq, Mq]
+  varlen:  q [total_q, Hq, K], k [total_k, Hkv, K], v [total_k, Hkv, Kv], out [total_q, Hq, Kv],
+           lse fp32 [Hq, total_q],
            seqstart_q / seqstart_k int32 [n + 1] (placeholders when dense)
 q, k, v and out: any strides with a unit last one and the others multiples of 8 elements
 (16-byte aligned rows for TMA); lse contiguous. Every size, the batch, the sequence count and
-the head counts are dynamic (Hq a multiple of Hkv): one kernel per (dtype, head dim, config).
+the head counts are dynamic (Hq a multiple of Hkv): one kernel per (dtype, head dims, config).
+Head dims (K, Kv): (d, d) for d in 64, 96, 128, 192, 256, and DeepSeek's MLA prefill (192, 128)
+(_attention_limits.HEAD_DIM_PAIRS).
 scale: fp32 softmax scale; window_left / window_right: the local band (_attention_limits.MASKS),
 read only by local configs; max_ctas: the device's SM count, read only by persistent configs.
 
@@ -21,35 +25,45 @@ from mslk_dsl.templates import _attention_limits as limits
 from mslk_dsl.templates import _kernel_limits as kernel_limits
 
 
-def _config(head_dim, tile_m, tile_n, mask, varlen, overlap=True, stages=2, persistent=False):
-    return {"head_dim": head_dim, "tile_m": tile_m, "tile_n": tile_n, "stages": stages, "overlap": overlap,
-            "persistent": persistent, "mask": mask, "varlen": varlen}
+def _config(dims, tile_m, tile_n, mask, varlen, overlap=True, stages=2, persistent=False):
+    head_dim, head_dim_v = dims
+    return {"head_dim": head_dim, "head_dim_v": head_dim_v, "tile_m": tile_m, "tile_n": tile_n, "stages": stages,
+            "overlap": overlap, "persistent": persistent, "mask": mask, "varlen": varlen}
 
 
-def _default_tile(head_dim: int, mask: str) -> tuple[int, int]:
-    """FA4's Hopper tile choices (benchmarked there on an H100): three consumer warpgroups for
-    head dim 64; 80-row K / V blocks for 256 (64 with a local band), so that two stages fit in
-    shared memory beside a 128 x 256 Q tile."""
+def _default_tile(dims: tuple[int, int], mask: str) -> tuple[int, int]:
+    """FA4's Hopper tile choices (``_tile_size_fwd_sm90``, benchmarked there on an H100): three
+    consumer warpgroups for head dims 64 and 96 (96: 144-key blocks unmasked); at 192, 128-key
+    blocks with a v of 128 (112 with 192, 96 with a local band) and at 256 80-key blocks (64
+    with a local band), so that two K / V stages fit in shared memory beside the Q tile."""
+    head_dim, head_dim_v = dims
     if head_dim == 64:
         return 192, 128
+    if head_dim == 96:
+        return 192, 128 if mask != "none" else 144
     if head_dim == 128:
         return 128, 128
+    if head_dim == 192:
+        return 128, 96 if mask == "local" else (128 if head_dim_v <= 128 else 112)
     return 128, 64 if mask == "local" else 80
 
 
-# Every (head dim, mask, dense / packed) with its default tile, one tile per CTA (FA4's own
-# schedule on Hopper); for dense calls the same tile on a persistent grid; and for dense causal
-# calls at head dim 64 a 128-row tile, one tile per CTA or persistent (1024 rows are 8 blocks
-# of 128 but 6 of 192, the last a third full). Measured on the H200 and dropped: the default
+# Every (head dims, mask, dense / packed) with its default tile, one tile per CTA (FA4's own
+# schedule on Hopper); for dense calls the same tile on a persistent grid; and for dense causal calls at head dim 64 a
+# 128-row tile, one tile per CTA or persistent (1024 rows are 8 blocks of 128 but 6 of 192, the
+# last a third full). Measured on the H200 and dropped: the default
 # tiles without intra-warpgroup overlap / ping-pong (6-13% slower on every prefill shape), and
 # FA3's 128 x 176 tile at head dim 128 (never faster than 128 x 128). (Each config costs a
 # compile in the CPU tests and the AOT build, ~10-40 s.)
+# The mask families with persistent configs, by head dims: every family at 64, 128 and 256; at
+# 96 causal only, the one the heuristic takes (none at 192: the heuristic never runs it persistent).
+_PERSISTENT_MASKS = {(64, 64): limits.MASKS, (128, 128): limits.MASKS, (256, 256): limits.MASKS, (96, 96): ("causal",)}
 CONFIGS = tuple(
-    [_config(d, *_default_tile(d, mask), mask, varlen)
-     for d in limits.HEAD_DIMS for mask in limits.MASKS for varlen in (False, True)]
-    + [_config(d, *_default_tile(d, mask), mask, False, persistent=True)
-       for d in limits.HEAD_DIMS for mask in limits.MASKS]
-    + [_config(64, 128, 128, "causal", False, persistent=persistent) for persistent in (False, True)])
+    [_config(dims, *_default_tile(dims, mask), mask, varlen)
+     for dims in limits.HEAD_DIM_PAIRS for mask in limits.MASKS for varlen in (False, True)]
+    + [_config(dims, *_default_tile(dims, mask), mask, False, persistent=True)
+       for dims, masks in _PERSISTENT_MASKS.items() for mask in masks]
+    + [_config((64, 64), 128, 128, "causal", False, persistent=persistent) for persistent in (False, True)])
 
 # Query rows per sequence up to which a causal dense call at head dim <= 128 runs persistent,
 # with FA4's longest-first order: at most 8 query tiles per head, so the tiles
@@ -62,8 +76,12 @@ CONFIGS = tuple(
 PERSISTENT_MAX_ROWS = 1024
 
 
+def _signature_valid(sig):
+    return limits.head_dims_served(sig["head_dim"], sig["head_dim_v"])
+
+
 def _valid(config, target, sig):
-    return config["head_dim"] == sig["head_dim"]
+    return (config["head_dim"], config["head_dim_v"]) == (sig["head_dim"], sig["head_dim_v"])
 
 
 def _wanted(problem) -> tuple[str, bool]:
@@ -76,11 +94,12 @@ def _heuristic(target, sig, problem):
     (PERSISTENT_MAX_ROWS) the persistent grid, and at head dim 64 causal also the 128-row tile
     (5-8% faster there than 192 rows). A problem without sizes (a generic one) counts as long."""
     mask, varlen = _wanted(problem)
-    d = sig["head_dim"]
+    dims = (sig["head_dim"], sig["head_dim_v"])
+    d = dims[0]
     short = problem.get("Mq", limits.MAX_SEQLEN) <= PERSISTENT_MAX_ROWS
     persistent = short and d <= 128 and mask == "causal" and not varlen
-    tile = (128, 128) if d == 64 and mask == "causal" and persistent else _default_tile(d, mask)
-    return _config(d, *tile, mask, varlen, persistent=persistent)
+    tile = (128, 128) if d == 64 and mask == "causal" and persistent else _default_tile(dims, mask)
+    return _config(dims, *tile, mask, varlen, persistent=persistent)
 
 
 def _serves(config, problem):
@@ -100,20 +119,20 @@ def build(config, target, sig):
     from quack.compile_utils import make_fake_tensor
 
     dtype = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}[sig["dtype"]]
-    d = sig["head_dim"]
-    kernel = sm90.HopperAttentionForward(dtype, d, config["tile_m"], config["tile_n"], config["stages"],
+    d, dv = sig["head_dim"], sig["head_dim_v"]
+    kernel = sm90.HopperAttentionForward(dtype, d, dv, config["tile_m"], config["tile_n"], config["stages"],
                                          config["overlap"], config["mask"], config["varlen"],
                                          config["persistent"])
     rows = 8  # elements per 16 bytes: TMA needs 16-byte aligned rows
     sq, sk, hq, hkv = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
     if config["varlen"]:
-        q, o = (make_fake_tensor(dtype, (sq, hq, d), divisibility=rows) for _ in range(2))
-        k, v = (make_fake_tensor(dtype, (sk, hkv, d), divisibility=rows) for _ in range(2))
+        q, o = (make_fake_tensor(dtype, (sq, hq, n), divisibility=rows) for n in (d, dv))
+        k, v = (make_fake_tensor(dtype, (sk, hkv, n), divisibility=rows) for n in (d, dv))
         lse = make_fake_tensor(cutlass.Float32, (hq, sq))
     else:
         b = cute.sym_int()
-        q, o = (make_fake_tensor(dtype, (b, sq, hq, d), divisibility=rows) for _ in range(2))
-        k, v = (make_fake_tensor(dtype, (b, sk, hkv, d), divisibility=rows) for _ in range(2))
+        q, o = (make_fake_tensor(dtype, (b, sq, hq, n), divisibility=rows) for n in (d, dv))
+        k, v = (make_fake_tensor(dtype, (b, sk, hkv, n), divisibility=rows) for n in (d, dv))
         lse = make_fake_tensor(cutlass.Float32, (b, hq, sq))
     n = cute.sym_int()
     seqstarts = [cute.runtime.make_fake_tensor(cutlass.Int32, (n,), stride=(1,), assumed_align=4) for _ in range(2)]
@@ -123,8 +142,9 @@ def build(config, target, sig):
 
 
 TEMPLATE = Template(op="attention_fwd", backend="cute", targets=("sm90a",),
-                    signatures={"dtype": limits.DTYPES, "head_dim": limits.HEAD_DIMS},
-                    configs=CONFIGS, valid=_valid, heuristic=_heuristic, serves=_serves, build=build,
+                    signatures={"dtype": limits.DTYPES, "head_dim": limits.HEAD_DIMS,
+                                "head_dim_v": limits.HEAD_DIMS_V},
+                    signature_valid=_signature_valid, configs=CONFIGS, valid=_valid, heuristic=_heuristic, serves=_serves, build=build,
                     block_threads=_block_threads,
                     # One large CTA per SM by design, as the GEMMs.
                     occupancy_floor=kernel_limits.GEMM_OCCUPANCY_FLOOR,

@@ -17,7 +17,7 @@ def test_gfx950_attention_uses_the_wide_mfma(tmp_path, dtype, mnemonic):
     if not have_lld():
         pytest.skip("FlyDSL needs ld.lld (apt-get install -y lld-19)")
     t = registry.get_template("attention_fwd_flydsl")
-    sig = {"dtype": dtype, "head_dim": 128}
+    sig = {"dtype": dtype, "head_dim": 128, "head_dim_v": 128}
     key = KernelKey.make(t, t.heuristic("gfx950", sig, {}), "gfx950", sig)
     with overridden({"MSLK_DSL_KEEP_ISA": "gfx950"}):
         report = aot.build([aot.Job(key, t.name)], str(tmp_path), workers=1, progress=False)

@@ -35,7 +35,11 @@ BAD = [
     (lambda: ops.attention_fwd(q.float(), k, v), TypeError, "q has dtype torch.float32"),
     (lambda: ops.attention_fwd(q, k.half(), v), TypeError, "k has dtype"),
     (lambda: ops.attention_fwd(q[0], k, v), ValueError, "q must be 4-D"),
-    (lambda: ops.attention_fwd(*_qkv(K=96)), ValueError, "head dimension 96"),
+    (lambda: ops.attention_fwd(*_qkv(K=264)), ValueError, "head dims 264 (q, k) and 264 (v) are not supported: "
+     "each must be 1 to 256; kernels are built for (q / k, v) (64, 64), (96, 96)"),
+    (lambda: ops.attention_fwd(q, k, torch.randn(2, 24, 2, 320, dtype=bf16)), ValueError,
+     "head dims 64 (q, k) and 320 (v) are not supported"),
+    (lambda: ops.attention_fwd(*_qkv(K=0)), ValueError, "head dims 0 (q, k) and 0 (v)"),
     (lambda: ops.attention_fwd(*_qkv(Hq=6, Hkv=4)), ValueError, "multiple of the key/value heads"),
     (lambda: ops.attention_fwd(q, k, v[:, :5]), ValueError, "k has shape"),
     (lambda: ops.attention_fwd(q, k[:1], v[:1]), ValueError, "expected [B=2"),
@@ -60,6 +64,32 @@ def test_bad_input_is_refused_before_a_kernel_is_chosen(call, exc, words, no_ker
     with pytest.raises(exc, match=None) as info:
         call()
     assert words in str(info.value), str(info.value)
+
+
+def test_head_dims_without_a_kernel_run_padded_to_the_smallest_that_holds_them():
+    """Each (K, Kv) up to 256 maps to the served pair of fewest columns that holds it; served
+    pairs map to themselves, and only those need 16-byte row strides (the others are copied)."""
+    served = attn.limits.HEAD_DIM_PAIRS
+    for d, dv in served:
+        assert attn.kernel_head_dims("op", d, dv) == (d, dv)
+    assert attn.kernel_head_dims("op", 80, 80) == (96, 96)
+    assert attn.kernel_head_dims("op", 1, 1) == (64, 64)
+    assert attn.kernel_head_dims("op", 160, 100) == (192, 128)
+    assert attn.kernel_head_dims("op", 128, 64) == (128, 128)
+    assert attn.kernel_head_dims("op", 64, 200) == (256, 256)
+    for K in range(1, 257, 7):
+        for Kv in range(1, 257, 11):
+            d, dv = attn.kernel_head_dims("op", K, Kv)
+            assert (d, dv) in served and d >= K and dv >= Kv
+            assert not any(sd >= K and sdv >= Kv and sd + sdv < d + dv for sd, sdv in served)
+
+
+def test_padded_head_dims_take_any_strides(no_kernel):
+    """A head dim no kernel is built for is copied padded: rows off 16-byte strides pass the
+    checks, whose last one on this machine is the GPU requirement."""
+    odd = torch.randn(2, 16, 4, 40, dtype=bf16)[..., :33]
+    with pytest.raises(Exception, match="CUDA or ROCm"):
+        ops.attention_fwd(odd, torch.randn(2, 24, 2, 33, dtype=bf16), torch.randn(2, 24, 2, 33, dtype=bf16))
 
 
 def test_good_input_on_the_cpu_names_the_gpu_requirement(no_kernel):
@@ -117,8 +147,8 @@ def test_biases_give_the_op_its_mask_arguments():
 
 def test_template_heuristic_picks_a_valid_config_that_serves_the_call():
     (t,) = registry.get_templates(op="attention_fwd", backend="cute")
-    for d in attn.limits.HEAD_DIMS:
-        sig = {"dtype": "bfloat16", "head_dim": d}
+    for d, dv in attn.limits.HEAD_DIM_PAIRS:
+        sig = {"dtype": "bfloat16", "head_dim": d, "head_dim_v": dv}
         for mask in range(len(attn.limits.MASKS)):
             for varlen in (0, 1):
                 problem = {"B": 1, "Mq": 100, "Mk": 100, "Hq": 8, "Hkv": 1, "mask": mask, "varlen": varlen}
@@ -127,4 +157,6 @@ def test_template_heuristic_picks_a_valid_config_that_serves_the_call():
                 assert t.serves(config, problem)
                 other = dict(problem, mask=(mask + 1) % 3)
                 assert not t.serves(config, other)
-    assert len(t.all_configs()) * len(attn.limits.DTYPES) <= 60  # the AOT build stays modest
+    # The AOT build stays modest: 6 head-dim pairs x (3 masks x dense / packed) and the persistent
+    # configs the heuristic takes, ~20 s of compile each on a 2-core machine.
+    assert len(t.all_configs()) * len(attn.limits.DTYPES) <= 100

@@ -5,10 +5,11 @@ mixed lengths) the table gives TFLOP/s of mslk-dsl's kernel, of each torch SDPA 
 the case (flash, cuDNN, efficient: torch.nn.attention.sdpa_kernel), and of FA4
 (flash_attn.cute.flash_attn_func / flash_attn_varlen_func) when it is importable, then our
 speedup over the best SDPA backend and over FA4. All on the same N(0, 1) bf16 data, in one run;
-times are medians of triton.testing.do_bench over 100 ms of calls. FLOPs: 4 * B * H * S^2 * D (halved for causal, as
-FA's benchmarks count), for packed sequences summed over the sequences.
+times are medians of triton.testing.do_bench over 100 ms of calls. FLOPs: 2 * B * H * S^2 * (D + Dv)
+(halved for causal, as FA's benchmarks count), for packed sequences summed over the sequences.
+A head dim "192x128" is q / k rows of 192 and v rows of 128 (DeepSeek's MLA prefill).
 
-  python tools/bench.py attention [--heads 32] [--dims 64,128,256] [--shapes 16x1024,4x4096,1x16384]
+  python tools/bench.py attention [--heads 32] [--dims 64,96,128,192x128,256] [--shapes 16x1024,4x4096,1x16384]
                                   [--fa4-dims 128] [--sdpa flash,cudnn,efficient] [--sweep] [--json PATH]
 --sweep also times every config of the template that serves each dense case (for tuning the
 heuristic), one row per config.
@@ -50,12 +51,20 @@ def _time(do_bench, fn):
         return f"{type(e).__name__}"
 
 
-def _dense_case(torch, do_bench, ops, fa4, B, S, H, D, causal, with_fa4, sdpa):
+def _head_dims(text: str) -> tuple[int, int]:
+    """"128" -> (128, 128); "192x128" -> (192, 128): q / k's head dim, v's."""
+    d, _, dv = text.partition("x")
+    return int(d), int(dv or d)
+
+
+def _dense_case(torch, do_bench, ops, fa4, B, S, H, dims, causal, with_fa4, sdpa):
     from torch.nn.attention import sdpa_kernel
     import torch.nn.functional as F
 
-    q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    flops = 4 * B * H * S * S * D / (2 if causal else 1)
+    D, Dv = dims
+    q, k = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(B, S, H, Dv, device="cuda", dtype=torch.bfloat16)
+    flops = 2 * B * H * S * S * (D + Dv) / (2 if causal else 1)
     times = {"mslk_dsl": _time(do_bench, lambda: ops.attention_fwd(q, k, v, causal=causal))}
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # SDPA's [B, H, S, D], as views
     for name, backend in _sdpa_backends(torch).items():
@@ -83,7 +92,7 @@ def _sweep_rows(torch, do_bench, ops, B, S, H, D, causal):
     flops = 4 * B * H * S * S * D / (2 if causal else 1)
     rows = []
     default_out = ops.attention_fwd(q, k, v, causal=causal)[0].float()
-    for config in t.valid_configs("sm90a", {"dtype": "bfloat16", "head_dim": D}):
+    for config in t.valid_configs("sm90a", {"dtype": "bfloat16", "head_dim": D, "head_dim_v": D}):
         if t.serves(config, problem):
             ms = _time(do_bench, lambda: ops.attention_fwd(q, k, v, causal=causal, config=config))
             # A tuning candidate must agree with the default kernel (same math, other tiling).
@@ -141,16 +150,17 @@ def main(argv: list[str]) -> int:
     fa4 = _fa4()
     fa4_dims = {int(d) for d in args.fa4_dims.split(",") if d}
     rows, sweep = [], []
-    for D in (int(d) for d in args.dims.split(",")):
+    for text in args.dims.split(","):
+        dims = _head_dims(text)
         for B, S in parse_shapes(args.shapes):
             for causal in (False, True):
                 torch.manual_seed(0)
-                flops, times = _dense_case(torch, do_bench, ops, fa4, B, S, args.heads, D, causal, D in fa4_dims,
-                                           args.sdpa.split(","))
-                rows.append(_row(f"B{B} S{S} H{args.heads} D{D}{' causal' if causal else ''}", flops, times))
+                flops, times = _dense_case(torch, do_bench, ops, fa4, B, S, args.heads, dims, causal,
+                                           dims[0] in fa4_dims, args.sdpa.split(","))
+                rows.append(_row(f"B{B} S{S} H{args.heads} D{text}{' causal' if causal else ''}", flops, times))
                 print(rows[-1], flush=True)
-                if args.sweep:
-                    sweep += _sweep_rows(torch, do_bench, ops, B, S, args.heads, D, causal)
+                if args.sweep and dims[0] == dims[1]:
+                    sweep += _sweep_rows(torch, do_bench, ops, B, S, args.heads, dims[0], causal)
     flops, times, lengths = _varlen_case(torch, do_bench, ops, fa4, args.heads, 128, 24, seed=0)
     rows.append(_row(f"packed {len(lengths)} seqs ({sum(lengths)} rows) H{args.heads} D128 causal", flops, times))
     cols = ["case", "mslk_dsl", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "fa4", "vs_best_sdpa", "vs_fa4"]

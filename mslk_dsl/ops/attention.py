@@ -1,12 +1,16 @@
 """Attention forward: ``attention_fwd``, the one kernel op behind ``mslk_dsl.attention``.
 
-Layout as in MSLK (``mslk.attention.fmha``): q [B, Mq, Hq, K], k and v [B, Mk, Hkv, K], out
-[B, Mq, Hq, K] in q's dtype, and the log-sum-exp of each query row's scaled scores, lse fp32
-[B, Hq, Mq] (natural log). GQA / MQA: Hq a multiple of Hkv; query head h reads key/value head
-h // (Hq // Hkv), and k and v are never expanded in memory.
+Layout as in MSLK (``mslk.attention.fmha``): q [B, Mq, Hq, K], k [B, Mk, Hkv, K], v [B, Mk, Hkv,
+Kv], out [B, Mq, Hq, Kv] in q's dtype, and the log-sum-exp of each query row's scaled scores, lse
+fp32 [B, Hq, Mq] (natural log). Head dims (K, Kv): the kernels are built for (d, d) with d in 64,
+96, 128, 192, 256 and for (192, 128), DeepSeek-V2/V3's MLA prefill; any other K and Kv up to 256
+run on copies of q, k and v padded with zeros to the smallest of those that holds them (zero
+columns add nothing to q . k and give zero output columns), at the cost of the copies and of the
+padded columns' FLOPs. GQA / MQA: Hq a multiple of Hkv; query head h reads
+key/value head h // (Hq // Hkv), and k and v are never expanded in memory.
 
 Packed variable-length sequences ("varlen", MSLK's BlockDiagonal biases): B = 1, q [1, total_q,
-Hq, K], k and v [1, total_k, Hkv, K], and ``seqstart_q`` / ``seqstart_k`` int32 device tensors of
+Hq, K], k and v [1, total_k, Hkv, K or Kv], and ``seqstart_q`` / ``seqstart_k`` int32 device tensors of
 n + 1 cumulative offsets (sequence s holds rows seqstart[s]:seqstart[s + 1]); masks apply per
 sequence. ``max_seqlen_q`` / ``max_seqlen_k`` are optional hints (the longest sequence) that
 kernels sized by them may use; the prefill kernel reads the offsets on the device.
@@ -39,6 +43,17 @@ OP = "attention_fwd"
 MASK_NONE, MASK_CAUSAL, MASK_LOCAL = (limits.MASKS.index(m) for m in ("none", "causal", "local"))
 
 
+def kernel_head_dims(op: str, K: int, Kv: int) -> tuple[int, int]:
+    """The head dims of the kernel that runs q / k rows of K and v rows of Kv: (K, Kv) itself, or
+    the pair the op pads them to; InputError past the largest."""
+    dims = limits.covering_head_dims(K, Kv) if K > 0 and Kv > 0 else None
+    if dims is None:
+        raise InputError(f"{op}: head dims {K} (q, k) and {Kv} (v) are not supported: each must be 1 to "
+                         f"{max(limits.HEAD_DIMS)}; kernels are built for (q / k, v) "
+                         f"{', '.join(f'({d}, {dv})' for d, dv in limits.HEAD_DIM_PAIRS)}, other dims run padded")
+    return dims
+
+
 def _check_qkv(op: str, q, k, v) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         check.tensor(op, name, t, check.HALF_DTYPES, ndim=4)
@@ -46,10 +61,10 @@ def _check_qkv(op: str, q, k, v) -> None:
     check.same_dtype(op, "v", v, q.dtype, "q")
     check.same_device(op, "q", q, k=k, v=v)
     B, Mq, Hq, K = q.shape
-    if K not in limits.HEAD_DIMS:
-        raise InputError(f"{op}: head dimension {K} is not supported; supported: {limits.HEAD_DIMS}")
-    if tuple(k.shape) != tuple(v.shape):
-        raise InputError(f"{op}: k has shape {tuple(k.shape)} but v has {tuple(v.shape)}; they must match")
+    if tuple(k.shape[:3]) != tuple(v.shape[:3]):
+        raise InputError(f"{op}: k has shape {tuple(k.shape)} but v has {tuple(v.shape)}; they must have the "
+                         f"same batch, key rows and heads")
+    kernel_head_dims(op, K, v.shape[3])
     if k.shape[0] != B or k.shape[3] != K:
         raise InputError(f"{op}: k has shape {tuple(k.shape)}; expected [B={B}, Mk, Hkv, K={K}] for q of "
                          f"shape {tuple(q.shape)}")
@@ -59,6 +74,8 @@ def _check_qkv(op: str, q, k, v) -> None:
                          f"key/value heads (GQA / MQA)")
     if max(Mq, k.shape[1]) >= limits.MAX_SEQLEN:
         raise InputError(f"{op}: sequences longer than {limits.MAX_SEQLEN - 1} rows are not supported")
+    if not limits.head_dims_served(K, v.shape[3]):
+        return   # padded copies are made for the kernel: any strides do
     per = limits.STRIDE_ALIGN_BYTES // q.element_size()
     for name, t in (("q", q), ("k", k), ("v", v)):
         # TMA reads rows of K elements: each stride but the last must keep rows 16-byte aligned.
@@ -130,7 +147,7 @@ def _prepare_attention(select, outputs, q, k, v, seqstart_q=None, seqstart_k=Non
                        scale=None):
     out, lse = outputs
     B, Mq, Hq, K = q.shape
-    Mk, Hkv = k.shape[1], k.shape[2]
+    Mk, Hkv, Kv = k.shape[1], k.shape[2], v.shape[3]
     if out.numel() == 0:
         return None
     if Mk == 0:  # no key at all: every row is empty
@@ -141,15 +158,25 @@ def _prepare_attention(select, outputs, q, k, v, seqstart_q=None, seqstart_k=Non
     # Packed sequences are masked bottom-right (checked): no shift by the packed lengths.
     mask, left, right = kernel_window(causal, bottom_right or varlen, window_left, window_right, Mq, Mk)
     sm_scale = 1.0 / math.sqrt(K) if scale is None else float(scale)
-    kernel, _ = select((dtype_name(q.dtype), K), (B, Mq, Mk, Hq, Hkv, mask, int(varlen)))
+    dims = kernel_head_dims(OP, K, Kv)
+    kernel, _ = select((dtype_name(q.dtype), *dims), (B, Mq, Mk, Hq, Hkv, mask, int(varlen)))
     dev = q.device
+    kernel_out = out
+    if dims != (K, Kv):   # head dims no kernel is built for: zero-padded copies (see the module's docstring)
+        pad = torch.nn.functional.pad
+        q, k, v = pad(q, (0, dims[0] - K)), pad(k, (0, dims[0] - K)), pad(v, (0, dims[1] - Kv))
+        kernel_out = torch.empty(B, Mq, Hq, dims[1], dtype=out.dtype, device=dev)
     if varlen:
-        args = (q[0], k[0], v[0], out[0], lse[0], seqstart_q, seqstart_k)
+        args = (q[0], k[0], v[0], kernel_out[0], lse[0], seqstart_q, seqstart_k)
     else:
-        args = (q, k, v, out, lse, placeholder(dev, torch.int32), placeholder(dev, torch.int32))
+        args = (q, k, v, kernel_out, lse, placeholder(dev, torch.int32), placeholder(dev, torch.int32))
     # The scalars follow from the layout (K, Mq, Mk, packed or not) and the plan_values: see Fixed;
     # the SM count bounds the grid of persistent kernels.
-    return Launch(kernel, (*args, Fixed(sm_scale), Fixed(left), Fixed(right), Fixed(sm_count(dev))))
+    launch = Launch(kernel, (*args, Fixed(sm_scale), Fixed(left), Fixed(right), Fixed(sm_count(dev))))
+    if kernel_out is out:
+        return launch
+    return launch._replace(scratch=(q, k, v, kernel_out), finish=lambda: out.copy_(kernel_out[..., :Kv]),
+                           plannable=False)
 
 
 def visible_keys(mq: int, mk: int, causal=False, bottom_right=False, window_left=-1, window_right=-1,
@@ -215,13 +242,14 @@ def _attention_example(problem: dict, sig: dict, device) -> tuple:
     families: 1 bottom-right causal, 2 a 256-row sliding window)."""
     dtype = getattr(torch, sig.get("dtype", "bfloat16"))
     K = sig.get("head_dim", 128)
+    Kv = sig.get("head_dim_v", K)
     B, Mq = problem.get("B", 1), problem.get("Mq", 128)
     Mk, Hq, Hkv = problem.get("Mk", Mq), problem.get("Hq", 4), problem.get("Hkv", problem.get("Hq", 4))
     packed = bool(problem.get("varlen", 0))
     rows = (1, B * Mq, B * Mk) if packed else (B, Mq, Mk)
     q = torch.randn(rows[0], rows[1], Hq, K, device=device, dtype=dtype)
     k = torch.randn(rows[0], rows[2], Hkv, K, device=device, dtype=dtype)
-    v = torch.randn(rows[0], rows[2], Hkv, K, device=device, dtype=dtype)
+    v = torch.randn(rows[0], rows[2], Hkv, Kv, device=device, dtype=dtype)
     starts: tuple = (None, None, None, None)
     if packed:
         starts = (torch.arange(B + 1, device=device, dtype=torch.int32) * Mq,
@@ -238,7 +266,7 @@ attention_fwd = declare(OpDecl(
            "int window_left=-1, int window_right=-1, float? scale=None) -> (Tensor, Tensor)",
     doc=__doc__.split("\n\n", 1)[1],
     check=_check_attention, outputs=_attention_outputs, prepare=_prepare_attention,
-    signature=("dtype", "head_dim"), problem=("B", "Mq", "Mk", "Hq", "Hkv", "mask", "varlen"),
+    signature=("dtype", "head_dim", "head_dim_v"), problem=("B", "Mq", "Mk", "Hq", "Hkv", "mask", "varlen"),
     example=_attention_example, reference=attention_reference, tolerance=(2e-2, 2e-2),
     # The mask arguments choose the kernel (its mask family) and its window scalars.
     plan_values=("causal", "bottom_right", "window_left", "window_right", "scale"),

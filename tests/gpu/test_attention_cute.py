@@ -1,6 +1,7 @@
 """attention_fwd's Hopper kernel (and the mslk_dsl.attention API over it) against the fp32 reference.
 
-Cases: head dims 64 / 128 / 256; no mask, causal aligned top-left and bottom-right with Mq < Mk
+Cases: head dims 64 / 96 / 128 / 192 / 256 and (192, 128) (q / k, v: DeepSeek's MLA prefill);
+no mask, causal aligned top-left and bottom-right with Mq < Mk
 and Mq > Mk (bottom-right then leaves the first Mq - Mk rows with no key: out 0, lse -inf),
 sliding windows; GQA ratios 1 / 4 / 8 and MQA; packed sequences (1 to 64 of them, lengths drawn
 from {1, 17, 1000, 4097}, q and k lengths drawn apart); q / k / v as strided views (a packed qkv
@@ -57,14 +58,34 @@ MASKS = {
 }
 
 
+HEAD_DIMS = {f"d{d}" if d == dv else f"d{d}v{dv}": (d, dv) for d, dv in
+             ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256))}
+
+
 @SM90
-@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("dims", HEAD_DIMS)
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("mq,mk", ((300, 517), (517, 300)))
-def test_dense_masks(head_dim, mask, mq, mk):
+def test_dense_masks(dims, mask, mq, mk):
     torch.manual_seed(0)
-    q, k, v = _rand(2, mq, 8, head_dim), _rand(2, mk, 2, head_dim), _rand(2, mk, 2, head_dim)
+    d, dv = HEAD_DIMS[dims]
+    q, k, v = _rand(2, mq, 8, d), _rand(2, mk, 2, d), _rand(2, mk, 2, dv)
     check_against_reference(q, k, v, **MASKS[mask])
+
+
+@SM90
+def test_mla_prefill_views():
+    """DeepSeek's MLA prefill layout: k is the latent part (128) and the shared RoPE part (64)
+    side by side, v a view of the decompressed kv buffer ([.., 256] per head, v its last 128),
+    q a view of a [B, M, H, 192 + 64] projection; head and row strides that are not compact."""
+    torch.manual_seed(9)
+    kv = _rand(2, 700, 8, 256)
+    k = _rand(2, 700, 8, 192)
+    v = kv[..., 128:]
+    q = _rand(2, 650, 8, 256)[..., :192]
+    assert not v.is_contiguous() and not q.is_contiguous()
+    out, _ = check_against_reference(q, k, v, causal=True, bottom_right=True)
+    assert out.shape == (2, 650, 8, 128)
 
 
 @SM90
@@ -99,13 +120,59 @@ def test_strided_views():
     check_against_reference(_rand(3, 200, 8, 64), k, v, causal=True, bottom_right=True)
 
 
-def _packed(n, hq, hkv, head_dim, same_lengths, seed):
+@SM90
+@pytest.mark.parametrize("d,dv", ((8, 8), (33, 33), (72, 72), (80, 80), (128, 64), (160, 100), (256, 40)))
+@pytest.mark.parametrize("mask", ("none", "causal_bottom_right", "local_top_left"))
+def test_padded_head_dims(d, dv, mask):
+    """Head dims no kernel is built for run on zero-padded copies (the next served pair): odd
+    ones, v narrower than q / k, q as a view off 16-byte strides."""
+    torch.manual_seed(d + dv)
+    q = _rand(2, 211, 8, d + 3)[..., :d]
+    k, v = _rand(2, 300, 2, d), _rand(2, 300, 2, dv)
+    out, _ = check_against_reference(q, k, v, **MASKS[mask])
+    assert out.shape == (2, 211, 8, dv) and out.is_contiguous()
+
+
+@SM90
+def test_padded_head_dims_packed_and_through_the_api():
+    from mslk_dsl import attention
+    from mslk_dsl.attention import attn_bias as ab
+
+    q, k, v, sq, sk, mq, mk = _packed(6, 4, 2, 80, same_lengths=False, seed=11, head_dim_v=48)
+    check_against_reference(q, k, v, seqstart_q=sq, seqstart_k=sk, max_seqlen_q=mq, max_seqlen_k=mk,
+                            causal=True, bottom_right=True)
+    bias = ab.BlockDiagonalCausalMask.from_seqlens([5, 300, 17])
+    q, k, v = _rand(1, 322, 4, 112), _rand(1, 322, 4, 112), _rand(1, 322, 4, 112)
+    out = attention.memory_efficient_attention_forward(q, k, v, attn_bias=bias)
+    starts = torch.tensor([0, 5, 305, 322], device="cuda", dtype=torch.int32)
+    ref, _ = attention_reference(q, k, v, seqstart_q=starts, seqstart_k=starts, causal=True)
+    assert (out.float() - ref.float()).abs().max().item() <= ATOL[q.dtype]
+
+
+@SM90
+@pytest.mark.parametrize("dims", ("d96", "d192v128"))
+def test_partials_over_kv_chunks_merge_to_full(dims):
+    """attention_fwd over 4 chunks of the keys, merged by merge_attentions, is attention over all
+    of them (out and LSE), at the new head dims."""
+    torch.manual_seed(10)
+    d, dv = HEAD_DIMS[dims]
+    q, k, v = _rand(2, 90, 8, d), _rand(2, 1111, 2, d), _rand(2, 1111, 2, dv)
+    edges = [0, 5, 400, 1000, 1111]
+    parts = [ops.attention_fwd(q, k[:, a:b], v[:, a:b]) for a, b in zip(edges, edges[1:])]
+    out, lse = ops.merge_attentions(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]))
+    ref_out, ref_lse = attention_reference(q, k, v)
+    assert out.shape == (2, 90, 8, dv)
+    assert (out.float() - ref_out.float()).abs().max().item() <= ATOL[q.dtype]
+    assert (lse - ref_lse).abs().max().item() <= 1e-3
+
+
+def _packed(n, hq, hkv, head_dim, same_lengths, seed, head_dim_v=None):
     rng = random.Random(seed)
     lq = [rng.choice(LENGTHS) for _ in range(n)]
     lk = lq if same_lengths else [rng.choice(LENGTHS) for _ in range(n)]
     starts = [torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32) for lengths in (lq, lk)]
     q = _rand(1, sum(lq), hq, head_dim)
-    k, v = _rand(1, sum(lk), hkv, head_dim), _rand(1, sum(lk), hkv, head_dim)
+    k, v = _rand(1, sum(lk), hkv, head_dim), _rand(1, sum(lk), hkv, head_dim_v or head_dim)
     return q, k, v, starts[0], starts[1], max(lq), max(lk)
 
 
@@ -119,9 +186,10 @@ def test_packed_sequences(n, mask):
 
 
 @SM90
-@pytest.mark.parametrize("head_dim", (64, 256))
-def test_packed_sequences_head_dims(head_dim):
-    q, k, v, sq, sk, _, _ = _packed(9, 4, 1, head_dim, same_lengths=True, seed=head_dim)
+@pytest.mark.parametrize("dims", ("d64", "d96", "d192", "d192v128", "d256"))
+def test_packed_sequences_head_dims(dims):
+    d, dv = HEAD_DIMS[dims]
+    q, k, v, sq, sk, _, _ = _packed(9, 4, 1, d, same_lengths=True, seed=d + dv, head_dim_v=dv)
     check_against_reference(q, k, v, seqstart_q=sq, seqstart_k=sk, causal=True, bottom_right=True)
 
 
@@ -170,15 +238,16 @@ def test_every_config(config, dtype):
     """Each config of the template (the tuning candidates too), forced with config=, on a call it
     serves: GQA 4, lengths that are not multiples of the tiles."""
     torch.manual_seed(5)
-    d, mask = config["head_dim"], {"none": {}, "causal": {"causal": True, "bottom_right": True},
-                                   "local": {"bottom_right": True, "window_left": 70, "window_right": 9}}
+    d, dv = config["head_dim"], config["head_dim_v"]
+    mask = {"none": {}, "causal": {"causal": True, "bottom_right": True},
+            "local": {"bottom_right": True, "window_left": 70, "window_right": 9}}
     kwargs = dict(mask[config["mask"]])
     if config["varlen"]:
-        q, k, v, sq, sk, mq, mk = _packed(5, 8, 2, d, same_lengths=False, seed=7)
+        q, k, v, sq, sk, mq, mk = _packed(5, 8, 2, d, same_lengths=False, seed=7, head_dim_v=dv)
         kwargs.update(seqstart_q=sq, seqstart_k=sk, max_seqlen_q=mq, max_seqlen_k=mk)
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     else:
-        q, k, v = _rand(2, 333, 8, d, dtype=dtype), _rand(2, 470, 2, d, dtype=dtype), _rand(2, 470, 2, d, dtype=dtype)
+        q, k, v = _rand(2, 333, 8, d, dtype=dtype), _rand(2, 470, 2, d, dtype=dtype), _rand(2, 470, 2, dv, dtype=dtype)
     out, lse = ops.attention_fwd(q, k, v, config=config, **kwargs)
     ref_out, ref_lse = attention_reference(q, k, v, **kwargs)
     assert (out.float() - ref_out.float()).abs().max().item() <= ATOL[dtype]
@@ -201,9 +270,10 @@ def test_persistent_grid_walks_many_tiles(config):
     """A persistent config on more tiles than the GPU has SMs (3 x 16 heads x 9+ m blocks): each
     CTA computes several tiles one after another, reusing its shared memory and barriers."""
     torch.manual_seed(6)
-    d, mask = config["head_dim"], {"none": {}, "causal": {"causal": True},
-                                   "local": {"bottom_right": True, "window_left": 300, "window_right": 40}}
-    q, k, v = _rand(3, 1100, 16, d), _rand(3, 1100, 4, d), _rand(3, 1100, 4, d)
+    d, dv = config["head_dim"], config["head_dim_v"]
+    mask = {"none": {}, "causal": {"causal": True},
+            "local": {"bottom_right": True, "window_left": 300, "window_right": 40}}
+    q, k, v = _rand(3, 1100, 16, d), _rand(3, 1100, 4, d), _rand(3, 1100, 4, dv)
     tiles = 3 * 16 * -(-1100 // config["tile_m"])
     assert tiles > torch.cuda.get_device_properties(0).multi_processor_count
     out, lse = ops.attention_fwd(q, k, v, config=config, **mask[config["mask"]])
