@@ -32,3 +32,30 @@ def test_gfx950_attention_uses_the_wide_mfma(tmp_path, dtype, mnemonic):
     assert not re.search(r"\bv_mfma_f32_16x16x16", isa)
     assert re.search(r"\bds_read_b128\b", isa), "K fragments: one 16-byte LDS read per lane"
     assert not re.search(r"\bscratch_(load|store)", isa)
+
+
+@pytest.mark.parametrize("dims", [(96, 96), (192, 128)])
+def test_gfx942_attention_at_the_new_head_dims(tmp_path, dims):
+    """Head dim 96 and DeepSeek's (192, 128) on gfx942: one MFMA per 16 x 16 x 16 step of QK^T
+    (D / 16 steps for each 16-key tile) and of PV (Dv / 16 output tiles for each 16-key step),
+    and K and V tiles in 16-byte loads of their own row lengths (once before the loop and once in
+    it), no scratch."""
+    if not have_lld():
+        pytest.skip("FlyDSL needs ld.lld (apt-get install -y lld-19)")
+    t = registry.get_template("attention_fwd_flydsl")
+    d, dv = dims
+    sig = {"dtype": "bfloat16", "head_dim": d, "head_dim_v": dv}
+    config = t.heuristic("gfx942", sig, {})
+    key = KernelKey.make(t, config, "gfx942", sig)
+    with overridden({"MSLK_DSL_KEEP_ISA": "gfx942"}):
+        report = aot.build([aot.Job(key, t.name)], str(tmp_path), workers=1, progress=False)
+    assert not report.failed, report.failed
+    entry = KernelCache(str(tmp_path)).lookup(key)
+    assert not resources.entry_problems(entry)
+    isa = open(entry.file("kernel.s")).read()
+    bn, threads = config["block_n"], 64 * config["waves"]
+    mfma = re.findall(r"\bv_mfma_f32_16x16x16_?bf16", isa)
+    assert len(mfma) == (d // 16 + dv // 16) * (bn // 16), len(mfma)
+    loads = re.findall(r"\bbuffer_load_dwordx4\b", isa)
+    assert len(loads) == 2 * (bn * d // 8 // threads + bn * dv // 8 // threads), len(loads)
+    assert not re.search(r"\bscratch_(load|store)", isa)
