@@ -164,3 +164,21 @@ def test_gemm_space_summary_compares_the_pick_with_the_fastest_config():
     assert abs(s["fastest_ratio"] - 0.040 / 0.044) < 1e-9 and abs(s["pick_vs_fastest"] - 0.88) < 1e-9
     gone = bench_gemm_space.summary({**row, "pick": "wrong-results"})   # the pick left out of the sweep
     assert gone["fastest"] == "b" and gone["pick_ratio"] != gone["pick_ratio"]
+
+
+def test_attention_draws_cover_lengths_heads_and_head_dims():
+    """``attention --random``: a seed gives the same calls; lengths reach both ends of their
+    range, query heads are a multiple of the KV heads (MQA included), head dims are served pairs
+    and padded ones, causal and not."""
+    import bench_attention as attention
+    from mslk_dsl.templates._attention_limits import HEAD_DIM_PAIRS
+
+    cases = attention.random_cases(300, seed=3)
+    assert cases == attention.random_cases(300, seed=3) != attention.random_cases(300, seed=4)
+    lengths = [c["S"] for c in cases]
+    assert attention.RANDOM_SEQ[0] <= min(lengths) < 200 and 8192 < max(lengths) <= attention.RANDOM_SEQ[1]
+    assert all(c["Hq"] % c["Hkv"] == 0 for c in cases) and any(c["Hkv"] == 1 for c in cases)
+    dims = {(c["D"], c["Dv"]) for c in cases}
+    assert dims & set(HEAD_DIM_PAIRS) and dims - set(HEAD_DIM_PAIRS)
+    assert {c["causal"] for c in cases} == {True, False}
+    assert all(c["B"] * c["S"] <= attention.RANDOM_ROWS[1] or c["B"] == 1 for c in cases)

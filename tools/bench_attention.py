@@ -13,6 +13,13 @@ A head dim "192x128" is q / k rows of 192 and v rows of 128 (DeepSeek's MLA pref
                                   [--fa4-dims 128] [--sdpa flash,cudnn,efficient] [--sweep] [--json PATH]
 --sweep also times every config of the template that serves each dense case (for tuning the
 heuristic), one row per config.
+
+``--random N --seed S`` replaces the fixed cases with N drawn dense prefill calls
+(``random_cases``): sequence lengths log-uniform over 100..16384 (any integer), batches that
+make 2k-64k query rows, 8-64 query heads with GQA ratios 1, 2, 4, 8 or MQA, the kernels' head
+dims and (one draw in five) a head dim they run padded, causal or not. It prints the geometric
+mean and minimum of the ratio to the best SDPA backend and to FA4 and the ten worst cases. SDPA
+takes GQA with ``enable_gqa=True`` (a backend that refuses it shows its error). Use fresh seeds.
 """
 from __future__ import annotations
 
@@ -21,10 +28,41 @@ import json
 import random
 import sys
 
-from bench_common import parse_shapes, parse_with_gpu, table
+from bench_common import geomean, parse_shapes, parse_with_gpu, table
 
 SHAPES = ((16, 1024), (4, 4096), (1, 16384))
 VARLEN_LENGTHS = (17, 1000, 4097, 2048, 513)
+
+
+# Head dims of random_cases: the served pairs (prefill models' common ones weighted up) and, one
+# draw in five, a head dim the op runs on zero-padded copies.
+RANDOM_DIMS = ((128, 128),) * 4 + ((64, 64),) * 2 + ((96, 96), (192, 128), (192, 192), (256, 256))
+RANDOM_PADDED_DIMS = ((80, 80), (112, 112), (72, 72), (160, 160), (128, 64))
+RANDOM_SEQ = (100, 16384)
+RANDOM_ROWS = (2048, 65536)
+
+
+def random_cases(n: int, seed: int) -> list[dict]:
+    """``n`` dense prefill calls: S log-uniform over RANDOM_SEQ, B so that B * S is log-uniform
+    over RANDOM_ROWS (at least 1), Hq of 8-64 with Hkv = Hq / ratio for a ratio of 1, 2, 4, 8
+    or Hq (MQA), head dims from RANDOM_DIMS or (one in five) RANDOM_PADDED_DIMS, causal or not."""
+    import math
+
+    rng = random.Random(seed)
+
+    def log_int(lo, hi):
+        return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+
+    cases = []
+    for _ in range(n):
+        S = log_int(*RANDOM_SEQ)
+        B = max(1, log_int(*RANDOM_ROWS) // S)
+        Hq = rng.choice((8, 16, 24, 32, 40, 48, 64))
+        ratio = rng.choice([r for r in (1, 2, 4, 8, Hq) if Hq % r == 0])
+        dims = rng.choice(RANDOM_PADDED_DIMS if rng.random() < 0.2 else RANDOM_DIMS)
+        cases.append({"B": B, "S": S, "Hq": Hq, "Hkv": Hq // ratio, "D": dims[0], "Dv": dims[1],
+                      "causal": rng.random() < 0.5})
+    return cases
 
 
 def _sdpa_backends(torch):
@@ -78,6 +116,45 @@ def _dense_case(torch, do_bench, ops, fa4, B, S, H, dims, causal, with_fa4, sdpa
     if fa4 is not None and with_fa4:
         times["fa4"] = _time(do_bench, lambda: fa4[0](q, k, v, causal=causal))
     return flops, times
+
+
+def _random_case(torch, do_bench, ops, fa4, case, sdpa):
+    """One drawn call (random_cases): (FLOPs, times) of ours, each SDPA backend wanted (GQA by
+    ``enable_gqa``) and FA4."""
+    from torch.nn.attention import sdpa_kernel
+    import torch.nn.functional as F
+
+    B, S, Hq, Hkv, D, Dv, causal = (case[k] for k in ("B", "S", "Hq", "Hkv", "D", "Dv", "causal"))
+    q = torch.randn(B, S, Hq, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, S, Hkv, Dv, device="cuda", dtype=torch.bfloat16)
+    flops = 2 * B * Hq * S * S * (D + Dv) / (2 if causal else 1)
+    times = {"mslk_dsl": _time(do_bench, lambda: ops.attention_fwd(q, k, v, causal=causal))}
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    for name, backend in _sdpa_backends(torch).items():
+        if name in sdpa:
+            def run(backend=backend):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=Hq != Hkv)
+            times[f"sdpa_{name}"] = _time(do_bench, run)
+    if fa4 is not None:
+        times["fa4"] = _time(do_bench, lambda: fa4[0](q, k, v, causal=causal))
+    return flops, times
+
+
+def random_summary(rows: list[dict], worst: int = 10) -> list[str]:
+    """Geometric mean and minimum of the ratio to the best SDPA backend and to FA4 over the
+    rows that have one, then the ``worst`` cases by the SDPA ratio."""
+    lines = []
+    for col in ("vs_best_sdpa", "vs_fa4"):
+        vals = [r[col] for r in rows if isinstance(r.get(col), float)]
+        if vals:
+            lines.append(f"{col}: geomean {geomean(vals):.3f}, min {min(vals):.3f}, below 1.0 at "
+                         f"{sum(v < 1.0 for v in vals)} of {len(vals)}")
+    ranked = sorted((r for r in rows if isinstance(r.get("vs_best_sdpa"), float)), key=lambda r: r["vs_best_sdpa"])
+    lines += [f"  {r['case']}: {r['vs_best_sdpa']:.3f}x best SDPA, mslk_dsl {r['mslk_dsl']:.1f} TFLOP/s"
+              for r in ranked[:worst]]
+    return lines
 
 
 def _sweep_rows(torch, do_bench, ops, B, S, H, D, causal):
@@ -141,6 +218,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sdpa", default="flash,cudnn,efficient",
                         help="torch SDPA backends to time (cuDNN is the fastest on the H200)")
     parser.add_argument("--sweep", action="store_true", help="also time every config serving each dense case")
+    parser.add_argument("--random", type=int, metavar="N", help="N drawn dense prefill calls instead of the cases")
+    parser.add_argument("--seed", type=int, default=0, help="the draw's seed (with --random; use a fresh one)")
     found = parse_with_gpu(parser, argv, "bench attention")
     if found is None:
         return 1
@@ -149,6 +228,26 @@ def main(argv: list[str]) -> int:
 
     fa4 = _fa4()
     fa4_dims = {int(d) for d in args.fa4_dims.split(",") if d}
+    cols = ["case", "mslk_dsl", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "fa4", "vs_best_sdpa", "vs_fa4"]
+    if args.random:
+        rows = []
+        for case in random_cases(args.random, args.seed):
+            torch.manual_seed(0)
+            flops, times = _random_case(torch, do_bench, ops, fa4, case, args.sdpa.split(","))
+            label = (f"B{case['B']} S{case['S']} H{case['Hq']}/{case['Hkv']} D{case['D']}"
+                     f"{'' if case['Dv'] == case['D'] else 'x' + str(case['Dv'])}{' causal' if case['causal'] else ''}")
+            rows.append({**_row(label, flops, times), "draw": case})
+            print(rows[-1], flush=True)
+        for r in rows:
+            for c in cols:
+                r.setdefault(c, "-")
+        print(f"TFLOP/s, bf16, {torch.cuda.get_device_name()}, seed {args.seed}")
+        table(rows, cols)
+        print("\n".join(random_summary(rows)))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"results": rows, "seed": args.seed, "device": torch.cuda.get_device_name()}, f, indent=1)
+        return 0
     rows, sweep = [], []
     for text in args.dims.split(","):
         dims = _head_dims(text)
@@ -163,7 +262,6 @@ def main(argv: list[str]) -> int:
                     sweep += _sweep_rows(torch, do_bench, ops, B, S, args.heads, dims[0], causal)
     flops, times, lengths = _varlen_case(torch, do_bench, ops, fa4, args.heads, 128, 24, seed=0)
     rows.append(_row(f"packed {len(lengths)} seqs ({sum(lengths)} rows) H{args.heads} D128 causal", flops, times))
-    cols = ["case", "mslk_dsl", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "fa4", "vs_best_sdpa", "vs_fa4"]
     for r in rows:
         for c in cols:
             r.setdefault(c, "-")
