@@ -135,18 +135,10 @@ def test_padded_head_dims(d, dv, mask):
 
 @SM90
 def test_padded_head_dims_packed_and_through_the_api():
-    from mslk_dsl import attention
-    from mslk_dsl.attention import attn_bias as ab
-
     q, k, v, sq, sk, mq, mk = _packed(6, 4, 2, 80, same_lengths=False, seed=11, head_dim_v=48)
     check_against_reference(q, k, v, seqstart_q=sq, seqstart_k=sk, max_seqlen_q=mq, max_seqlen_k=mk,
                             causal=True, bottom_right=True)
-    bias = ab.BlockDiagonalCausalMask.from_seqlens([5, 300, 17])
-    q, k, v = _rand(1, 322, 4, 112), _rand(1, 322, 4, 112), _rand(1, 322, 4, 112)
-    out = attention.memory_efficient_attention_forward(q, k, v, attn_bias=bias)
-    starts = torch.tensor([0, 5, 305, 322], device="cuda", dtype=torch.int32)
-    ref, _ = attention_reference(q, k, v, seqstart_q=starts, seqstart_k=starts, causal=True)
-    assert (out.float() - ref.float()).abs().max().item() <= ATOL[q.dtype]
+    _check_block_diagonal_causal_api(112)
 
 
 @SM90
@@ -215,8 +207,17 @@ def test_api_biases_and_partial_lse():
         assert (lse - ref_lse).abs().max().item() <= 1e-3, bias
         full = attention.memory_efficient_attention_forward(q, k, v, attn_bias=bias)
         assert torch.equal(full, out)
+    _check_block_diagonal_causal_api(64)
+
+
+def _check_block_diagonal_causal_api(head_dim):
+    """memory_efficient_attention_forward with a BlockDiagonalCausalMask of three packed
+    sequences (5, 300 and 17 rows) against the reference."""
+    from mslk_dsl import attention
+    from mslk_dsl.attention import attn_bias as ab
+
     bias = ab.BlockDiagonalCausalMask.from_seqlens([5, 300, 17])
-    q, k, v = _rand(1, 322, 4, 64), _rand(1, 322, 4, 64), _rand(1, 322, 4, 64)
+    q, k, v = (_rand(1, 322, 4, head_dim) for _ in range(3))
     out = attention.memory_efficient_attention_forward(q, k, v, attn_bias=bias)
     starts = torch.tensor([0, 5, 305, 322], device="cuda", dtype=torch.int32)
     ref, _ = attention_reference(q, k, v, seqstart_q=starts, seqstart_k=starts, causal=True)
