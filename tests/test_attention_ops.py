@@ -160,3 +160,18 @@ def test_template_heuristic_picks_a_valid_config_that_serves_the_call():
     # The AOT build stays modest: 6 head-dim pairs x (3 masks x dense / packed) and the persistent
     # configs the heuristic takes, ~20 s of compile each on a 2-core machine.
     assert len(t.all_configs()) * len(attn.limits.DTYPES) <= 100
+
+
+@pytest.mark.parametrize("K,Kv", [(192, 128), (96, 96), (80, 48)])
+def test_the_fake_takes_the_output_head_dim_from_v(K, Kv):
+    """Under FakeTensorMode (torch.compile's tracing) out is [B, Mq, Hq, Kv], served head dims
+    and padded ones alike."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 17, 4, K, dtype=bf16, device="cuda")
+        k = torch.empty(2, 33, 2, K, dtype=bf16, device="cuda")
+        v = torch.empty(2, 33, 2, Kv, dtype=bf16, device="cuda")
+        out, lse = torch.ops.mslk_dsl.attention_fwd(q, k, v, causal=True)
+    assert tuple(out.shape) == (2, 17, 4, Kv) and out.dtype == bf16
+    assert tuple(lse.shape) == (2, 4, 17) and lse.dtype == torch.float32
