@@ -175,3 +175,48 @@ def test_the_fake_takes_the_output_head_dim_from_v(K, Kv):
         out, lse = torch.ops.mslk_dsl.attention_fwd(q, k, v, causal=True)
     assert tuple(out.shape) == (2, 17, 4, Kv) and out.dtype == bf16
     assert tuple(lse.shape) == (2, 4, 17) and lse.dtype == torch.float32
+
+
+def test_the_api_takes_mslks_layouts():
+    """[B, M, K] is one head; [B, M, G, H, K] with k / v expanded across H (MSLK's GQA form) or of
+    one head per group is G KV heads read in place; with full heads it is G * H heads. Results
+    come back in q's layout."""
+    from mslk_dsl.attention import _to_bmhk
+
+    q, k, v = torch.randn(2, 7, 32), torch.randn(2, 9, 32), torch.randn(2, 9, 16)
+    q4, k4, v4, restore = _to_bmhk(q, k, v)
+    assert (q4.shape, k4.shape, v4.shape) == ((2, 7, 1, 32), (2, 9, 1, 32), (2, 9, 1, 16))
+    out, lse = restore(torch.empty(2, 7, 1, 16), torch.empty(2, 1, 7))
+    assert out.shape == (2, 7, 16) and lse.shape == (2, 1, 7)
+
+    q = torch.randn(2, 7, 3, 4, 64)
+    k = torch.randn(2, 9, 3, 1, 64).expand(2, 9, 3, 4, 64)
+    v = torch.randn(2, 9, 3, 1, 64)
+    q4, k4, v4, restore = _to_bmhk(q, k, v)
+    assert (q4.shape, k4.shape, v4.shape) == ((2, 7, 12, 64), (2, 9, 3, 64), (2, 9, 3, 64))
+    assert k4.data_ptr() == k.data_ptr() and torch.equal(k4, k[:, :, :, 0])
+    assert torch.equal(q4[:, :, 5], q[:, :, 1, 1])   # query head g * H + h of group g
+    out, lse = restore(torch.empty(2, 7, 12, 64), torch.empty(2, 12, 7))
+    assert out.shape == (2, 7, 3, 4, 64) and lse.shape == (2, 3, 4, 7)
+
+    k, v = torch.randn(2, 9, 3, 4, 64), torch.randn(2, 9, 3, 4, 64)   # every head its own
+    _, k4, v4, _ = _to_bmhk(q, k, v)
+    assert k4.shape == (2, 9, 12, 64) and torch.equal(k4[:, :, 7], k[:, :, 1, 3])
+    with pytest.raises(ValueError, match=r"\[B, Mk, 3, 4 or 1, K\]"):
+        _to_bmhk(q, torch.randn(2, 9, 2, 4, 64), v)
+    with pytest.raises(ValueError, match="must all be"):
+        _to_bmhk(q, k[..., 0, :], v)
+
+
+def test_the_api_takes_mslks_arguments_in_mslks_order():
+    """(query, key, value, attn_bias, p, scale): a p other than 0 (dropout) and an op are refused
+    by name, never taken for the scale."""
+    from mslk_dsl.attention import memory_efficient_attention_forward, memory_efficient_attention_partial
+
+    q, k, v = _qkv()
+    with pytest.raises(NotImplementedError, match=r"dropout is not supported \(p=0.125.*scale="):
+        memory_efficient_attention_forward(q, k, v, None, 0.125)
+    with pytest.raises(NotImplementedError, match="op="):
+        memory_efficient_attention_partial(q, k, v, op=object())
+    with pytest.raises(Exception, match="CUDA or ROCm"):   # the rest is checked, then the device
+        memory_efficient_attention_forward(q, k, v, None, 0.0, 0.1, output_dtype=torch.float32, deterministic=True)

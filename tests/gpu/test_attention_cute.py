@@ -210,6 +210,38 @@ def test_api_biases_and_partial_lse():
     _check_block_diagonal_causal_api(64)
 
 
+@SM90
+def test_api_layouts_of_mslk():
+    """memory_efficient_attention_forward / _partial on MSLK's [B, M, K] and [B, M, G, H, K]
+    layouts (k / v expanded across H: GQA; or full heads) and with output_dtype, against the
+    reference on the same data in [B, M, H, K]."""
+    from mslk_dsl import attention
+    from mslk_dsl.attention import attn_bias as ab
+
+    torch.manual_seed(12)
+    q, k, v = _rand(2, 130, 64), _rand(2, 200, 64), _rand(2, 200, 64)
+    out, lse = attention.memory_efficient_attention_partial(q, k, v, ab.LowerTriangularFromBottomRightMask())
+    ref_out, ref_lse = attention_reference(q[:, :, None], k[:, :, None], v[:, :, None], causal=True, bottom_right=True)
+    assert out.shape == (2, 130, 64) and lse.shape == (2, 1, 130)
+    assert (out.float() - ref_out[:, :, 0].float()).abs().max().item() <= ATOL[q.dtype]
+    assert (lse - ref_lse).abs().max().item() <= 1e-3
+
+    q = _rand(2, 150, 2, 4, 128)
+    k, v = _rand(2, 300, 2, 1, 128).expand(2, 300, 2, 4, 128), _rand(2, 300, 2, 1, 128).expand(2, 300, 2, 4, 128)
+    out = attention.memory_efficient_attention_forward(q, k, v, output_dtype=torch.float32)
+    ref, _ = attention_reference(q.reshape(2, 150, 8, 128), k[:, :, :, 0], v[:, :, :, 0])
+    assert out.shape == (2, 150, 2, 4, 128) and out.dtype == torch.float32
+    assert (out.reshape(2, 150, 8, 128) - ref.float()).abs().max().item() <= ATOL[q.dtype]
+
+    k, v = _rand(2, 300, 2, 4, 128), _rand(2, 300, 2, 4, 128)
+    out, lse = attention.memory_efficient_attention_partial(q, k, v, ab.LowerTriangularMask())
+    ref, ref_lse = attention_reference(q.reshape(2, 150, 8, 128), k.reshape(2, 300, 8, 128),
+                                       v.reshape(2, 300, 8, 128), causal=True)
+    assert lse.shape == (2, 2, 4, 150)
+    assert (out.reshape(2, 150, 8, 128).float() - ref.float()).abs().max().item() <= ATOL[q.dtype]
+    assert (lse.reshape(2, 8, 150) - ref_lse).abs().max().item() <= 1e-3
+
+
 def _check_block_diagonal_causal_api(head_dim):
     """memory_efficient_attention_forward with a BlockDiagonalCausalMask of three packed
     sequences (5, 300 and 17 rows) against the reference."""
