@@ -128,6 +128,20 @@ def test_biases_match_mslk_documented_masks():
     assert band.tolist() == [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
     packed = ab.BlockDiagonalCausalMask.from_seqlens([2, 1], device="cpu").materialize((3, 3)).exp()
     assert packed.tolist() == [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
+    # MSLK's BlockDiagonalCausalLocalAttentionMask: key j of query i's block when i - window < j <= i
+    banded = ab.BlockDiagonalMask.from_seqlens([4, 2], device="cpu").make_local_attention(2)
+    assert isinstance(banded, ab.BlockDiagonalCausalLocalAttentionMask)
+    assert banded.materialize((6, 6)).exp().tolist() == [
+        [1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [0, 1, 1, 0, 0, 0], [0, 0, 1, 1, 0, 0],
+        [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 1, 1]]
+    q, k = torch.empty(1, 6, 2, 64), torch.empty(1, 6, 2, 64)
+    args = banded.fwd_args(q, k)
+    assert (args["causal"], args["bottom_right"], args["window_left"]) == (True, True, 1)
+    with pytest.raises(NotImplementedError, match="lengths that differ"):
+        ab.BlockDiagonalMask.from_seqlens([4, 2], [5, 2], device="cpu").make_local_attention(2).fwd_args(
+            q, torch.empty(1, 7, 2, 64))
+    with pytest.raises(ValueError, match="window_size > 0"):
+        ab.BlockDiagonalMask.from_seqlens([4, 2], device="cpu").make_local_attention(0)
 
 
 def test_biases_give_the_op_its_mask_arguments():

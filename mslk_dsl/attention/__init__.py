@@ -26,6 +26,7 @@ import torch
 from mslk_dsl.attention import attn_bias
 from mslk_dsl.attention.attn_bias import (AttentionBias, BlockDiagonalCausalFromBottomRightMask,
                                           BlockDiagonalCausalLocalAttentionFromBottomRightMask,
+                                          BlockDiagonalCausalLocalAttentionMask,
                                           BlockDiagonalCausalMask, BlockDiagonalCausalWithOffsetPaddedKeysMask,
                                           BlockDiagonalMask, LocalAttentionFromBottomRightMask,
                                           LowerTriangularFromBottomRightLocalAttentionMask,
@@ -35,6 +36,7 @@ from mslk_dsl.attention.decode import DECODE_BIASES, decode_partial, merge_atten
 from mslk_dsl.errors import InputError, InputTypeError, UnsupportedError
 
 __all__ = ["AttentionBias", "BlockDiagonalCausalFromBottomRightMask", "BlockDiagonalCausalLocalAttentionFromBottomRightMask",
+           "BlockDiagonalCausalLocalAttentionMask",
            "BlockDiagonalCausalMask", "BlockDiagonalCausalWithOffsetPaddedKeysMask", "BlockDiagonalMask",
            "LocalAttentionFromBottomRightMask", "LowerTriangularFromBottomRightLocalAttentionMask",
            "LowerTriangularFromBottomRightMask", "LowerTriangularMask", "PagedBlockDiagonalCausalWithOffsetPaddedKeysMask",

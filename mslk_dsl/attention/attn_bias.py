@@ -15,6 +15,8 @@ With i a query row and j a key row of one sequence (Mq / Mk its lengths):
                                         -(window_size - 1) <= j - i - (Mk - Mq) <= 0
   BlockDiagonalMask                     packed sequences (B = 1), each attends only to itself
   BlockDiagonalCausalMask               ... causal, aligned top-left in each sequence
+  BlockDiagonalCausalLocalAttentionMask(window_size)
+                                        ... and i - window_size < j (top-left)
   BlockDiagonalCausalFromBottomRightMask  ... causal, aligned bottom-right in each sequence
   BlockDiagonalCausalLocalAttentionFromBottomRightMask(window_size)
                                         ... and the causal band of the local mask above
@@ -167,6 +169,9 @@ class BlockDiagonalMask(AttentionBias):
     def make_causal_from_bottomright(self) -> BlockDiagonalCausalFromBottomRightMask:
         return BlockDiagonalCausalFromBottomRightMask(self.q_seqinfo, self.k_seqinfo)
 
+    def make_local_attention(self, window_size: int) -> BlockDiagonalCausalLocalAttentionMask:
+        return BlockDiagonalCausalLocalAttentionMask(self.q_seqinfo, self.k_seqinfo, window_size)
+
     def make_local_attention_from_bottomright(self, window_size: int):
         return BlockDiagonalCausalLocalAttentionFromBottomRightMask(self.q_seqinfo, self.k_seqinfo, window_size)
 
@@ -182,13 +187,33 @@ class BlockDiagonalCausalMask(BlockDiagonalMask):
 
     def fwd_args(self, q, k) -> dict:
         if not self._equal_lengths():
-            raise UnsupportedError("BlockDiagonalCausalMask with query and key lengths that differ within a "
-                                   "sequence (top-left alignment) has no kernel; use "
-                                   "BlockDiagonalCausalFromBottomRightMask if that is what is meant")
+            raise UnsupportedError(f"{type(self).__name__} with query and key lengths that differ within a "
+                                   "sequence (top-left alignment) has no kernel; use the FromBottomRight form "
+                                   "of the mask if that is what is meant")
         return super().fwd_args(q, k)
 
     def _blocks(self, mq, mk):
         return [(qi, ki, {"causal": True}) for qi, ki in zip(self.q_seqinfo.intervals(), self.k_seqinfo.intervals())]
+
+
+@dataclass
+class BlockDiagonalCausalLocalAttentionMask(BlockDiagonalCausalMask):
+    """Packed sequences, each causal aligned top-left with a band: query i of a sequence sees its
+    keys j with i - window_size < j <= i. As BlockDiagonalCausalMask, for sequences whose q and k
+    lengths are equal (other lengths are refused)."""
+
+    _window_size: int = 0
+
+    def __post_init__(self) -> None:
+        if self._window_size <= 0:
+            raise InputError(f"expected window_size > 0, got {self._window_size}")
+
+    def _mask(self) -> dict:
+        return {"causal": True, "bottom_right": True, "window_left": self._window_size - 1}
+
+    def _blocks(self, mq, mk):
+        return [(qi, ki, {"causal": True, "window_left": self._window_size - 1})
+                for qi, ki in zip(self.q_seqinfo.intervals(), self.k_seqinfo.intervals())]
 
 
 @dataclass

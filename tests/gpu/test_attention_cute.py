@@ -244,16 +244,19 @@ def test_api_layouts_of_mslk():
 
 def _check_block_diagonal_causal_api(head_dim):
     """memory_efficient_attention_forward with a BlockDiagonalCausalMask of three packed
-    sequences (5, 300 and 17 rows) against the reference."""
+    sequences (5, 300 and 17 rows), and its banded form (make_local_attention), against the
+    reference."""
     from mslk_dsl import attention
     from mslk_dsl.attention import attn_bias as ab
 
-    bias = ab.BlockDiagonalCausalMask.from_seqlens([5, 300, 17])
+    causal = ab.BlockDiagonalCausalMask.from_seqlens([5, 300, 17])
     q, k, v = (_rand(1, 322, 4, head_dim) for _ in range(3))
-    out = attention.memory_efficient_attention_forward(q, k, v, attn_bias=bias)
     starts = torch.tensor([0, 5, 305, 322], device="cuda", dtype=torch.int32)
-    ref, _ = attention_reference(q, k, v, seqstart_q=starts, seqstart_k=starts, causal=True)
-    assert (out.float() - ref.float()).abs().max().item() <= ATOL[q.dtype]
+    for bias, window in ((causal, -1), (causal.make_local_attention(64), 63)):
+        out = attention.memory_efficient_attention_forward(q, k, v, attn_bias=bias)
+        ref, _ = attention_reference(q, k, v, seqstart_q=starts, seqstart_k=starts, causal=True,
+                                     bottom_right=True, window_left=window)
+        assert (out.float() - ref.float()).abs().max().item() <= ATOL[q.dtype], type(bias).__name__
 
 
 def _all_configs():
