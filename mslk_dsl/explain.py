@@ -25,16 +25,17 @@ def resolve(op: str, target: str, sig: dict, config: str | None, problem: dict):
     unknown = sorted(set(sig) - set(template.signatures))
     if unknown:
         raise InputError(f"unknown signature part(s) {unknown} for {template.name}; known: {sorted(template.signatures)}")
-    notes = []
-    full_sig = {}
-    for part, allowed in template.signatures.items():
-        if part in sig:
-            if sig[part] not in allowed:
-                raise InputError(f"signature {part}={sig[part]!r} not in {list(allowed)}")
-            full_sig[part] = sig[part]
-        else:
-            full_sig[part] = allowed[0]
-            notes.append(f"signature {part} not given: using {allowed[0]!r}")
+    for part, value in sig.items():
+        if value not in template.signatures[part]:
+            raise InputError(f"signature {part}={value!r} not in {list(template.signatures[part])}")
+    # The parts not given: those of the first signature the template builds that agrees with the
+    # given ones (parts can depend on each other: attention's v head dim on q's).
+    agreeing = [s for s in template.all_signatures() if all(s[part] == value for part, value in sig.items())]
+    if not agreeing:
+        raise InputError(f"signature {dict(sig)} is no call's: {template.name} builds no signature with these "
+                         "parts (its signature_valid leaves them out; `mslk-dsl templates` lists its parts)")
+    full_sig = dict(agreeing[0])
+    notes = [f"signature {part} not given: using {full_sig[part]!r}" for part in template.signatures if part not in sig]
     if config:
         matches = [c for c in template.all_configs() if config_name(c) == config]
         if not matches:

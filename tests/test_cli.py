@@ -197,7 +197,14 @@ def test_explain_refuses_unknown_names_and_exits_non_zero_on_a_miss(capsys, cach
     # an fp32 weight beside fp32 x is the plain signature: the flagged one is no call's
     code, _, err = run_cli(capsys, "explain", "rmsnorm", "--target", "sm90a", "--sig", "dtype=float32",
                            "--sig", "fp32_weight=True")
-    one_line_error(code, err, "is no call's", "rmsnorm_cute.rmsnorm")
+    one_line_error(code, err, "is no call's", "rmsnorm_cute")
+    # parts not given come from a signature that agrees with the given ones: attention's v head
+    # dim follows q's (192 -> 128, the first pair with q / k of 192), and a pair none has is refused
+    code, out, _ = run_cli(capsys, "explain", "attention_fwd", "--target", "sm90a", "--sig", "head_dim=192")
+    assert code == 1 and "head_dim_v not given: using 128" in out and "MISS" in out
+    code, _, err = run_cli(capsys, "explain", "attention_fwd", "--target", "sm90a", "--sig", "head_dim=96",
+                           "--sig", "head_dim_v=128")
+    one_line_error(code, err, "is no call's", "attention_fwd_cute")
 
 
 def test_templates_reports_configs_no_signature_can_use(tmp_path, capsys, monkeypatch):
