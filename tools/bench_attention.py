@@ -19,7 +19,9 @@ heuristic), one row per config.
 make 2k-64k query rows, 8-64 query heads with GQA ratios 1, 2, 4, 8 or MQA, the kernels' head
 dims and (one draw in five) a head dim they run padded, causal or not. It prints the geometric
 mean and minimum of the ratio to the best SDPA backend and to FA4 and the ten worst cases. SDPA
-takes GQA with ``enable_gqa=True`` (a backend that refuses it shows its error). Use fresh seeds.
+takes GQA with ``enable_gqa=True`` (a backend that refuses it shows its error). Use fresh seeds;
+``--json docs/results/bench_attention_random.json`` feeds tools/plot_benchmarks.py's
+``attention_random`` plot (ratios against sequence length).
 """
 from __future__ import annotations
 

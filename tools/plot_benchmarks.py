@@ -3,7 +3,7 @@
   python tools/plot_benchmarks.py docs/results docs/img [PLOT ...]
 
 PLOT names the plots to draw (gemm, gemm_random, memory_bound, moe_layer, membound,
-membound_random); all by default.
+membound_random, attention_random); all by default.
 """
 from __future__ import annotations
 
@@ -190,6 +190,37 @@ def plot_membound_random(data, label, out):
     _save(fig, os.path.join(out, "membound_random.png"), 90)
 
 
+def plot_attention_random(data, out):
+    """bench_attention_random (tools/bench.py attention --random N --seed S --json ...): each drawn
+    call's speed ratio against the best SDPA backend and against FA4, by sequence length, one
+    colour per (q / k, v) head dims, open markers for causal calls, with the goals."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in data["results"] if "draw" in r]
+    goals = {"vs_best_sdpa": (1.1, "the best SDPA backend"), "vs_fa4": (1.0, "FA4")}
+    dims = sorted({(r["draw"]["D"], r["draw"]["Dv"]) for r in rows})
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    for ax, (col, (goal, peer)) in zip(axes, goals.items()):
+        for i, (d, dv) in enumerate(dims):
+            for causal in (False, True):
+                pts = [(r["draw"]["S"], r[col]) for r in rows if isinstance(r.get(col), float)
+                       and (r["draw"]["D"], r["draw"]["Dv"]) == (d, dv) and r["draw"]["causal"] == causal]
+                if pts:
+                    colour = f"C{i % 10}"
+                    ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=16, color=colour if not causal else "none",
+                               edgecolors=colour, label=f"D {d}{'' if d == dv else f' / {dv}'}{' causal' if causal else ''}")
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.axhline(goal, color="red", lw=0.8, ls="--", label=f"goal {goal}x")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length (queries = keys)")
+        ax.set_title(f"attention_fwd against {peer}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)
+    axes[0].set_ylabel(f"speed ratio (peer time / ours), {len(rows)} drawn calls, seed {data.get('seed')}")
+    fig.tight_layout()
+    _save(fig, os.path.join(out, "attention_random.png"), 110)
+
+
 def plot_moe_layer(data, out):
     """bench_moe_layer: the whole layer's speed-up over the torch pipeline per config and T, bf16
     and FP8, with the goals (tools/bench.py moe_layer --json bench_moe_layer.json)."""
@@ -234,6 +265,9 @@ def main(argv):
     sweep = _load(folder, "membound")
     if sweep and wanted("membound"):
         plot_membound_sweep(sweep, out)
+    attention_draw = _load(folder, "attention_random")
+    if attention_draw and wanted("attention_random"):
+        plot_attention_random(attention_draw, out)
     drawn = latest_random_sweep(folder)
     if drawn and wanted("membound_random"):
         plot_membound_random(*drawn, out)
