@@ -40,12 +40,7 @@ from mslk_dsl.errors import InputError, InputTypeError, StateError
 BF16, FP8_ROWWISE = "bf16", "fp8_rowwise"
 
 
-def _op(name: str):
-    """The op's typed Python function in eager mode (no dispatcher on the way), its torch op
-    while torch.compile traces (dynamo sees one opaque node per op)."""
-    if torch.compiler.is_compiling():
-        return getattr(torch.ops.mslk_dsl, name)
-    return getattr(ops, name)
+_op = ops.traceable
 
 
 def _grouped_bf16(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor) -> torch.Tensor:

@@ -234,3 +234,38 @@ def test_the_api_takes_mslks_arguments_in_mslks_order():
         memory_efficient_attention_partial(q, k, v, op=object())
     with pytest.raises(Exception, match="CUDA or ROCm"):   # the rest is checked, then the device
         memory_efficient_attention_forward(q, k, v, None, 0.0, 0.1, output_dtype=torch.float32, deterministic=True)
+
+
+def test_the_api_traces_into_one_graph_of_torch_ops():
+    """torch.compile(fullgraph=True) over memory_efficient_attention_partial (a 5-D GQA call with
+    a bias, and a decode call under a KV-cache bias) and merge_attentions, on meta tensors: the
+    API calls the torch ops while tracing (not the eager call path, whose checks read pointers),
+    so the graph holds them and nothing breaks it."""
+    from mslk_dsl import attention
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def layer(q, k, qd, cache, lengths):
+        out, lse = attention.memory_efficient_attention_partial(q, k, k, ab.LowerTriangularFromBottomRightMask())
+        bias = ab.BlockDiagonalCausalWithOffsetPaddedKeysMask(q_len=1, kv_padding=cache.shape[1], kv_seqlen=lengths)
+        dec, dec_lse = attention.memory_efficient_attention_partial(qd, cache, cache, bias)
+        merged, merged_lse = attention.merge_attentions([dec, dec], [dec_lse, dec_lse])
+        return out, lse, merged, merged_lse
+
+    meta = dict(device="meta", dtype=bf16)
+    q = torch.empty(2, 7, 3, 4, 64, **meta)
+    k = torch.empty(2, 9, 3, 1, 64, **meta).expand(2, 9, 3, 4, 64)
+    qd, cache = torch.empty(4, 1, 8, 128, **meta), torch.empty(4, 256, 2, 128, **meta)
+    torch._dynamo.reset()
+    out, lse, merged, merged_lse = torch.compile(layer, backend=backend, fullgraph=True)(
+        q, k, qd, cache, torch.empty(4, dtype=torch.int32, device="meta"))
+    assert len(graphs) == 1
+    called = " ".join(str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function")
+    for op in ("attention_fwd", "attention_decode", "merge_attentions"):
+        assert f"mslk_dsl.{op}" in called, called
+    assert out.shape == (2, 7, 3, 4, 64) and lse.shape == (2, 3, 4, 7)
+    assert merged.shape == (4, 1, 8, 128) and merged_lse.shape == (4, 8, 1)

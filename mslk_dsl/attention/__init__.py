@@ -101,14 +101,14 @@ def memory_efficient_attention_partial(query: torch.Tensor, key: torch.Tensor, v
     is 0). Partial results over disjoint key sets merge exactly by their LSEs (merge_attentions).
     MSLK's arguments (see the module's docstring); ``_allow_backward`` is accepted and has no
     effect (there is no backward)."""
-    from mslk_dsl.ops import attention_fwd
+    from mslk_dsl.ops import traceable
 
     _refuse_what_mslk_dsl_does_not_do(p, op)
     q, k, v, restore = _to_bmhk(query, key, value)
     if isinstance(attn_bias, DECODE_BIASES):   # a KV cache: the split-KV decode kernel
         out, lse = decode_partial(q, k, v, attn_bias, scale)
     else:
-        out, lse = attention_fwd(q, k, v, scale=scale, **_mask_args(attn_bias, q, k))
+        out, lse = traceable("attention_fwd")(q, k, v, scale=scale, **_mask_args(attn_bias, q, k))
     if output_dtype is not None and out.dtype != output_dtype:
         out = out.to(output_dtype)
     return restore(out, lse)

@@ -40,7 +40,7 @@ def decode_partial(q, k, v, attn_bias, scale: float | None = None, num_splits: i
     lengths = attn_bias.kv_seqlen
     if lengths.device != q.device:  # host lists: copied once to the device (no read back)
         lengths = lengths.to(q.device)
-    out, lse = ops.attention_decode(qb, k, v, lengths, table, scale, True, num_splits)
+    out, lse = ops.traceable("attention_decode")(qb, k, v, lengths, table, scale, True, num_splits)
     return (out.reshape(q.shape[:-1] + out.shape[-1:]) if packed else out), lse
 
 
@@ -58,7 +58,7 @@ def merge_attentions(attn_split, lse_split, write_lse: bool = True, output_dtype
     if grouped:
         S, B, M, G, H, K = outs.shape
         outs, lses = outs.reshape(S, B, M, G * H, K), lses.reshape(S, B, G * H, M)
-    out, lse = ops.merge_attentions(outs, lses.float())
+    out, lse = ops.traceable("merge_attentions")(outs, lses.float())
     if grouped:
         out, lse = out.reshape(B, M, G, H, K), lse.reshape(B, G, H, M)
     if output_dtype is not None and out.dtype != output_dtype:

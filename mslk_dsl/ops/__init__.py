@@ -8,6 +8,7 @@ Importing ``mslk_dsl`` imports this module: every torch op exists after ``import
 """
 import importlib
 import pkgutil
+import sys
 from typing import Any
 
 from mslk_dsl.ops.declaration import declarations, eager_functions
@@ -22,7 +23,7 @@ del _module
 # ``mslk_dsl.ops.<op>`` is the op's eager function (this also rebinds a name shared by an op and
 # its module, attention_decode, to the op).
 globals().update(eager_functions())
-__all__ = [*declarations(), "declarations", "prefetch"]
+__all__ = [*declarations(), "declarations", "prefetch", "traceable"]
 
 
 def __getattr__(name: str) -> Any:
@@ -32,6 +33,18 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'mslk_dsl.ops' has no attribute {name!r} (declared ops: "
                              f"{', '.join(declarations())})")
     return found
+
+
+def traceable(name: str):
+    """The op ``name`` for code that torch.compile may trace (the model-level APIs: attention,
+    the MoE layer): its eager function when called eagerly (no dispatcher on the way), its torch op
+    while torch.compile traces, so dynamo sees one opaque node per op rather than the eager call
+    path (whose checks read pointers and whose launch plans live in C++)."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        return getattr(torch.ops.mslk_dsl, name)
+    return getattr(sys.modules[__name__], name)   # this module's attribute: mslk_dsl.ops.<name>
 
 
 def prefetch() -> None:
