@@ -197,10 +197,9 @@ class BlockDiagonalCausalMask(BlockDiagonalMask):
 
 
 @dataclass
-class BlockDiagonalCausalLocalAttentionMask(BlockDiagonalCausalMask):
-    """Packed sequences, each causal aligned top-left with a band: query i of a sequence sees its
-    keys j with i - window_size < j <= i. As BlockDiagonalCausalMask, for sequences whose q and k
-    lengths are equal (other lengths are refused)."""
+class _CausalBand:
+    """The causal band of the packed local masks: each query sees the ``_window_size`` keys up to
+    its diagonal (MSLK's field name; a dataclass field after the sequence infos)."""
 
     _window_size: int = 0
 
@@ -210,6 +209,13 @@ class BlockDiagonalCausalLocalAttentionMask(BlockDiagonalCausalMask):
 
     def _mask(self) -> dict:
         return {"causal": True, "bottom_right": True, "window_left": self._window_size - 1}
+
+
+@dataclass
+class BlockDiagonalCausalLocalAttentionMask(_CausalBand, BlockDiagonalCausalMask):
+    """Packed sequences, each causal aligned top-left with a band: query i of a sequence sees its
+    keys j with i - window_size < j <= i. As BlockDiagonalCausalMask, for sequences whose q and k
+    lengths are equal (other lengths are refused)."""
 
     def _blocks(self, mq, mk):
         return [(qi, ki, {"causal": True, "window_left": self._window_size - 1})
@@ -225,17 +231,8 @@ class BlockDiagonalCausalFromBottomRightMask(BlockDiagonalMask):
 
 
 @dataclass
-class BlockDiagonalCausalLocalAttentionFromBottomRightMask(BlockDiagonalMask):
+class BlockDiagonalCausalLocalAttentionFromBottomRightMask(_CausalBand, BlockDiagonalMask):
     """Packed sequences, each with the causal band of LowerTriangularFromBottomRightLocalAttentionMask."""
-
-    _window_size: int = 0
-
-    def __post_init__(self) -> None:
-        if self._window_size <= 0:
-            raise InputError(f"expected window_size > 0, got {self._window_size}")
-
-    def _mask(self) -> dict:
-        return {"causal": True, "bottom_right": True, "window_left": self._window_size - 1}
 
 
 # The KV-cache biases of decode (few queries per sequence against a long, padded or paged cache):
