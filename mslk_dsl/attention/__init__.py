@@ -56,9 +56,12 @@ def _mask_args(attn_bias: AttentionBias | None, q: torch.Tensor, k: torch.Tensor
 
 def _to_bmhk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """(q, k, v) in the ops' [B, M, H, K] layout, and a function that gives (out, lse) back in
-    q's layout, as MSLK does: [B, M, K] is one head (lse [B, 1, M]); [B, M, G, H, K] is G groups of H query heads, whose k / v,
-    expanded across H (stride 0) or of one head per group, are G KV heads (GQA, not copied), and
-    otherwise G * H heads of their own."""
+    q's layout, as MSLK does: [B, M, K] is one head (lse [B, 1, M]); [B, M, G, H, K] is G groups
+    of H query heads, whose k / v, expanded across H (stride 0) or of one head per group, are G KV
+    heads (GQA, not copied), and otherwise G * H heads of their own."""
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InputTypeError(f"attention: {name} must be a tensor, got {type(t).__name__}")
     if q.dim() != k.dim() or q.dim() != v.dim() or q.dim() not in (3, 4, 5):
         raise InputError(f"attention: q, k and v must all be [B, M, K], [B, M, H, K] or [B, M, G, H, K]; got "
                          f"shapes {tuple(q.shape)}, {tuple(k.shape)} and {tuple(v.shape)}")
