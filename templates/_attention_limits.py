@@ -25,6 +25,8 @@ def covering_head_dims(head_dim: int, head_dim_v: int) -> tuple[int, int] | None
     """The served pair with the fewest columns that holds q / k rows of ``head_dim`` and v rows
     of ``head_dim_v`` (the pair itself when served), or None past the largest (256): the op pads
     other head dims with zeros up to it."""
+    if (head_dim, head_dim_v) in HEAD_DIM_PAIRS:   # the usual call: no search
+        return head_dim, head_dim_v
     fits = [(d, dv) for d, dv in HEAD_DIM_PAIRS if d >= head_dim and dv >= head_dim_v]
     return min(fits, key=lambda pair: (pair[0] + pair[1], pair)) if fits else None
 # Mask families a kernel is specialised on. "none": every key; "causal": key j is visible to

@@ -85,11 +85,18 @@ def test_head_dims_without_a_kernel_run_padded_to_the_smallest_that_holds_them()
 
 
 def test_padded_head_dims_take_any_strides(no_kernel):
-    """A head dim no kernel is built for is copied padded: rows off 16-byte strides pass the
-    checks, whose last one on this machine is the GPU requirement."""
+    """A tensor whose head dim the op pads is copied: rows off 16-byte strides pass the checks,
+    whose last one on this machine is the GPU requirement. A tensor that reaches the kernel as
+    it is (q and k of a served 128 beside a v of 60) still needs 16-byte rows."""
     odd = torch.randn(2, 16, 4, 40, dtype=bf16)[..., :33]
     with pytest.raises(Exception, match="CUDA or ROCm"):
         ops.attention_fwd(odd, torch.randn(2, 24, 2, 33, dtype=bf16), torch.randn(2, 24, 2, 33, dtype=bf16))
+    q, k = torch.randn(2, 16, 4, 128, dtype=bf16), torch.randn(2, 24, 2, 128, dtype=bf16)
+    odd_v = torch.randn(2, 24, 2, 63, dtype=bf16)[..., :60]
+    with pytest.raises(Exception, match="CUDA or ROCm"):
+        ops.attention_fwd(q, k, odd_v)
+    with pytest.raises(ValueError, match="q must start on a 16-byte boundary"):
+        ops.attention_fwd(torch.randn(2, 16, 4, 131, dtype=bf16)[..., :128], k, odd_v)
 
 
 def test_good_input_on_the_cpu_names_the_gpu_requirement(no_kernel):

@@ -64,7 +64,7 @@ def _check_qkv(op: str, q, k, v) -> None:
     if tuple(k.shape[:3]) != tuple(v.shape[:3]):
         raise InputError(f"{op}: k has shape {tuple(k.shape)} but v has {tuple(v.shape)}; they must have the "
                          f"same batch, key rows and heads")
-    kernel_head_dims(op, K, v.shape[3])
+    dims = kernel_head_dims(op, K, v.shape[3])
     if k.shape[0] != B or k.shape[3] != K:
         raise InputError(f"{op}: k has shape {tuple(k.shape)}; expected [B={B}, Mk, Hkv, K={K}] for q of "
                          f"shape {tuple(q.shape)}")
@@ -74,16 +74,23 @@ def _check_qkv(op: str, q, k, v) -> None:
                          f"key/value heads (GQA / MQA)")
     if max(Mq, k.shape[1]) >= limits.MAX_SEQLEN:
         raise InputError(f"{op}: sequences longer than {limits.MAX_SEQLEN - 1} rows are not supported")
-    if not limits.head_dims_served(K, v.shape[3]):
-        return   # padded copies are made for the kernel: any strides do
     per = limits.STRIDE_ALIGN_BYTES // q.element_size()
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    # A tensor whose head dim the op pads is copied for the kernel (any strides do); the others
+    # reach it as they are.
+    for name, t in _as_given(dims, (K, v.shape[3]), q, k, v):
         # TMA reads rows of K elements: each stride but the last must keep rows 16-byte aligned.
         if any(s % per for s, n in zip(t.stride()[:3], t.shape[:3]) if n > 1) or \
                 t.data_ptr() % limits.STRIDE_ALIGN_BYTES:
             raise InputError(f"{op}: {name} must start on a 16-byte boundary and have strides that are "
                              f"multiples of {per} elements (16 bytes) in its first three dimensions, got "
                              f"strides {t.stride()}; pass a contiguous copy")
+
+
+def _as_given(dims, given, q, k, v) -> list:
+    """(name, tensor) of q, k and v that reach the kernel as they are: those whose head dim the
+    kernel's ``dims`` equal (the others are zero-padded copies)."""
+    return [(name, t) for name, t, d, g in (("q", q, dims[0], given[0]), ("k", k, dims[0], given[0]),
+                                            ("v", v, dims[1], given[1])) if d == g]
 
 
 def _check_seqstarts(op: str, q, k, seqstart_q, seqstart_k) -> None:
@@ -162,9 +169,10 @@ def _prepare_attention(select, outputs, q, k, v, seqstart_q=None, seqstart_k=Non
     kernel, _ = select((dtype_name(q.dtype), *dims), (B, Mq, Mk, Hq, Hkv, mask, int(varlen)))
     dev = q.device
     kernel_out = out
-    if dims != (K, Kv):   # head dims no kernel is built for: zero-padded copies (see the module's docstring)
-        pad = torch.nn.functional.pad
-        q, k, v = pad(q, (0, dims[0] - K)), pad(k, (0, dims[0] - K)), pad(v, (0, dims[1] - Kv))
+    if dims[0] != K:   # head dims no kernel is built for: zero-padded copies (see the module's docstring)
+        q, k = (torch.nn.functional.pad(t, (0, dims[0] - K)) for t in (q, k))
+    if dims[1] != Kv:
+        v = torch.nn.functional.pad(v, (0, dims[1] - Kv))
         kernel_out = torch.empty(B, Mq, Hq, dims[1], dtype=out.dtype, device=dev)
     if varlen:
         args = (q[0], k[0], v[0], kernel_out[0], lse[0], seqstart_q, seqstart_k)
@@ -173,10 +181,12 @@ def _prepare_attention(select, outputs, q, k, v, seqstart_q=None, seqstart_k=Non
     # The scalars follow from the layout (K, Mq, Mk, packed or not) and the plan_values: see Fixed;
     # the SM count bounds the grid of persistent kernels.
     launch = Launch(kernel, (*args, Fixed(sm_scale), Fixed(left), Fixed(right), Fixed(sm_count(dev))))
-    if kernel_out is out:
+    if dims == (K, Kv):
         return launch
-    return launch._replace(scratch=(q, k, v, kernel_out), finish=lambda: out.copy_(kernel_out[..., :Kv]),
-                           plannable=False)
+    # The copies live for this call only (never in a plan); out is filled from the padded one.
+    copies = (*((q, k) if dims[0] != K else ()), *((v, kernel_out) if dims[1] != Kv else ()))
+    finish = None if kernel_out is out else (lambda: out.copy_(kernel_out[..., :Kv]))
+    return launch._replace(scratch=copies, finish=finish, plannable=False)
 
 
 def visible_keys(mq: int, mk: int, causal=False, bottom_right=False, window_left=-1, window_right=-1,

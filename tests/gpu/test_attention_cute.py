@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from mslk_dsl import ops
-from mslk_dsl.ops.attention import attention_reference
+from mslk_dsl.ops.attention import attention_reference, kernel_head_dims
 from mslk_dsl.testing import skipUnlessCudaCapability
 
 SM90 = skipUnlessCudaCapability((9, 0))
@@ -125,10 +125,12 @@ def test_strided_views():
 @pytest.mark.parametrize("mask", ("none", "causal_bottom_right", "local_top_left"))
 def test_padded_head_dims(d, dv, mask):
     """Head dims no kernel is built for run on zero-padded copies (the next served pair): odd
-    ones, v narrower than q / k, q as a view off 16-byte strides."""
+    ones, v narrower than q / k; a tensor the op copies as a view off 16-byte strides (q where
+    its head dim is padded, v always), the others as they are."""
     torch.manual_seed(d + dv)
-    q = _rand(2, 211, 8, d + 3)[..., :d]
-    k, v = _rand(2, 300, 2, d), _rand(2, 300, 2, dv)
+    padded_q = kernel_head_dims("test", d, dv)[0] != d
+    q = _rand(2, 211, 8, d + 3)[..., :d] if padded_q else _rand(2, 211, 8, d)
+    k, v = _rand(2, 300, 2, d), _rand(2, 300, 2, dv + 3)[..., :dv]
     out, _ = check_against_reference(q, k, v, **MASKS[mask])
     assert out.shape == (2, 211, 8, dv) and out.is_contiguous()
 
