@@ -34,6 +34,7 @@ from mslk_dsl.attention.attn_bias import (AttentionBias, BlockDiagonalCausalFrom
                                           PagedBlockDiagonalCausalWithOffsetPaddedKeysMask)
 from mslk_dsl.attention.decode import DECODE_BIASES, decode_partial, merge_attentions
 from mslk_dsl.errors import InputError, InputTypeError, UnsupportedError
+from mslk_dsl.ops import traceable
 
 __all__ = ["AttentionBias", "BlockDiagonalCausalFromBottomRightMask", "BlockDiagonalCausalLocalAttentionFromBottomRightMask",
            "BlockDiagonalCausalLocalAttentionMask",
@@ -104,8 +105,6 @@ def memory_efficient_attention_partial(query: torch.Tensor, key: torch.Tensor, v
     is 0). Partial results over disjoint key sets merge exactly by their LSEs (merge_attentions).
     MSLK's arguments (see the module's docstring); ``_allow_backward`` is accepted and has no
     effect (there is no backward)."""
-    from mslk_dsl.ops import traceable
-
     _refuse_what_mslk_dsl_does_not_do(p, op)
     q, k, v, restore = _to_bmhk(query, key, value)
     if isinstance(attn_bias, DECODE_BIASES):   # a KV cache: the split-KV decode kernel
