@@ -49,14 +49,14 @@ def _default_tile(dims: tuple[int, int], mask: str) -> tuple[int, int]:
 
 
 # Every (head dims, mask, dense / packed) with its default tile, one tile per CTA (FA4's own
-# schedule on Hopper); for dense calls the same tile on a persistent grid; and for dense causal calls at head dim 64 a
+# schedule on Hopper); for dense calls the same tile on a persistent grid (_PERSISTENT_MASKS: every
+# mask family at head dims 64, 128 and 256; at 96 causal only, the one the heuristic takes; none
+# at 192, which the heuristic never runs persistent); and for dense causal calls at head dim 64 a
 # 128-row tile, one tile per CTA or persistent (1024 rows are 8 blocks of 128 but 6 of 192, the
-# last a third full). Measured on the H200 and dropped: the default
-# tiles without intra-warpgroup overlap / ping-pong (6-13% slower on every prefill shape), and
-# FA3's 128 x 176 tile at head dim 128 (never faster than 128 x 128). (Each config costs a
-# compile in the CPU tests and the AOT build, ~10-40 s.)
-# The mask families with persistent configs, by head dims: every family at 64, 128 and 256; at
-# 96 causal only, the one the heuristic takes (none at 192: the heuristic never runs it persistent).
+# last a third full). Measured on the H200 and dropped: the default tiles without
+# intra-warpgroup overlap / ping-pong (6-13% slower on every prefill shape), and FA3's 128 x 176
+# tile at head dim 128 (never faster than 128 x 128). (Each config costs a compile in the CPU
+# tests and the AOT build, 4-40 s.)
 _PERSISTENT_MASKS = {(64, 64): limits.MASKS, (128, 128): limits.MASKS, (256, 256): limits.MASKS, (96, 96): ("causal",)}
 CONFIGS = tuple(
     [_config(dims, *_default_tile(dims, mask), mask, varlen)

@@ -48,17 +48,13 @@ def random_cases(n: int, seed: int) -> list[dict]:
     """``n`` dense prefill calls: S log-uniform over RANDOM_SEQ, B so that B * S is log-uniform
     over RANDOM_ROWS (at least 1), Hq of 8-64 with Hkv = Hq / ratio for a ratio of 1, 2, 4, 8
     or Hq (MQA), head dims from RANDOM_DIMS or (one in five) RANDOM_PADDED_DIMS, causal or not."""
-    import math
+    from mslk_dsl.ops.random_problems import log_int
 
     rng = random.Random(seed)
-
-    def log_int(lo, hi):
-        return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
-
     cases = []
     for _ in range(n):
-        S = log_int(*RANDOM_SEQ)
-        B = max(1, log_int(*RANDOM_ROWS) // S)
+        S = log_int(rng, *RANDOM_SEQ)
+        B = max(1, log_int(rng, *RANDOM_ROWS) // S)
         Hq = rng.choice((8, 16, 24, 32, 40, 48, 64))
         ratio = rng.choice([r for r in (1, 2, 4, 8, Hq) if Hq % r == 0])
         dims = rng.choice(RANDOM_PADDED_DIMS if rng.random() < 0.2 else RANDOM_DIMS)
@@ -97,13 +93,18 @@ def _head_dims(text: str) -> tuple[int, int]:
     return int(d), int(dv or d)
 
 
-def _dense_case(torch, do_bench, ops, fa4, B, S, H, dims, causal, with_fa4, sdpa):
+def _dense_case(torch, do_bench, ops, fa4, B, S, H, dims, causal, with_fa4, sdpa, Hkv=None):
+    """(FLOPs, times) of one dense call: B sequences of S rows, H query heads and Hkv key/value
+    heads (GQA; H by default), head dims (D, Dv), on ours, each SDPA backend in ``sdpa`` (GQA
+    through ``enable_gqa``) and FA4 when ``with_fa4``."""
     from torch.nn.attention import sdpa_kernel
     import torch.nn.functional as F
 
     D, Dv = dims
-    q, k = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    v = torch.randn(B, S, H, Dv, device="cuda", dtype=torch.bfloat16)
+    Hkv = H if Hkv is None else Hkv
+    q = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, S, Hkv, Dv, device="cuda", dtype=torch.bfloat16)
     flops = 2 * B * H * S * S * (D + Dv) / (2 if causal else 1)
     times = {"mslk_dsl": _time(do_bench, lambda: ops.attention_fwd(q, k, v, causal=causal))}
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # SDPA's [B, H, S, D], as views
@@ -113,33 +114,9 @@ def _dense_case(torch, do_bench, ops, fa4, B, S, H, dims, causal, with_fa4, sdpa
 
         def run(backend=backend):
             with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=H != Hkv)
         times[f"sdpa_{name}"] = _time(do_bench, run)
     if fa4 is not None and with_fa4:
-        times["fa4"] = _time(do_bench, lambda: fa4[0](q, k, v, causal=causal))
-    return flops, times
-
-
-def _random_case(torch, do_bench, ops, fa4, case, sdpa):
-    """One drawn call (random_cases): (FLOPs, times) of ours, each SDPA backend wanted (GQA by
-    ``enable_gqa``) and FA4."""
-    from torch.nn.attention import sdpa_kernel
-    import torch.nn.functional as F
-
-    B, S, Hq, Hkv, D, Dv, causal = (case[k] for k in ("B", "S", "Hq", "Hkv", "D", "Dv", "causal"))
-    q = torch.randn(B, S, Hq, D, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(B, S, Hkv, Dv, device="cuda", dtype=torch.bfloat16)
-    flops = 2 * B * Hq * S * S * (D + Dv) / (2 if causal else 1)
-    times = {"mslk_dsl": _time(do_bench, lambda: ops.attention_fwd(q, k, v, causal=causal))}
-    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-    for name, backend in _sdpa_backends(torch).items():
-        if name in sdpa:
-            def run(backend=backend):
-                with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=Hq != Hkv)
-            times[f"sdpa_{name}"] = _time(do_bench, run)
-    if fa4 is not None:
         times["fa4"] = _time(do_bench, lambda: fa4[0](q, k, v, causal=causal))
     return flops, times
 
@@ -231,27 +208,17 @@ def main(argv: list[str]) -> int:
     fa4 = _fa4()
     fa4_dims = {int(d) for d in args.fa4_dims.split(",") if d}
     cols = ["case", "mslk_dsl", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "fa4", "vs_best_sdpa", "vs_fa4"]
-    if args.random:
-        rows = []
-        for case in random_cases(args.random, args.seed):
-            torch.manual_seed(0)
-            flops, times = _random_case(torch, do_bench, ops, fa4, case, args.sdpa.split(","))
-            label = (f"B{case['B']} S{case['S']} H{case['Hq']}/{case['Hkv']} D{case['D']}"
-                     f"{'' if case['Dv'] == case['D'] else 'x' + str(case['Dv'])}{' causal' if case['causal'] else ''}")
-            rows.append({**_row(label, flops, times), "draw": case})
-            print(rows[-1], flush=True)
-        for r in rows:
-            for c in cols:
-                r.setdefault(c, "-")
-        print(f"TFLOP/s, bf16, {torch.cuda.get_device_name()}, seed {args.seed}")
-        table(rows, cols)
-        print("\n".join(random_summary(rows)))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"results": rows, "seed": args.seed, "device": torch.cuda.get_device_name()}, f, indent=1)
-        return 0
     rows, sweep = [], []
-    for text in args.dims.split(","):
+    for case in random_cases(args.random, args.seed) if args.random else ():
+        torch.manual_seed(0)
+        dims = (case["D"], case["Dv"])
+        flops, times = _dense_case(torch, do_bench, ops, fa4, case["B"], case["S"], case["Hq"], dims,
+                                   case["causal"], True, args.sdpa.split(","), Hkv=case["Hkv"])
+        label = (f"B{case['B']} S{case['S']} H{case['Hq']}/{case['Hkv']} D{case['D']}"
+                 f"{'' if case['Dv'] == case['D'] else 'x' + str(case['Dv'])}{' causal' if case['causal'] else ''}")
+        rows.append({**_row(label, flops, times), "draw": case})
+        print(rows[-1], flush=True)
+    for text in args.dims.split(",") if not args.random else ():
         dims = _head_dims(text)
         for B, S in parse_shapes(args.shapes):
             for causal in (False, True):
@@ -262,19 +229,23 @@ def main(argv: list[str]) -> int:
                 print(rows[-1], flush=True)
                 if args.sweep and dims[0] == dims[1]:
                     sweep += _sweep_rows(torch, do_bench, ops, B, S, args.heads, dims[0], causal)
-    flops, times, lengths = _varlen_case(torch, do_bench, ops, fa4, args.heads, 128, 24, seed=0)
-    rows.append(_row(f"packed {len(lengths)} seqs ({sum(lengths)} rows) H{args.heads} D128 causal", flops, times))
+    if not args.random:
+        flops, times, lengths = _varlen_case(torch, do_bench, ops, fa4, args.heads, 128, 24, seed=0)
+        rows.append(_row(f"packed {len(lengths)} seqs ({sum(lengths)} rows) H{args.heads} D128 causal", flops, times))
     for r in rows:
         for c in cols:
             r.setdefault(c, "-")
-    print(f"TFLOP/s, bf16, {torch.cuda.get_device_name()}")
+    print(f"TFLOP/s, bf16, {torch.cuda.get_device_name()}" + (f", seed {args.seed}" if args.random else ""))
     table(rows, cols)
+    if args.random:
+        print("\n".join(random_summary(rows)))
     if sweep:
         print("Configs (TFLOP/s):")
         table(sweep, ["case", "config", "mslk_dsl", "max_diff_vs_default"])
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"results": rows, "sweep": sweep, "device": torch.cuda.get_device_name()}, f, indent=1)
+            json.dump({"results": rows, "sweep": sweep, "seed": args.seed if args.random else None,
+                       "device": torch.cuda.get_device_name()}, f, indent=1)
     return 0
 
 
