@@ -4,9 +4,9 @@ Layout as in MSLK (``mslk.attention.fmha``): q [B, Mq, Hq, K], k [B, Mk, Hkv, K]
 Kv], out [B, Mq, Hq, Kv] in q's dtype, and the log-sum-exp of each query row's scaled scores, lse
 fp32 [B, Hq, Mq] (natural log). Head dims (K, Kv): the kernels are built for (d, d) with d in 64,
 96, 128, 192, 256 and for (192, 128), DeepSeek-V2/V3's MLA prefill; any other K and Kv up to 256
-run on copies of q, k and v padded with zeros to the smallest of those that holds them (zero
-columns add nothing to q . k and give zero output columns), at the cost of the copies and of the
-padded columns' FLOPs. GQA / MQA: Hq a multiple of Hkv; query head h reads
+run at the smallest of those that holds them, on copies padded with zeros of the tensors whose
+head dim that changes (q and k, or v and out; zero columns add nothing to q . k and give zero
+output columns), at the cost of the copies and of the padded columns' FLOPs. GQA / MQA: Hq a multiple of Hkv; query head h reads
 key/value head h // (Hq // Hkv), and k and v are never expanded in memory.
 
 Packed variable-length sequences ("varlen", MSLK's BlockDiagonal biases): B = 1, q [1, total_q,
