@@ -21,13 +21,13 @@ ROWS = 16
 BLOCK_KEYS = 16
 # Queries per sequence the decode op takes (MSLK's decode limit as well).
 MAX_QUERIES = 16
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (64, 96, 128, 192, 256)
 # A split gets at least this many blocks per warp: fewer and its fixed costs (the Q load, the
 # in-CTA merge, the partial's write and read) outweigh the keys it reads.
 MIN_BLOCKS_PER_WARP = 4
-# CTAs of the decode kernel an SM holds at once, by head dim (its shared memory: 66, 100 and
-# 204 KB per CTA with the CuTe template's default stages, of 227 KB).
-CTAS_PER_SM = {64: 3, 128: 2, 256: 1}
+# CTAs of the decode kernel an SM holds at once, by head dim (its shared memory: 66, 101, 100,
+# 200 and 204 KB per CTA with the CuTe template's default stages, of 227 KB).
+CTAS_PER_SM = {64: 3, 96: 2, 128: 2, 192: 1, 256: 1}
 # A CTA's fixed cost, in blocks' worth of time (measured nowhere yet: a modest guess).
 SPLIT_COST_BLOCKS = 4
 # The fused merge's cost per split in the row's last CTA, in blocks' worth of time (H200, B = 1:
@@ -48,15 +48,16 @@ def row_tiles(queries: int, group: int) -> int:
 def merge_group(queries: int, group: int, head_dim: int, warps: int, merge_loads: int) -> int:
     """Splits the fused merge (the CuTe template's, by the row's last CTA) reads per round of
     loads: ``merge_loads`` 16-byte loads in flight per thread over the vectors each thread takes
-    of a full row tile's valid rows (a power of two, as the kernel's tiers)."""
+    of a full row tile's valid rows (a power of two, as the kernel's tiers, but never more
+    than a full tile's share)."""
     rows = min(queries * group, ROWS)
     threads = 32 * warps
     vectors = rows * head_dim // 4
-    most = max(ROWS * head_dim // 4 // threads, 1)
+    most = -(-ROWS * head_dim // 4 // threads)   # a full tile's vectors per thread, rounded up
     slots = 1
     while slots < most and vectors > threads * slots:
         slots *= 2
-    return max(merge_loads // slots, 1)
+    return max(merge_loads // min(slots, most), 1)
 
 
 @functools.lru_cache(maxsize=4096)

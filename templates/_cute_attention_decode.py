@@ -48,7 +48,15 @@ from mslk_dsl.templates._cute_merge_attentions import DTYPES, MergeAttentions, r
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
-SMEM_COLS = 64  # the swizzle atom's columns: 128-byte rows, conflict-free ldmatrix
+
+
+def smem_cols(head_dim: int) -> int:
+    """Columns of the shared-memory swizzle atom: 128-byte rows (Swizzle<3,3,3>) where the head
+    dim is a multiple of 64, else 64-byte rows (Swizzle<2,3,3>: head dim 96), as
+    CUTLASS's flash_attention_v2 example picks them; both keep ldmatrix free of bank conflicts."""
+    return 64 if head_dim % 64 == 0 else 32
+
+
 # The fused merge: 16-byte partial loads each thread keeps in flight (its valid vectors x splits).
 MERGE_LOADS = 32
 MERGE_VEC = 4  # fp32 partial elements per 16-byte load
@@ -75,8 +83,9 @@ class AttentionDecode:
                  mO: cute.Tensor, mLse: cute.Tensor, mOp: cute.Tensor, mLsep: cute.Tensor, mCount: cute.Tensor,
                  scale: Float32, causal: Int32, paged: Int32, stream):
         D, W, NS = self.D, self.warps, self.stages
-        atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0,
-                                         cute.make_layout((8, SMEM_COLS), stride=(SMEM_COLS, 1)))
+        cols = smem_cols(D)
+        atom = cute.make_composed_layout(cute.make_swizzle(3 if cols == 64 else 2, 3, 3), 0,
+                                         cute.make_layout((8, cols), stride=(cols, 1)))
         sQ_layout = cute.tile_to_shape(atom, (ROWS, D), (0, 1))
         sKV_layout = cute.tile_to_shape(atom, (BLOCK_KEYS, D, W * NS), (0, 1, 2))
 
@@ -88,11 +97,11 @@ class AttentionDecode:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
 
-        # One warp's cp.async of a 16 x D block: 8 lanes per 64-column row piece, 16 bytes each.
+        # One warp's cp.async of a 16 x D block: a lane per 16 bytes of an atom's row.
         copy_elems = 128 // self.dtype.width
         async_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
                                          self.dtype, num_bits_per_copy=128)
-        lanes_per_row = SMEM_COLS // copy_elems
+        lanes_per_row = cols // copy_elems
         gmem_copy = cute.make_tiled_copy_tv(async_atom,
                                             cute.make_layout((32 // lanes_per_row, lanes_per_row),
                                                              stride=(lanes_per_row, 1)),
@@ -370,7 +379,7 @@ class AttentionDecode:
     def merge_tiers(self, mOp: cute.Tensor, mLsep: cute.Tensor, mO: cute.Tensor, mLse: cute.Tensor, b: Int32,
                     hkv: Int32, G: Int32, row0: Int32, tidx: Int32, vectors: Int32, slots: cutlass.Constexpr):
         """``merge_group`` with the fewest vectors per thread (1, 2, 4, ...) that cover ``vectors``."""
-        most = ROWS * (self.D // MERGE_VEC) // self.threads
+        most = -(-ROWS * (self.D // MERGE_VEC) // self.threads)   # a full tile's share, rounded up
         if cutlass.const_expr(slots >= most):
             self.merge_group(mOp, mLsep, mO, mLse, b, hkv, G, row0, tidx, vectors, most)
         else:

@@ -28,15 +28,17 @@ from mslk_dsl.templates import _attention_decode_plan as plan
 
 DTYPES = ("bfloat16", "float16")
 SHARED_LIMIT = 227 * 1024
-# Stages per head dim: three CTAs per SM at D = 64 (4 stages, 66 KB), two at D = 128 (3 stages,
-# 100 KB), one at D = 256 (3 stages, 204 KB: two blocks ahead per warp, 128 KB in flight per SM).
-DEFAULT_STAGES = {64: 4, 128: 3, 256: 3}
+# Stages per head dim: three CTAs per SM at D = 64 (4 stages, 66 KB), two at D = 96 (4 stages,
+# 101 KB) and D = 128 (3 stages, 100 KB), one at D = 192 (4 stages, 200 KB) and D = 256 (3
+# stages, 204 KB): 96-144 KB of K / V in flight per SM at each (two or three blocks ahead per warp).
+DEFAULT_STAGES = {64: 4, 96: 4, 128: 3, 192: 4, 256: 3}
 # The fused merge's 16-byte partial loads in flight per thread (the last CTA of a row reads S
 # partials in about S * vectors per thread / merge_loads dependent rounds).
 MERGE_LOADS = 32
 # By head dim: 16 at D = 64 (32 take 214 registers a thread, and three CTAs of 128 threads per
-# SM need at most 168) and D = 256 (its 128 accumulators a thread already; 32 spill there).
-DEFAULT_MERGE_LOADS = {64: 16, 128: MERGE_LOADS, 256: 16}
+# SM need at most 168) and D = 192 / 256 (their 96 / 128 accumulators a thread already; 32 spill
+# at 256).
+DEFAULT_MERGE_LOADS = {64: 16, 96: MERGE_LOADS, 128: MERGE_LOADS, 192: 16, 256: 16}
 
 
 def _shared_bytes(config, sig) -> int:

@@ -21,7 +21,8 @@ def _decode_args(B=2, Mq=1, Hq=8, Hkv=2, D=128, L=64, dtype=bf16):
 @pytest.mark.parametrize("change,match", [
     (lambda a: (a[0].float(), *a[1:]), "dtype"),
     (lambda a: (a[0], a[1].half(), *a[2:]), "dtype"),
-    (lambda a: (a[0][..., :96], a[1][..., :96], a[2][..., :96], a[3]), "head dim"),
+    (lambda a: (a[0][..., :80], a[1][..., :80], a[2][..., :80], a[3]), "head dim"),
+    (lambda a: (a[0][..., :96], a[1], a[2], a[3]), "head dim"),
     (lambda a: (torch.randn(2, 17, 8, 128, dtype=bf16), *a[1:]), "queries"),
     (lambda a: (torch.randn(2, 1, 7, 128, dtype=bf16), a[1], a[2], a[3]), "multiple"),
     (lambda a: (*a[:3], a[3].long()), "dtype"),
@@ -114,6 +115,11 @@ def test_fused_merge_splits_round_to_the_merge_rounds():
     assert plan.merge_group(1, 8, 128, 4, 32) == 16
     assert plan.merge_group(16, 8, 128, 4, 32) == 8       # a full 16-row tile: four vectors a thread
     assert plan.merge_group(1, 1, 64, 4, 16) == 16
+    # D 96: a full tile is 384 vectors, three a thread of 4 warps (not a power of two) and one
+    # and a half of 8 warps (two): the merge never takes more than that share
+    assert plan.merge_group(16, 8, 96, 4, 32) == 32 // 3
+    assert plan.merge_group(16, 8, 96, 8, 32) == 16
+    assert plan.merge_group(1, 8, 96, 8, 32) == 32
     for group in (16, 32):
         assert plan.num_splits(1, 4, 1, 8, 32768, sms, 128, 8, fused_merge=True, merge_group=group) == 32
     assert plan.num_splits(1, 4, 1, 8, 32768, sms, 128, 8, fused_merge=True, merge_group=64) == 33

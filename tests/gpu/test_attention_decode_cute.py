@@ -3,7 +3,8 @@
 - merge_attentions over 2-8 key chunks (fp32 and bf16 partials, an empty chunk whose partial is
   NaN) equals one-shot attention and its LSE;
 - decode over awkward lengths (1, 17, 1000, 4097 in one batch; 0; 128k), GQA 1/4/8 and MQA, head
-  dims 64/128/256, bf16 and fp16, causal with several queries and not;
+  dims 64/96/128/192/256, bf16 and fp16, causal with several queries and not; every config at
+  head dims 96 and 192 (64-byte shared-memory rows at 96, a merge share of three vectors);
 - split-KV equals unsplit; paged equals contiguous bit for bit (random block tables, page sizes
   16..256, same splits);
 - a CUDA graph of decode replays to eager's bytes, with lengths changed on the device between
@@ -19,7 +20,7 @@ import math
 import pytest
 import torch
 
-from mslk_dsl import jit, ops
+from mslk_dsl import jit, ops, registry
 from mslk_dsl.ops.attention_decode import decode_reference
 from mslk_dsl.testing import skipUnlessCudaCapability
 
@@ -92,7 +93,7 @@ def _check(got, want):
 
 @SM90
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("D", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("heads", [(8, 8), (32, 8), (32, 4), (16, 1)], ids=["mha", "gqa4", "gqa8", "mqa"])
 @pytest.mark.parametrize("Mq,causal", [(1, True), (4, True), (16, False)])
 def test_decode_matches_reference(dtype, D, heads, Mq, causal):
@@ -164,6 +165,35 @@ def test_paged_equals_contiguous(page):
     paged = ops.attention_decode(q, kp, vp, seqlen, table, None, True, 5)
     assert torch.equal(paged[0], contiguous[0]) and torch.equal(paged[1], contiguous[1])
     _check(paged, decode_reference(q, kp, vp, seqlen, table))
+
+
+def _decode_configs(D):
+    template = registry.get_template("attention_decode_cute")
+    return template.valid_configs("sm90a", {"dtype": "bfloat16", "head_dim": D})
+
+
+@SM90
+@pytest.mark.parametrize("D", [96, 192])
+@pytest.mark.parametrize("page", [0, 16, 64])
+def test_every_config_at_head_dims_96_and_192(D, page):
+    """Each config (warps, stages, fused or kernel merge) at the head dims added after 64 / 128
+    / 256: 96 keeps 64-byte shared-memory rows, and its fused merge takes three vectors a thread
+    of 4 warps (one and a half of 8), a share that is not a power of two. Full and partial row
+    tiles (GQA 8 with 2 queries, MQA with 1), odd and empty lengths, a contiguous and a paged
+    cache, a forced split count and the heuristic's."""
+    B, L = 4, 3000
+    g = torch.Generator().manual_seed(D + page)
+    seqlen = torch.tensor([2999, 17, 0, 1000], dtype=torch.int32, device="cuda")
+    for Mq, Hq, Hkv in ((2, 32, 4), (1, 8, 8)):
+        q = torch.randn(B, Mq, Hq, D, device="cuda", dtype=torch.bfloat16)
+        k, v = _cache(B, L, Hkv, D, torch.bfloat16, seed=D + Mq)
+        table = None
+        if page:
+            k, v, table = _paged(k, v, page, g)
+        want = decode_reference(q, k, v, seqlen, table)
+        for config in _decode_configs(D):
+            for splits in (0, 7):
+                _check(ops.attention_decode(q, k, v, seqlen, table, None, True, splits, config=config), want)
 
 
 @SM90
