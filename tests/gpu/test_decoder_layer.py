@@ -19,8 +19,11 @@ from mslk_dsl import ops
 from mslk_dsl.attention import memory_efficient_attention_forward
 from mslk_dsl.attention.attn_bias import BlockDiagonalCausalMask, PagedBlockDiagonalCausalWithOffsetPaddedKeysMask
 from mslk_dsl.moe import MoE
+from mslk_dsl.ops.attention import attention_reference
+from mslk_dsl.ops.attention_decode import decode_reference
+from mslk_dsl.ops.norm import _rmsnorm_reference
 from mslk_dsl.testing import skipUnlessCudaCapability
-from test_moe_layer import _need_grouped_ops, _same_up_to_atomic_order, reference_layer
+from test_moe_layer import _need_grouped_ops, _rel, _same_up_to_atomic_order, reference_layer
 
 SM90 = skipUnlessCudaCapability((9, 0))
 bf16 = torch.bfloat16
@@ -30,13 +33,9 @@ PAGE, CAPACITY = 16, 320  # the cache: pages of 16 keys, room for 320 keys per s
 REL_TOL = 2e-2
 
 
-def _rel(out, ref):
-    return float((out.float() - ref.float()).norm() / ref.float().norm())
-
-
 class DecoderLayer:
-    """The layer's weights and its forward through mslk-dsl ops; ``attend(q, k, v)`` is the
-    attention call of the step (prefill or decode), q / k / v [1, T, H, head_dim] views."""
+    """The layer's weights and its forward through mslk-dsl ops, in two halves around the
+    attention call of a step (prefill or decode), which the test makes."""
 
     def __init__(self, head_dim: int, seed: int):
         g = torch.Generator(device="cuda").manual_seed(seed)
@@ -69,45 +68,25 @@ class DecoderLayer:
         return residual + self.moe(y), y, residual
 
 
-def _rmsnorm_ref(x, w, eps=1e-6):
-    x = x.float()
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.float()
-
-
-def _attention_ref(q, k, v, causal_offset):
-    """fp32 softmax attention of q [M, HQ, d] over k / v [N, HKV, d] (GQA: q head h reads KV
-    head h // (HQ / HKV)), query i seeing keys j <= i + causal_offset."""
-    G = q.shape[1] // k.shape[1]
-    k, v = k.float().repeat_interleave(G, dim=1), v.float().repeat_interleave(G, dim=1)
-    s = torch.einsum("mhd,nhd->hmn", q.float(), k) / math.sqrt(q.shape[-1])
-    i = torch.arange(q.shape[0], device=q.device)[:, None]
-    j = torch.arange(k.shape[0], device=q.device)[None, :]
-    s = s.masked_fill(j > i + causal_offset, float("-inf"))
-    return torch.einsum("hmn,nhd->mhd", torch.softmax(s, dim=-1), v)
-
-
 def _check_rest(layer, x, attn, got):
     """The blocks after attention, each against fp32 torch fed the layer's own inputs."""
     out, y, residual = got
     a = attn.reshape(x.shape[0], -1).float() @ layer.w_o.float().T
     assert _rel(residual, a + x.float()) < REL_TOL
-    assert _rel(y, _rmsnorm_ref(a + x.float(), layer.ffn_norm)) < REL_TOL
+    assert _rel(y, _rmsnorm_reference(a + x.float(), layer.ffn_norm)) < REL_TOL
     assert _rel(out, residual.float() + reference_layer(layer.moe_weights, y, TOP_K, fp8=False)) < REL_TOL
 
 
-def _paged_cache(layer, k, v, lengths, generator):
-    """A paged cache (shuffled pages, spares included) holding each packed sequence's k / v, and
-    its block table [B, CAPACITY / PAGE]."""
-    d, B, per_seq = layer.head_dim, len(lengths), CAPACITY // PAGE
+def _paged_cache(layer, k, v, starts, generator):
+    """A paged cache (shuffled pages, spares included) holding the k / v of each packed sequence
+    (rows ``starts[b]:starts[b + 1]``), and its block table [B, CAPACITY / PAGE]."""
+    d, B, per_seq = layer.head_dim, len(starts) - 1, CAPACITY // PAGE
     pages = B * per_seq + 5
     k_cache = torch.zeros(pages, PAGE, HKV, d, device="cuda", dtype=bf16)
     v_cache = torch.zeros_like(k_cache)
     table = torch.randperm(pages, generator=generator)[: B * per_seq].view(B, per_seq).to("cuda", torch.int32)
-    starts = [0]
-    for n in lengths:
-        starts.append(starts[-1] + n)
-    for b, n in enumerate(lengths):
-        _write(k_cache, v_cache, table, b, 0, k[0, starts[b]:starts[b] + n], v[0, starts[b]:starts[b] + n])
+    for b in range(B):
+        _write(k_cache, v_cache, table, b, 0, k[0, starts[b]:starts[b + 1]], v[0, starts[b]:starts[b + 1]])
     return k_cache, v_cache, table
 
 
@@ -116,13 +95,6 @@ def _write(k_cache, v_cache, table, b, at, k, v):
     pos = torch.arange(at, at + k.shape[0], device="cuda")
     page, slot = table[b, pos // PAGE].long(), pos % PAGE
     k_cache[page, slot], v_cache[page, slot] = k, v
-
-
-def _cached(k_cache, v_cache, table, b, n):
-    """Sequence b's first n keys / values from the cache."""
-    pos = torch.arange(n, device="cuda")
-    page, slot = table[b, pos // PAGE].long(), pos % PAGE
-    return k_cache[page, slot], v_cache[page, slot]
 
 
 @SM90
@@ -137,16 +109,15 @@ def test_decoder_layer_prefill_then_decode(head_dim):
     # prefill: the packed sequences under one block-diagonal causal mask
     q, k, v = layer.qkv(x)
     assert not q.is_contiguous()
-    attn = memory_efficient_attention_forward(q, k, v, BlockDiagonalCausalMask.from_seqlens(LENGTHS))
-    start = 0
-    for n in LENGTHS:
-        want = _attention_ref(q[0, start:start + n], k[0, start:start + n], v[0, start:start + n], 0)
-        assert _rel(attn[0, start:start + n], want) < REL_TOL, (head_dim, n)
-        start += n
+    bias = BlockDiagonalCausalMask.from_seqlens(LENGTHS)
+    attn = memory_efficient_attention_forward(q, k, v, bias)
+    seqs = bias.q_seqinfo   # the packed sequences' row offsets
+    want, _ = attention_reference(q, k, v, seqs.seqstart, seqs.seqstart, causal=True)
+    assert _rel(attn, want) < REL_TOL
     _check_rest(layer, x, attn, layer.finish(x, attn))
 
     # decode: two steps, one new token per sequence, against the paged cache
-    k_cache, v_cache, table = _paged_cache(layer, k, v, LENGTHS, torch.Generator().manual_seed(2))
+    k_cache, v_cache, table = _paged_cache(layer, k, v, seqs.seqstart_py, torch.Generator().manual_seed(2))
     lengths = list(LENGTHS)
     B = len(lengths)
     for step in range(2):
@@ -158,10 +129,8 @@ def test_decoder_layer_prefill_then_decode(head_dim):
         kv_seqlen = torch.tensor(lengths, dtype=torch.int32, device="cuda")
         bias = PagedBlockDiagonalCausalWithOffsetPaddedKeysMask.from_seqlens([1] * B, kv_seqlen, table, PAGE)
         attn = memory_efficient_attention_forward(qt, k_cache, v_cache, bias)
-        for b in range(B):
-            kb, vb = _cached(k_cache, v_cache, table, b, lengths[b])
-            want = _attention_ref(qt[0, b:b + 1], kb, vb, lengths[b] - 1)
-            assert _rel(attn[0, b], want[0]) < REL_TOL, (head_dim, step, b)
+        want, _ = decode_reference(qt.reshape(B, 1, HQ, layer.head_dim), k_cache, v_cache, kv_seqlen, table)
+        assert _rel(attn, want.reshape(attn.shape)) < REL_TOL, (head_dim, step)
         _check_rest(layer, xt, attn, layer.finish(xt, attn))
 
 
