@@ -11,6 +11,8 @@ import pkgutil
 import sys
 from typing import Any
 
+import torch
+
 from mslk_dsl.ops.declaration import declarations, eager_functions
 
 # Each module of this package that declares ops registers them when imported
@@ -40,8 +42,6 @@ def traceable(name: str):
     the MoE layer): its eager function when called eagerly (no dispatcher on the way), its torch op
     while torch.compile traces, so dynamo sees one opaque node per op rather than the eager call
     path (whose checks read pointers and whose launch plans live in C++)."""
-    import torch
-
     if torch.compiler.is_compiling():
         return getattr(torch.ops.mslk_dsl, name)
     return getattr(sys.modules[__name__], name)   # this module's attribute: mslk_dsl.ops.<name>
