@@ -45,6 +45,13 @@ def row_tiles(queries: int, group: int) -> int:
     return -(-queries * group // ROWS)
 
 
+def merge_share(head_dim: int, threads: int) -> int:
+    """16-byte vectors of fp32 partials each thread of the merging CTA takes at most: a full row
+    tile's (ROWS rows of head_dim / 4 vectors) over the threads, rounded up (1.5 at head dim 96
+    with 8 warps is 2, or a third of each row would never be merged)."""
+    return -(-ROWS * head_dim // 4 // threads)
+
+
 def merge_group(queries: int, group: int, head_dim: int, warps: int, merge_loads: int) -> int:
     """Splits the fused merge (the CuTe template's, by the row's last CTA) reads per round of
     loads: ``merge_loads`` 16-byte loads in flight per thread over the vectors each thread takes
@@ -53,7 +60,7 @@ def merge_group(queries: int, group: int, head_dim: int, warps: int, merge_loads
     rows = min(queries * group, ROWS)
     threads = 32 * warps
     vectors = rows * head_dim // 4
-    most = -(-ROWS * head_dim // 4 // threads)   # a full tile's vectors per thread, rounded up
+    most = merge_share(head_dim, threads)
     slots = 1
     while slots < most and vectors > threads * slots:
         slots *= 2

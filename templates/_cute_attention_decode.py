@@ -43,7 +43,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
-from mslk_dsl.templates._attention_decode_plan import BLOCK_KEYS, ROWS
+from mslk_dsl.templates._attention_decode_plan import BLOCK_KEYS, ROWS, merge_share
 from mslk_dsl.templates._cute_merge_attentions import DTYPES, MergeAttentions, row_major
 
 LOG2E = math.log2(math.e)
@@ -379,7 +379,7 @@ class AttentionDecode:
     def merge_tiers(self, mOp: cute.Tensor, mLsep: cute.Tensor, mO: cute.Tensor, mLse: cute.Tensor, b: Int32,
                     hkv: Int32, G: Int32, row0: Int32, tidx: Int32, vectors: Int32, slots: cutlass.Constexpr):
         """``merge_group`` with the fewest vectors per thread (1, 2, 4, ...) that cover ``vectors``."""
-        most = -(-ROWS * (self.D // MERGE_VEC) // self.threads)   # a full tile's share, rounded up
+        most = merge_share(self.D, self.threads)
         if cutlass.const_expr(slots >= most):
             self.merge_group(mOp, mLsep, mO, mLse, b, hkv, G, row0, tidx, vectors, most)
         else:
